@@ -1,0 +1,3 @@
+from router.cli.main import main
+
+raise SystemExit(main())

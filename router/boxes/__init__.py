@@ -1,0 +1,1 @@
+"""Box links and the boxes file: keeping an inventory view of every box current."""

@@ -1,0 +1,155 @@
+"""The boxes file: which boxes exist, how to reach them, and their keys.
+
+Rules:
+1. Location: `$HUGPY_ROUTER_BOXES`, else `<config dir>/router/boxes.json` where the config
+   dir is `$XDG_CONFIG_HOME` or `~/.config`.
+2. The file holds box keys, so it is written 0600, atomically (temp file in the same folder,
+   fsync, rename): a reader never sees half a file.
+3. Box names are unique and match the hugpy request-id alphabet, so that they can travel in
+   headers and URLs as they are. Order in the file is the boxes' stable order.
+4. A key file is read as hugpy-wrapper writes it: a `FITEVICT_TOKEN=` line (quotes allowed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import orjson
+
+from router.core.errors import ConfigError
+from router.core.types import BoxKind
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+KEY_LINE_RE = re.compile(r"""^\s*(?:export\s+)?FITEVICT_TOKEN\s*=\s*["']?([^"'\s]+)["']?\s*$""")
+
+
+@dataclass(frozen=True)
+class BoxConfig:
+    name: str
+    url: str
+    kind: BoxKind = BoxKind.HUGPY
+    key: str | None = None
+    store: str | None = None
+    pool: str | None = None
+    blocked: bool = False
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    def to_json(self) -> dict:
+        doc = {k: v for k, v in asdict(self).items() if v not in (None, False)}
+        doc["kind"] = self.kind.value
+        return doc
+
+
+@dataclass
+class BoxesFile:
+    path: Path
+    boxes: list[BoxConfig] = field(default_factory=list)
+
+    def find(self, name: str) -> BoxConfig | None:
+        return next((box for box in self.boxes if box.name == name), None)
+
+
+def default_path() -> Path:
+    explicit = os.environ.get("HUGPY_ROUTER_BOXES")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "router" / "boxes.json"
+
+
+def validate(box: BoxConfig) -> BoxConfig:
+    """Returns `box` when it is well-formed. Raises ConfigError naming the field."""
+    if not NAME_RE.fullmatch(box.name):
+        raise ConfigError(f"box name {box.name!r} must match {NAME_RE.pattern}")
+    parts = urlsplit(box.url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ConfigError(f"box {box.name}: url must be http://host:port (got {box.url!r})")
+    if parts.path not in ("", "/"):
+        raise ConfigError(f"box {box.name}: url must not have a path (got {box.url!r})")
+    return box
+
+
+def parse(doc: object, path: Path) -> BoxesFile:
+    if not isinstance(doc, dict) or not isinstance(doc.get("boxes", []), list):
+        raise ConfigError(f"{path}: expected an object with a 'boxes' list")
+    boxes: list[BoxConfig] = []
+    for entry in doc.get("boxes", []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ConfigError(f"{path}: every box needs a 'name'")
+        try:
+            box = BoxConfig(
+                name=entry["name"],
+                url=str(entry.get("url", "")).rstrip("/"),
+                kind=BoxKind(entry.get("kind", BoxKind.HUGPY.value)),
+                key=entry.get("key"),
+                store=entry.get("store"),
+                pool=entry.get("pool"),
+                blocked=bool(entry.get("blocked", False)),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{path}: box {entry['name']}: {exc}") from None
+        if any(b.name == box.name for b in boxes):
+            raise ConfigError(f"{path}: box name {box.name!r} appears twice")
+        boxes.append(validate(box))
+    return BoxesFile(path, boxes)
+
+
+def load(path: Path | None = None) -> BoxesFile:
+    """Reads the boxes file; a missing file is an empty fleet. Raises ConfigError."""
+    path = path or default_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return BoxesFile(path, [])
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc.msg}") from None
+    return parse(doc, path)
+
+
+def save(boxes: BoxesFile) -> None:
+    """Writes the file atomically with mode 0600."""
+    path = boxes.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = orjson.dumps({"boxes": [b.to_json() for b in boxes.boxes]}, option=orjson.OPT_INDENT_2)
+    fd, tmp = tempfile.mkstemp(prefix=".boxes-", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_key_file(path: str) -> str:
+    """The box key from a hugpy-wrapper env file. Raises ConfigError when there is none."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read key file {path}: {exc.strerror}") from None
+    for line in text.splitlines():
+        match = KEY_LINE_RE.match(line)
+        if match:
+            return match.group(1)
+    raise ConfigError(f"{path} has no FITEVICT_TOKEN= line")

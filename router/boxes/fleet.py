@@ -1,0 +1,126 @@
+"""The fleet: every box's live state and link, kept in step with the boxes file.
+
+Rules:
+1. The boxes file is re-read when its size, mtime or inode change (checked every
+   `WATCH_INTERVAL_S`): new boxes get a link, removed boxes lose theirs (calls already on them
+   finish, they hold their own reference), changed boxes are rebuilt. A file that fails to
+   parse is logged and ignored: the last good fleet keeps serving.
+2. A box keeps its reservation-table index for the life of the process, even across removal
+   and re-adding, so a late release can never land on another box.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from router._fastpath import Reservations
+from router.boxes import config as boxes_config
+from router.boxes.config import BoxConfig
+from router.boxes.hugpy import HEALTH_TIMEOUT_S, HugpyLink
+from router.boxes.state import BoxState
+from router.core.errors import ConfigError
+from router.core.types import BoxFacts
+
+log = logging.getLogger("router.boxes")
+
+WATCH_INTERVAL_S = 1.0
+
+
+class Fleet:
+    def __init__(self, path: Path, reservations: Reservations) -> None:
+        self.path = path
+        self.reservations = reservations
+        self.boxes: dict[str, BoxState] = {}
+        self.links: dict[str, HugpyLink] = {}
+        self._indexes: dict[str, int] = {}
+        self._stamp: tuple | None = None
+        self._watch: asyncio.Task | None = None
+        self._ordered: list[BoxState] = []
+
+    def _file_stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    async def start(self) -> None:
+        """Loads the file, starts every link and waits (briefly) for the first health round."""
+        self._stamp = self._file_stamp()
+        fresh = self._apply(boxes_config.load(self.path).boxes)
+        await asyncio.wait_for(
+            asyncio.gather(*(self.links[name].probe() for name in fresh)),
+            HEALTH_TIMEOUT_S + 1,
+        )
+        self._watch = asyncio.create_task(self._watch_file(), name="boxes-file")
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        await asyncio.gather(*(link.stop() for link in self.links.values()))
+        self.links.clear()
+
+    def _apply(self, configs: list[BoxConfig]) -> list[str]:
+        """Makes the fleet match `configs`; returns the names whose link (re)started."""
+        started: list[str] = []
+        wanted = {c.name: c for c in configs}
+        for name in [n for n in self.boxes if n not in wanted]:
+            log.info("box %s removed", name)
+            del self.boxes[name]
+            asyncio.get_running_loop().create_task(self.links.pop(name).stop())
+        for order, cfg in enumerate(configs):
+            current = self.boxes.get(cfg.name)
+            if current is not None and current.config == cfg:
+                if current.order != order:
+                    current.order = order
+                    current.changed()
+                continue
+            if current is not None and (current.config.url, current.config.key, current.config.kind) == (
+                cfg.url,
+                cfg.key,
+                cfg.kind,
+            ):
+                current.config = cfg  # pool or blocked changed: keep the link and the view
+                current.order = order
+                current.changed()
+                continue
+            if current is not None:
+                asyncio.get_running_loop().create_task(self.links.pop(cfg.name).stop())
+            index = self._indexes.setdefault(cfg.name, len(self._indexes))
+            state = BoxState(cfg, index, order)
+            self.boxes[cfg.name] = state
+            link = HugpyLink(state)
+            self.links[cfg.name] = link
+            link.start()
+            started.append(cfg.name)
+            log.info("box %s at %s (%s)", cfg.name, cfg.url, cfg.kind.value)
+        self._ordered = sorted(self.boxes.values(), key=lambda b: b.order)
+        return started
+
+    async def _watch_file(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            stamp = self._file_stamp()
+            if stamp == self._stamp:
+                continue
+            self._stamp = stamp
+            try:
+                configs = boxes_config.load(self.path).boxes
+            except ConfigError as exc:
+                log.warning("boxes file not applied: %s", exc)
+                continue
+            self._apply(configs)
+
+    def facts(self) -> list[BoxFacts]:
+        """The facts of every box, in boxes-file order, with live reservation counts."""
+        count = self.reservations.count
+        return [box.facts(count(box.index)) for box in self._ordered]
+
+    def get(self, name: str) -> BoxState | None:
+        return self.boxes.get(name)
+
+    def ordered(self) -> list[BoxState]:
+        return list(self._ordered)

@@ -1,0 +1,72 @@
+"""`router serve` and `router demo`: build the serve config and run it on uvloop."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import uvloop
+
+from router.boxes import config as boxes_config
+from router.serve.server import ServeConfig, serve
+
+
+def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
+    return ServeConfig(
+        host=args.host,
+        port=args.port,
+        boxes_path=boxes_path,
+        interface=args.interface,
+        max_body_bytes=args.max_body,
+        first_byte_timeout_s=args.first_byte_timeout,
+        grace_s=args.grace,
+    )
+
+
+def _announce(url: str) -> None:
+    print(f"router listening on {url}", flush=True)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    boxes_path = args.boxes_file or boxes_config.default_path()
+    boxes_config.load(boxes_path)  # a broken file stops the start with a clear message
+    return uvloop.run(serve(_config(args, boxes_path), ready=_announce))
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Starts simulated hugpy boxes in a child process, then the router in front of them."""
+    workdir = Path(tempfile.mkdtemp(prefix="router-demo-"))
+    boxes_path = workdir / "boxes.json"
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "router.sim", "--boxes", str(args.sim_boxes),
+         "--boxes-file", str(boxes_path), "--cadence-ms", "30", "--load-ms", "800"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = sim.stdout.readline() if sim.stdout else ""  # "" when the child died
+        if "ready" not in line:
+            print("router demo: the simulated fleet did not start", file=sys.stderr)
+            return 1
+        print(f"demo fleet: {args.sim_boxes} simulated hugpy boxes (boxes file {boxes_path})", flush=True)
+
+        def announce(url: str) -> None:
+            _announce(url)
+            print(
+                f"try: curl -s {url}/v1/models  |  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=x "
+                "python -c \"import openai; print(openai.OpenAI().chat.completions.create("
+                "model='tiny-llama', messages=[{'role':'user','content':'hi'}]).choices[0].message.content)\"",
+                flush=True,
+            )
+
+        return uvloop.run(serve(_config(args, boxes_path), ready=announce))
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        try:
+            sim.wait(5)
+        except subprocess.TimeoutExpired:
+            sim.kill()

@@ -1,0 +1,131 @@
+"""Choosing a box: gate → pin → tiers → rank. Pure; the same facts always give the same order.
+
+The contract (DESIGN.md "Choosing a box"; a test pins each line):
+1. Gate. `why_not` returns the first disqualifying reason, in this order: pinned elsewhere,
+   kind not served by the facade, name invalid under the box kind's rule, offline, other pool,
+   blocked, already tried for this call, model not advertised (neither resident nor in the
+   catalog). Failover passes `eligible` (the first decision's ranked set) so that a retry never
+   broadens past it.
+2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
+   decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
+   over a pinned call).
+3. Tiers. SERVING: the model is resident, healthy, not loading, and the settings the call asks
+   for equal the settings this router last sent that box for that model (unknown = default).
+   Every other eligible box is LOAD (catalog, or resident under other settings).
+4. Rank inside a tier, ascending by the tuple of the small key functions below:
+   load (pending + pressure + reservations), then pressure, then the tier's tie-break
+   (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
+   picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from router.core.names import call_key
+from router.core.types import (
+    BoxFacts,
+    Call,
+    Decision,
+    Path,
+    Reason,
+    ReasonCode,
+    Tier,
+    Why,
+)
+
+
+def why_not(
+    call: Call, box: BoxFacts, tried: frozenset[str], eligible: frozenset[str] | None = None
+) -> Reason | None:
+    """The first reason `box` cannot take `call`, or None when it passes the gate."""
+    if call.pin is not None and box.id != call.pin:
+        return Reason(ReasonCode.NOT_PINNED, call.pin)
+    if box.kind not in call.kinds:
+        return Reason(ReasonCode.KIND_NOT_SERVED, box.kind.value)
+    named = call_key(box.kind, call.model, call.settings)
+    if named is None:
+        return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
+    if not box.online:
+        return Reason(ReasonCode.OFFLINE)
+    if call.pool is not None and box.pool != call.pool:
+        return Reason(ReasonCode.OTHER_POOL, box.pool or "")
+    if box.blocked:
+        return Reason(ReasonCode.BLOCKED)
+    if box.id in tried:
+        return Reason(ReasonCode.ALREADY_TRIED)
+    if eligible is not None and box.id not in eligible:
+        return Reason(ReasonCode.NOT_ELIGIBLE)
+    key = named[0]
+    if key not in box.residents and key not in box.catalog:
+        return Reason(ReasonCode.NO_MODEL, key)
+    return None
+
+
+def tier_of(call: Call, box: BoxFacts) -> Tier:
+    """SERVING when a healthy, idle-or-busy, not-loading resident runs the call's settings."""
+    key, settings = call_key(box.kind, call.model, call.settings)  # type: ignore[misc]
+    resident = box.residents.get(key)
+    if resident is None or not resident.healthy or resident.loading:
+        return Tier.LOAD
+    return Tier.SERVING if box.contracts.get(key) == settings else Tier.LOAD
+
+
+def load_of(box: BoxFacts) -> int:
+    """pending + pressure + reservations: what the box is already carrying (lower is better)."""
+    return box.pending + box.pressure + box.reservations
+
+
+def serving_tiebreak(call: Call, box: BoxFacts) -> tuple:
+    """Idle before busy, then most recently used (a warm seat is likelier to have its cache)."""
+    key = call_key(box.kind, call.model, call.settings)[0]  # type: ignore[index]
+    resident = box.residents[key]
+    return (1 if resident.busy else 0, -resident.last_used_s)
+
+
+def load_tiebreak(box: BoxFacts) -> tuple:
+    """Most free GPU memory first (unknown counts as none), then least recently picked."""
+    return (-(box.free_gpu_bytes or 0), box.last_picked_s)
+
+
+def stable_id(box: BoxFacts) -> tuple:
+    """Position in the boxes file, then the name: fixed for the box's lifetime."""
+    return (box.order, box.id)
+
+
+def rank_key(call: Call, box: BoxFacts, tier: Tier) -> tuple:
+    tiebreak = serving_tiebreak(call, box) if tier is Tier.SERVING else load_tiebreak(box)
+    return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
+
+
+def decide(
+    call: Call,
+    boxes: Sequence[BoxFacts],
+    tried: Iterable[str] = (),
+    eligible: frozenset[str] | None = None,
+) -> Decision:
+    """Returns the Decision for `call` over `boxes`.
+
+    Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
+    every box (and for an unknown pin, under the pin's name).
+    """
+    tried = frozenset(tried)
+    refused: dict[str, Reason] = {}
+    ranked: list[tuple[tuple, str, Why]] = []
+    for box in boxes:
+        reason = why_not(call, box, tried, eligible)
+        if reason is not None:
+            refused[box.id] = reason
+            continue
+        tier = tier_of(call, box)
+        key = rank_key(call, box, tier)
+        ranked.append((key, box.id, Why(tier, key)))
+    if call.pin is not None and all(box.id != call.pin for box in boxes):
+        refused[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
+    if not ranked:
+        return Decision(Path.REFUSED, (), {}, refused)
+    ranked.sort(key=lambda item: item[0])
+    path = Path.PINNED if call.pin is not None else Path.RANKED
+    return Decision(
+        path, tuple(box_id for _, box_id, _ in ranked), {b: w for _, b, w in ranked}, refused
+    )

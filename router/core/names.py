@@ -1,0 +1,89 @@
+"""Model names per box kind: how a client's string becomes a box's inventory key.
+
+Rules (one per kind; a call reaching a box uses that box's kind's rule):
+1. hugpy: `base@options`. The key is the base before the first `@`, stripped. Options split on
+   `+` or `,`, tokens are case-insensitive, so the settings are the lower-cased tokens, sorted
+   and joined with `+` (`ctx-low+RAM-only` == `ram-only+ctx-low`); no tokens means default (None).
+   The full string still goes to the box unchanged.
+2. ollama: Ollama's own parse (contracts/ollama-lmstudio.md §2): trim, drop a `:cloud`/`:local`
+   source or a `-cloud` tag suffix, split host/namespace/model from the right, a tag only after
+   the last `/`, defaults `registry.ollama.ai`/`library`/`latest`, per-part validity; the key is
+   the shortest display form, lower-cased (lookups are case-insensitive). Invalid → None.
+3. lmstudio and openai: the id exactly as sent, byte for byte.
+"""
+
+from __future__ import annotations
+
+import re
+
+from router.core.types import BoxKind
+
+OLLAMA_DEFAULT_HOST = "registry.ollama.ai"
+OLLAMA_DEFAULT_NAMESPACE = "library"
+OLLAMA_DEFAULT_TAG = "latest"
+
+# Ollama's isValidPart: first char alnum or `_`; `.` not in a namespace; `:` only in a host.
+_PART_RE = {
+    "host": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}"),
+    "namespace": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}"),
+    "model": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
+    "tag": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
+}
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def hugpy_split(name: str) -> tuple[str, str | None]:
+    """Returns (base key, normalised settings or None)."""
+    base, _, opts = name.strip().partition("@")
+    tokens = sorted({t.strip().lower() for t in re.split(r"[+,]", opts) if t.strip()})
+    return base.strip(), ("+".join(tokens) if tokens else None)
+
+
+def ollama_key(name: str) -> str | None:
+    """Returns the case-folded shortest display name, or None when Ollama would reject it."""
+    s = name.strip()
+    s = _SCHEME_RE.sub("", s)
+    slash = s.rfind("/")
+    colon = s.rfind(":")
+    tag: str | None = None
+    if colon > slash:
+        s, tag = s[:colon], s[colon + 1 :]
+        if tag.lower() in ("cloud", "local"):
+            tag = None
+        elif tag.lower().endswith("-cloud"):
+            tag = tag[: -len("-cloud")]
+    parts = s.split("/")
+    if len(parts) > 3:
+        return None
+    model = parts[-1]
+    namespace = parts[-2] if len(parts) >= 2 else OLLAMA_DEFAULT_NAMESPACE
+    host = parts[-3] if len(parts) == 3 else OLLAMA_DEFAULT_HOST
+    tag = OLLAMA_DEFAULT_TAG if tag is None else tag
+    for kind, value in (("host", host), ("namespace", namespace), ("model", model), ("tag", tag)):
+        if not _PART_RE[kind].fullmatch(value):
+            return None
+    if host.lower() != OLLAMA_DEFAULT_HOST:
+        shown = f"{host}/{namespace}/{model}:{tag}"
+    elif namespace.lower() != OLLAMA_DEFAULT_NAMESPACE:
+        shown = f"{namespace}/{model}:{tag}"
+    else:
+        shown = f"{model}:{tag}"
+    return shown.lower()
+
+
+def inventory_key(kind: BoxKind, advertised: str) -> str | None:
+    """The key under which a box's own advertised name is stored in its inventory view."""
+    if kind is BoxKind.OLLAMA:
+        return ollama_key(advertised)
+    return advertised
+
+
+def call_key(kind: BoxKind, model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Returns (key, settings) for a call's model on a box of `kind`, or None if invalid there."""
+    if kind is BoxKind.HUGPY:
+        base, settings = hugpy_split(model)
+        return (base, settings) if base else None
+    if kind is BoxKind.OLLAMA:
+        key = ollama_key(model)
+        return None if key is None else (key, body_settings)
+    return (model, None) if model else None

@@ -1,0 +1,102 @@
+"""Which box answers are refusals (try the next box) and which go back to the client as sent.
+
+Rules, for an answer that arrives before any byte reached the client:
+1. Transport: unreachable, connection lost before the head, first-byte timeout → refusal.
+2. Status 502, 503, 504 from any kind → refusal.
+3. An error whose `type` or `code` is in the kind's refusal set → refusal (hugpy: its
+   placement failures and `worker_reserved`; ollama, lmstudio, openai: model not found).
+4. A 404 that says the model is not there → refusal: any 404 from an ollama box on a
+   model-bearing route (stale inventory), hugpy's "model not found on this box" (typed or not).
+5. LM Studio's "No models loaded" (a failed JIT load) → refusal.
+6. A stream's first frame with a top-level `error`, or `finish_reason: "error"` → refusal.
+Everything else (a 400, a 401, a 499 …) is the client's answer, passed back exactly.
+The returned code is a short stable string used in logs, the store and 503 bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.core.types import BoxKind
+
+UNREACHABLE = "unreachable"
+CONNECTION_LOST = "connection_lost"
+FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+BAD_HEAD = "bad_response"
+MODEL_NOT_FOUND = "model_not_found"
+NO_MODEL_LOADED = "no_model_loaded"
+STREAM_ERROR = "stream_error"
+
+REFUSAL_STATUSES = frozenset({502, 503, 504})
+
+REFUSAL_TYPES: dict[BoxKind, frozenset[str]] = {
+    BoxKind.HUGPY: frozenset(
+        {
+            "load_error",
+            "insufficient_resources",
+            "profile_materializing",
+            "profile_error",
+            "engine_unavailable",
+            "first_call_exclusive",
+            "central_source_constraint",
+            "maintenance",
+            "not_found_error",
+            "worker_reserved",
+        }
+    ),
+    BoxKind.OLLAMA: frozenset({"not_found_error"}),
+    BoxKind.LMSTUDIO: frozenset({"model_not_found"}),
+    BoxKind.OPENAI: frozenset({"model_not_found", "not_found_error"}),
+}
+
+HUGPY_NOT_FOUND_PREFIX = "model not found on this box"
+LMSTUDIO_NO_MODEL_PREFIX = "No models loaded"
+
+
+def _error_fields(body: Any) -> tuple[str | None, str | None, str]:
+    """(type, code, message) of an `{"error": ...}` body; the error may be a string or object."""
+    if not isinstance(body, dict):
+        return None, None, ""
+    error = body.get("error")
+    if isinstance(error, str):
+        return None, None, error
+    if not isinstance(error, dict):
+        return None, None, ""
+    etype, code, message = error.get("type"), error.get("code"), error.get("message")
+    return (
+        etype if isinstance(etype, str) else None,
+        code if isinstance(code, str) else None,
+        message if isinstance(message, str) else "",
+    )
+
+
+def classify_reply(kind: BoxKind, status: int, body: Any) -> str | None:
+    """Returns a refusal code for a non-2xx answer (`body` = its parsed JSON or None), or None."""
+    etype, code, message = _error_fields(body)
+    refusal_types = REFUSAL_TYPES[kind]
+    if etype in refusal_types:
+        return etype
+    if code in refusal_types:
+        return code
+    if status in REFUSAL_STATUSES:
+        return f"http_{status}"
+    if status == 404:
+        if kind is BoxKind.OLLAMA or message.startswith(HUGPY_NOT_FOUND_PREFIX):
+            return MODEL_NOT_FOUND
+    if kind is BoxKind.LMSTUDIO and message.startswith(LMSTUDIO_NO_MODEL_PREFIX):
+        return NO_MODEL_LOADED
+    return None
+
+
+def classify_first_frame(kind: BoxKind, frame: Any) -> str | None:
+    """Returns a refusal code when a stream's first frame reports an error, else None."""
+    if not isinstance(frame, dict):
+        return None
+    if "error" in frame:
+        etype, code, _ = _error_fields(frame)
+        return etype or code or STREAM_ERROR
+    choices = frame.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        if choices[0].get("finish_reason") == "error":
+            return STREAM_ERROR
+    return None

@@ -1,0 +1,133 @@
+"""Facts in, values out: the types the decision works on.
+
+Invariants:
+1. Every type here is immutable once built; the I/O rooms build fresh facts, the core never
+   mutates them.
+2. Times are plain floats handed in by the caller (`now`, `last_used_s`); the core never reads
+   a clock.
+3. Reason codes are an Enum with stable string values: they appear in logs, the store and the
+   admin API, so a value is never renamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping
+
+
+class BoxKind(str, Enum):
+    HUGPY = "hugpy"
+    OLLAMA = "ollama"
+    LMSTUDIO = "lmstudio"
+    OPENAI = "openai"
+
+
+class ReasonCode(str, Enum):
+    """Why a box is not a candidate for a call, in the order `why_not` checks them."""
+
+    NOT_PINNED = "not_pinned"  # the call is pinned to another box
+    UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file
+    KIND_NOT_SERVED = "kind_not_served"  # the facade does not serve this box kind
+    BAD_MODEL_NAME = "bad_model_name"  # the name is invalid under this box kind's rule
+    OFFLINE = "offline"
+    OTHER_POOL = "other_pool"
+    BLOCKED = "blocked"
+    ALREADY_TRIED = "already_tried"
+    NO_MODEL = "no_model"  # the box's inventory does not advertise the model
+    NOT_ELIGIBLE = "not_eligible"  # failover never broadens past the first decision's set
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: ReasonCode
+    detail: str = ""
+
+    def text(self) -> str:
+        return f"{self.code.value}: {self.detail}" if self.detail else self.code.value
+
+
+class Tier(str, Enum):
+    SERVING = "serving"  # resident, healthy, not loading, same settings
+    LOAD = "load"  # can load it (catalog), or resident under other settings
+
+
+class Path(str, Enum):
+    PINNED = "pinned"
+    RANKED = "ranked"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A model loaded on a box, under the box's own key for it."""
+
+    key: str
+    healthy: bool = True
+    loading: bool = False
+    busy: bool = False
+    last_used_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BoxFacts:
+    """What the decision may know of one box at one moment.
+
+    `contracts` maps a model key to the settings this router last sent the box for it
+    (absent = default settings). `order` is the box's position in the boxes file, its stable
+    identity for tie-breaks. `pending` and `pressure` come from the scheduler snapshot (until
+    one exists: 0 and the neutral pressure 1); `reservations` is the router's own live count.
+    """
+
+    id: str
+    kind: BoxKind
+    order: int
+    online: bool = True
+    pool: str | None = None
+    blocked: bool = False
+    catalog: frozenset[str] = frozenset()
+    residents: Mapping[str, Resident] = field(default_factory=dict)
+    contracts: Mapping[str, str] = field(default_factory=dict)
+    free_gpu_bytes: int | None = None
+    pending: int = 0
+    pressure: int = 1
+    reservations: int = 0
+    last_picked_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One client call as the decision sees it.
+
+    `model` is the client's string, untouched; each box kind derives its own key and settings
+    from it (`router.core.names`). `settings` is what the facade read from the body beyond the
+    name (Ollama runner options, normalised); None means default.
+    """
+
+    model: str
+    kinds: frozenset[BoxKind]
+    settings: str | None = None
+    pin: str | None = None
+    pool: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Why:
+    tier: Tier
+    rank: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The ranked boxes to try, and why every other box is out.
+
+    Every input box lands in exactly one of `why` (ranked, in `boxes` order) or `refused`.
+    """
+
+    path: Path
+    boxes: tuple[str, ...]
+    why: Mapping[str, Why]
+    refused: Mapping[str, Reason]
+
+    def reasons_text(self) -> dict[str, str]:
+        return {box: reason.text() for box, reason in self.refused.items()}

@@ -1,0 +1,1 @@
+"""The APIs clients speak, as tables of routes plus small functions (no copied handlers)."""

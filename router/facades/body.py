@@ -1,0 +1,83 @@
+"""Reading the two things routing needs from a call body: `model` and `alloc.worker`.
+
+Rules:
+1. JSON bodies: one orjson parse; only the top-level `model` and `alloc.worker` are read.
+   The body must be a JSON object; `model` must be a non-empty string; `alloc`, when present,
+   must be an object whose `worker`, when present, is a string.
+2. multipart/form-data bodies: the `model` form field (a text part), found by scanning part
+   headers; the file parts are never decoded.
+3. Nothing here copies or keeps the body; errors name the field, never echo the content.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from router.core.errors import BadRequest
+
+_BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
+_NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+
+
+def parse_json_object(body: bytes) -> dict:
+    """Returns the body as a dict. Raises BadRequest when it is not a JSON object."""
+    if not body:
+        raise BadRequest("request body is empty; a JSON object is required")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc.msg}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    return doc
+
+
+def model_and_pin(doc: dict, model_field: str = "model") -> tuple[str, str | None]:
+    """(model, pinned box or None) from a parsed body. Raises BadRequest on a bad field."""
+    model = doc.get(model_field)
+    if not isinstance(model, str) or not model.strip():
+        raise BadRequest(f"'{model_field}' must be a non-empty string", code="model_required")
+    alloc = doc.get("alloc")
+    if alloc is None:
+        return model, None
+    if not isinstance(alloc, dict):
+        raise BadRequest("'alloc' must be an object")
+    worker = alloc.get("worker")
+    if worker is not None and (not isinstance(worker, str) or not worker):
+        raise BadRequest("'alloc.worker' must be a non-empty string")
+    return model, worker
+
+
+def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | None:
+    """The value of text form field `field` in a multipart body, or None when absent.
+
+    Raises BadRequest when the content type has no boundary or the field is not UTF-8.
+    """
+    match = _BOUNDARY_RE.search(content_type)
+    if match is None:
+        raise BadRequest("multipart body without a boundary")
+    delimiter = b"--" + match.group(1)
+    start = body.find(delimiter)
+    while start != -1:
+        head_start = start + len(delimiter)
+        if body.startswith(b"--", head_start):
+            return None  # closing delimiter
+        head_end = body.find(b"\r\n\r\n", head_start)
+        if head_end == -1:
+            return None
+        next_start = body.find(b"\r\n" + delimiter, head_end + 4)
+        if next_start == -1:
+            return None
+        headers = body[head_start:head_end]
+        for line in headers.split(b"\r\n"):
+            if line[:20].lower().startswith(b"content-disposition:"):
+                name = _NAME_RE.search(line)
+                if name is not None and name.group(1) == field and b"filename=" not in line:
+                    try:
+                        return body[head_end + 4 : next_start].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
+        start = next_start + 2
+    return None

@@ -1,0 +1,415 @@
+"""The proxy hot path: inspect → decide → reserve → send → judge → commit → relay → release.
+
+Rules:
+1. Nothing reaches the client before the box's answer is judged: a non-2xx head is read whole
+   (it is small) and classified; a stream (SSE or NDJSON) is held until its first data frame
+   has arrived and been judged. A refusal (router.core.refusal) excludes the box and the call
+   is decided again among the first decision's boxes only, at most MAX_BOXES_PER_CALL boxes.
+   A pinned call is never rerouted.
+2. When no box is left, the last box's own answer goes back as it was sent; a transport
+   failure (unreachable, lost, timeout) becomes a 502 in the facade's shape.
+3. After the first byte reaches the client nothing is rerouted; a box failing mid-stream
+   ends the stream with an in-band error frame in the stream's own format.
+4. The reservation is taken before the first send, moved on failover, released at the end,
+   whatever the end.
+5. A client that leaves ends the call at once: the box connection is closed (never reused)
+   and a hugpy box also gets `POST /v1/requests/<call id>/cancel`.
+6. No body, chunk, prompt or key is logged; per-call lines are debug level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import orjson
+
+from router._fastpath import FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG, FrameScanner
+from router.boxes.state import BoxState
+from router.core.decide import decide
+from router.core.errors import BadRequest
+from router.core.names import call_key
+from router.core.refusal import BAD_HEAD, CONNECTION_LOST, classify_first_frame, classify_reply
+from router.core.types import BoxKind, Call, Decision, Path
+from router.facades.body import model_and_pin, multipart_field, parse_json_object
+from router.facades.table import Body, Facade, Route
+from router.serve.edge import BodyTooLarge, ClientLeft
+from router.upstream.fetch import fetch
+from router.upstream.pool import (
+    ClientGone,
+    ConnectFailed,
+    Exchange,
+    FirstByteTimeout,
+    UpstreamError,
+    request_head,
+)
+
+log = logging.getLogger("router.proxy")
+
+MAX_BOXES_PER_CALL = 3
+# Error answers are small JSON; anything larger is not a refusal we could judge anyway.
+ERROR_BODY_LIMIT = 1 << 20
+# Success answers up to this size with a Content-Length go back in one piece; larger or
+# unsized ones are relayed as they arrive.
+INLINE_BODY_LIMIT = 1 << 20
+CANCEL_TIMEOUT_S = 5.0
+
+# Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself.
+HOP_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"content-length",
+    }
+)
+# Request headers passed from the client to the box; everything else (Authorization, Host,
+# X-Forwarded-For, cookies) stays here.
+FORWARDED_HEADERS = ("content-type", "accept", "x-task", "x-hugpy-root-request-id")
+
+SSE_TYPE = b"text/event-stream"
+NDJSON_TYPE = b"application/x-ndjson"
+MID_STREAM_ERROR = {
+    SSE: b'data: {"error": {"message": "the box failed mid-stream", "type": "upstream_error", '
+    b'"code": "box_failed"}}\n\n',
+    NDJSON: b'{"error": "the box failed mid-stream"}\n',
+}
+
+
+class Answer:
+    """A box's answer held before commit: head plus the bytes read so far."""
+
+    __slots__ = ("status", "headers", "chunks")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: list[bytes]):
+        self.status = status
+        self.headers = headers
+        self.chunks = chunks
+
+
+class Refused(Exception):
+    def __init__(self, code: str, answer: Answer | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.answer = answer
+
+
+def new_call_id() -> str:
+    return "rt-" + os.urandom(16).hex()
+
+
+class ProxyCall:
+    """One model-bearing call through one facade route."""
+
+    __slots__ = (
+        "app",
+        "edge",
+        "facade",
+        "route",
+        "call_id",
+        "body",
+        "call",
+        "exchange",
+        "gone",
+        "box",
+        "attempts",
+        "token",
+    )
+
+    def __init__(self, app, edge, facade: Facade, route: Route) -> None:
+        self.app = app
+        self.edge = edge
+        self.facade = facade
+        self.route = route
+        self.call_id = new_call_id()
+        self.body = b""
+        self.call: Call | None = None
+        self.exchange: Exchange | None = None
+        self.gone = False
+        self.box: BoxState | None = None
+        self.attempts: list[tuple[str, str]] = []  # (box, refusal code)
+        self.token = 0  # reservation token; 0 = none held
+
+    # -- the client's side ---------------------------------------------------------------------
+    async def error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
+        body = self.facade.shape_error(status, code, message, extra)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-hugpy-router-request-id", self.call_id.encode()),
+        ]
+        await self.edge.respond(status, headers, body)
+
+    def client_left(self) -> None:
+        self.gone = True
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.abort(ClientGone("client left"))
+            box = self.box
+            if box is not None and box.config.kind is BoxKind.HUGPY:
+                asyncio.get_running_loop().create_task(self._cancel_on_box(box))
+
+    async def _cancel_on_box(self, box: BoxState) -> None:
+        """A box in the middle of a cold load may not notice a closed socket: tell it."""
+        try:
+            await fetch(
+                box.origin,
+                "POST",
+                f"/v1/requests/{self.call_id}/cancel",
+                headers=box.auth_header,
+                timeout_s=CANCEL_TIMEOUT_S,
+            )
+        except UpstreamError:
+            pass
+
+    # -- the call ------------------------------------------------------------------------------
+    def inspect(self) -> Call:
+        """Reads model and pin from the body. Raises BadRequest."""
+        edge = self.edge
+        content_type = edge.header("content-type") or ""
+        if self.route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+            model = multipart_field(self.body, content_type.encode("latin-1"), b"model")
+            if model is None or not model.strip():
+                raise BadRequest("form field 'model' is required", code="model_required")
+            pin = None
+        else:
+            model, pin = model_and_pin(parse_json_object(self.body))
+        pin = pin or edge.header("x-router-box")
+        return Call(model=model, kinds=self.facade.kinds, pin=pin)
+
+    async def run(self) -> None:
+        edge = self.edge
+        try:
+            self.body = await edge.read_body(self.app.max_body_bytes)
+        except BodyTooLarge:
+            await self.error(413, "body_too_large", f"body over {self.app.max_body_bytes} bytes")
+            return
+        except ClientLeft:
+            return
+        try:
+            self.call = call = self.inspect()
+        except BadRequest as exc:
+            await self.error(exc.status_hint, exc.code, str(exc))
+            return
+        fleet = self.app.fleet
+        decision = decide(call, fleet.facts())
+        if decision.path is Path.REFUSED:
+            await self.refuse(decision)
+            return
+        watcher = edge.watch_disconnect(self.client_left)
+        try:
+            await self.attempt_all(decision)
+        finally:
+            watcher.cancel()
+            if self.token:
+                self.app.reservations.release(self.token)
+
+    async def refuse(self, decision: Decision) -> None:
+        call = self.call
+        pinned = call.pin is not None  # type: ignore[union-attr]
+        what = f"box {call.pin}" if pinned else "no box"  # type: ignore[union-attr]
+        await self.error(
+            self.facade.no_box_status,
+            "no_box",
+            f"{what} can serve model {call.model!r}",  # type: ignore[union-attr]
+            {"boxes": decision.reasons_text()},
+        )
+        log.debug("call %s refused: %s", self.call_id, decision.reasons_text())
+
+    async def attempt_all(self, decision: Decision) -> None:
+        fleet = self.app.fleet
+        reservations = self.app.reservations
+        call = self.call
+        eligible = frozenset(decision.boxes)
+        tried: list[str] = []
+        last: Refused | None = None
+        generation = self.app.generation
+        while True:
+            box = fleet.get(decision.boxes[0])
+            if box is None:  # removed from the boxes file since the decision
+                tried.append(decision.boxes[0])
+            else:
+                self.box = box
+                self.token = (
+                    reservations.move(self.token, box.index, generation)
+                    if self.token
+                    else reservations.reserve(box.index, generation)
+                )
+                try:
+                    await self.attempt(box)
+                    return
+                except Refused as refused:
+                    last = refused
+                    tried.append(box.name)
+                    self.attempts.append((box.name, refused.code))
+                    log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refused.code)
+            if self.gone:
+                return
+            if call.pin is not None or len(tried) >= MAX_BOXES_PER_CALL:  # type: ignore[union-attr]
+                break
+            decision = decide(call, fleet.facts(), tried, eligible)  # type: ignore[arg-type]
+            if decision.path is Path.REFUSED:
+                break
+        await self.give_up(last)
+
+    async def give_up(self, last: Refused | None) -> None:
+        """Every box refused: the last box's answer as sent, or a 502 for a transport failure."""
+        if self.gone:
+            return
+        if last is not None and last.answer is not None:
+            answer = last.answer
+            await self.edge.respond(
+                answer.status, self.client_headers(answer.headers), b"".join(answer.chunks)
+            )
+            return
+        await self.error(
+            502,
+            last.code if last else "no_box",
+            "no box could take the call",
+            {"attempts": [{"box": b, "refusal": c} for b, c in self.attempts]},
+        )
+
+    def client_headers(self, box_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (name.lower(), value) for name, value in box_headers if name.lower() not in HOP_HEADERS
+        ]
+        headers.append((b"x-hugpy-box", self.box.name.encode()))  # type: ignore[union-attr]
+        headers.append((b"x-hugpy-router-request-id", self.call_id.encode()))
+        return headers
+
+    def request_headers(self, box: BoxState) -> bytes:
+        edge = self.edge
+        lines = [box.auth_header]
+        if box.config.kind is BoxKind.HUGPY:
+            lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
+        for name in FORWARDED_HEADERS:
+            value = edge.header(name)
+            if value is not None:
+                lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+        return b"".join(lines)
+
+    async def attempt(self, box: BoxState) -> None:
+        """Sends the call to `box` and carries the answer through. Raises Refused."""
+        edge = self.edge
+        target = self.edge.path + ("?" + edge.query if edge.query else "")
+        head = request_head(edge.method, target, box.origin, self.request_headers(box), len(self.body))
+        try:
+            exchange = await box.origin.send(head, self.body)
+        except ConnectFailed as exc:
+            raise Refused(exc.refusal) from None
+        self.exchange = exchange
+        if self.gone:
+            exchange.abort(ClientGone("client left"))
+            return
+        exchange.arm_timeout(self.app.first_byte_timeout_s, FirstByteTimeout("no first byte"))
+        try:
+            await self.carry(box, exchange)
+        except UpstreamError as exc:
+            if isinstance(exc, ClientGone) or self.gone:
+                return
+            raise Refused(exc.refusal) from None
+        finally:
+            exchange.done()
+            self.exchange = None
+
+    async def carry(self, box: BoxState, exchange: Exchange) -> None:
+        await exchange.head
+        status = exchange.status
+        if status >= 400:
+            data = await exchange.read_all(ERROR_BODY_LIMIT)
+            try:
+                doc = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                doc = None
+            refusal = classify_reply(box.config.kind, status, doc)
+            if refusal is not None:
+                raise Refused(refusal, Answer(status, exchange.headers, [data]))
+            await self.edge.respond(status, self.client_headers(exchange.headers), data)
+            return
+        content_type = exchange.header(b"content-type") or b""
+        framing = SSE if content_type.startswith(SSE_TYPE) else (
+            NDJSON if content_type.startswith(NDJSON_TYPE) else 0
+        )
+        if framing:
+            await self.carry_stream(box, exchange, framing)
+            return
+        exchange.disarm()
+        length = exchange.header(b"content-length")
+        if length is not None and length.isdigit() and int(length) <= INLINE_BODY_LIMIT:
+            data = await exchange.read_all(INLINE_BODY_LIMIT)
+            self.commit(box)
+            await self.edge.respond(status, self.client_headers(exchange.headers), data)
+            return
+        self.commit(box)
+        await self.edge.start(status, self.client_headers(exchange.headers))
+        await self.relay(exchange, None)
+
+    async def carry_stream(self, box: BoxState, exchange: Exchange, framing: int) -> None:
+        """Holds the stream until its first data frame is judged, then relays it."""
+        scanner = FrameScanner(framing)
+        after: list[bytes] = []
+        while True:
+            chunks = await exchange.next_chunks()
+            if not chunks:
+                raise Refused(CONNECTION_LOST, None)  # ended before any frame
+            for index, chunk in enumerate(chunks):
+                verdict = scanner.feed(chunk)
+                if verdict == HOLD:
+                    continue
+                if verdict == TOO_BIG:
+                    raise Refused(BAD_HEAD, None)
+                after = chunks[index + 1 :]
+                break
+            else:
+                continue
+            break
+        held = scanner.take_held()
+        if verdict == FIRST_SUSPECT:
+            try:
+                frame = orjson.loads(scanner.first_data)
+            except orjson.JSONDecodeError:
+                frame = None
+            refusal = classify_first_frame(box.config.kind, frame)
+            if refusal is not None:
+                raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after))
+        exchange.disarm()
+        for chunk in after:
+            scanner.feed(chunk)
+        self.commit(box)
+        await self.edge.start(exchange.status, self.client_headers(exchange.headers))
+        await self.edge.write(b"".join(held + after) if len(held) + len(after) > 1 else held[0])
+        await self.relay(exchange, scanner)
+
+    def commit(self, box: BoxState) -> None:
+        """The box took the call: remember the settings it now runs for this model."""
+        call = self.call
+        named = call_key(box.config.kind, call.model, call.settings)  # type: ignore[union-attr]
+        if named is not None:
+            box.record_dispatch(named[0], named[1], asyncio.get_running_loop().time())
+
+    async def relay(self, exchange: Exchange, scanner: FrameScanner | None) -> None:
+        """Passes chunks through as they arrive; the write waits for the client (ASGI)."""
+        edge = self.edge
+        try:
+            while True:
+                chunks = await exchange.next_chunks()
+                if not chunks:
+                    break
+                if scanner is not None:
+                    for chunk in chunks:
+                        scanner.feed(chunk)
+                await edge.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except ClientLeft:
+            self.client_left()
+            return
+        except UpstreamError:
+            if self.gone:
+                return
+            log.info("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
+            if scanner is not None:
+                await edge.write(MID_STREAM_ERROR[scanner.framing])
+        await edge.finish()

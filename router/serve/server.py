@@ -1,0 +1,116 @@
+"""Running the router: Granian embedded in our own uvloop loop, one process.
+
+Why embedded: the fleet links, the reservation table and the app live in this one loop, so every
+listener of the process shares them (DESIGN.md: reservations are process-wide). `--workers N`
+would split that state N ways; `--workers 1` is the supported setting.
+
+Stop (SIGTERM or SIGINT): stop accepting, let calls in flight finish for up to the grace period,
+then stop the links and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from granian.server.embed import Server
+
+from router._fastpath import Reservations
+from router.boxes.fleet import Fleet
+from router.serve.app import RouterApp
+
+log = logging.getLogger("router.serve")
+
+# Granian's accept loop counts connections, not requests (stack-notes §1.3): keep it well above
+# the keep-alive client connections a busy front door holds.
+BACKPRESSURE_CONNECTIONS = 4096
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str
+    port: int  # 0 = pick a free one
+    boxes_path: Path
+    interface: str = "asgi"
+    max_body_bytes: int = 64 << 20
+    first_byte_timeout_s: float = 900.0
+    grace_s: float = 30.0
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+async def serve(config: ServeConfig, *, ready=None) -> int:
+    """Serves until SIGTERM/SIGINT. `ready(url)` is called once the listener is up."""
+    loop = asyncio.get_running_loop()
+    reservations = Reservations()
+    fleet = Fleet(config.boxes_path, reservations)
+    await fleet.start()
+    app = RouterApp(
+        fleet,
+        reservations,
+        max_body_bytes=config.max_body_bytes,
+        first_byte_timeout_s=config.first_byte_timeout_s,
+    )
+    port = config.port or free_port(config.host)
+    server = Server(
+        app,
+        address=config.host,
+        port=port,
+        interface=Interfaces.RSGI if config.interface == "rsgi" else Interfaces.ASGINL,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=1024,
+        backpressure=BACKPRESSURE_CONNECTIONS,
+        http1_settings=HTTP1Settings(header_read_timeout=30_000, keep_alive=True),
+        log_enabled=False,
+        log_level=LogLevels.warning,
+    )
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    serving = loop.create_task(server.serve())
+    await _wait_listening(config.host, port, serving)
+    url = f"http://{config.host}:{port}"
+    log.info("router listening on %s (%s)", url, config.interface)
+    if ready is not None:
+        ready(url)
+    stop_wait = loop.create_task(stopping.wait())
+    await asyncio.wait({serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("stopping: %d calls in flight, grace %.0f s", app.in_flight, config.grace_s)
+    server.stop()
+    try:
+        await asyncio.wait_for(app.idle.wait(), config.grace_s)
+    except asyncio.TimeoutError:
+        log.warning("grace period over with %d calls in flight", app.in_flight)
+    await asyncio.wait({serving}, timeout=config.grace_s)
+    stop_wait.cancel()
+    await fleet.stop()
+    return 0
+
+
+async def _wait_listening(host: str, port: int, serving: asyncio.Task) -> None:
+    """Returns once the port accepts connections; raises if the server task died first."""
+    for _ in range(200):
+        if serving.done():
+            serving.result()
+            raise RuntimeError("server stopped during start")
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            await asyncio.sleep(0.025)
+            continue
+        writer.close()
+        return
+    raise RuntimeError(f"nothing listening on {host}:{port} after 5 s")

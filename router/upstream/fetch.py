@@ -1,0 +1,36 @@
+"""Small whole-answer requests for links (health, state, inventories): not the proxy path."""
+
+from __future__ import annotations
+
+from router.upstream.pool import ConnectFailed, Exchange, FirstByteTimeout, Origin, request_head
+
+# Inventory answers are tens of KB (a hugpy state snapshot grows with its catalog); 16 MiB
+# leaves room for a large fleet box without letting a broken box fill memory.
+FETCH_LIMIT_BYTES = 16 << 20
+
+
+async def fetch(
+    origin: Origin,
+    method: str,
+    target: str,
+    *,
+    headers: bytes = b"",
+    body: bytes = b"",
+    timeout_s: float,
+) -> tuple[int, Exchange, bytes]:
+    """(status, exchange, body) of one request, all within `timeout_s`.
+
+    Raises ConnectFailed, FirstByteTimeout, ConnectionLost or BadResponse.
+    """
+    head = request_head(method, target, origin, headers, len(body))
+    exchange = await origin.send(head, body)
+    exchange.arm_timeout(timeout_s, FirstByteTimeout(f"no answer within {timeout_s} s"))
+    try:
+        await exchange.head
+        data = await exchange.read_all(FETCH_LIMIT_BYTES)
+    finally:
+        exchange.done()
+    return exchange.status, exchange, data
+
+
+__all__ = ["fetch", "ConnectFailed"]

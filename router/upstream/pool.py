@@ -1,0 +1,359 @@
+"""A keep-alive HTTP/1.1 client per box origin: `Conn` per socket, `Exchange` per request.
+
+Invariants:
+1. Every request carries Content-Length (boxes read bodies by length; chunked uploads are
+   read as empty by a hugpy box) and the box's own Host.
+2. A connection goes back to the idle list only when its response was read to the end and both
+   sides allow keep-alive. Any error, timeout, abort or client disconnect closes it for good.
+3. A reused idle connection found closing at write time is replaced by a fresh one (nothing was
+   sent). Once bytes are written, a lost connection is a failure of this exchange: the same
+   body is never sent twice to that box.
+4. Flow: when an exchange holds more than `HIGH_WATER_BYTES` unread, the socket stops reading
+   until the reader takes them; so a slow client bounds what the router buffers per stream.
+5. Responses without length or chunking end when the box closes (hugpy's SSE does this).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import httptools
+
+from router.core.errors import UpstreamProtocolError
+
+CONNECT_TIMEOUT_S = 10.0
+# Below the 5 s idle timeout common to uvicorn, gunicorn and Go servers, so that we drop an idle
+# connection before the box does and the close race stays rare.
+KEEPALIVE_IDLE_S = 4.0
+MAX_IDLE_PER_ORIGIN = 128
+# Issue #2: at most 1 MiB buffered per stream before the box socket stops being read.
+HIGH_WATER_BYTES = 1 << 20
+NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class UpstreamError(Exception):
+    """A box exchange failed before or during the response; `refusal` is its stable code."""
+
+    refusal = "upstream_error"
+
+
+class ConnectFailed(UpstreamError):
+    refusal = "unreachable"
+
+
+class ConnectionLost(UpstreamError):
+    refusal = "connection_lost"
+
+
+class FirstByteTimeout(UpstreamError):
+    refusal = "first_byte_timeout"
+
+
+class ClientGone(UpstreamError):
+    refusal = "cancelled"
+
+
+class BadResponse(UpstreamError, UpstreamProtocolError):
+    refusal = "bad_response"
+
+
+class Exchange:
+    """One request and its response. The response body is read with `next_chunks()`."""
+
+    __slots__ = (
+        "conn",
+        "status",
+        "headers",
+        "keep_alive",
+        "close_delimited",
+        "head",
+        "chunks",
+        "buffered",
+        "waiter",
+        "complete",
+        "error",
+        "bytes_in",
+        "timer",
+    )
+
+    def __init__(self, conn: "Conn", loop: asyncio.AbstractEventLoop) -> None:
+        self.conn: Conn | None = conn
+        # response head
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self.close_delimited = False
+        self.head: asyncio.Future = loop.create_future()
+        # response body
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.waiter: asyncio.Future | None = None
+        self.complete = False
+        self.error: BaseException | None = None
+        self.bytes_in = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- fed by Conn --------------------------------------------------------------------------
+    def _feed(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.buffered += len(chunk)
+        self.bytes_in += len(chunk)
+        if self.buffered > HIGH_WATER_BYTES and self.conn is not None:
+            self.conn.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.complete or self.error is not None:
+            return
+        self.error = exc
+        if not self.head.done():
+            self.head.set_exception(exc)
+            self.head.exception()  # mark retrieved: the reader may be gone already
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- used by the reader -------------------------------------------------------------------
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower-case), or None."""
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    async def next_chunks(self) -> list[bytes]:
+        """Every chunk that has arrived (at least one), or [] at the end of the body.
+
+        Raises the exchange's error (ConnectionLost, FirstByteTimeout, ClientGone, BadResponse).
+        """
+        while not self.chunks:
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return []
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+        taken = list(self.chunks)
+        self.chunks.clear()
+        self.buffered = 0
+        if self.conn is not None:
+            self.conn.resume_reading()
+        return taken
+
+    async def read_all(self, limit: int) -> bytes:
+        """The whole body (for small answers). Raises BadResponse past `limit` bytes."""
+        parts: list[bytes] = []
+        while True:
+            chunks = await self.next_chunks()
+            if not chunks:
+                return b"".join(parts)
+            parts.extend(chunks)
+            if self.bytes_in > limit:
+                self.abort(BadResponse(f"answer larger than {limit} bytes"))
+                raise self.error  # type: ignore[misc]
+
+    def arm_timeout(self, seconds: float, exc: BaseException) -> None:
+        """Fails the exchange with `exc` after `seconds` unless `disarm()` is called first."""
+        self.disarm()
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(seconds, self.abort, exc)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def abort(self, exc: BaseException) -> None:
+        """Ends the exchange now: the error is recorded and the connection closed, never reused."""
+        self.disarm()
+        if not self.complete:
+            self._fail(exc)
+        conn, self.conn = self.conn, None
+        if conn is not None and conn.exchange is self:
+            conn.close()
+
+    def done(self) -> None:
+        """The reader is finished with this exchange (after the body or after giving up)."""
+        self.disarm()
+        if not self.complete:
+            self.abort(ClientGone("reader stopped before the end of the body"))
+
+
+class Conn(asyncio.Protocol):
+    """One socket to a box, parsing responses with httptools."""
+
+    def __init__(self, origin: "Origin") -> None:
+        # per connection
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reading_paused = False
+        self.idle_since = 0.0
+        # per request
+        self.exchange: Exchange | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            exchange = self.exchange
+            self.close()
+            if exchange is not None:
+                exchange._fail(BadResponse(f"box broke HTTP: {exc}"))
+        except httptools.HttpParserUpgrade:
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        exchange, self.exchange = self.exchange, None
+        if exchange is None or exchange.complete:
+            return
+        exchange.conn = None
+        if exchange.head.done() and exchange.close_delimited:
+            exchange._finish()
+        else:
+            exchange._fail(ConnectionLost("box closed the connection before the answer ended"))
+
+    # -- httptools callbacks: forward and return ----------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.exchange.headers.append((name, value))  # type: ignore[union-attr]
+
+    def on_headers_complete(self) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            return
+        exchange.status = self.parser.get_status_code()
+        exchange.keep_alive = self.parser.should_keep_alive()
+        _mark_close_delimited(exchange)  # now, not later: EOF may follow in the same read
+        if not exchange.head.done():
+            exchange.head.set_result(exchange)
+
+    def on_body(self, body: bytes) -> None:
+        self.exchange._feed(body)  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            return
+        exchange.disarm()
+        exchange._finish()
+        self.exchange = None
+        exchange.conn = None
+        if exchange.keep_alive and not self.closed:
+            self.origin.release(self)
+        else:
+            self.close()
+
+    # -- flow control -------------------------------------------------------------------------
+    def pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def start(self, payload: list[bytes], loop: asyncio.AbstractEventLoop) -> Exchange:
+        exchange = Exchange(self, loop)
+        self.exchange = exchange
+        self.transport.writelines(payload)  # type: ignore[union-attr]
+        return exchange
+
+
+def _mark_close_delimited(exchange: Exchange) -> None:
+    """After the head: a body with neither length nor chunking ends at EOF (RFC 9112 §6.3)."""
+    if exchange.status in NO_BODY_STATUSES or exchange.status < 200:
+        return
+    for key, _ in exchange.headers:
+        lowered = key.lower()
+        if lowered == b"content-length" or lowered == b"transfer-encoding":
+            return
+    exchange.close_delimited = True
+
+
+class Origin:
+    """Connections to one box (scheme http, host, port), with its idle keep-alive list."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
+        self.idle: list[Conn] = []
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> Conn:
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: Conn(self), self.host, self.port),
+                CONNECT_TIMEOUT_S,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
+        return conn
+
+    def _take_idle(self, now: float) -> Conn | None:
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.closed or now - conn.idle_since > KEEPALIVE_IDLE_S:
+                conn.close()
+                continue
+            return conn
+        return None
+
+    def release(self, conn: Conn) -> None:
+        if len(self.idle) >= MAX_IDLE_PER_ORIGIN:
+            conn.close()
+            return
+        conn.idle_since = asyncio.get_running_loop().time()
+        self.idle.append(conn)
+
+    async def send(self, head: bytes, body: bytes) -> Exchange:
+        """Writes one request (`head` ends with the blank line) and returns its Exchange.
+
+        Raises ConnectFailed when no connection can be made.
+        """
+        loop = asyncio.get_running_loop()
+        conn = self._take_idle(loop.time())
+        if conn is None or conn.transport is None or conn.transport.is_closing():
+            conn = await self._connect(loop)
+        return conn.start([head, body] if body else [head], loop)
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+
+
+def request_head(method: str, target: str, origin: Origin, extra: bytes, length: int) -> bytes:
+    """The request line and headers, ending with the blank line. `extra` is header lines."""
+    return b"".join(
+        (
+            f"{method} {target} HTTP/1.1\r\n".encode("latin-1"),
+            origin.host_header,
+            extra,
+            b"Content-Length: %d\r\n\r\n" % length,
+        )
+    )

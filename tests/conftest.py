@@ -1,0 +1,109 @@
+"""Shared fixtures: simulated boxes on loopback and a real `router serve` process in front."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from router.sim.hugpy import SimBox, SimFleet
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTENING_RE = re.compile(r"router listening on (http://\S+)")
+
+
+class RouterProcess:
+    """`python -m router serve` on a free port, reading its boxes file; stopped with SIGTERM."""
+
+    def __init__(self, boxes_path: Path, *extra: str, env: dict | None = None) -> None:
+        self.boxes_path = boxes_path
+        self.log_path = boxes_path.parent / "router.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "router", "serve", "--port", "auto",
+             "--boxes-file", str(boxes_path), *extra],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )
+        line = self.proc.stdout.readline()
+        match = LISTENING_RE.search(line)
+        if match is None:
+            self.stop()
+            raise RuntimeError(f"router did not start: {line!r}\n{self.log_path.read_text()}")
+        self.url = match.group(1)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text()
+
+
+def write_boxes(path: Path, boxes: list[SimBox], **per_box: dict) -> Path:
+    entries = []
+    for box in boxes:
+        entry = {"name": box.name, "url": box.url, "kind": "hugpy"}
+        if box.key:
+            entry["key"] = box.key
+        entry.update(per_box.get(box.name, {}))
+        entries.append(entry)
+    path.write_text(json.dumps({"boxes": entries}))
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.fixture
+def start_fleet(tmp_path):
+    """start_fleet(*boxes, extra_args=(), boxes_extra={}) -> (router, boxes)"""
+    fleets: list[SimFleet] = []
+    routers: list[RouterProcess] = []
+
+    def start(*boxes: SimBox, extra_args=(), boxes_extra=None, env=None):
+        fleet = SimFleet(list(boxes))
+        fleet.start()
+        fleets.append(fleet)
+        path = write_boxes(tmp_path / "boxes.json", list(boxes), **(boxes_extra or {}))
+        router = RouterProcess(path, *extra_args, env=env)
+        router.fleet = fleet
+        routers.append(router)
+        return router
+
+    yield start
+    for router in routers:
+        router.stop()
+    for fleet in fleets:
+        fleet.stop()
+
+
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,296 @@
+"""Plain models: the executable spec of the compiled hot path and of the decision.
+
+Nothing here is collected as a test. Each model states its rules in the most obvious Python
+it can (dicts, lists, a loop and a sort); the property tests run the real thing and the model
+side by side and require equal answers.
+
+1. `ReservationModel`: the reservation table of `router._fastpath.Reservations`
+   (rules 1a-1d of its module docstring), as a dict token -> [box, generation, live].
+2. `FrameScannerModel`: `router._fastpath.FrameScanner` (rule 2), line by line.
+3. `reference_decide`: `router.core.decide` (its docstring rules 1-4), written without its
+   helper functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, RELAY, SSE, TOO_BIG
+from router.core.names import call_key
+from router.core.types import BoxFacts, Call, ReasonCode, Tier
+
+__all__ = [
+    "ReservationModel",
+    "FrameScannerModel",
+    "RefDecision",
+    "reference_decide",
+    "reference_gate",
+    "GATE_ORDER",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Reservations
+# --------------------------------------------------------------------------------------------
+
+
+class ReservationModel:
+    """token -> [box, generation, live]; a reservation counts while it is live.
+
+    a. reserve(box, g): g below the floor is a misuse (ValueError); else a new live entry.
+    b. release(token): a live entry stops counting once (True); anything else is ignored (False).
+    c. move(token, box, g): a live entry changes box and keeps its token and stamp; a stale or
+       unknown token becomes a fresh reservation on `box` at g (a new token).
+    d. supersede(g): every live entry stamped below g stops counting; the floor rises to g
+       (it never falls). Returns how many stopped counting.
+    """
+
+    def __init__(self) -> None:
+        self.table: dict[int, list] = {}
+        self.floor = 0
+        self._next = 1
+
+    def reserve(self, box: int, generation: int) -> int:
+        if box < 0:
+            raise ValueError("box index must be >= 0")
+        if generation < self.floor:
+            raise ValueError("generation below the supersede floor")
+        token = self._next
+        self._next += 1
+        self.table[token] = [box, generation, True]
+        return token
+
+    def release(self, token: int) -> bool:
+        entry = self.table.get(token)
+        if entry is None or not entry[2]:
+            return False
+        entry[2] = False
+        return True
+
+    def move(self, token: int, box: int, generation: int) -> int:
+        entry = self.table.get(token)
+        if entry is None or not entry[2]:
+            return self.reserve(box, generation)
+        if box < 0:
+            raise ValueError("box index must be >= 0")
+        entry[0] = box
+        return token
+
+    def supersede(self, generation: int) -> int:
+        dropped = 0
+        for entry in self.table.values():
+            if entry[2] and entry[1] < generation:
+                entry[2] = False
+                dropped += 1
+        self.floor = max(self.floor, generation)
+        return dropped
+
+    def is_live(self, token: int) -> bool:
+        entry = self.table.get(token)
+        return entry is not None and entry[2]
+
+    def count(self, box: int) -> int:
+        return sum(1 for b, _, live in self.table.values() if live and b == box)
+
+    @property
+    def live(self) -> int:
+        return sum(1 for _, _, live in self.table.values() if live)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Frame scanner
+# --------------------------------------------------------------------------------------------
+
+
+class FrameScannerModel:
+    """Line by line: a line ends at LF; its content is what precedes the LF, less one CR.
+
+    SSE: a frame is a block of non-empty lines closed by an empty line (empty lines with no
+    block open close nothing). NDJSON: every non-empty line is a frame.
+    Until the first *data* frame every chunk is held. SSE: the first closed block with at least
+    one `data:` line is the data frame (its value: the `data:` lines less the field name and
+    one optional space, joined by LF); comment or event-only blocks count as frames but keep
+    holding. NDJSON: the first frame is the data frame (its value: the line, stripped).
+    The chunk that closes it answers FIRST_SUSPECT when the value contains b"error", else
+    FIRST_CLEAN; later chunks answer RELAY and are not held. A chunk that leaves the hold
+    open with more than `hold_limit` bytes seen answers TOO_BIG, otherwise HOLD.
+    `first_end` is the byte offset just after the LF that closed the data frame.
+    """
+
+    def __init__(self, framing: int, hold_limit: int = 1 << 20) -> None:
+        if framing not in (SSE, NDJSON):
+            raise ValueError("framing must be SSE or NDJSON")
+        self.framing = framing
+        self.hold_limit = hold_limit
+        self.bytes_in = 0
+        self.frames = 0
+        self.relaying = False
+        self.first_data: bytes | None = None
+        self.first_end: int | None = None
+        self._line = b""  # the open line so far
+        self._block: list[bytes] = []  # SSE: the non-empty lines of the open block
+        self._held: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> int:
+        was_relaying = self.relaying
+        if not was_relaying:
+            self._held.append(chunk)
+        verdict = None
+        offset = self.bytes_in
+        self.bytes_in += len(chunk)
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:
+            offset += len(piece) + 1
+            line = self._line + piece
+            self._line = b""
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            found = self._end_of_line(line, offset)
+            if found is not None and verdict is None:
+                verdict = found
+        self._line += pieces[-1]
+        if was_relaying:
+            return RELAY
+        if verdict is not None:
+            self.relaying = True
+            return verdict
+        if self.bytes_in > self.hold_limit:
+            return TOO_BIG
+        return HOLD
+
+    def _end_of_line(self, line: bytes, end: int) -> int | None:
+        """Handles one complete line; returns a verdict when it closes the first data frame."""
+        if self.framing == NDJSON:
+            if not line:
+                return None
+            self.frames += 1
+            if self.first_data is None:
+                return self._first(line.strip(), end)
+            return None
+        if line:
+            self._block.append(line)
+            return None
+        if not self._block:
+            return None
+        block, self._block = self._block, []
+        self.frames += 1
+        if self.first_data is not None:
+            return None
+        values = []
+        for item in block:
+            if item.startswith(b"data:"):
+                value = item[len(b"data:") :]
+                if value.startswith(b" "):
+                    value = value[1:]
+                values.append(value)
+        if not values:
+            return None  # a comment or event-only block keeps holding
+        return self._first(b"\n".join(values), end)
+
+    def _first(self, value: bytes, end: int) -> int:
+        self.first_data = value
+        self.first_end = end
+        return FIRST_SUSPECT if b"error" in value else FIRST_CLEAN
+
+    def take_held(self) -> list[bytes]:
+        held, self._held = self._held, []
+        return held
+
+
+# --------------------------------------------------------------------------------------------
+# 3. The decision
+# --------------------------------------------------------------------------------------------
+
+# The gate, in precedence order (decide.py rule 1; `eligible` is checked right after `tried`,
+# which is where decide.py's why_not puts it).
+GATE_ORDER = (
+    ReasonCode.NOT_PINNED,
+    ReasonCode.KIND_NOT_SERVED,
+    ReasonCode.BAD_MODEL_NAME,
+    ReasonCode.OFFLINE,
+    ReasonCode.OTHER_POOL,
+    ReasonCode.BLOCKED,
+    ReasonCode.ALREADY_TRIED,
+    ReasonCode.NOT_ELIGIBLE,
+    ReasonCode.NO_MODEL,
+)
+
+
+@dataclass
+class RefDecision:
+    path: str  # "pinned" | "ranked" | "refused"
+    boxes: tuple[str, ...]
+    tiers: dict[str, Tier] = field(default_factory=dict)
+    refused: dict[str, ReasonCode] = field(default_factory=dict)
+
+
+def reference_gate(
+    call: Call, box: BoxFacts, tried: frozenset[str], eligible: frozenset[str] | None
+) -> ReasonCode | None:
+    """Every failing gate of `box`, checked in GATE_ORDER; the first one wins."""
+    named = call_key(box.kind, call.model, call.settings)
+    failing = {
+        ReasonCode.NOT_PINNED: call.pin is not None and call.pin != box.id,
+        ReasonCode.KIND_NOT_SERVED: box.kind not in call.kinds,
+        ReasonCode.BAD_MODEL_NAME: named is None,
+        ReasonCode.OFFLINE: not box.online,
+        ReasonCode.OTHER_POOL: call.pool is not None and call.pool != box.pool,
+        ReasonCode.BLOCKED: box.blocked,
+        ReasonCode.ALREADY_TRIED: box.id in tried,
+        ReasonCode.NOT_ELIGIBLE: eligible is not None and box.id not in eligible,
+        ReasonCode.NO_MODEL: named is None
+        or (named[0] not in box.residents and named[0] not in box.catalog),
+    }
+    for code in GATE_ORDER:
+        if failing[code]:
+            return code
+    return None
+
+
+def reference_decide(
+    call: Call,
+    boxes: list[BoxFacts],
+    tried=(),
+    eligible: frozenset[str] | None = None,
+) -> RefDecision:
+    """The contract, literally: gate each box, split the rest into tiers, sort each tier by
+    (pending + pressure + reservations, pressure, tie-break, boxes-file order, id), SERVING
+    first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the most
+    free GPU bytes (unknown = 0), then the smallest last_picked_s."""
+    tried = frozenset(tried)
+    refused: dict[str, ReasonCode] = {}
+    serving: list[tuple] = []
+    load: list[tuple] = []
+    for box in boxes:
+        code = reference_gate(call, box, tried, eligible)
+        if code is not None:
+            refused[box.id] = code
+            continue
+        key, settings = call_key(box.kind, call.model, call.settings)
+        resident = box.residents.get(key)
+        carried = box.pending + box.pressure + box.reservations
+        sent = box.contracts.get(key)  # absent = default settings (None)
+        if (
+            resident is not None
+            and resident.healthy
+            and not resident.loading
+            and sent == settings
+        ):
+            busy = 1 if resident.busy else 0
+            serving.append(
+                (carried, box.pressure, busy, -resident.last_used_s, box.order, box.id)
+            )
+        else:
+            free = box.free_gpu_bytes if box.free_gpu_bytes is not None else 0
+            load.append((carried, box.pressure, -free, box.last_picked_s, box.order, box.id))
+    known = [box.id for box in boxes]
+    if call.pin is not None and call.pin not in known:
+        refused[call.pin] = ReasonCode.UNKNOWN_BOX
+    serving.sort()
+    load.sort()
+    ranked = tuple(row[-1] for row in serving) + tuple(row[-1] for row in load)
+    tiers = {row[-1]: Tier.SERVING for row in serving}
+    tiers.update({row[-1]: Tier.LOAD for row in load})
+    if not ranked:
+        return RefDecision("refused", (), {}, refused)
+    return RefDecision("pinned" if call.pin is not None else "ranked", ranked, tiers, refused)
