@@ -404,6 +404,7 @@ def test_eligible_never_broadens():
 # --------------------------------------------------------------------------------------------
 
 # Client strings with interesting keys under several kinds (valid, invalid, case, @options).
+VALID_MODELS = ["llama3", "Llama3:LATEST", "qwen2.5:7b", "m", "m@ctx-low", "m@RAM-only+ctx-low"]
 MODELS = [
     "llama3",
     "Llama3:LATEST",
@@ -431,9 +432,9 @@ def keys_for(kind: BoxKind) -> list[str]:
     return out + ["other"]
 
 
-def rarely(draw, p_true: int = 8) -> bool:
-    """True about one time in `p_true`."""
-    return draw(st.integers(0, p_true - 1)) == 0
+def rarely(draw, n: int) -> bool:
+    """True about one time in `n` (shrinks to False)."""
+    return draw(st.sampled_from([False] * (n - 1) + [True]))
 
 
 @st.composite
@@ -447,6 +448,7 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
         named = call_key(kind, model, call_settings)
         keys = keys_for(kind)
         wanted = named[0] if named is not None else keys[0]
+        asked = named[1] if named is not None else None  # the settings this call asks for
         catalog = set(draw(st.sets(st.sampled_from(keys), max_size=2)))
         if draw(st.integers(0, 2)) > 0:
             catalog.add(wanted)
@@ -465,7 +467,7 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
         }
         contracts = {}
         for k in sorted(resident_keys | catalog):
-            sent = draw(st.sampled_from([None, None, call_settings, *SETTINGS]))
+            sent = draw(st.sampled_from([None, asked, asked, *SETTINGS]))
             if sent is not None:
                 contracts[k] = sent
         pool = call_pool if not rarely(draw, 6) else draw(st.sampled_from([None, "a", "b"]))
@@ -474,9 +476,9 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
                 id=IDS[i],
                 kind=kind,
                 order=draw(st.integers(0, 3)),
-                online=not rarely(draw, 8),
+                online=not rarely(draw, 10),
                 pool=pool,
-                blocked=rarely(draw, 8),
+                blocked=rarely(draw, 10),
                 catalog=frozenset(catalog),
                 residents=residents,
                 contracts=contracts,
@@ -492,17 +494,17 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
 
 @st.composite
 def scenarios(draw):
-    model = draw(st.sampled_from(MODELS))
+    model = draw(st.sampled_from(MODELS if rarely(draw, 4) else VALID_MODELS))
     call_settings = draw(st.sampled_from(SETTINGS))
     call_pool = draw(st.sampled_from([None, None, "a", "b"]))
     boxes = draw(fleets(model, call_settings, call_pool))
     ids = [b.id for b in boxes]
-    if rarely(draw, 4):
+    if rarely(draw, 6):
         kinds = draw(st.sets(st.sampled_from(list(BoxKind)), max_size=3))
     else:
         kinds = set(BoxKind)
     pin = None
-    if rarely(draw, 5):
+    if rarely(draw, 8):
         pin = draw(st.sampled_from(ids + ["ghost"]))
     c = Call(model=model, kinds=frozenset(kinds), settings=call_settings, pin=pin, pool=call_pool)
     tried = frozenset(draw(st.sets(st.sampled_from(ids), max_size=2))) if rarely(draw, 3) else frozenset()

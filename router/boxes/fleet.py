@@ -19,14 +19,24 @@ from pathlib import Path
 from router._fastpath import Reservations
 from router.boxes import config as boxes_config
 from router.boxes.config import BoxConfig
-from router.boxes.hugpy import HEALTH_TIMEOUT_S, HugpyLink
+from router.boxes.hugpy import HugpyLink
+from router.boxes.link import HEALTH_TIMEOUT_S, Link
+from router.boxes.lmstudio import LMStudioLink
+from router.boxes.ollama import OllamaLink
+from router.boxes.openai import OpenAILink
 from router.boxes.state import BoxState
 from router.core.errors import ConfigError
-from router.core.types import BoxFacts
+from router.core.types import BoxFacts, BoxKind
 
 log = logging.getLogger("router.boxes")
 
 WATCH_INTERVAL_S = 1.0
+LINKS: dict[BoxKind, type[Link]] = {
+    BoxKind.HUGPY: HugpyLink,
+    BoxKind.OLLAMA: OllamaLink,
+    BoxKind.LMSTUDIO: LMStudioLink,
+    BoxKind.OPENAI: OpenAILink,
+}
 
 
 class Fleet:
@@ -34,7 +44,7 @@ class Fleet:
         self.path = path
         self.reservations = reservations
         self.boxes: dict[str, BoxState] = {}
-        self.links: dict[str, HugpyLink] = {}
+        self.links: dict[str, Link] = {}
         self._indexes: dict[str, int] = {}
         self._stamp: tuple | None = None
         self._watch: asyncio.Task | None = None
@@ -92,7 +102,7 @@ class Fleet:
             index = self._indexes.setdefault(cfg.name, len(self._indexes))
             state = BoxState(cfg, index, order)
             self.boxes[cfg.name] = state
-            link = HugpyLink(state)
+            link = LINKS[cfg.kind](state)
             self.links[cfg.name] = link
             link.start()
             started.append(cfg.name)

@@ -10,9 +10,23 @@ Invariants:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from router.boxes.config import BoxConfig
 from router.core.types import BoxFacts, Resident
 from router.upstream.pool import Origin
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What a link read: catalog (key -> the name as the box writes it), residents by key,
+    the most free GPU memory on one card, and the raw listing for the facades' fleet answers."""
+
+    catalog: dict[str, str] = field(default_factory=dict)
+    residents: dict[str, Resident] = field(default_factory=dict)
+    free_gpu_bytes: int | None = None
+    listing: dict[str, Any] = field(default_factory=dict)
 
 
 class BoxState:
@@ -26,9 +40,8 @@ class BoxState:
         )
         self.online = False
         self.last_ok_s = 0.0
+        self.inventory = Inventory()
         self.catalog: frozenset[str] = frozenset()
-        self.residents: dict[str, Resident] = {}
-        self.free_gpu_bytes: int | None = None
         self.contracts: dict[str, str | None] = {}
         self.last_picked_s = 0.0
         self.version = 0
@@ -47,15 +60,19 @@ class BoxState:
             self.online = online
             self.changed()
 
-    def set_inventory(
-        self, catalog: frozenset[str], residents: dict[str, Resident], free_gpu_bytes: int | None
-    ) -> None:
-        if (catalog, residents, free_gpu_bytes) != (
-            self.catalog,
-            self.residents,
-            self.free_gpu_bytes,
+    @property
+    def residents(self) -> dict[str, Resident]:
+        return self.inventory.residents
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        old = self.inventory
+        self.inventory = inventory
+        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes) != (
+            old.catalog,
+            old.residents,
+            old.free_gpu_bytes,
         ):
-            self.catalog, self.residents, self.free_gpu_bytes = catalog, residents, free_gpu_bytes
+            self.catalog = frozenset(inventory.catalog)
             self.changed()
 
     def forget_contracts(self) -> None:
@@ -83,9 +100,9 @@ class BoxState:
                 pool=config.pool,
                 blocked=config.blocked,
                 catalog=self.catalog,
-                residents=self.residents,
+                residents=self.inventory.residents,
                 contracts={k: v for k, v in self.contracts.items() if v is not None},
-                free_gpu_bytes=self.free_gpu_bytes,
+                free_gpu_bytes=self.inventory.free_gpu_bytes,
                 reservations=reservations,
                 last_picked_s=self.last_picked_s,
             )

@@ -61,6 +61,10 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
         default=900.0,
         help="seconds to wait for a box's first byte (a cold load can take minutes; default 900)",
     )
+    parser.add_argument("--ollama-port", type=_port, default=None,
+                        help="also listen here as an Ollama server (every path is Ollama's; 'auto' picks one)")
+    parser.add_argument("--lmstudio-port", type=_port, default=None,
+                        help="also listen here as an LM Studio server (every path is LM Studio's)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

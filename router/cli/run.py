@@ -24,11 +24,13 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         max_body_bytes=args.max_body,
         first_byte_timeout_s=args.first_byte_timeout,
         grace_s=args.grace,
+        ollama_port=args.ollama_port,
+        lmstudio_port=args.lmstudio_port,
     )
 
 
-def _announce(url: str) -> None:
-    print(f"router listening on {url}", flush=True)
+def _announce(name: str, url: str) -> None:
+    print(f"{name} listening on {url}", flush=True)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -54,8 +56,10 @@ def run_demo(args: argparse.Namespace) -> int:
             return 1
         print(f"demo fleet: {args.sim_boxes} simulated hugpy boxes (boxes file {boxes_path})", flush=True)
 
-        def announce(url: str) -> None:
-            _announce(url)
+        def announce(name: str, url: str) -> None:
+            _announce(name, url)
+            if name != "router":
+                return
             print(
                 f"try: curl -s {url}/v1/models  |  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=x "
                 "python -c \"import openai; print(openai.OpenAI().chat.completions.create("

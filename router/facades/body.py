@@ -34,11 +34,15 @@ def parse_json_object(body: bytes) -> dict:
     return doc
 
 
-def model_and_pin(doc: dict, model_field: str = "model") -> tuple[str, str | None]:
-    """(model, pinned box or None) from a parsed body. Raises BadRequest on a bad field."""
-    model = doc.get(model_field)
+def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tuple[str, str | None]:
+    """(model, pinned box or None) from a parsed body; the first present model field wins.
+
+    Raises BadRequest on a missing or bad field.
+    """
+    field = next((f for f in model_fields if f in doc), model_fields[0])
+    model = doc.get(field)
     if not isinstance(model, str) or not model.strip():
-        raise BadRequest(f"'{model_field}' must be a non-empty string", code="model_required")
+        raise BadRequest(f"'{field}' must be a non-empty string", code="model_required")
     alloc = doc.get("alloc")
     if alloc is None:
         return model, None

@@ -1,15 +1,20 @@
-"""The OpenAI facade: `/v1/*` over every box kind (contracts/hugpy-wrapper.md §8 routes).
+"""The OpenAI facade: `/v1/*` (contracts/hugpy-wrapper.md §8 routes; Ollama and LM Studio speak
+the same paths). On the main port it serves every box kind; a dedicated Ollama or LM Studio
+listener serves it over that engine's boxes only.
 
 Errors take OpenAI's shape: `{"error": {"message", "type", "code", ...extra}}`.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import orjson
 
 from router.core.types import BoxKind
-from router.facades.table import Body, Facade, Route, table
+from router.facades.table import Body, Facade, Route
 
+JSON = b"application/json"
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -30,10 +35,35 @@ def shape_error(status: int, code: str, message: str, extra: dict | None = None)
     return orjson.dumps({"error": error})
 
 
-ROUTES = table(
+def models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
+    """`GET /v1/models`: the union of catalogs, each model with its `boxes` and `resident_on`."""
+    models: dict[str, dict] = {}
+    for box in boxes:
+        for key, name in box.inventory.catalog.items():
+            entry = models.setdefault(
+                name,
+                {"id": name, "object": "model", "owned_by": "router", "boxes": [], "resident_on": []},
+            )
+            entry["boxes"].append(box.name)
+            if key in box.inventory.residents:
+                entry["resident_on"].append(box.name)
+    return 200, JSON, orjson.dumps({"object": "list", "data": [models[k] for k in sorted(models)]})
+
+
+def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
+    from router import __version__
+
+    return 200, JSON, orjson.dumps(
+        {"status": "ok", "service": "router", "version": __version__, "boxes_online": len(boxes)}
+    )
+
+
+ROUTES = (
     Route("POST", "/v1/chat/completions", Body.JSON),
     Route("POST", "/v1/completions", Body.JSON),
     Route("POST", "/v1/embeddings", Body.JSON),
+    Route("POST", "/v1/responses", Body.JSON),
+    Route("POST", "/v1/messages", Body.JSON),
     Route("POST", "/v1/audio/transcriptions", Body.FORM),
     Route("POST", "/v1/audio/translations", Body.FORM),
     Route("POST", "/v1/audio/speech", Body.JSON),
@@ -43,8 +73,8 @@ ROUTES = table(
     Route("POST", "/v1/videos/generations", Body.FORM),
     Route("POST", "/v1/summarize", Body.JSON),
     Route("POST", "/v1/keywords", Body.JSON),
-    Route("GET", "/v1/models", answer="models"),
-    Route("GET", "/health", answer="health"),
+    Route("GET", "/v1/models", answer=models_answer),
+    Route("GET", "/health", answer=health_answer),
 )
 
 FACADE = Facade(
@@ -54,21 +84,3 @@ FACADE = Facade(
     no_box_status=503,
     shape_error=shape_error,
 )
-
-
-def models_answer(boxes: list[tuple[str, frozenset[str], frozenset[str]]]) -> bytes:
-    """`GET /v1/models`: the union of catalogs; each model lists its `boxes` and `resident_on`.
-
-    `boxes` is (box name, catalog keys, resident keys) per online box, in boxes-file order.
-    """
-    models: dict[str, dict] = {}
-    for name, catalog, residents in boxes:
-        for key in sorted(catalog | residents):
-            entry = models.setdefault(
-                key,
-                {"id": key, "object": "model", "owned_by": "router", "boxes": [], "resident_on": []},
-            )
-            entry["boxes"].append(name)
-            if key in residents:
-                entry["resident_on"].append(name)
-    return orjson.dumps({"object": "list", "data": [models[k] for k in sorted(models)]})

@@ -1,14 +1,15 @@
 """What a facade is: a table of routes onto the one proxy path, plus its error shape.
 
-A model-bearing route names where its model is (`body`); a fleet route names the local answer
-the router gives itself (`answer`). Adding an endpoint means adding a row.
+A model-bearing route names where its model is (`body` and `model_fields`, first present
+wins); a fleet route carries the function that answers from the router's own view (`answer`).
+Adding an endpoint means adding a row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Callable
+from typing import Callable, Sequence
 
 from router.core.types import BoxKind
 
@@ -18,30 +19,52 @@ class Body(IntEnum):
     FORM = 2  # multipart form field `model`, or a JSON body
 
 
+# answer(boxes, path) -> (status, content type, body); `boxes` are the online, unblocked boxes
+# of the facade's kinds in boxes-file order (router.boxes.state.BoxState).
+Answer = Callable[[Sequence, str], tuple[int, bytes, bytes]]
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
     path: str
-    body: Body | None = None  # model-bearing: where the model is
-    answer: str | None = None  # fleet route: the name of the router's own answer
+    body: Body | None = None
+    model_fields: tuple[str, ...] = ("model",)
+    answer: Answer | None = None
+    prefix: bool = False  # the path is a prefix (`/api/v0/models/` + a model id)
+
+
+def _no_settings(doc: dict) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
 class Facade:
     name: str
     kinds: frozenset[BoxKind]
-    routes: dict[tuple[str, str], Route]
+    routes: Sequence[Route]
     no_box_status: int
     # shape_error(status, code, message, extra) -> JSON body bytes in the facade's own shape
     shape_error: Callable[[int, str, str, dict | None], bytes]
+    # settings(body) -> the settings a call asks for beyond its model name (None = default)
+    settings: Callable[[dict], str | None] = _no_settings
+    # what an unknown route gets: (status, body) for a method and path; None = 404/405 error
+    unknown: Callable[[str, str], tuple[int, bytes]] | None = None
+    _exact: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._exact.update({(r.method, r.path): r for r in self.routes if not r.prefix})
 
     def route(self, method: str, path: str) -> tuple[Route | None, bool]:
         """(route, path known): a known path with another method is a 405, not a 404."""
-        found = self.routes.get((method, path))
+        found = self._exact.get((method, path))
         if found is not None:
             return found, True
-        return None, any(p == path for _, p in self.routes)
+        for route in self.routes:
+            if route.prefix and path.startswith(route.path) and route.method == method:
+                return route, True
+        return None, any(r.path == path or (r.prefix and path.startswith(r.path)) for r in self.routes)
 
-
-def table(*routes: Route) -> dict[tuple[str, str], Route]:
-    return {(r.method, r.path): r for r in routes}
+    def serving(self, kinds: frozenset[BoxKind], no_box_status: int, name: str) -> "Facade":
+        """The same routes restricted to some box kinds (a dedicated engine listener)."""
+        return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings, self.unknown)

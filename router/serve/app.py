@@ -1,8 +1,9 @@
 """The app: one callable per interface (ASGI `__call__`, RSGI `__rsgi__`), one dispatch.
 
-Dispatch: the facade owns the path; its table says whether the route is model-bearing (the
-proxy path), a fleet answer (the router answers itself), a wrong method (405) or unknown
-(404). Every answer the router writes itself takes the facade's error shape.
+Dispatch: the listener's mount names the facade that owns the path; the facade's table says
+whether the route is model-bearing (the proxy path), a fleet answer (the router answers from its
+own view), a wrong method (405) or unknown (404, or what the engine itself answers). Every answer
+the router writes itself takes the facade's shape.
 """
 
 from __future__ import annotations
@@ -10,28 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import orjson
-
-from router import __version__
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
-from router.facades import openai
-from router.facades.table import Facade
+from router.facades.mounts import Mount
+from router.facades.table import Facade, Route
 from router.serve.edge import AsgiEdge, RsgiEdge
 from router.serve.proxy import ProxyCall
 
 log = logging.getLogger("router.serve")
 
+JSON = b"application/json"
 
-class RouterApp:
-    def __init__(
-        self,
-        fleet: Fleet,
-        reservations: Reservations,
-        *,
-        max_body_bytes: int,
-        first_byte_timeout_s: float,
-    ) -> None:
+
+class Shared:
+    """What every listener of the process shares: the fleet, the reservation table, limits."""
+
+    def __init__(self, fleet: Fleet, reservations: Reservations, *, max_body_bytes: int,
+                 first_byte_timeout_s: float) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.max_body_bytes = max_body_bytes
@@ -42,7 +38,23 @@ class RouterApp:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        self.answers = {"models": self.models_answer, "health": self.health_answer}
+
+
+class RouterApp:
+    """One listener's app: the shared state plus the mount that maps paths to facades."""
+
+    def __init__(self, shared: Shared, mount: Mount) -> None:
+        self.shared = shared
+        self.mount = mount
+        # The proxy reads these per call; bound here once.
+        self.fleet = shared.fleet
+        self.reservations = shared.reservations
+        self.max_body_bytes = shared.max_body_bytes
+        self.first_byte_timeout_s = shared.first_byte_timeout_s
+
+    @property
+    def generation(self) -> int:
+        return self.shared.generation
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:
@@ -54,55 +66,45 @@ class RouterApp:
             await self.dispatch(RsgiEdge(scope, proto))
 
     # -- dispatch ------------------------------------------------------------------------------
-    def facade_for(self, path: str) -> Facade:
-        return openai.FACADE
-
     async def dispatch(self, edge) -> None:
-        self.in_flight += 1
-        self.idle.clear()
-        facade = self.facade_for(edge.path)
+        shared = self.shared
+        shared.in_flight += 1
+        shared.idle.clear()
+        facade = self.mount(edge.path)
         try:
             route, known = facade.route(edge.method, edge.path)
             if route is None:
-                status, code = (405, "method_not_allowed") if known else (404, "unknown_route")
-                message = f"{edge.method} {edge.path} is not a route of this router"
-                body = facade.shape_error(status, code, message, None)
-                await edge.respond(status, [(b"content-type", b"application/json")], body)
+                await self.unknown(edge, facade, known)
             elif route.answer is not None:
-                await self.answers[route.answer](edge)
+                await self.answer(edge, facade, route)
             else:
                 await ProxyCall(self, edge, facade, route).run()
         except Exception as exc:  # a bug: answer 500 if we still can, never the details
             log.exception("call failed inside the router: %s", type(exc).__name__)
             try:
                 body = facade.shape_error(500, "router_error", "internal router error", None)
-                await edge.respond(500, [(b"content-type", b"application/json")], body)
+                await edge.respond(500, [(b"content-type", JSON)], body)
             except Exception:
                 pass
         finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self.idle.set()
+            shared.in_flight -= 1
+            if shared.in_flight == 0:
+                shared.idle.set()
 
-    # -- the router's own answers --------------------------------------------------------------
-    async def models_answer(self, edge) -> None:
+    async def unknown(self, edge, facade: Facade, known: bool) -> None:
+        if facade.unknown is not None:
+            status, body = facade.unknown(edge.method, edge.path)
+        else:
+            status, code = (405, "method_not_allowed") if known else (404, "unknown_route")
+            message = f"{edge.method} {edge.path} is not a route of this router"
+            body = facade.shape_error(status, code, message, None)
+        await edge.respond(status, [(b"content-type", JSON)], body)
+
+    async def answer(self, edge, facade: Facade, route: Route) -> None:
         boxes = [
-            (box.name, box.catalog, frozenset(box.residents))
+            box
             for box in self.fleet.ordered()
-            if box.online and not box.config.blocked
+            if box.online and not box.config.blocked and box.config.kind in facade.kinds
         ]
-        body = openai.models_answer(boxes)
-        await edge.respond(200, [(b"content-type", b"application/json")], body)
-
-    async def health_answer(self, edge) -> None:
-        boxes = self.fleet.ordered()
-        body = orjson.dumps(
-            {
-                "status": "ok",
-                "service": "router",
-                "version": __version__,
-                "boxes": len(boxes),
-                "online": sum(1 for box in boxes if box.online),
-            }
-        )
-        await edge.respond(200, [(b"content-type", b"application/json")], body)
+        status, content_type, body = route.answer(boxes, edge.path)  # type: ignore[misc]
+        await edge.respond(status, [(b"content-type", content_type)], b"" if edge.method == "HEAD" else body)

@@ -175,11 +175,13 @@ class ProxyCall:
             model = multipart_field(self.body, content_type.encode("latin-1"), b"model")
             if model is None or not model.strip():
                 raise BadRequest("form field 'model' is required", code="model_required")
-            pin = None
+            pin, settings = None, None
         else:
-            model, pin = model_and_pin(parse_json_object(self.body))
+            doc = parse_json_object(self.body)
+            model, pin = model_and_pin(doc, self.route.model_fields)
+            settings = self.facade.settings(doc)
         pin = pin or edge.header("x-router-box")
-        return Call(model=model, kinds=self.facade.kinds, pin=pin)
+        return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin)
 
     async def run(self) -> None:
         edge = self.edge

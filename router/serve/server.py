@@ -24,7 +24,8 @@ from granian.server.embed import Server
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
-from router.serve.app import RouterApp
+from router.facades import mounts
+from router.serve.app import RouterApp, Shared
 
 log = logging.getLogger("router.serve")
 
@@ -42,6 +43,8 @@ class ServeConfig:
     max_body_bytes: int = 64 << 20
     first_byte_timeout_s: float = 900.0
     grace_s: float = 30.0
+    ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
+    lmstudio_port: int | None = None  # a dedicated LM Studio listener
 
 
 def free_port(host: str) -> int:
@@ -52,19 +55,53 @@ def free_port(host: str) -> int:
 
 
 async def serve(config: ServeConfig, *, ready=None) -> int:
-    """Serves until SIGTERM/SIGINT. `ready(url)` is called once the listener is up."""
+    """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up."""
     loop = asyncio.get_running_loop()
     reservations = Reservations()
     fleet = Fleet(config.boxes_path, reservations)
     await fleet.start()
-    app = RouterApp(
+    shared = Shared(
         fleet,
         reservations,
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
     )
-    port = config.port or free_port(config.host)
-    server = Server(
+    listeners = [("router", config.port, mounts.main)]
+    if config.ollama_port is not None:
+        listeners.append(("ollama", config.ollama_port, mounts.ollama_port))
+    if config.lmstudio_port is not None:
+        listeners.append(("lmstudio", config.lmstudio_port, mounts.lmstudio_port))
+    servers = []
+    for name, port, mount in listeners:
+        port = port or free_port(config.host)
+        servers.append((name, port, _server(RouterApp(shared, mount), config, port)))
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    serving = [loop.create_task(server.serve()) for _, _, server in servers]
+    for (name, port, _), task in zip(servers, serving):
+        await _wait_listening(config.host, port, task)
+        url = f"http://{config.host}:{port}"
+        log.info("%s listening on %s (%s)", name, url, config.interface)
+        if ready is not None:
+            ready(name, url)
+    stop_wait = loop.create_task(stopping.wait())
+    await asyncio.wait({*serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("stopping: %d calls in flight, grace %.0f s", shared.in_flight, config.grace_s)
+    for _, _, server in servers:
+        server.stop()
+    try:
+        await asyncio.wait_for(shared.idle.wait(), config.grace_s)
+    except asyncio.TimeoutError:
+        log.warning("grace period over with %d calls in flight", shared.in_flight)
+    await asyncio.wait(serving, timeout=config.grace_s)
+    stop_wait.cancel()
+    await fleet.stop()
+    return 0
+
+
+def _server(app: RouterApp, config: ServeConfig, port: int) -> Server:
+    return Server(
         app,
         address=config.host,
         port=port,
@@ -77,27 +114,6 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         log_enabled=False,
         log_level=LogLevels.warning,
     )
-    stopping = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    serving = loop.create_task(server.serve())
-    await _wait_listening(config.host, port, serving)
-    url = f"http://{config.host}:{port}"
-    log.info("router listening on %s (%s)", url, config.interface)
-    if ready is not None:
-        ready(url)
-    stop_wait = loop.create_task(stopping.wait())
-    await asyncio.wait({serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    log.info("stopping: %d calls in flight, grace %.0f s", app.in_flight, config.grace_s)
-    server.stop()
-    try:
-        await asyncio.wait_for(app.idle.wait(), config.grace_s)
-    except asyncio.TimeoutError:
-        log.warning("grace period over with %d calls in flight", app.in_flight)
-    await asyncio.wait({serving}, timeout=config.grace_s)
-    stop_wait.cancel()
-    await fleet.stop()
-    return 0
 
 
 async def _wait_listening(host: str, port: int, serving: asyncio.Task) -> None:

@@ -1,0 +1,111 @@
+"""What every box link does: a health loop deciding online, and an inventory loop per kind.
+
+Rules:
+1. A box is online while its last good health answer is younger than `HEALTH_TTL_S`; the
+   first probe runs before the router serves, so a fresh router knows who is up.
+2. A link never dies: every failure is logged once per streak and retried with backoff.
+3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
+   jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from router.boxes.state import BoxState, Inventory
+from router.upstream.fetch import fetch
+from router.upstream.pool import UpstreamError
+
+log = logging.getLogger("router.boxes")
+
+HEALTH_INTERVAL_S = 2.0
+HEALTH_TIMEOUT_S = 3.0
+# Five missed probes: long enough to ride out a busy box's slow answer, short enough that a
+# dead box stops being tried within seconds (failover covers the gap).
+HEALTH_TTL_S = 10.0
+POLL_INTERVAL_S = 2.0
+POLL_TIMEOUT_S = 5.0
+BACKOFF_MAX_S = 5.0
+
+
+class InventoryError(Exception):
+    """A box answered its inventory request with something we cannot read."""
+
+
+class Link:
+    health_path = "/health"
+
+    def __init__(self, box: BoxState) -> None:
+        self.box = box
+        self.tasks: list[asyncio.Task] = []
+
+    def healthy(self, status: int, body: bytes) -> bool:
+        return status == 200
+
+    def start(self) -> None:
+        self.tasks = [
+            asyncio.create_task(self._health_loop(), name=f"health:{self.box.name}"),
+            asyncio.create_task(self._inventory_guarded(), name=f"inventory:{self.box.name}"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.box.origin.close()
+
+    async def get(self, target: str, timeout_s: float) -> bytes:
+        """GET with the box key; the body of a 200. Raises UpstreamError or InventoryError."""
+        status, _, body = await fetch(
+            self.box.origin, "GET", target, headers=self.box.auth_header, timeout_s=timeout_s
+        )
+        if status != 200:
+            raise InventoryError(f"{target} answered {status}")
+        return body
+
+    async def probe(self) -> bool:
+        """One health probe; updates online. Returns whether the box answered well."""
+        box = self.box
+        try:
+            status, _, body = await fetch(
+                box.origin, "GET", self.health_path, headers=box.auth_header, timeout_s=HEALTH_TIMEOUT_S
+            )
+            ok = self.healthy(status, body)
+        except UpstreamError:
+            ok = False
+        now = asyncio.get_running_loop().time()
+        if ok:
+            box.last_ok_s = now
+        was_online = box.online
+        box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
+        if was_online != box.online:
+            log.info("box %s is %s", box.name, "online" if box.online else "offline")
+        return ok
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(HEALTH_INTERVAL_S * random.uniform(0.9, 1.1))
+
+    async def _inventory_guarded(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self.follow_inventory()
+                return
+            except (UpstreamError, InventoryError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                if failures == 0:
+                    log.warning("box %s inventory link failing: %s", self.box.name, type(exc).__name__)
+                failures += 1
+                await asyncio.sleep(min(BACKOFF_MAX_S, 0.25 * 2**failures) * random.random())
+
+    async def follow_inventory(self) -> None:
+        """Keeps the box's inventory current; raises on a failure (the guard retries)."""
+        while True:
+            self.box.set_inventory(await self.read_inventory())
+            await asyncio.sleep(POLL_INTERVAL_S * random.uniform(0.8, 1.2))
+
+    async def read_inventory(self) -> Inventory:
+        raise NotImplementedError
