@@ -432,61 +432,78 @@ def keys_for(kind: BoxKind) -> list[str]:
     return out + ["other"]
 
 
+# Strategies are built once: building them inside a draw dominates the run time.
+_INDEX = {n: st.integers(0, n - 1) for n in range(1, 16)}
+KINDS = list(BoxKind)
+KEYS = {kind: keys_for(kind) for kind in KINDS}
+
+
+def pick(draw, options):
+    """One of `options` (shrinks towards the first)."""
+    return options[draw(_INDEX[len(options)])]
+
+
 def rarely(draw, n: int) -> bool:
     """True about one time in `n` (shrinks to False)."""
-    return draw(st.sampled_from([False] * (n - 1) + [True]))
+    return draw(_INDEX[n]) == n - 1
+
+
+def subset(draw, options, n: int = 3) -> list:
+    """Each option independently, about one time in `n`."""
+    return [o for o in options if rarely(draw, n)]
 
 
 @st.composite
 def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
     """1..8 boxes, biased so that most of them pass the gate for the call's model and the
     ranking keys (load, pressure, tie-breaks, order) often tie and must be broken."""
-    n = draw(st.integers(1, 8))
+    n = 1 + draw(_INDEX[8])
     boxes = []
     for i in range(n):
-        kind = draw(st.sampled_from(list(BoxKind)))
+        kind = pick(draw, KINDS)
         named = call_key(kind, model, call_settings)
-        keys = keys_for(kind)
+        keys = KEYS[kind]
         wanted = named[0] if named is not None else keys[0]
         asked = named[1] if named is not None else None  # the settings this call asks for
-        catalog = set(draw(st.sets(st.sampled_from(keys), max_size=2)))
-        if draw(st.integers(0, 2)) > 0:
+        catalog = set(subset(draw, keys, 4))
+        if not rarely(draw, 3):
             catalog.add(wanted)
-        resident_keys = set(draw(st.sets(st.sampled_from(keys), max_size=1)))
-        if draw(st.booleans()):
+        resident_keys = set(subset(draw, keys, 6))
+        if not rarely(draw, 3):
             resident_keys.add(wanted)
         residents = {
             k: Resident(
                 k,
                 healthy=not rarely(draw, 5),
                 loading=rarely(draw, 5),
-                busy=draw(st.booleans()),
-                last_used_s=float(draw(st.integers(0, 2))),
+                busy=rarely(draw, 2),
+                last_used_s=float(draw(_INDEX[3])),
             )
             for k in sorted(resident_keys)
         }
         contracts = {}
         for k in sorted(resident_keys | catalog):
-            sent = draw(st.sampled_from([None, asked, asked, *SETTINGS]))
+            sent = pick(draw, [None, asked, asked, *SETTINGS])
             if sent is not None:
                 contracts[k] = sent
-        pool = call_pool if not rarely(draw, 6) else draw(st.sampled_from([None, "a", "b"]))
+        pool = call_pool if not rarely(draw, 6) else pick(draw, [None, "a", "b"])
         boxes.append(
             BoxFacts(
                 id=IDS[i],
                 kind=kind,
-                order=draw(st.integers(0, 3)),
+                order=draw(_INDEX[4]),
                 online=not rarely(draw, 10),
                 pool=pool,
                 blocked=rarely(draw, 10),
                 catalog=frozenset(catalog),
                 residents=residents,
                 contracts=contracts,
-                free_gpu_bytes=draw(st.sampled_from([None, 0, 1 << 30, 8 << 30])),
-                pending=draw(st.integers(0, 2)),
-                pressure=draw(st.integers(0, 3)),
-                reservations=draw(st.integers(0, 1)),
-                last_picked_s=float(draw(st.integers(0, 2))),
+                free_gpu_bytes=pick(draw, [None, 0, 1 << 30, 8 << 30]),
+                # narrow ranges: ties are common, so every later sort key gets exercised
+                pending=pick(draw, [0, 0, 1]),
+                pressure=pick(draw, [1, 1, 0, 2]),
+                reservations=pick(draw, [0, 0, 1]),
+                last_picked_s=float(draw(_INDEX[3])),
             )
         )
     return boxes
@@ -494,23 +511,16 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
 
 @st.composite
 def scenarios(draw):
-    model = draw(st.sampled_from(MODELS if rarely(draw, 4) else VALID_MODELS))
-    call_settings = draw(st.sampled_from(SETTINGS))
-    call_pool = draw(st.sampled_from([None, None, "a", "b"]))
+    model = pick(draw, MODELS if rarely(draw, 4) else VALID_MODELS)
+    call_settings = pick(draw, SETTINGS)
+    call_pool = pick(draw, [None, None, "a", "b"])
     boxes = draw(fleets(model, call_settings, call_pool))
     ids = [b.id for b in boxes]
-    if rarely(draw, 6):
-        kinds = draw(st.sets(st.sampled_from(list(BoxKind)), max_size=3))
-    else:
-        kinds = set(BoxKind)
-    pin = None
-    if rarely(draw, 8):
-        pin = draw(st.sampled_from(ids + ["ghost"]))
+    kinds = set(subset(draw, KINDS, 2)) if rarely(draw, 6) else set(KINDS)
+    pin = pick(draw, ids + ["ghost"]) if rarely(draw, 8) else None
     c = Call(model=model, kinds=frozenset(kinds), settings=call_settings, pin=pin, pool=call_pool)
-    tried = frozenset(draw(st.sets(st.sampled_from(ids), max_size=2))) if rarely(draw, 3) else frozenset()
-    eligible = None
-    if rarely(draw, 3):
-        eligible = frozenset(draw(st.sets(st.sampled_from(ids))))
+    tried = frozenset(subset(draw, ids, 5)) if rarely(draw, 3) else frozenset()
+    eligible = frozenset(subset(draw, ids, 2)) if rarely(draw, 3) else None
     return c, boxes, tried, eligible
 
 

@@ -38,6 +38,7 @@ class BoxConfig:
     store: str | None = None
     pool: str | None = None
     blocked: bool = False
+    agent: str | None = None  # a `router agent` on the box's host: its GPU telemetry
 
     @property
     def host(self) -> str:
@@ -80,6 +81,8 @@ def validate(box: BoxConfig) -> BoxConfig:
         raise ConfigError(f"box {box.name}: url must be http://host:port (got {box.url!r})")
     if parts.path not in ("", "/"):
         raise ConfigError(f"box {box.name}: url must not have a path (got {box.url!r})")
+    if box.agent is not None and urlsplit(box.agent).scheme != "http":
+        raise ConfigError(f"box {box.name}: agent must be http://host:port (got {box.agent!r})")
     return box
 
 
@@ -99,6 +102,7 @@ def parse(doc: object, path: Path) -> BoxesFile:
                 store=entry.get("store"),
                 pool=entry.get("pool"),
                 blocked=bool(entry.get("blocked", False)),
+                agent=entry.get("agent"),
             )
         except ValueError as exc:
             raise ConfigError(f"{path}: box {entry['name']}: {exc}") from None

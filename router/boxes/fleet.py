@@ -49,6 +49,7 @@ class Fleet:
         self._stamp: tuple | None = None
         self._watch: asyncio.Task | None = None
         self._ordered: list[BoxState] = []
+        self.on_change: list = []  # callables run after the fleet changed shape
 
     def _file_stamp(self) -> tuple | None:
         try:
@@ -108,6 +109,8 @@ class Fleet:
             started.append(cfg.name)
             log.info("box %s at %s (%s)", cfg.name, cfg.url, cfg.kind.value)
         self._ordered = sorted(self.boxes.values(), key=lambda b: b.order)
+        for callback in self.on_change:
+            callback()
         return started
 
     async def _watch_file(self) -> None:

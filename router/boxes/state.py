@@ -44,6 +44,11 @@ class BoxState:
         self.catalog: frozenset[str] = frozenset()
         self.contracts: dict[str, str | None] = {}
         self.last_picked_s = 0.0
+        # load: the router's own calls on the box now; pending and pressure as of the last
+        # scheduler snapshot (until one exists: nothing pending, neutral pressure)
+        self.in_flight = 0
+        self.pending = 0
+        self.pressure = 1
         self.version = 0
         self._facts: BoxFacts | None = None
         self._facts_key: tuple[int, int] = (-1, -1)
@@ -75,6 +80,11 @@ class BoxState:
             self.catalog = frozenset(inventory.catalog)
             self.changed()
 
+    def set_load(self, pending: int, pressure: int) -> None:
+        if (pending, pressure) != (self.pending, self.pressure):
+            self.pending, self.pressure = pending, pressure
+            self.changed()
+
     def forget_contracts(self) -> None:
         if self.contracts:
             self.contracts = {}
@@ -103,6 +113,8 @@ class BoxState:
                 residents=self.inventory.residents,
                 contracts={k: v for k, v in self.contracts.items() if v is not None},
                 free_gpu_bytes=self.inventory.free_gpu_bytes,
+                pending=self.pending,
+                pressure=self.pressure,
                 reservations=reservations,
                 last_picked_s=self.last_picked_s,
             )

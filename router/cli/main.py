@@ -1,4 +1,4 @@
-"""The command line: `router serve`, `router boxes ...`, `router demo`."""
+"""The command line: `router serve`, `router boxes ...`, `router demo`, `router agent`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from router.boxes import config as boxes_config
+from router.cli.agent import add_agent_parser, agent_command
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 
@@ -91,10 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--key-file", help="env file with the box key (FITEVICT_TOKEN=...)")
     add.add_argument("--store", help="the box's store file, when readable on this machine")
     add.add_argument("--pool")
+    add.add_argument("--agent", help="http://host:port of a `router agent` on the box's host (GPU telemetry)")
     bsub.add_parser("list", help="list boxes (keys are never shown)")
     for name in ("remove", "block", "unblock"):
         cmd = bsub.add_parser(name, help=f"{name} a box")
         cmd.add_argument("name")
+    add_agent_parser(sub)
     return parser
 
 
@@ -113,7 +116,7 @@ def boxes_command(args: argparse.Namespace) -> int:
         new = boxes_config.validate(
             boxes_config.BoxConfig(
                 name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
-                store=args.store, pool=args.pool,
+                store=args.store, pool=args.pool, agent=args.agent,
             )
         )
         index = next((i for i, b in enumerate(boxes.boxes) if b.name == new.name), None)
@@ -149,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "boxes":
             return boxes_command(args)
+        if args.command == "agent":
+            return agent_command(args)
         from router.cli.run import run_demo, run_serve
 
         if args.command == "serve":

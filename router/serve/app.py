@@ -17,6 +17,7 @@ from router.facades.mounts import Mount
 from router.facades.table import Facade, Route
 from router.serve.edge import AsgiEdge, RsgiEdge
 from router.serve.proxy import ProxyCall
+from router.telemetry.scheduler import Scheduler
 
 log = logging.getLogger("router.serve")
 
@@ -26,15 +27,13 @@ JSON = b"application/json"
 class Shared:
     """What every listener of the process shares: the fleet, the reservation table, limits."""
 
-    def __init__(self, fleet: Fleet, reservations: Reservations, *, max_body_bytes: int,
-                 first_byte_timeout_s: float) -> None:
+    def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
+                 max_body_bytes: int, first_byte_timeout_s: float) -> None:
         self.fleet = fleet
         self.reservations = reservations
+        self.scheduler = scheduler
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
-        # The scheduler's snapshot generation that new reservations are stamped with; no
-        # snapshot is published yet, so every reservation counts until its call ends.
-        self.generation = 0
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -49,12 +48,9 @@ class RouterApp:
         # The proxy reads these per call; bound here once.
         self.fleet = shared.fleet
         self.reservations = shared.reservations
+        self.scheduler = shared.scheduler
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
-
-    @property
-    def generation(self) -> int:
-        return self.shared.generation
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:

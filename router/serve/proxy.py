@@ -119,6 +119,7 @@ class ProxyCall:
         "box",
         "attempts",
         "token",
+        "loaded",
     )
 
     def __init__(self, app, edge, facade: Facade, route: Route) -> None:
@@ -134,6 +135,7 @@ class ProxyCall:
         self.box: BoxState | None = None
         self.attempts: list[tuple[str, str]] = []  # (box, refusal code)
         self.token = 0  # reservation token; 0 = none held
+        self.loaded: BoxState | None = None  # the box whose in-flight count holds this call
 
     # -- the client's side ---------------------------------------------------------------------
     async def error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
@@ -202,6 +204,7 @@ class ProxyCall:
         if decision.path is Path.REFUSED:
             await self.refuse(decision)
             return
+        log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
         watcher = edge.watch_disconnect(self.client_left)
         try:
             await self.attempt_all(decision)
@@ -209,6 +212,16 @@ class ProxyCall:
             watcher.cancel()
             if self.token:
                 self.app.reservations.release(self.token)
+            self.load_on(None)
+
+    def load_on(self, box: BoxState | None) -> None:
+        """Moves this call's in-flight count to `box` (None: the call ended); pokes the scheduler."""
+        if self.loaded is not None:
+            self.loaded.in_flight -= 1
+        if box is not None:
+            box.in_flight += 1
+        self.loaded = box
+        self.app.scheduler.poke()
 
     async def refuse(self, decision: Decision) -> None:
         call = self.call
@@ -229,18 +242,20 @@ class ProxyCall:
         eligible = frozenset(decision.boxes)
         tried: list[str] = []
         last: Refused | None = None
-        generation = self.app.generation
+        scheduler = self.app.scheduler
         while True:
             box = fleet.get(decision.boxes[0])
             if box is None:  # removed from the boxes file since the decision
                 tried.append(decision.boxes[0])
             else:
                 self.box = box
+                generation = scheduler.generation  # now: a snapshot may have come since
                 self.token = (
                     reservations.move(self.token, box.index, generation)
                     if self.token
                     else reservations.reserve(box.index, generation)
                 )
+                self.load_on(box)
                 try:
                     await self.attempt(box)
                     return

@@ -26,6 +26,10 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.facades import mounts
 from router.serve.app import RouterApp, Shared
+from router.telemetry.agents import AgentLinks
+from router.telemetry.cache import TelemetryCache
+from router.telemetry.local import LocalScanTask, is_loopback_url
+from router.telemetry.scheduler import Scheduler
 
 log = logging.getLogger("router.serve")
 
@@ -59,10 +63,20 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     loop = asyncio.get_running_loop()
     reservations = Reservations()
     fleet = Fleet(config.boxes_path, reservations)
+    telemetry = TelemetryCache()
+    agents = AgentLinks(fleet, telemetry)
     await fleet.start()
+    scanner = LocalScanTask(
+        telemetry,
+        lambda: [box.name for box in fleet.ordered() if is_loopback_url(box.config.url)],
+    )
+    scanner.start()
+    scheduler = Scheduler(fleet, reservations, telemetry)
+    scheduler.start()
     shared = Shared(
         fleet,
         reservations,
+        scheduler,
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
     )
@@ -96,6 +110,9 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         log.warning("grace period over with %d calls in flight", shared.in_flight)
     await asyncio.wait(serving, timeout=config.grace_s)
     stop_wait.cancel()
+    await scheduler.stop()
+    await scanner.stop()
+    await agents.stop()
     await fleet.stop()
     return 0
 

@@ -1,39 +1,26 @@
 """A simulated hugpy-wrapper box: a real HTTP/1.1 server on loopback that speaks the contract.
 
 Used by `router demo` (a demo fleet), by the tests (the fake box, scripted from the test
-thread) and by the benchmark. It speaks contracts/hugpy-wrapper.md, quirks included.
+thread) and by the benchmark. It speaks contracts/hugpy-wrapper.md, quirks included. The wire,
+steps, disconnects and threads follow `router.sim.server`; the rules of this kind are:
 
-Rules and invariants:
-1. Wire. One `asyncio.Protocol` per TCP connection with an `httptools.HttpRequestParser`.
-   Requests on one connection are answered strictly in order (pipelining is queued);
-   bodies are read by Content-Length; a chunked request body is read as empty (§7: the
-   box does not support it). Every answer has a Content-Length and keeps the connection
-   alive, except SSE streams, which are close-delimited (`Connection: close`, no length,
-   no chunked encoding, §8), and a request that asked for `Connection: close`.
-2. Steps. A route handler is either a plain function that answers at once, or a generator
-   that yields whenever it must wait (a float = sleep that many seconds, anything else is
-   awaited). A call that never waits is answered synchronously inside `data_received`, with
-   no task: that keeps the benchmark path cheap. The first wait moves the rest of the
-   generator into one task; closing the generator runs its `finally` (seat release).
-3. Disconnects. When the peer closes while a call is being answered, the call's
-   `client_closed_at` is stamped and its work is cancelled at once. Writes after a close
-   are dropped, never raised.
-4. Counter. `changes` counts "something was written" like the box (§2.2): it moves when a
+1. Streams. SSE streams are close-delimited (`Connection: close`, no length, no chunked
+   encoding, §8); every other answer has a Content-Length and keeps the connection alive.
+2. Counter. `changes` counts "something was written" like the box (§2.2): it moves when a
    tracked call arrives, when its seat changes state and when it ends, so long-polls answer
    at the call rate. `restart()` sets it back to 1 and answers pending long-polls (a real
    restart drops them; the low counter is what a router must notice).
-5. Threads. The test thread may mutate the public state (plain attribute, dict, set and
-   list operations) and then call `changed()`/`restart()`, which hop onto the box's loop.
-   Everything else runs on the loop thread.
-6. Privacy. Prompts, messages and uploaded files are parsed only to find `model`/`stream`;
+3. Threads. After mutating the public state the test thread calls `changed()`/`restart()`,
+   which hop onto the box's loop.
+4. Privacy. Prompts, messages and uploaded files are parsed only to find `model`/`stream`;
    they are never logged or stored. Every reply text is fixed, not derived from the input.
-7. JSON is written with the stdlib encoder (`ensure_ascii=False`, default separators), as
+5. JSON is written with the stdlib encoder (`ensure_ascii=False`, default separators), as
    the box writes it, so byte scanners in the router meet the real spacing (`"a": 1`).
-8. A tracked POST goes, in order: record + `fe-` id (every answer carries it) → auth → body
+6. A tracked POST goes, in order: record + `fe-` id (every answer carries it) → auth → body
    (400) → `@options` (untyped 404 / 400: real statuses even for streams) → the next scripted
    behaviour for its base, if any → catalog (typed 404, in-band for a stream) → seat (a load
    when not resident under these settings) → answer.
-9. Auth from loopback (§6), only when the box has a key: a caller with a proxy header is
+7. Auth from loopback (§6), only when the box has a key: a caller with a proxy header is
    outside and needs the box key everywhere but /health; otherwise use routes ignore the
    key and admin routes (state, cancel) accept none but reject a wrong one.
 """
@@ -43,36 +30,40 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
 import os
 import re
 import secrets
-import socket
-import struct
 import threading
 import time
 import zlib
-from collections import deque
-from dataclasses import dataclass
 from email.parser import BytesParser
 from email.policy import HTTP as EMAIL_HTTP_POLICY
-from http import HTTPStatus
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs
 
-import httptools
-import uvloop
+from router.sim.server import (
+    CT_JSON,
+    STREAM_TOKEN,
+    Behavior,
+    CallRecord,
+    Connection,
+    Exchange,
+    PatternRoutes,
+    Routes,
+    SimFleet,
+    SimServer,
+    Steps,
+    answer_raw,
+    find_route,
+    json_body as _json,
+    sse_frame as _frame,
+)
 
-log = logging.getLogger(__name__)
+__all__ = ["Behavior", "CallRecord", "SimBox", "SimFleet"]
 
 VERSION = "0.1.182"
 INITIAL_CHANGES = 1  # the box counts discovery writes at start; a restart comes back this low
 MAX_WAIT_S = 60.0  # manage.py MAX_WAIT_S: the long-poll clamp
-# Kept call records: the newest CALLS_KEPT survive a trim at twice that, so a benchmark of
-# millions of calls stays bounded while a test never loses one.
-CALLS_KEPT = 10_000
-START_TIMEOUT_S = 10.0  # SimFleet.start: binding loopback sockets takes milliseconds
-LISTEN_BACKLOG = 1024  # the benchmark opens hundreds of connections at once
 
 # What a seat looks like in `residents` rows (sizes are plausible, not measured).
 MODEL_BYTES = 4_920_000_000
@@ -92,27 +83,7 @@ _OPTION_SPLIT_RE = re.compile(r"[+,]")
 
 PROXY_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")  # §6: these make a caller "outside"
 REPLY_TEXT = "This is a simulated reply."
-STREAM_TOKEN = "tok "
 SPEECH_BYTES = bytes(range(256)) * 16  # every byte value, so a relay that decodes text breaks
-
-_dumps = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def _json(obj: object) -> bytes:
-    return _dumps(obj).encode()
-
-
-def _frame(obj: object) -> bytes:
-    return b"data: " + _dumps(obj).encode() + b"\n\n"
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    return line if line is not None else f"HTTP/1.1 {status} Unknown\r\n".encode()
-
-
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
-_STATUS_LINES[499] = b"HTTP/1.1 499 Client Closed Request\r\n"
 
 # Canned bodies (§1, §4, §6), built once.
 _NOT_FOUND = _json({"error": {"message": "not found", "code": 404}})
@@ -134,305 +105,17 @@ _SSE_HEAD = (
     b"Connection: close\r\n"
     b"X-Hugpy-Execution-Request-Id: "
 )
-_CT_JSON = b"application/json"
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
-
-Steps = Iterator[Any]  # a handler's generator: yields a float (sleep) or an awaitable (rule 2)
 
 
-# ---------------------------------------------------------------------------------------------
-# Scripted behaviours and call records
+class _Connection(Connection):
+    """A connection to a hugpy box: adds the close-delimited SSE head and cancel by parent id."""
 
-
-@dataclass(frozen=True, slots=True)
-class Behavior:
-    """One scripted answer for one call; build it with the constructors below."""
-
-    kind: str
-    status: int = 0
-    type: str | None = None
-    message: str = ""
-    code: int | str | None = None
-    seconds: float = 0.0
-    chunks: int = 0
-    headers: tuple[tuple[str, str], ...] = ()
-    body: bytes = b""
-
-    @staticmethod
-    def refuse(status: int, type: str | None, message: str = "refused by the simulated box",
-               code: int | str | None = None) -> Behavior:
-        """A JSON error with that status before any byte of success; `code` defaults to the
-        status, `type=None` leaves `type` out (the box's untyped errors)."""
-        return Behavior("refuse", status=status, type=type, message=message,
-                        code=status if code is None else code)
-
-    @staticmethod
-    def in_band(type: str, message: str = "refused by the simulated box", code: int | str = 503) -> Behavior:
-        """Stream: 200 + SSE head, one §4.3 error frame, `[DONE]`, close.
-        Non-stream: the same as `refuse(code, type)` (503 unless `code` is an int status)."""
-        return Behavior("in_band", status=code if isinstance(code, int) else 503, type=type,
-                        message=message, code=code)
-
-    @staticmethod
-    def hang(seconds: float) -> Behavior:
-        """Send nothing for `seconds`, then answer normally."""
-        return Behavior("hang", seconds=seconds)
-
-    @staticmethod
-    def reset() -> Behavior:
-        """Close the socket (RST) without any response byte."""
-        return Behavior("reset")
-
-    @staticmethod
-    def die_after(chunks: int) -> Behavior:
-        """Stream: head, role frame, `chunks` content frames, then close (no final frame, no
-        `[DONE]`). Non-stream: like `reset()`, since there is no partial JSON answer."""
-        return Behavior("die_after", chunks=chunks)
-
-    @staticmethod
-    def raw(status: int, headers: list[tuple[str, str]], body: bytes) -> Behavior:
-        """Answer exactly this (Content-Length is added)."""
-        return Behavior("raw", status=status, headers=tuple(headers), body=body)
-
-
-@dataclass(slots=True)
-class CallRecord:
-    """One tracked POST as the box saw it. `finished_at` is when the box stopped working on it
-    (answered, cancelled, or the peer left); `client_closed_at` only when the peer left first."""
-
-    path: str
-    method: str
-    model: str | None
-    stream: bool
-    parent_id: str | None  # X-Hugpy-Parent-Request-Id
-    headers: dict[str, str]  # lower-cased names, as received
-    body_len: int
-    content_type: str | None
-    started_at: float  # time.monotonic()
-    finished_at: float | None = None
-    client_closed_at: float | None = None
-    status: int | None = None
-    request_id: str = ""  # the fe-… id in X-Hugpy-Execution-Request-Id
-
-
-# ---------------------------------------------------------------------------------------------
-# One connection and one request
-
-
-class _Exchange:
-    """One request on a connection, from its first byte to the end of its answer."""
-
-    __slots__ = ("url", "path", "query", "method", "headers", "body_parts", "body", "keep_alive",
-                 "path_args", "record", "rid", "head_sent")
-
-    def __init__(self) -> None:
-        # parsed request
-        self.url = ""
-        self.path = ""
-        self.query: str | None = None
-        self.method = ""
-        self.headers: dict[str, str] = {}
-        self.body_parts: list[bytes] = []
-        self.body = b""
-        self.keep_alive = True
-        self.path_args: tuple[str, ...] = ()
-        # answer
-        self.record: CallRecord | None = None  # tracked POSTs only
-        self.rid = b""  # fe-… id, tracked POSTs only
-        self.head_sent = False
-
-
-class _Connection(asyncio.Protocol):
-    """One TCP connection: parses requests, runs their handlers in order, writes answers."""
-
-    def __init__(self, box: SimBox) -> None:
-        # per connection
-        self._box = box
-        self._loop = box._loop
-        self._transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made sets it
-        self._parser = httptools.HttpRequestParser(self)
-        self._queue: deque[_Exchange] = deque()  # parsed, waiting for the one being answered
-        self._we_closed = False
-        self._lost = False
-        # per request
-        self._incoming = _Exchange()  # being parsed
-        self._current: _Exchange | None = None  # being answered
-        self._task: asyncio.Task[None] | None = None  # the current answer once it waits
-        self._steps: Steps | None = None  # its generator
-
-    # -- transport callbacks ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # create_server gives a Transport
-        self._box.open_connections += 1
-        self._box._conns.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # no upgrades here; whatever follows is ignored
-        except httptools.HttpParserError:
-            self.write(_status_line(400) + b"Content-Length: 0\r\nConnection: close\r\n\r\n")
-            self.close()
-            return
-        self._next()
-
-    def eof_received(self) -> bool:
-        return False  # the peer is gone: close our side too (connection_lost follows)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
-        self._box.open_connections -= 1
-        self._box._conns.discard(self)
-        ex = self._current
-        if ex is not None and not self._we_closed:
-            if ex.record is not None and ex.record.finished_at is None:
-                ex.record.client_closed_at = time.monotonic()
-        self._stop_current()
-
-    # -- parser callbacks (tiny: collect, then return) ----------------------------------------
-
-    def on_message_begin(self) -> None:
-        self._incoming = _Exchange()
-
-    def on_url(self, url: bytes) -> None:
-        self._incoming.url += url.decode("latin-1")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        headers = self._incoming.headers
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-
-    def on_headers_complete(self) -> None:
-        # http.server answers `Expect: 100-continue` before reading the body; so do we.
-        if self._incoming.headers.get("expect", "").lower() == "100-continue":
-            self._transport.write(_CONTINUE)
-
-    def on_body(self, body: bytes) -> None:
-        self._incoming.body_parts.append(body)
-
-    def on_message_complete(self) -> None:
-        ex = self._incoming
-        ex.method = self._parser.get_method().decode("latin-1")
-        ex.keep_alive = self._parser.should_keep_alive()
-        path, sep, query = ex.url.partition("?")
-        ex.path = path.rstrip("/") or "/"
-        ex.query = query if sep else None
-        # §7: bodies are exactly Content-Length bytes; a chunked body is read as empty.
-        if "content-length" in ex.headers:
-            ex.body = b"".join(ex.body_parts)
-        ex.body_parts = []
-        self._queue.append(ex)
-
-    # -- running handlers ---------------------------------------------------------------------
-
-    def _next(self) -> None:
-        """Answers queued requests in order until one has to wait (rule 2)."""
-        while self._current is None and self._queue and not self._lost and not self._we_closed:
-            ex = self._queue.popleft()
-            self._current = ex
-            steps: Steps | None = None
-            step = None
-            try:
-                steps = self._box._dispatch(self, ex)
-                step = next(steps, None) if steps is not None else None
-            except Exception as exc:  # a bug in the sim: answer like the box's 500 (§4.2)
-                self._fail(ex, exc)
-            if step is None:
-                self._end(ex, steps)
-            else:
-                self._steps = steps
-                self._task = self._loop.create_task(self._run_later(ex, steps, step))
-
-    async def _run_later(self, ex: _Exchange, steps: Steps, step: Any) -> None:
-        try:
-            while step is not None:
-                await (asyncio.sleep(step) if isinstance(step, (int, float)) else step)
-                step = next(steps, None)
-        except asyncio.CancelledError:
-            return  # _stop_current already ended the call
-        except Exception as exc:
-            self._fail(ex, exc)
-        self._end(ex, steps)
-        self._next()
-
-    def _end(self, ex: _Exchange, steps: Steps | None) -> None:
-        """Ends the call being answered; safe to call twice."""
-        if steps is not None:
-            steps.close()  # runs the handler's finally blocks (seat release)
-        if self._current is ex:
-            self._current = None
-            self._task = None
-            self._steps = None
-        self._box._finish(ex)
-
-    def _fail(self, ex: _Exchange, exc: Exception) -> None:
-        log.exception("sim box %s: handler failed", self._box.name, exc_info=exc)
-        if not ex.head_sent:
-            ex.keep_alive = False
-            self.respond(ex, 500, _json({"error": {"message": repr(exc), "code": 500}}))
-        self.close()
-
-    def _stop_current(self) -> None:
-        """Stops the waiting call now. Cleanup is done here, not in the task: a task cancelled
-        before its first step never runs its body."""
-        ex, task = self._current, self._task
-        if task is not None:
-            task.cancel()
-        if ex is not None:
-            self._end(ex, self._steps)
-
-    # -- writing ------------------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def respond(self, ex: _Exchange, status: int, body: bytes, content_type: bytes = _CT_JSON,
-                extra: Iterable[tuple[str, str]] = ()) -> None:
-        """Writes a whole answer with a Content-Length; closes unless keep-alive."""
-        head = [_status_line(status), b"Content-Type: ", content_type,
-                b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n"]
-        if ex.rid:
-            head += (b"X-Hugpy-Execution-Request-Id: ", ex.rid, b"\r\n")
-        for name, value in extra:
-            head += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
-        if not ex.keep_alive:
-            head.append(b"Connection: close\r\n")
-        head += (b"\r\n", body)
-        self._mark_head(ex, status)
-        self.write(b"".join(head))
-        if not ex.keep_alive:
-            self.close()
-
-    def sse_head(self, ex: _Exchange) -> None:
+    def sse_head(self, ex: Exchange) -> None:
         """Writes the §8 SSE head; the body then ends when the connection closes."""
-        self._mark_head(ex, 200)
+        self.mark_head(ex, 200)
         self.write(_SSE_HEAD + ex.rid + b"\r\n\r\n")
 
-    @staticmethod
-    def _mark_head(ex: _Exchange, status: int) -> None:
-        ex.head_sent = True
-        if ex.record is not None:
-            ex.record.status = status
-
-    def close(self) -> None:
-        """Closes after the buffered bytes are sent (FIN)."""
-        self._we_closed = True
-        self._transport.close()
-
-    def reset(self) -> None:
-        """Closes at once with an RST, dropping anything buffered."""
-        self._we_closed = True
-        sock = self._transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-        self._transport.abort()
-
-    def cancel(self, ex: _Exchange) -> None:
+    def cancel(self, ex: Exchange) -> None:
         """Ends `ex` for a cancel by parent id: 499 if nothing was sent yet, then close (§7)."""
         if self._current is not ex:
             return
@@ -443,87 +126,47 @@ class _Connection(asyncio.Protocol):
         self.close()
         self._stop_current()
 
-    def abort(self) -> asyncio.Task[None] | None:
-        """For SimBox.stop: drop the connection; returns the task still to be awaited."""
-        task = self._task
-        self._we_closed = True
-        self._transport.abort()
-        self._stop_current()
-        return task
-
-
-Handler = Callable[["SimBox", _Connection, _Exchange], "Steps | None"]
-
 
 # ---------------------------------------------------------------------------------------------
 # The box
 
 
-class SimBox:
+class SimBox(SimServer):
     """One simulated hugpy-wrapper box. See the module docstring for the rules."""
+
+    kind = "hugpy"
+    id_header = b"X-Hugpy-Execution-Request-Id"
+    connection_class = _Connection
 
     def __init__(self, name: str, *, key: str | None = None, catalog: Iterable[str] = (),
                  residents: Iterable[str] = (), chunks: int = 5, cadence_s: float = 0.0,
                  load_s: float = 0.0, free_gpu_bytes: int | None = None) -> None:
+        super().__init__(name, chunks=chunks, cadence_s=cadence_s)
         now = time.time()
-        # public state, mutable from the test thread (rule 5)
-        self.name = name
+        # public state, mutable from the test thread (rule 3)
         self.key = key
         self.residents: dict[str, dict[str, Any]] = {
             k: {"settings": None, "busy": 0, "state": "idle", "last_used": now} for k in residents}
         self.catalog: set[str] = set(catalog) | set(self.residents)
         self.free_gpu_bytes = free_gpu_bytes
-        self.chunks = chunks
-        self.cadence_s = cadence_s
         self.load_s = load_s
         self.healthy_answer = True
         self.store_id = secrets.token_hex(16)  # persistent per store: survives restart()
         # observations
-        self.calls: list[CallRecord] = []
         self.health_hits = 0
         self.state_polls = 0
         self.cancels: list[str] = []
-        self.open_connections = 0
         self.changes = INITIAL_CHANGES
-        # set by start()
-        self.port = 0
-        self.url = ""
         # internals
-        self._scripts: dict[str, deque[Behavior]] = {}
         self._waiters: set[asyncio.Future[None]] = set()  # pending long-polls
         self._epoch = 0  # bumped by restart(): pending long-polls answer at once
-        self._live: dict[str, tuple[_Connection, _Exchange]] = {}  # parent id -> call in progress
-        self._conns: set[_Connection] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._server: asyncio.AbstractServer | None = None
+        self._live: dict[str, tuple[_Connection, Exchange]] = {}  # parent id -> call in progress
 
     # -- public API ---------------------------------------------------------------------------
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Binds and listens. Returns the port; sets `port` and `url`."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._server = await self._loop.create_server(
-            lambda: _Connection(self), host, port, backlog=LISTEN_BACKLOG)
-        self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
-        return self.port
-
-    async def stop(self) -> None:
-        """Stops listening and drops every connection."""
-        if self._server is None:
-            return
-        self._server.close()
-        tasks = [t for t in (c.abort() for c in list(self._conns)) if t is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0)  # let the aborted transports report connection_lost
-        await self._server.wait_closed()
-        self._server = None
-
     def script(self, model_base: str, *behaviors: Behavior) -> None:
         """Queues behaviours for the next tracked calls naming `model_base` (FIFO, once each)."""
-        self._scripts.setdefault(model_base, deque()).extend(behaviors)
+        self._queue_behaviors(model_base, behaviors)
 
     def changed(self) -> None:
         """Bumps `changes` and wakes long-polls; callable from any thread."""
@@ -605,21 +248,17 @@ class SimBox:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def _dispatch(self, conn: _Connection, ex: _Exchange) -> Steps | None:
-        handler = _ROUTES.get((ex.method, ex.path))
+    def _dispatch(self, conn: _Connection, ex: Exchange) -> Steps | None:
+        handler = find_route(_ROUTES, _PATTERN_ROUTES, ex)
         if handler is None:
-            for method, pattern, pattern_handler in _PATTERN_ROUTES:
-                match = pattern.fullmatch(ex.path) if ex.method == method else None
-                if match is not None:
-                    ex.path_args = match.groups()
-                    handler = pattern_handler
-                    break
-            else:
-                conn.respond(ex, 404, _NOT_FOUND)  # also POST /v1/completions: not on the box (§8)
-                return None
+            conn.respond(ex, 404, _NOT_FOUND)  # also POST /v1/completions: not on the box (§8)
+            return None
         return handler(self, conn, ex)
 
-    def _auth(self, ex: _Exchange, admin: bool) -> bytes | None:
+    def _crash_body(self, exc: Exception) -> bytes:
+        return _json({"error": {"message": repr(exc), "code": 500}})  # §4.2: the box's 500
+
+    def _auth(self, ex: Exchange, admin: bool) -> bytes | None:
         """§6 from loopback: returns the 401 body, or None when allowed.
 
         A caller behind a proxy header is "outside" and needs the box key. On admin routes a
@@ -635,18 +274,18 @@ class SimBox:
         bearer = sent[7:].strip() if sent[:7].lower() == "bearer " else ""
         return None if hmac.compare_digest(bearer.encode(), self.key.encode()) else _KEY_INVALID
 
-    def _finish(self, ex: _Exchange) -> None:
-        rec = ex.record
-        if rec is None or rec.finished_at is not None:
-            return
-        rec.finished_at = time.monotonic()
-        if rec.parent_id is not None and self._live.get(rec.parent_id, (None, None))[1] is ex:
-            del self._live[rec.parent_id]
+    def _finish(self, ex: Exchange) -> bool:
+        if not super()._finish(ex):
+            return False
+        parent = ex.record.parent_id
+        if parent is not None and self._live.get(parent, (None, None))[1] is ex:
+            del self._live[parent]
         self._bump()  # "responded <rid>"
+        return True
 
     # -- untracked routes ---------------------------------------------------------------------
 
-    def _health(self, conn: _Connection, ex: _Exchange) -> Steps | None:
+    def _health(self, conn: _Connection, ex: Exchange) -> Steps | None:
         self.health_hits += 1
         if "?" in ex.url:
             conn.respond(ex, 404, _NOT_FOUND)  # §1 quirk: the box matches the raw path, query included
@@ -658,7 +297,7 @@ class SimBox:
             "source_version": VERSION, "deb_version": None, "version_label": VERSION, "fleet_url": None}))
         return None
 
-    def _state(self, conn: _Connection, ex: _Exchange) -> Steps:
+    def _state(self, conn: _Connection, ex: Exchange) -> Steps:
         self.state_polls += 1
         denied = self._auth(ex, admin=True)
         if denied is not None:
@@ -675,7 +314,7 @@ class SimBox:
             yield self._wait_change(since, wait_s)
         conn.respond(ex, 200, _json(self.snapshot()))
 
-    def _models(self, conn: _Connection, ex: _Exchange) -> None:
+    def _models(self, conn: _Connection, ex: Exchange) -> None:
         denied = self._auth(ex, admin=False)
         if denied is not None:
             conn.respond(ex, 401, denied)
@@ -683,7 +322,7 @@ class SimBox:
         data = [{"id": k, "object": "model", "owned_by": "hugpy"} for k in sorted(self.catalog)]
         conn.respond(ex, 200, _json({"object": "list", "data": data}))
 
-    def _cancel(self, conn: _Connection, ex: _Exchange) -> None:
+    def _cancel(self, conn: _Connection, ex: Exchange) -> None:
         denied = self._auth(ex, admin=True)
         if denied is not None:
             conn.respond(ex, 401, denied)
@@ -697,25 +336,16 @@ class SimBox:
 
     # -- tracked POSTs ------------------------------------------------------------------------
 
-    def _open_call(self, conn: _Connection, ex: _Exchange) -> CallRecord:
+    def _open_call(self, conn: _Connection, ex: Exchange) -> CallRecord:
         rid = "fe-" + os.urandom(16).hex()
         ex.rid = rid.encode()
-        headers = ex.headers
-        rec = CallRecord(path=ex.path, method=ex.method, model=None, stream=False,
-                         parent_id=headers.get("x-hugpy-parent-request-id"), headers=headers,
-                         body_len=len(ex.body), content_type=headers.get("content-type"),
-                         started_at=time.monotonic(), request_id=rid)
-        ex.record = rec
-        calls = self.calls
-        calls.append(rec)
-        if len(calls) > 2 * CALLS_KEPT:
-            del calls[:-CALLS_KEPT]
+        rec = self._record(ex, rid, ex.headers.get("x-hugpy-parent-request-id"))
         if rec.parent_id is not None:
             self._live[rec.parent_id] = (conn, ex)
         self._bump()  # "received <rid>"
         return rec
 
-    def _chat(self, conn: _Connection, ex: _Exchange) -> Steps | None:
+    def _chat(self, conn: _Connection, ex: Exchange) -> Steps | None:
         rec = self._open_call(conn, ex)
         denied = self._auth(ex, admin=False)
         if denied is not None:
@@ -734,7 +364,7 @@ class SimBox:
         rec.stream = bool(body.get("stream"))
         return self._placed(conn, ex, model, rec.stream, None)
 
-    def _task(self, conn: _Connection, ex: _Exchange) -> Steps | None:
+    def _task(self, conn: _Connection, ex: Exchange) -> Steps | None:
         rec = self._open_call(conn, ex)
         denied = self._auth(ex, admin=False)
         if denied is not None:
@@ -752,7 +382,7 @@ class SimBox:
         rec.model = model
         return self._placed(conn, ex, model, False, _TASK_REPLIES[ex.path])
 
-    def _placed(self, conn: _Connection, ex: _Exchange, model: str, stream: bool,
+    def _placed(self, conn: _Connection, ex: Exchange, model: str, stream: bool,
                 reply: TaskReply | None) -> Steps | None:
         """The `@options` check (a real status, §4.3), then a scripted behaviour or placement."""
         base, at, opts = model.partition("@")
@@ -770,11 +400,10 @@ class SimBox:
                     "type": "invalid_request_error", "code": 400}}))
                 return None
             settings = "+".join(sorted({t.lower() for t in tokens})) or None
-        queue = self._scripts.get(base)
-        behavior = queue.popleft() if queue else None
+        behavior = self._next_behavior(base)
         return self._answer(conn, ex, base, settings, stream, reply, behavior)
 
-    def _answer(self, conn: _Connection, ex: _Exchange, base: str, settings: str | None, stream: bool,
+    def _answer(self, conn: _Connection, ex: Exchange, base: str, settings: str | None, stream: bool,
                 reply: TaskReply | None, behavior: Behavior | None) -> Steps:
         """Generator: a scripted behaviour first, then the box's normal answer."""
         stream_chunks = self.chunks
@@ -787,8 +416,7 @@ class SimBox:
                     conn.reset()
                     return
                 case "raw":
-                    conn.respond(ex, behavior.status, behavior.body,
-                                 _content_type(behavior.headers), _other_headers(behavior.headers))
+                    answer_raw(conn, ex, behavior)
                     return
                 case "refuse":
                     conn.respond(ex, behavior.status, self._error_body(ex, behavior.type, behavior.message,
@@ -842,11 +470,11 @@ class SimBox:
         finally:
             self._release_seat(base, seat)
 
-    def _error_body(self, ex: _Exchange, type: str | None, message: str, code: int | str | None) -> bytes:
+    def _error_body(self, ex: Exchange, type: str | None, message: str, code: int | str | None) -> bytes:
         """§4.1: a placement error carries the call's id in a top-level `hugpy`."""
         return _json({"error": _error(type, message, code), "hugpy": {"request_id": ex.rid.decode()}})
 
-    def _refuse_placement(self, conn: _Connection, ex: _Exchange, base: str, stream: bool, status: int,
+    def _refuse_placement(self, conn: _Connection, ex: Exchange, base: str, stream: bool, status: int,
                           type: str | None, message: str, code: int | str | None) -> None:
         """A placement refusal: a real status for a plain call, in-band after a 200 for a
         stream (§4.3: one error frame, `[DONE]`, close)."""
@@ -943,7 +571,7 @@ def _forever(loop: asyncio.AbstractEventLoop) -> Steps:
     yield loop.create_future()  # never resolved: only the peer leaving ends it
 
 
-def _read_fields(ex: _Exchange) -> dict[str, Any]:
+def _read_fields(ex: Exchange) -> dict[str, Any]:
     """The task route's fields: JSON, or the text parts of a multipart body (§8: JSON-decoded
     when they start with `[` or `{`). File parts are skipped unread (rule 6).
 
@@ -973,7 +601,7 @@ TaskReply = Callable[[SimBox, str, str], tuple[bytes, bytes]]  # (box, base, rid
 
 def _chat_reply(box: SimBox, base: str, rid: str) -> tuple[bytes, bytes]:
     # §5: a non-stream answer carries the engine's `model`, the GGUF path for llama-server.
-    return _CT_JSON, _json({
+    return CT_JSON, _json({
         "id": "chatcmpl-" + rid[3:], "object": "chat.completion", "created": int(time.time()),
         "model": box._model_path(base),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY_TEXT}, "finish_reason": "stop"}],
@@ -983,7 +611,7 @@ def _chat_reply(box: SimBox, base: str, rid: str) -> tuple[bytes, bytes]:
 
 def _json_reply(make: Callable[[str], dict[str, Any]]) -> TaskReply:
     def reply(box: SimBox, base: str, rid: str) -> tuple[bytes, bytes]:
-        return _CT_JSON, _json({**make(base), "hugpy": {"request_id": rid}})
+        return CT_JSON, _json({**make(base), "hugpy": {"request_id": rid}})
     return reply
 
 
@@ -1011,19 +639,8 @@ _TASK_REPLIES: dict[str, TaskReply] = {
 }
 
 
-def _content_type(headers: Iterable[tuple[str, str]]) -> bytes:
-    for name, value in headers:
-        if name.lower() == "content-type":
-            return value.encode("latin-1")
-    return b"application/octet-stream"
-
-
-def _other_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(n, v) for n, v in headers if n.lower() not in ("content-type", "content-length")]
-
-
 # The route table. Anything else, POST /v1/completions included, is the box's 404 (§4.4).
-_ROUTES: dict[tuple[str, str], Handler] = {
+_ROUTES: Routes = {
     ("GET", "/health"): SimBox._health,
     ("GET", "/v1/health"): SimBox._health,
     ("GET", "/harness/health"): SimBox._health,
@@ -1034,63 +651,6 @@ _ROUTES: dict[tuple[str, str], Handler] = {
     **{("POST", path): SimBox._task for path in _TASK_REPLIES},
 }
 # §7: a parent id is `[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}`.
-_PATTERN_ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
+_PATTERN_ROUTES: PatternRoutes = [
     ("POST", re.compile(r"/v1/requests/([A-Za-z0-9][A-Za-z0-9_.:-]{0,199})/cancel"), SimBox._cancel),
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# A fleet on one loop in a background thread
-
-
-class SimFleet:
-    """Runs several SimBoxes on one uvloop loop in a daemon thread (tests, demo)."""
-
-    def __init__(self, boxes: list[SimBox]) -> None:
-        self.boxes = boxes
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Starts the loop thread and every box; returns once all are listening."""
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sim-fleet", daemon=True)
-        self._thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(self._start_boxes(), self._loop).result(START_TIMEOUT_S)
-        except BaseException:
-            self.stop()  # no half-started fleet left behind
-            raise
-
-    def stop(self) -> None:
-        """Stops every box, then the loop and its thread."""
-        if self._loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._stop_boxes(), self._loop).result(START_TIMEOUT_S)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(START_TIMEOUT_S)
-        self._loop.close()
-        self._loop = None
-
-    def stop_box(self, box: SimBox) -> None:
-        """Stops one box (its port refuses connections afterwards); the others keep serving."""
-        asyncio.run_coroutine_threadsafe(box.stop(), self._loop).result(START_TIMEOUT_S)
-
-    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
-        """Runs `fn(*args)` on the fleet loop, thread-safely."""
-        self._loop.call_soon_threadsafe(fn, *args)
-
-    def __enter__(self) -> SimFleet:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def _start_boxes(self) -> None:
-        for box in self.boxes:
-            await box.start()
-
-    async def _stop_boxes(self) -> None:
-        for box in self.boxes:
-            await box.stop()

@@ -1,0 +1,244 @@
+"""Turning bench/run.py's measurements into figures: medians and spreads, the markdown table,
+the verdict against the targets, and the py-spy top-N."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+# Targets for the default (ASGI) router on this 2-core machine, unpinned, 1 worker.
+TARGETS = {
+    "cpu_per_call_us": 60.0,  # router CPU per non-stream call
+    "cpu_per_chunk_us": 5.0,  # router CPU per relayed stream frame
+    "calls_per_s": 15_000.0,  # non-stream throughput at c=64
+    "added_p50_us": 150.0,  # c=1 latency, router minus direct
+    "added_p99_us": 500.0,
+}
+
+FIGURE_TITLES = {
+    "nonstream": "non-stream c=64 (calls/s)",
+    "stream": "20-chunk streams c=64 (streams/s)",
+    "latency_p50": "latency c=1 p50 (µs)",
+    "latency_p99": "latency c=1 p99 (µs)",
+    "ttft_p50": "TTFT p50, 64 users, 20 ms cadence (ms)",
+    "ttft_p99": "TTFT p99, 64 users, 20 ms cadence (ms)",
+}
+
+
+@dataclass
+class Stat:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Stat | None":
+        if not values:
+            return None
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def span(self, fmt: str) -> str:
+        return f"{fmt.format(self.lo)}–{fmt.format(self.hi)}" if self.n > 1 else fmt.format(self.median)
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+# -- summaries ---------------------------------------------------------------------------------
+
+
+def pairs(records: list[dict], interface: str, figure: str) -> list[tuple[dict, dict]]:
+    """(router, direct) records of one figure, matched by repeat (measured back to back)."""
+    by_repeat: dict[int, dict[str, dict]] = {}
+    for r in records:
+        if r["interface"] == interface and r["figure"] == figure:
+            by_repeat.setdefault(r["repeat"], {})[r["target"]] = r
+    return [(d["router"], d["direct"]) for _, d in sorted(by_repeat.items()) if len(d) == 2]
+
+
+# (row name, record figure, record key, router CPU key, router vs direct as "ratio" or "added")
+ROWS = (
+    ("nonstream", "nonstream", "rate", "cpu_us_per_call", "ratio"),
+    ("stream", "stream", "rate", "cpu_us_per_chunk", "ratio"),
+    ("latency_p50", "latency", "p50_us", "cpu_us_per_call", "added"),
+    ("latency_p99", "latency", "p99_us", None, "added"),
+    ("ttft_p50", "ttft", "ttft_p50_ms", None, "added"),
+    ("ttft_p99", "ttft", "ttft_p99_ms", None, "added"),
+)
+CPU_UNITS = {"cpu_us_per_call": "µs/call", "cpu_us_per_chunk": "µs/chunk"}
+
+
+def summarize(records: list[dict], interfaces: list[str]) -> list[dict]:
+    """One row per (interface, figure): router, direct, ratio or added, router CPU, spreads."""
+    rows = []
+    for interface in interfaces:
+        for name, figure, key, cpu_key, mode in ROWS:
+            matched = pairs(records, interface, figure)
+            if not matched:
+                continue
+            router = [r[key] for r, _ in matched]
+            direct = [d[key] for _, d in matched]
+            if mode == "ratio":
+                relation = [r / d for r, d in zip(router, direct) if d]
+            else:
+                relation = [r - d for r, d in zip(router, direct)]
+            everything = [x for pair in matched for x in pair]
+            rows.append({
+                "interface": interface,
+                "figure": name,
+                "title": FIGURE_TITLES[name],
+                "mode": mode,
+                "router": Stat.of(router),
+                "direct": Stat.of(direct),
+                "relation": Stat.of(relation),
+                "cpu": Stat.of([r[cpu_key] for r, _ in matched]) if cpu_key else None,
+                "cpu_unit": CPU_UNITS.get(cpu_key, ""),
+                "background": Stat.of([x["background_pct"] for x in everything]),
+                "errors": sum(x["errors"] for x in everything),
+                "noisy": sum(1 for x in everything if x.get("noisy")),
+            })
+    return rows
+
+
+def row_value_format(row: dict) -> str:
+    if row["figure"].startswith("ttft"):
+        return "{:,.1f}"
+    return "{:,.0f}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ("| figure | router | direct | ratio / added | router CPU | spread (min–max: router; direct; CPU) "
+            "| other tenants' CPU % (max) | flags |\n|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for row in rows:
+        fmt = row_value_format(row)
+        rel = row["relation"]
+        relation = (f"{rel.median:.2f}×" if row["mode"] == "ratio"
+                    else f"{'+' if rel.median >= 0 else ''}{fmt.format(rel.median)}")
+        cpu = row["cpu"]
+        cpu_text = f"{cpu.median:.1f} {row['cpu_unit']}" if cpu else "–"
+        spread = "; ".join(filter(None, [
+            row["router"].span(fmt), row["direct"].span(fmt),
+            cpu.span("{:.1f}") if cpu else None,
+        ]))
+        if rel.n > 1:
+            spread += f" (rel {rel.span('{:.2f}' if row['mode'] == 'ratio' else fmt)})"
+        flags = []
+        if row["errors"]:
+            flags.append(f"{row['errors']} errors")
+        if row["noisy"]:
+            flags.append(f"{row['noisy']} noisy runs")
+        bg = row["background"]
+        lines.append(f"| {row['interface']} · {row['title']} | {fmt.format(row['router'].median)} | "
+                     f"{fmt.format(row['direct'].median)} | {relation} | {cpu_text} | {spread} | "
+                     f"{bg.median:.0f} ({bg.hi:.0f}) | {', '.join(flags) or '–'} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def interface_cost(rows: list[dict]) -> str:
+    """The price of the bounded ASGI path: RSGI/ASGI throughput and ASGI/RSGI CPU, medians."""
+    by = {(r["interface"], r["figure"]): r for r in rows}
+    lines = []
+    for figure in ("nonstream", "stream", "latency_p50"):
+        asgi, rsgi = by.get(("asgi", figure)), by.get(("rsgi", figure))
+        if not asgi or not rsgi:
+            continue
+        if figure == "latency_p50":
+            lines.append(f"| {FIGURE_TITLES[figure]} | added {asgi['relation'].median:+.0f} µs (asgi) vs "
+                         f"{rsgi['relation'].median:+.0f} µs (rsgi) | "
+                         f"{_ratio(asgi['cpu'], rsgi['cpu'])} |")
+        else:
+            lines.append(f"| {FIGURE_TITLES[figure]} | {rsgi['router'].median / asgi['router'].median:.2f}× "
+                         f"(rsgi/asgi) | {_ratio(asgi['cpu'], rsgi['cpu'])} |")
+    if not lines:
+        return ""
+    return ("| figure | throughput or latency | CPU asgi/rsgi |\n|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
+def _ratio(a: Stat | None, b: Stat | None) -> str:
+    return f"{a.median / b.median:.2f}×" if a and b and b.median else "–"
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """One line per target and interface: value, target, PASS/MISS."""
+    by = {(r["interface"], r["figure"]): r for r in rows}
+    checks = [
+        ("nonstream", "cpu", "router CPU per non-stream call", "cpu_per_call_us", "µs", False),
+        ("stream", "cpu", "router CPU per relayed chunk", "cpu_per_chunk_us", "µs", False),
+        ("nonstream", "router", "non-stream throughput", "calls_per_s", "calls/s", True),
+        ("latency_p50", "relation", "added latency c=1 p50", "added_p50_us", "µs", False),
+        ("latency_p99", "relation", "added latency c=1 p99", "added_p99_us", "µs", False),
+    ]
+    out = []
+    for interface in sorted({r["interface"] for r in rows}):
+        for figure, field_name, label, target_key, unit, at_least in checks:
+            row = by.get((interface, figure))
+            if not row or row[field_name] is None:
+                continue
+            value, target = row[field_name].median, TARGETS[target_key]
+            ok = value >= target if at_least else value <= target
+            sign = "≥" if at_least else "≤"
+            out.append(f"{'PASS' if ok else 'MISS'}  {interface}: {label} = {value:,.1f} {unit} "
+                       f"(target {sign} {target:,.0f} {unit})")
+    return out
+
+
+# -- py-spy ------------------------------------------------------------------------------------
+
+
+def top_functions(raw_file: Path, n: int = 15) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+    """py-spy `--format raw` (collapsed stacks, "f1;f2;leaf count") → total samples, the top-n
+    leaf functions by own samples, and own samples grouped by area (router subpackage, granian,
+    asyncio, uvloop, other)."""
+    own: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
+    total = 0
+    for line in raw_file.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        samples = int(count)
+        total += samples
+        leaf = stack.rsplit(";", 1)[-1].strip() or "(no Python frame)"
+        leaf = _short(leaf)
+        own[leaf] += samples
+        areas[_area(leaf)] += samples
+    return total, own.most_common(n), areas.most_common()
+
+
+def _short(frame: str) -> str:
+    """`func (/long/path/site-packages/pkg/mod.py:12)` → `func (pkg/mod.py:12)`."""
+    name, _, where = frame.partition(" (")
+    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+    return f"{name} ({where}" if where else name
+
+
+def _area(frame: str) -> str:
+    where = frame.partition(" (")[2]
+    if where.startswith("router/"):
+        parts = where.split("/")
+        return "/".join(parts[:2]) if len(parts) > 2 else parts[0] + "/" + parts[1].split(":")[0]
+    for area in ("granian", "uvloop", "asyncio", "orjson", "httptools"):
+        if where.startswith(area):
+            return area
+    return "other"
+
+
+def profile_text(label: str, raw_file: Path, rate_hz: int, duration_s: int, n: int = 15) -> str:
+    total, top, areas = top_functions(raw_file, n)
+    wall_samples = rate_hz * duration_s  # samples one thread busy the whole time would give
+    lines = [f"## {label}: {total} samples ({total / wall_samples:.2f} busy Python threads on average) "
+             f"from {raw_file.name}", "", f"top {n} functions by own samples:",
+             f"{'own':>6} {'% samples':>9}  function"]
+    for frame, samples in top:
+        lines.append(f"{samples:>6} {100 * samples / total:>8.1f}%  {frame}")
+    lines += ["", "own samples by area:"]
+    for area, samples in areas:
+        lines.append(f"{samples:>6} {100 * samples / total:>8.1f}%  {area}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,250 @@
+"""The router's API keys: minted, listed and revoked in the store; checked from memory.
+
+The scheme is hugpy-wrapper's (contracts/hugpy-wrapper.md §6; the parsing and hashing rules
+live in `router.core.access`).
+
+Rules:
+1. `create` mints `id = token_hex(5)` and `secret = token_urlsafe(32)`; the key is
+   `hpk_<id>_<secret>`. Only `sha256(secret)` is stored. The full key is returned once and is
+   never stored or logged.
+2. `scope_of` does no I/O and takes no lock: it reads an in-memory map
+   id -> (scope, secret_hash, expires_at, revoked_at). The map is replaced whole, never changed
+   in place, so the event loop always reads one consistent version.
+3. A key valid for `scope_of`: `admin_key` (`HUGPY_ROUTER_KEY`) when equal gives `admin`;
+   otherwise the key must parse, its row exist, not be revoked, not be expired
+   (`expires_at < now` is expired), and its secret's hash match. The answer is the row's
+   scope; anything else is None. Both comparisons run in constant time.
+4. The map is reloaded after `create` and `revoke` on this KeyStore, and by
+   `refresh_if_changed()` when `PRAGMA data_version` says another connection committed (a
+   `router keys` command in another process; also the route_log writer, a harmless false
+   alarm costing one small SELECT). It looks at most once per `REFRESH_EVERY_S`. A store error
+   while reloading empties the map: a store error counts as an invalid key (fails closed).
+5. `last_used_at` is lazy: `scope_of` notes id -> now in memory; `flush_last_used(now)` writes
+   a key's last use when it is newer than what was written and `LAST_USED_EVERY_S` have passed
+   since this process last wrote that key. `list()` shows the newer of stored and noted.
+6. All SQLite work (`create`, `list`, `revoke`, `refresh_if_changed`, `flush_last_used`) is
+   serialised by one lock and belongs off the event loop.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import apsw
+
+from router.core.access import KEY_PREFIX, hash_secret, parse_key
+from router.core.errors import BadRequest
+from router.store import db
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("use", "admin")
+# A revoked key must stop working soon, and a key made by `router keys create` in another
+# process must start working soon; once a second is "soon" at the cost of one PRAGMA.
+REFRESH_EVERY_S = 1.0
+# hugpy-wrapper writes last_used_at at most once per 60 s per key: a busy key must not turn
+# every call into a store write.
+LAST_USED_EVERY_S = 60.0
+# 40-bit ids collide about once in a million mints at a thousand keys; three tries make a
+# failed create practically impossible without hiding a real constraint error.
+ID_ATTEMPTS = 3
+NAME_MAX = 200
+SECONDS_PER_DAY = 86_400.0
+LIST_COLUMNS = ("id", "name", "scope", "created_at", "created_by", "expires_at", "last_used_at", "revoked_at")
+
+
+class KeyRow(NamedTuple):
+    scope: str
+    secret_hash: str
+    expires_at: float | None
+    revoked_at: float | None
+
+
+def _validate(name: str, scope: str, expires_days: float | None) -> str:
+    name = name.strip()
+    if not name or len(name) > NAME_MAX:
+        raise BadRequest(f"a key name must be 1-{NAME_MAX} characters", code="invalid_name")
+    if scope not in SCOPES:
+        raise BadRequest(f"scope must be one of {', '.join(SCOPES)}", code="invalid_scope")
+    if expires_days is not None and not (math.isfinite(expires_days) and expires_days > 0):
+        raise BadRequest("expires_days must be a positive number", code="invalid_expiry")
+    return name
+
+
+class KeyStore:
+    """API keys in the store, checked from memory (rules 1-6)."""
+
+    def __init__(self, db_path: Path | str) -> None:
+        """Opens (checks, migrates) the store and loads the keys. Raises ConfigError."""
+        self.path = Path(db_path)
+        self._lock = threading.Lock()
+        self._conn = db.open_store(self.path)
+        # The map scope_of reads (rule 2) and the data_version it was loaded at (rule 4).
+        self._rows: dict[str, KeyRow] = {}
+        self._data_version: int | None = None
+        self._checked_mono = -math.inf
+        # Rule 5: id -> last use noted by scope_of; id -> (when written, value written).
+        self._used: dict[str, float] = {}
+        self._flushed: dict[str, tuple[float, float]] = {}
+        self._reload()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # --- the hot path ---------------------------------------------------------------------
+
+    def scope_of(self, bearer: str, now: float, admin_key: str | None) -> str | None:
+        """Returns "use", "admin" or None for a presented key (rule 3). No I/O."""
+        try:
+            if admin_key and hmac.compare_digest(
+                bearer.encode("utf-8", "surrogatepass"), admin_key.encode("utf-8", "surrogatepass")
+            ):
+                return "admin"
+            parsed = parse_key(bearer)
+            if parsed is None:
+                return None
+            key_id, secret = parsed
+            row = self._rows.get(key_id)
+            if row is None or row.revoked_at is not None:
+                return None
+            if row.expires_at is not None and row.expires_at < now:
+                return None
+            if not hmac.compare_digest(hash_secret(secret), row.secret_hash):
+                return None
+        except UnicodeEncodeError:  # a lone surrogate from a mis-decoded header: not a key
+            return None
+        self._used[key_id] = now
+        return row.scope
+
+    # --- off the event loop ---------------------------------------------------------------
+
+    def refresh_if_changed(self) -> bool:
+        """Reloads the map when another connection committed since the last load, looking at
+        most once per REFRESH_EVERY_S (rule 4). Returns True when it reloaded."""
+        now = time.monotonic()
+        if now - self._checked_mono < REFRESH_EVERY_S:
+            return False
+        self._checked_mono = now
+        try:
+            with self._lock:
+                changed = self._conn.pragma("data_version") != self._data_version
+        except apsw.Error as exc:
+            self._fail_closed(exc)
+            return True
+        if changed:
+            self._reload()
+        return changed
+
+    def flush_last_used(self, now: float) -> int:
+        """Writes noted uses to `last_used_at` (rule 5). Returns how many keys it wrote."""
+        due = []
+        for key_id, used in list(self._used.items()):  # a copy: scope_of adds while we read
+            written_at, written = self._flushed.get(key_id, (-math.inf, -math.inf))
+            if used > written and now - written_at >= LAST_USED_EVERY_S:
+                due.append((key_id, used))
+        if not due:
+            return 0
+        try:
+            with self._lock:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._conn.executemany(
+                        "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1 "
+                        "AND (last_used_at IS NULL OR last_used_at < ?2)",
+                        due,
+                    )
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+        except apsw.Error as exc:
+            log.warning("api_keys: last_used_at not written (%s); will retry", exc)
+            return 0
+        for key_id, used in due:
+            self._flushed[key_id] = (now, used)
+        return len(due)
+
+    def create(
+        self, name: str, scope: str, expires_days: float | None = None, created_by: str | None = None
+    ) -> tuple[str, str]:
+        """Mints a key (rule 1). Returns (id, full key); the full key is not retrievable later.
+
+        Raises BadRequest for an empty or long name, an unknown scope or a non-positive expiry.
+        """
+        name = _validate(name, scope, expires_days)
+        now = time.time()
+        expires_at = None if expires_days is None else now + expires_days * SECONDS_PER_DAY
+        for attempt in range(ID_ATTEMPTS):
+            key_id, secret = secrets.token_hex(5), secrets.token_urlsafe(32)
+            try:
+                with self._lock:
+                    self._conn.execute(
+                        "INSERT INTO api_keys (id, name, scope, secret_hash, created_at, created_by,"
+                        " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (key_id, name, scope, hash_secret(secret), now, created_by, expires_at),
+                    )
+                break
+            except apsw.ConstraintError:  # an id collision (rule 1's 40 bits); try another
+                if attempt == ID_ATTEMPTS - 1:
+                    raise
+        self._reload()
+        return key_id, f"{KEY_PREFIX}{key_id}_{secret}"
+
+    def list(self, include_revoked: bool = False) -> list[dict[str, Any]]:
+        """Returns the keys (never their hashes), oldest first; revoked ones only on request."""
+        sql = f"SELECT {', '.join(LIST_COLUMNS)} FROM api_keys"
+        if not include_revoked:
+            sql += " WHERE revoked_at IS NULL"
+        with self._lock:
+            rows = [dict(zip(LIST_COLUMNS, row)) for row in self._conn.execute(sql + " ORDER BY created_at, id")]
+        for row in rows:
+            noted = self._used.get(row["id"])
+            if noted is not None and (row["last_used_at"] is None or noted > row["last_used_at"]):
+                row["last_used_at"] = noted
+        return rows
+
+    def revoke(self, key_id: str) -> bool:
+        """Revokes a key (again: a no-op keeping the first time). Returns False when no key
+        has that id."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?",
+                (time.time(), key_id),
+            )
+            found = self._conn.changes() > 0
+        if found:
+            self._reload()
+        return found
+
+    # --- the map --------------------------------------------------------------------------
+
+    def _reload(self) -> None:
+        try:
+            with self._lock:
+                # The version first: a commit landing between the two is seen next time.
+                version = self._conn.pragma("data_version")
+                rows = {
+                    key_id: KeyRow(scope, secret_hash, expires_at, revoked_at)
+                    for key_id, scope, secret_hash, expires_at, revoked_at in self._conn.execute(
+                        "SELECT id, scope, secret_hash, expires_at, revoked_at FROM api_keys"
+                    )
+                }
+        except apsw.Error as exc:
+            self._fail_closed(exc)
+            return
+        self._rows = rows
+        self._data_version = version
+
+    def _fail_closed(self, exc: apsw.Error) -> None:
+        log.warning("api_keys: store unreadable (%s); every key is invalid until it reads again", exc)
+        self._rows = {}
+        self._data_version = None
