@@ -189,6 +189,13 @@ def verdict(rows: list[dict]) -> list[str]:
 
 # -- py-spy ------------------------------------------------------------------------------------
 
+# A sample whose thread holds a Python thread state but runs no Python frame: in the router these
+# are Granian's Rust runtime threads (stack-notes §2.3).
+NO_FRAME = "(no Python frame)"
+# The frame that called uvloop's run_forever: a sample ending there is time inside the native
+# loop itself (epoll, socket reads and writes, callback dispatch), not in any Python callback.
+NATIVE_LOOP = "Runner.run (asyncio/runners.py"
+
 
 def top_functions(raw_file: Path, n: int = 15) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
     """py-spy `--format raw` (collapsed stacks, "f1;f2;leaf count") → total samples, the top-n
@@ -203,8 +210,7 @@ def top_functions(raw_file: Path, n: int = 15) -> tuple[int, list[tuple[str, int
             continue
         samples = int(count)
         total += samples
-        leaf = stack.rsplit(";", 1)[-1].strip() or "(no Python frame)"
-        leaf = _short(leaf)
+        leaf = _short(stack.rsplit(";", 1)[-1].strip()) or NO_FRAME
         own[leaf] += samples
         areas[_area(leaf)] += samples
     return total, own.most_common(n), areas.most_common()
@@ -220,6 +226,10 @@ def _short(frame: str) -> str:
 
 
 def _area(frame: str) -> str:
+    if frame == NO_FRAME:
+        return "Granian's Rust threads (no Python frame)"
+    if frame.startswith(NATIVE_LOOP):
+        return "uvloop's native loop (run_forever: I/O, scheduling)"
     where = frame.partition(" (")[2]
     if where.startswith("router/"):
         parts = where.split("/")

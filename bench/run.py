@@ -276,6 +276,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "(empty: none, e.g. with --locust or --profile only)")
     p.add_argument("--locust", action="store_true", help="also measure TTFT with locust (20 ms cadence)")
     p.add_argument("--profile", action="store_true", help="also profile the router with py-spy")
+    p.add_argument("--wait-quiet", type=float, default=0, metavar="MINUTES",
+                   help="first wait up to this long for other tenants to go quiet (default 0)")
     p.add_argument("--router-src", type=Path, help="run the router and sim from this checkout instead")
     args = p.parse_args(argv)
     args.interfaces = [i for i in args.interfaces.split(",") if i]
@@ -316,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
 
     records: list[dict] = []
     profile_file = None
+    if args.wait_quiet > 0:
+        gate = measure.wait_quiet(meter, args.wait_quiet * 60, measure.SETTLE_WINDOW_S)
+        log(f"machine {'quiet' if gate.quiet else 'still busy'} after {gate.waited_s:.0f} s "
+            f"(other tenants {gate.background_pct:.0f} %)")
     try:
         for repeat in range(d.repeats if args.figures else 0):
             for interface in args.interfaces:

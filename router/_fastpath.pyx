@@ -192,7 +192,8 @@ cdef class FrameScanner:
     cdef readonly long long frames
     cdef readonly bint relaying
     cdef Py_ssize_t hold_limit
-    cdef Py_ssize_t line_len      # non-CR bytes on the current line so far
+    cdef Py_ssize_t line_len      # bytes on the current line so far, CRs included
+    cdef bint prev_cr             # the last byte seen was a CR (it may end a CRLF)
     cdef bint block_has_content   # SSE: the current block has a non-empty line
     cdef long long block_start    # absolute offset of the current block (before first frame)
     cdef list held
@@ -207,6 +208,7 @@ cdef class FrameScanner:
         self.frames = 0
         self.relaying = False
         self.line_len = 0
+        self.prev_cr = False
         self.block_has_content = False
         self.block_start = 0
         self.held = []
@@ -228,9 +230,9 @@ cdef class FrameScanner:
         while p < end:
             nl = <const char*> memchr(p, 10, end - p)
             if nl == NULL:
-                self.line_len += self._content_len(p, end)
+                self._take(p, end)
                 break
-            self.line_len += self._content_len(p, nl)
+            self._take(p, nl)
             p = nl + 1
             if self._boundary():
                 self.frames += 1
@@ -248,19 +250,22 @@ cdef class FrameScanner:
             return TOO_BIG
         return HOLD
 
-    cdef inline Py_ssize_t _content_len(self, const char* p, const char* end):
-        """Bytes in [p, end) that are not a trailing CR (a CR before LF is not content)."""
+    cdef inline void _take(self, const char* p, const char* end):
+        """Adds the line bytes [p, end), remembering whether the last one is a CR."""
         cdef Py_ssize_t n = end - p
-        if n > 0 and p[n - 1] == 13:
-            n -= 1
-        return n
+        if n > 0:
+            self.line_len += n
+            self.prev_cr = p[n - 1] == 13
 
     cdef inline bint _boundary(self):
-        """Called at each LF: True when it closes a frame."""
+        """Called at each LF: True when it closes a frame. A CR right before the LF is the
+        line ending, not content, wherever the chunks were cut."""
         cdef bint closes
+        cdef Py_ssize_t content = self.line_len - (1 if self.prev_cr else 0)
+        self.prev_cr = False
         if self.framing == NDJSON:
-            closes = self.line_len > 0
-        elif self.line_len == 0:
+            closes = content > 0
+        elif content == 0:
             closes = self.block_has_content
             self.block_has_content = False
         else:
@@ -274,9 +279,9 @@ cdef class FrameScanner:
         while p < end:
             nl = <const char*> memchr(p, 10, end - p)
             if nl == NULL:
-                self.line_len += self._content_len(p, end)
+                self._take(p, end)
                 return
-            self.line_len += self._content_len(p, nl)
+            self._take(p, nl)
             p = nl + 1
             if self._boundary():
                 self.frames += 1
@@ -293,7 +298,8 @@ cdef class FrameScanner:
             data.append(block.strip())
         else:
             for line in block.split(b"\n"):
-                line = line.rstrip(b"\r")
+                if line.endswith(b"\r"):
+                    line = line[: len(line) - 1]
                 if line.startswith(b"data:"):
                     line = line[5:]
                     data.append(line[1:] if line.startswith(b" ") else line)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from router.sim.hugpy import SimBox, SimFleet
+from router.sim import SimFleet
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTENING_RE = re.compile(r"router listening on (http://\S+)")
+LISTENING_RE = re.compile(r"(\w+) listening on (http://\S+)")
 
 
 class RouterProcess:
@@ -35,12 +35,16 @@ class RouterProcess:
             cwd=ROOT,
             env={**os.environ, **(env or {})},
         )
-        line = self.proc.stdout.readline()
-        match = LISTENING_RE.search(line)
-        if match is None:
-            self.stop()
-            raise RuntimeError(f"router did not start: {line!r}\n{self.log_path.read_text()}")
-        self.url = match.group(1)
+        self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio
+        listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port"))
+        for _ in range(listeners):
+            line = self.proc.stdout.readline()
+            match = LISTENING_RE.search(line)
+            if match is None:
+                self.stop()
+                raise RuntimeError(f"router did not start: {line!r}\n{self.log_path.read_text()}")
+            self.urls[match.group(1)] = match.group(2)
+        self.url = self.urls["router"]
 
     @property
     def pid(self) -> int:
@@ -63,12 +67,13 @@ class RouterProcess:
         return self.log_path.read_text()
 
 
-def write_boxes(path: Path, boxes: list[SimBox], **per_box: dict) -> Path:
+def write_boxes(path: Path, boxes: list, **per_box: dict) -> Path:
     entries = []
     for box in boxes:
-        entry = {"name": box.name, "url": box.url, "kind": "hugpy"}
-        if box.key:
-            entry["key"] = box.key
+        entry = {"name": box.name, "url": box.url, "kind": box.kind}
+        key = getattr(box, "key", None) or getattr(box, "token", None)
+        if key:
+            entry["key"] = key
         entry.update(per_box.get(box.name, {}))
         entries.append(entry)
     path.write_text(json.dumps({"boxes": entries}))
@@ -82,7 +87,7 @@ def start_fleet(tmp_path):
     fleets: list[SimFleet] = []
     routers: list[RouterProcess] = []
 
-    def start(*boxes: SimBox, extra_args=(), boxes_extra=None, env=None):
+    def start(*boxes, extra_args=(), boxes_extra=None, env=None):
         fleet = SimFleet(list(boxes))
         fleet.start()
         fleets.append(fleet)

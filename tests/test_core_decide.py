@@ -524,7 +524,7 @@ def scenarios(draw):
     return c, boxes, tried, eligible
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(scenario=scenarios())
 def test_decide_matches_reference(scenario):
     c, boxes, tried, eligible = scenario
@@ -557,7 +557,7 @@ def test_decide_matches_reference(scenario):
     assert not set(d.boxes) & tried
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(scenario=scenarios())
 def test_failover_retry_stays_inside_the_first_ranking(scenario):
     """Refuse the first box, decide again with `eligible`: the rest of the first ranking, in

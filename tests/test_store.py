@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from router.core.access import hash_secret, parse_key
 from router.core.errors import BadRequest, ConfigError
 from router.store import db, keys as keys_mod, paths
 from router.store.keys import KeyStore
-from router.store.route_log import MAX_BATCH_ROWS, RouteLogWriter
+from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, RouteLogWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,22 +146,34 @@ def test_ten_thousand_rows_without_blocking_and_stop_flushes_them_all(tmp_path):
     writer = RouteLogWriter(path)
     writer.start()
     rows = [row(i) for i in range(10_000)]
-    # Another connection holds the write lock while we record, as a `router keys` command or
-    # a slow disk might: the writer thread waits on it, record() must not (rule 1).
+    # Another connection holds the write lock, as a `router keys` command or a slow disk
+    # might. The first row's batch parks the writer thread in SQLite's busy wait (which holds
+    # no GIL); the other rows must still go in at once (rule 1).
     blocker = db.connect(path)
     blocker.execute("BEGIN IMMEDIATE")
-    worst_ns = 0
+    writer.record(rows[0])
+    time.sleep(FLUSH_INTERVAL_S * 4)
+    # Each call is timed, and the thread's context switches are counted around it: a
+    # voluntary switch means the call waited on something (a lock, the GIL, I/O); an
+    # involuntary one means the OS preempted the test itself, which on a busy machine can
+    # stretch any call past 5 ms without record() being at fault.
+    usage, thread = resource.getrusage, resource.RUSAGE_THREAD
     clock = time.perf_counter_ns
+    worst_ns, waits, slow_unpreempted = 0, 0, []
     # A full GC pass over the test session's objects can land inside any call and take
     # several ms; it is not record() waiting on anything, so it is kept out of the measure.
     gc.disable()
     try:
-        for r in rows:
+        for r in rows[1:]:
+            before = usage(thread)
             t0 = clock()
             writer.record(r)
             spent = clock() - t0
-            if spent > worst_ns:
-                worst_ns = spent
+            after = usage(thread)
+            waits += after.ru_nvcsw - before.ru_nvcsw
+            worst_ns = max(worst_ns, spent)
+            if spent >= 5_000_000 and after.ru_nivcsw == before.ru_nivcsw:
+                slow_unpreempted.append(spent)
     finally:
         gc.enable()
     assert writer.queued == 10_000
@@ -168,7 +181,9 @@ def test_ten_thousand_rows_without_blocking_and_stop_flushes_them_all(tmp_path):
     blocker.execute("ROLLBACK")
     blocker.close()
     writer.stop()  # rule 7: every recorded row is written before the thread ends
-    assert worst_ns < 5_000_000, f"a record() call took {worst_ns / 1e6:.2f} ms"
+    assert waits == 0, "record() waited on something"
+    assert slow_unpreempted == [], f"record() took {max(slow_unpreempted, default=0) / 1e6:.2f} ms"
+    print(f"record(): worst {worst_ns / 1e3:.0f} µs over 9,999 calls")
     assert (writer.written, writer.dropped, writer.shed) == (10_000, 0, 0)
     assert 1 <= writer.max_batch <= MAX_BATCH_ROWS
     assert writer.last_flush_lag_s > 0

@@ -20,7 +20,7 @@ from router._fastpath import Reservations
 from router.boxes import config as boxes_config
 from router.boxes.config import BoxConfig
 from router.boxes.hugpy import HugpyLink
-from router.boxes.link import HEALTH_TIMEOUT_S, Link
+from router.boxes.link import Link
 from router.boxes.lmstudio import LMStudioLink
 from router.boxes.ollama import OllamaLink
 from router.boxes.openai import OpenAILink
@@ -59,13 +59,10 @@ class Fleet:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     async def start(self) -> None:
-        """Loads the file, starts every link and waits (briefly) for the first health round."""
+        """Loads the file, starts every link and waits (bounded) for their first reads."""
         self._stamp = self._file_stamp()
         fresh = self._apply(boxes_config.load(self.path).boxes)
-        await asyncio.wait_for(
-            asyncio.gather(*(self.links[name].probe() for name in fresh)),
-            HEALTH_TIMEOUT_S + 1,
-        )
+        await asyncio.gather(*(self.links[name].first_read() for name in fresh))
         self._watch = asyncio.create_task(self._watch_file(), name="boxes-file")
 
     async def stop(self) -> None:

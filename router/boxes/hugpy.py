@@ -69,7 +69,7 @@ class HugpyLink(Link):
             if 0 <= changes < since:
                 log.info("box %s restarted (changes %d < %d): resync", box.name, changes, since)
                 box.forget_contracts()
-            box.set_inventory(inventory)
+            self.publish(inventory)
             since = changes
             if loop.time() - asked_s < MIN_POLL_GAP_S:
                 await asyncio.sleep(MIN_POLL_GAP_S)

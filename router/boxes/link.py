@@ -2,7 +2,8 @@
 
 Rules:
 1. A box is online while its last good health answer is younger than `HEALTH_TTL_S`; the
-   first probe runs before the router serves, so a fresh router knows who is up.
+   first probe and the first inventory read run before the router serves (bounded by
+   `FIRST_READ_TIMEOUT_S`), so a fresh router knows who is up and what they hold.
 2. A link never dies: every failure is logged once per streak and retried with backoff.
 3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
    jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
@@ -28,6 +29,7 @@ HEALTH_TTL_S = 10.0
 POLL_INTERVAL_S = 2.0
 POLL_TIMEOUT_S = 5.0
 BACKOFF_MAX_S = 5.0
+FIRST_READ_TIMEOUT_S = 5.0
 
 
 class InventoryError(Exception):
@@ -40,6 +42,7 @@ class Link:
     def __init__(self, box: BoxState) -> None:
         self.box = box
         self.tasks: list[asyncio.Task] = []
+        self.first_inventory = asyncio.Event()  # set once the first inventory is in
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
@@ -64,6 +67,15 @@ class Link:
         if status != 200:
             raise InventoryError(f"{target} answered {status}")
         return body
+
+    async def first_read(self) -> None:
+        """The first health probe and the first inventory, as far as they come within the bound."""
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(self.probe(), self.first_inventory.wait()), FIRST_READ_TIMEOUT_S
+            )
+        except asyncio.TimeoutError:
+            pass
 
     async def probe(self) -> bool:
         """One health probe; updates online. Returns whether the box answered well."""
@@ -101,10 +113,14 @@ class Link:
                 failures += 1
                 await asyncio.sleep(min(BACKOFF_MAX_S, 0.25 * 2**failures) * random.random())
 
+    def publish(self, inventory: Inventory) -> None:
+        self.box.set_inventory(inventory)
+        self.first_inventory.set()
+
     async def follow_inventory(self) -> None:
         """Keeps the box's inventory current; raises on a failure (the guard retries)."""
         while True:
-            self.box.set_inventory(await self.read_inventory())
+            self.publish(await self.read_inventory())
             await asyncio.sleep(POLL_INTERVAL_S * random.uniform(0.8, 1.2))
 
     async def read_inventory(self) -> Inventory:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
+from router.cli.keys import add_keys_parser, keys_command
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = bsub.add_parser(name, help=f"{name} a box")
         cmd.add_argument("name")
     add_agent_parser(sub)
+    add_keys_parser(sub)
     return parser
 
 
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             return boxes_command(args)
         if args.command == "agent":
             return agent_command(args)
+        if args.command == "keys":
+            return keys_command(args)
         from router.cli.run import run_demo, run_serve
 
         if args.command == "serve":

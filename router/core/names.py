@@ -5,8 +5,8 @@ Rules (one per kind; a call reaching a box uses that box's kind's rule):
    `+` or `,`, tokens are case-insensitive, so the settings are the lower-cased tokens, sorted
    and joined with `+` (`ctx-low+RAM-only` == `ram-only+ctx-low`); no tokens means default (None).
    The full string still goes to the box unchanged.
-2. ollama: Ollama's own parse (contracts/ollama-lmstudio.md §2): trim, drop a `:cloud`/`:local`
-   source or a `-cloud` tag suffix, split host/namespace/model from the right, a tag only after
+2. ollama: Ollama's own parse (contracts/ollama-lmstudio.md §2): trim, drop an `http(s)://`
+   scheme, drop one `:cloud`/`:local` source or `-cloud` tag suffix (a second is a conflict), split host/namespace/model from the right, a tag only after
    the last `/`, defaults `registry.ollama.ai`/`library`/`latest`, per-part validity; the key is
    the shortest display form, lower-cased (lookups are case-insensitive). Invalid → None.
 3. lmstudio and openai: the id exactly as sent, byte for byte.
@@ -29,7 +29,7 @@ _PART_RE = {
     "model": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
     "tag": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
 }
-_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_SCHEME_RE = re.compile(r"^https?://", re.IGNORECASE)
 
 
 def hugpy_split(name: str) -> tuple[str, str | None]:
@@ -39,19 +39,37 @@ def hugpy_split(name: str) -> tuple[str, str | None]:
     return base.strip(), ("+".join(tokens) if tokens else None)
 
 
+def _source_suffix(name: str) -> str | None:
+    """The `:cloud`/`:local` source or `-cloud` tag suffix ending `name`, or None."""
+    slash, colon = name.rfind("/"), name.rfind(":")
+    if colon <= slash:
+        return None
+    tag = name[colon + 1 :].lower()
+    if tag in ("cloud", "local"):
+        return name[colon:]
+    return name[-len("-cloud") :] if tag.endswith("-cloud") else None
+
+
+def _strip_source(name: str) -> str | None:
+    """Ollama's ParseRef: drops one source suffix; a second one behind it is a conflict (None)."""
+    suffix = _source_suffix(name)
+    if suffix is None:
+        return name
+    stripped = name[: -len(suffix)]
+    return None if _source_suffix(stripped) is not None else stripped
+
+
 def ollama_key(name: str) -> str | None:
     """Returns the case-folded shortest display name, or None when Ollama would reject it."""
-    s = name.strip()
-    s = _SCHEME_RE.sub("", s)
+    s = _SCHEME_RE.sub("", name.strip())
+    s = _strip_source(s)
+    if s is None:
+        return None
     slash = s.rfind("/")
     colon = s.rfind(":")
     tag: str | None = None
     if colon > slash:
         s, tag = s[:colon], s[colon + 1 :]
-        if tag.lower() in ("cloud", "local"):
-            tag = None
-        elif tag.lower().endswith("-cloud"):
-            tag = tag[: -len("-cloud")]
     parts = s.split("/")
     if len(parts) > 3:
         return None

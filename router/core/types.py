@@ -27,15 +27,15 @@ class ReasonCode(str, Enum):
     """Why a box is not a candidate for a call, in the order `why_not` checks them."""
 
     NOT_PINNED = "not_pinned"  # the call is pinned to another box
-    UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file
     KIND_NOT_SERVED = "kind_not_served"  # the facade does not serve this box kind
     BAD_MODEL_NAME = "bad_model_name"  # the name is invalid under this box kind's rule
     OFFLINE = "offline"
     OTHER_POOL = "other_pool"
     BLOCKED = "blocked"
     ALREADY_TRIED = "already_tried"
-    NO_MODEL = "no_model"  # the box's inventory does not advertise the model
     NOT_ELIGIBLE = "not_eligible"  # failover never broadens past the first decision's set
+    NO_MODEL = "no_model"  # the box's inventory does not advertise the model
+    UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
 
 
 @dataclass(frozen=True, slots=True)

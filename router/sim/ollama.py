@@ -85,6 +85,7 @@ _DONE = b"data: [DONE]\n\n"
 # §1.1: Go's netip IsPrivate (Python's is_private also takes in documentation ranges).
 _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+_HOSTNAME = socket.gethostname().lower()  # Ollama also admits the machine's own name
 _HOST_PORT_RE = re.compile(r"\[([^\]]*)\]:[^:]*|([^:]*):[^:]*")  # net.SplitHostPort's two shapes
 
 # api.Duration: a string is a Go duration (`5m`, `1h30m`, `-1s`); a bare number has no unit.
@@ -123,7 +124,7 @@ def host_allowed(host_header: str) -> bool:
     if addr is not None and (addr.is_loopback or addr.is_unspecified or any(addr in n for n in _PRIVATE_NETS)):
         return True
     host = host.lower()
-    return host in ("", "localhost", socket.gethostname().lower()) or host.endswith(_LOCAL_SUFFIXES)
+    return host in ("", "localhost", _HOSTNAME) or host.endswith(_LOCAL_SUFFIXES)
 
 
 def keep_alive_s(value: Any) -> float:

@@ -49,10 +49,12 @@ log = logging.getLogger(__name__)
 # into one transaction: measured here, a row in its own transaction costs ~55 µs, a row in a
 # 256-row batch ~7 µs, so per-row commits would cap the log near 18k calls/s on one core.
 FLUSH_INTERVAL_S = 0.050
-# A full batch commits at once: 256 rows (~256 KB of pages at most) keep one transaction
-# short enough that a `router keys` command waiting on the lock is never noticeably delayed.
+# A full batch commits at once: 256 rows take ~2 ms (7 µs a row), short enough that a
+# `router keys` command waiting on the lock is never noticeably delayed; past ~256 the
+# per-row cost no longer falls.
 MAX_BATCH_ROWS = 256
-# About 50 MB of waiting row dicts; at 5k calls/s that is 10 s of a stalled disk.
+# A typical row with its decision and attempts holds ~1.3 KB (tracemalloc), so the backlog
+# stays under ~70 MB: 10 s of a stalled disk at 5k calls/s.
 MAX_BACKLOG_ROWS = 50_000
 
 COLUMNS = (
@@ -67,6 +69,9 @@ UPSERT_SQL = (
     + ", ".join(f"{c} = coalesce(excluded.{c}, route_log.{c})" for c in COLUMNS if c != "call_id")
 )
 _JSON_TYPES = (dict, list, tuple)
+# What one bad row can raise: SQLite refusing it, an unknown column, or a value neither SQLite
+# nor orjson can take (orjson.JSONEncodeError is a TypeError).
+_ROW_ERRORS = (apsw.Error, UsageError, TypeError)
 _STOP = object()
 
 
@@ -165,24 +170,20 @@ class RouteLogWriter:
 
     def _write(self, batch: list[tuple[float, dict]]) -> None:
         conn = self._conn
-        rows = []
-        for _, row in batch:
-            try:
-                rows.append(_values(row))
-            except (UsageError, TypeError, orjson.JSONEncodeError) as exc:
-                self.dropped += 1
-                log.error("route_log: row dropped: %s", exc)
         try:
-            self._commit(conn.executemany, rows)
-            written = len(rows)
-        except apsw.Error as exc:
-            log.warning("route_log: batch failed (%s); writing its %d rows one by one", exc, len(rows))
+            # Each row is converted just before SQLite steps it, and APSW lets go of the GIL
+            # for every step, so the writer never holds the GIL for a whole batch: a thread
+            # that does can stall the event loop for up to the 5 ms switch interval.
+            self._commit(conn.executemany, (_values(row) for _, row in batch))
+            written = len(batch)
+        except _ROW_ERRORS as exc:
+            log.warning("route_log: batch failed (%s); writing its %d rows one by one", exc, len(batch))
             written = 0
-            for values in rows:
+            for _, row in batch:
                 try:
-                    self._commit(conn.execute, values)
+                    self._commit(conn.execute, _values(row))
                     written += 1
-                except apsw.Error as row_exc:
+                except _ROW_ERRORS as row_exc:
                     self.dropped += 1
                     log.error("route_log: row dropped: %s", row_exc)
         self.written += written

@@ -1,0 +1,402 @@
+"""A simulated LM Studio server: a real HTTP/1.1 server on loopback that speaks LM Studio's HTTP
+API as contracts/ollama-lmstudio.md §3 describes it, quirks included. The wire, steps,
+disconnects and threads follow `router.sim.server`.
+
+Rules:
+1. Ids are matched exactly, byte for byte: `qwen/qwen3-14b` is not `Qwen/qwen3-14b`, and
+   there is no implicit tag. A model-bearing call naming an id the box does not have gets 400
+   `{"error": {"message": "Invalid model identifier \\"X\\". …", "type":
+   "invalid_request_error", "param": "model", "code": "model_not_found"}}`.
+2. Unknown endpoint or method → **200** `{"error": "Unexpected endpoint or method. (METHOD
+   /path)"}`, `GET /` included; `GET /lmstudio-greeting` → `{"lmstudio": true}`.
+3. Auth. With a `token`, every route but the greeting needs `Authorization: Bearer <token>`:
+   none → 401 with the contract's "token is required" body, a wrong one → 401 in the same
+   shape (its text is the sim's own; the contract has none).
+4. JIT. Every downloaded id is listed; a call for one that is not loaded loads it first (it
+   joins `loaded`, and `/api/v1/chat` streams `model_load.*` events). One instance per model:
+   its instance id is the model id.
+5. Streams. `stream` defaults to false everywhere. `/v1/*` and `/api/v0/*` stream OpenAI SSE
+   ending in `data: [DONE]`; `/api/v1/chat` streams named events from `chat.start` to
+   `chat.end`. Streams are chunked and keep the connection alive, as Express writes them;
+   every answer carries `X-Powered-By: Express`, JSON is written without spaces.
+6. Replies. `/api/v0` chat and completions add `stats`, `model_info` and `runtime`; the v0
+   embeddings reply names the resolved variant (`id@q4_k_m`); embeddings are always float
+   arrays, whatever `encoding_format` asks (the contract's open bug).
+7. Behaviours: `refuse`/`busy`/`in_band` without a stream → that status with the OpenAI-shaped
+   error (`type` and `code` from the behaviour); `in_band` on a stream → a 200 stream with
+   one error frame (`data: {"error": …}`, or an `error` event on `/api/v1/chat`), then its
+   end; `die_after(n)` → n content frames, then the connection closes without the last chunk.
+8. Threads. The test thread may change `models`, `loaded`, `token`, `chunks` and `cadence_s`
+   at any time; the box is polled, so there is nothing to notify.
+9. Privacy. Bodies are read only for `model`, `stream`, `stream_options`, `input`, `store`
+   and `instance_id`; replies are fixed texts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import secrets
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+from urllib.parse import unquote
+
+from router.sim.server import (
+    STREAM_TOKEN,
+    Behavior,
+    Connection,
+    Exchange,
+    Handler,
+    PatternRoutes,
+    Routes,
+    SimServer,
+    Steps,
+    answer_raw,
+    compact_json,
+    find_route,
+    sse_frame,
+)
+
+QUANTIZATION = "Q4_K_M"
+CONTEXT_LENGTH = 4096  # a loaded instance's context
+PROMPT_TOKENS = 8
+EMBEDDING = [0.6, 0.8, 0.0]
+PARALLEL = 4  # "Max Concurrent Predictions" default
+
+CT_JSON_UTF8 = b"application/json; charset=utf-8"
+CT_SSE = b"text/event-stream"
+_DONE = b"data: [DONE]\n\n"
+
+_TOKEN_REQUIRED = compact_json({"error": {
+    "type": "invalid_request", "code": "invalid_api_key",
+    "message": "An LM Studio API token is required to make requests to this server, but none was provided "
+               "using the Authorization header using the 'Bearer' scheme."}})
+_TOKEN_INVALID = compact_json({"error": {
+    "type": "invalid_request", "code": "invalid_api_key",
+    "message": "The LM Studio API token provided in the Authorization header is not valid."}})
+_V0_EXTRAS = {
+    "stats": {"tokens_per_second": 50.0, "time_to_first_token": 0.1, "generation_time": 0.2,
+              "stop_reason": "eosFound"},
+    "model_info": {"arch": "llama", "quant": QUANTIZATION, "format": "gguf", "context_length": CONTEXT_LENGTH},
+    "runtime": {"name": "llama.cpp-linux-x86_64-avx2", "version": "1.3.0", "supported_formats": ["gguf"]},
+}
+
+
+def _is_embedding(model: str) -> bool:
+    return "embed" in model.lower()
+
+
+def _publisher(model: str) -> str:
+    return model.split("/", 1)[0] if "/" in model else "lmstudio-community"
+
+
+def _max_context(model: str) -> int:
+    return 2048 if _is_embedding(model) else 32768
+
+
+def _event(name: str, obj: dict[str, Any]) -> bytes:
+    """One named SSE event of `/api/v1/chat`."""
+    return b"event: " + name.encode() + b"\n" + sse_frame({"type": name, **obj}, compact=True)
+
+
+def _error(message: str, type: str | None = "invalid_request_error", param: str | None = None,
+           code: int | str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A model-bearing call once its model is known to the box."""
+
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    loading: bool  # the call JIT-loaded its model
+    v0: bool  # on /api/v0: the reply carries the v0 extras
+    limit: int | None  # die_after: content frames before the stream is cut
+
+
+Answer = Callable[["SimLMStudio", Connection, Exchange, _Call], "Steps | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    answer: Answer
+    v0: bool = False
+    events: bool = False  # `/api/v1/chat`: errors in a stream are an `error` event
+
+
+class SimLMStudio(SimServer):
+    """One simulated LM Studio server. See the module docstring for the rules."""
+
+    kind = "lmstudio"
+    server_headers = b"X-Powered-By: Express\r\n"
+
+    def __init__(self, name: str, *, models: Iterable[str], loaded: Iterable[str] = (), token: str | None = None,
+                 chunks: int = 5, cadence_s: float = 0.0) -> None:
+        super().__init__(name, chunks=chunks, cadence_s=cadence_s)
+        # public state, mutable from the test thread (rule 8)
+        self.loaded: list[str] = list(loaded)
+        self.models: list[str] = list(models)
+        self.models += [m for m in self.loaded if m not in self.models]
+        self.token = token
+
+    def script(self, model: str, *behaviors: Behavior) -> None:
+        """Queues behaviours for the next model-bearing calls naming exactly `model` (FIFO,
+        once each)."""
+        self._queue_behaviors(model, behaviors)
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def _dispatch(self, conn: Connection, ex: Exchange) -> Steps | None:
+        if self.token is not None and ex.path != "/lmstudio-greeting":
+            denied = self._auth(ex)
+            if denied is not None:
+                conn.respond(ex, 401, denied, CT_JSON_UTF8)
+                return None
+        handler = find_route(_ROUTES, _PATTERN_ROUTES, ex)
+        if handler is None:
+            path = ex.url.partition("?")[0]
+            self._json(conn, ex, {"error": f"Unexpected endpoint or method. ({ex.method} {path})"})
+            return None
+        return handler(self, conn, ex)
+
+    def _auth(self, ex: Exchange) -> bytes | None:
+        """Rule 3: the 401 body, or None when the bearer token is right."""
+        sent = ex.headers.get("authorization")
+        if sent is None or sent[:7].lower() != "bearer ":
+            return _TOKEN_REQUIRED
+        return None if hmac.compare_digest(sent[7:].strip().encode(), self.token.encode()) else _TOKEN_INVALID
+
+    def _crash_body(self, exc: Exception) -> bytes:
+        return compact_json(_error(repr(exc), "internal_error"))
+
+    def _json(self, conn: Connection, ex: Exchange, obj: object, status: int = 200) -> None:
+        conn.respond(ex, status, compact_json(obj), CT_JSON_UTF8)
+
+    def _unknown_model(self, conn: Connection, ex: Exchange, model: str) -> None:
+        known = ", ".join(list(self.models))
+        self._json(conn, ex, _error(f'Invalid model identifier "{model}". Please specify a valid downloaded '
+                                    f"model (e.g., {known}).", param="model", code="model_not_found"), 400)
+
+    # -- node-level routes --------------------------------------------------------------------
+
+    def _greeting(self, conn: Connection, ex: Exchange) -> None:
+        self._json(conn, ex, {"lmstudio": True})
+
+    def _v0_models(self, conn: Connection, ex: Exchange) -> None:
+        self._json(conn, ex, {"object": "list", "data": [self._v0_row(m) for m in list(self.models)]})
+
+    def _v0_model(self, conn: Connection, ex: Exchange) -> None:
+        model = unquote(ex.path_args[0])  # ids with `/` may arrive as %2F
+        if model not in self.models:
+            self._unknown_model(conn, ex, model)
+            return
+        self._json(conn, ex, self._v0_row(model))
+
+    def _v0_row(self, model: str) -> dict[str, Any]:
+        embedding = _is_embedding(model)
+        return {"id": model, "object": "model", "type": "embeddings" if embedding else "llm",
+                "publisher": _publisher(model), "arch": "nomic-bert" if embedding else "llama",
+                "compatibility_type": "gguf", "quantization": QUANTIZATION,
+                "state": "loaded" if model in self.loaded else "not-loaded", "max_context_length": _max_context(model)}
+
+    def _v1_models(self, conn: Connection, ex: Exchange) -> None:
+        data = [{"id": m, "object": "model", "owned_by": "organization_owner"} for m in list(self.models)]
+        self._json(conn, ex, {"object": "list", "data": data})
+
+    def _rest_models(self, conn: Connection, ex: Exchange) -> None:
+        self._json(conn, ex, {"models": [self._rest_row(m) for m in list(self.models)]})
+
+    def _rest_row(self, model: str) -> dict[str, Any]:
+        embedding = _is_embedding(model)
+        row: dict[str, Any] = {
+            "type": "embedding" if embedding else "llm", "publisher": _publisher(model), "key": model,
+            "display_name": model.rsplit("/", 1)[-1], "architecture": "nomic-bert" if embedding else "llama",
+            "quantization": {"name": QUANTIZATION, "bits_per_weight": 4.8},
+            "size_bytes": 1_000_000_000 + zlib.crc32(model.encode()) % 4_000_000_000,
+            "params_string": None if embedding else "8B",
+            "loaded_instances": [{"id": model, "config": {"context_length": CONTEXT_LENGTH, "parallel": PARALLEL}}]
+            if model in self.loaded else [],
+            "max_context_length": _max_context(model), "format": "gguf"}
+        if not embedding:
+            row["capabilities"] = {"vision": False, "trained_for_tool_use": False}
+        return row
+
+    def _unload(self, conn: Connection, ex: Exchange) -> None:
+        body = self._read_body(conn, ex)
+        if body is None:
+            return
+        instance = body.get("instance_id")
+        if not isinstance(instance, str) or instance not in self.loaded:
+            self._json(conn, ex, _error(f'No loaded model instance with identifier "{instance}".',
+                                        param="instance_id", code="model_not_found"), 400)
+            return
+        self.loaded.remove(instance)
+        self._json(conn, ex, {"instance_id": instance})
+
+    # -- model-bearing routes -----------------------------------------------------------------
+
+    def _read_body(self, conn: Connection, ex: Exchange) -> dict[str, Any] | None:
+        """The JSON object body (an empty body reads as `{}`), or None after answering 400."""
+        try:
+            body = json.loads(ex.body or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._json(conn, ex, _error("Invalid JSON in request body"), 400)
+            return None
+        return body
+
+    def _model_call(self, conn: Connection, ex: Exchange, route: _Route) -> Steps:
+        """Generator: record → body → the next scripted behaviour → exact id (rule 1) → JIT
+        load (rule 4) → the route's answer."""
+        rec = self._record(ex)
+        body = self._read_body(conn, ex)
+        if body is None:
+            return
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        stream = body.get("stream") is True
+        rec.model, rec.stream = model, stream
+        behavior = self._next_behavior(model)
+        limit = None
+        if behavior is not None and behavior.kind == "hang":
+            yield behavior.seconds
+        elif behavior is not None and behavior.kind == "die_after" and stream:
+            limit = behavior.chunks
+        elif behavior is not None:
+            self._misbehave(conn, ex, behavior, stream, route.events)
+            return
+        if model not in self.models:
+            self._unknown_model(conn, ex, model)
+            return
+        loading = model not in self.loaded
+        if loading:
+            self.loaded.append(model)
+        steps = route.answer(self, conn, ex, _Call(body, model, stream, loading, route.v0, limit))
+        if steps is not None:
+            yield from steps
+
+    def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, events: bool) -> None:
+        """Answers a scripted refusal (rule 7); `hang` and a streamed `die_after` never get here."""
+        match behavior.kind:
+            case "in_band" if stream:
+                conn.stream_head(ex, CT_SSE)
+                if events:
+                    conn.send(_event("error", {"error": {"type": behavior.type or "unknown",
+                                                         "message": behavior.message}}))
+                else:
+                    conn.send(sse_frame(_error(behavior.message, behavior.type, code=behavior.code), compact=True))
+                conn.end_stream(ex)
+            case "refuse" | "in_band":
+                self._json(conn, ex, _error(behavior.message, behavior.type, code=behavior.code), behavior.status)
+            case "raw":
+                answer_raw(conn, ex, behavior)
+            case _:  # reset, and die_after without a stream
+                conn.reset()
+
+    def _openai_stream(self, conn: Connection, ex: Exchange, call: _Call, head: dict[str, Any],
+                       piece: dict[str, Any], last: dict[str, Any]) -> Steps:
+        """OpenAI SSE: `chunks` pieces, the last choice, usage when asked, `[DONE]`."""
+        tail = [sse_frame({**head, "choices": [last]}, compact=True)]
+        options = call.body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            tail.append(sse_frame({**head, "choices": [], "usage": self._usage()}, compact=True))
+        tail.append(_DONE)
+        frame = sse_frame({**head, "choices": [piece]}, compact=True)
+        return self._stream(conn, ex, CT_SSE, (), [frame] * self.chunks, tail, call.limit)
+
+    def _usage(self) -> dict[str, int]:
+        return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": self.chunks,
+                "total_tokens": PROMPT_TOKENS + self.chunks}
+
+    def _chat_completion(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
+        head = {"id": "chatcmpl-" + secrets.token_hex(10), "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": call.model}
+        if call.stream:
+            return self._openai_stream(
+                conn, ex, call, head,
+                {"index": 0, "delta": {"role": "assistant", "content": STREAM_TOKEN}, "logprobs": None,
+                 "finish_reason": None},
+                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"})
+        self._json(conn, ex, {**head, "object": "chat.completion", "choices": [{
+            "index": 0, "logprobs": None, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": STREAM_TOKEN * self.chunks}}],
+            "usage": self._usage(), **(_V0_EXTRAS if call.v0 else {})})
+        return None
+
+    def _completion(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
+        head = {"id": "cmpl-" + secrets.token_hex(10), "object": "text_completion", "created": int(time.time()),
+                "model": call.model}
+        if call.stream:
+            return self._openai_stream(
+                conn, ex, call, head, {"index": 0, "text": STREAM_TOKEN, "logprobs": None, "finish_reason": None},
+                {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"})
+        self._json(conn, ex, {**head, "choices": [{"index": 0, "text": STREAM_TOKEN * self.chunks, "logprobs": None,
+                                                   "finish_reason": "stop"}],
+                              "usage": self._usage(), **(_V0_EXTRAS if call.v0 else {})})
+        return None
+
+    def _embeddings(self, conn: Connection, ex: Exchange, call: _Call) -> None:
+        given = call.body.get("input")
+        count = 1 if isinstance(given, str) else len(given or [])
+        model = f"{call.model}@{QUANTIZATION.lower()}" if call.v0 and "@" not in call.model else call.model
+        self._json(conn, ex, {"object": "list",
+                              "data": [{"object": "embedding", "embedding": EMBEDDING, "index": i} for i in range(count)],
+                              "model": model, "usage": {"prompt_tokens": 2 * count, "total_tokens": 2 * count}})
+
+    def _load(self, conn: Connection, ex: Exchange, call: _Call) -> None:
+        self._json(conn, ex, {"type": "embedding" if _is_embedding(call.model) else "llm", "instance_id": call.model,
+                              "load_time_seconds": 0.5 if call.loading else 0.0, "status": "loaded"})
+
+    def _rest_chat(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
+        """`/api/v1/chat`: one result object, or named events whose `chat.end` carries it."""
+        stats: dict[str, Any] = {"input_tokens": PROMPT_TOKENS, "total_output_tokens": self.chunks,
+                                 "reasoning_output_tokens": 0, "tokens_per_second": 50.0,
+                                 "time_to_first_token_seconds": 0.1}
+        if call.loading:
+            stats["model_load_time_seconds"] = 0.5
+        result: dict[str, Any] = {"model_instance_id": call.model,
+                                  "output": [{"type": "message", "content": STREAM_TOKEN * self.chunks}],
+                                  "stats": stats}
+        if call.body.get("store") is not False:
+            result["response_id"] = "resp_" + secrets.token_hex(12)
+        if not call.stream:
+            self._json(conn, ex, result)
+            return None
+        instance = {"model_instance_id": call.model}
+        lead = [_event("chat.start", instance)]
+        if call.loading:
+            lead += [_event("model_load.start", instance), _event("model_load.progress", {**instance, "progress": 1.0}),
+                     _event("model_load.end", {**instance, "load_time_seconds": 0.5})]
+        lead.append(_event("message.start", {}))
+        pieces = [_event("message.delta", {"content": STREAM_TOKEN})] * self.chunks
+        tail = [_event("message.end", {}), _event("chat.end", {"result": result})]
+        return self._stream(conn, ex, CT_SSE, lead, pieces, tail, call.limit)
+
+
+def _model_route(route: _Route) -> Handler:
+    return lambda box, conn, ex: box._model_call(conn, ex, route)
+
+
+_ROUTES: Routes = {
+    ("GET", "/lmstudio-greeting"): SimLMStudio._greeting,
+    ("GET", "/api/v0/models"): SimLMStudio._v0_models,
+    ("POST", "/api/v0/chat/completions"): _model_route(_Route(SimLMStudio._chat_completion, v0=True)),
+    ("POST", "/api/v0/completions"): _model_route(_Route(SimLMStudio._completion, v0=True)),
+    ("POST", "/api/v0/embeddings"): _model_route(_Route(SimLMStudio._embeddings, v0=True)),
+    ("GET", "/v1/models"): SimLMStudio._v1_models,
+    ("POST", "/v1/chat/completions"): _model_route(_Route(SimLMStudio._chat_completion)),
+    ("POST", "/v1/completions"): _model_route(_Route(SimLMStudio._completion)),
+    ("POST", "/v1/embeddings"): _model_route(_Route(SimLMStudio._embeddings)),
+    ("GET", "/api/v1/models"): SimLMStudio._rest_models,
+    ("POST", "/api/v1/models/load"): _model_route(_Route(SimLMStudio._load)),
+    ("POST", "/api/v1/models/unload"): SimLMStudio._unload,
+    ("POST", "/api/v1/chat"): _model_route(_Route(SimLMStudio._rest_chat, events=True)),
+}
+_PATTERN_ROUTES: PatternRoutes = [
+    ("GET", re.compile(r"/api/v0/models/(.+)"), SimLMStudio._v0_model),
+]

@@ -1,0 +1,213 @@
+"""Reading `model` and `alloc.worker` from a call body (router/facades/body.py).
+
+Errors are BadRequest (status 400) naming the field; they never echo the body: every bad
+body below carries a canary that must not appear in the error text."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.core.errors import BadRequest
+from router.facades.body import model_and_pin, multipart_field, parse_json_object
+
+CANARY = "CANARY-7f3a9e"
+
+
+def no_echo(exc: pytest.ExceptionInfo) -> None:
+    assert CANARY not in str(exc.value)
+    assert CANARY.lower() not in str(exc.value).lower()
+    assert all(CANARY not in str(arg) for arg in exc.value.args)
+    assert exc.value.status_hint == 400
+
+
+# --------------------------------------------------------------------------------------------
+# parse_json_object
+# --------------------------------------------------------------------------------------------
+
+
+def test_parse_json_object_ok():
+    assert parse_json_object(b'{"model":"m","alloc":{"worker":"b1"}}') == {
+        "model": "m",
+        "alloc": {"worker": "b1"},
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b'{"model": "' + CANARY.encode() + b'"',  # truncated
+        b"{'model': '" + CANARY.encode() + b"'}",  # single quotes
+        b'{"model": ' + CANARY.encode() + b"}",  # bare word
+        CANARY.encode(),
+        b'{"model": "m"} ' + CANARY.encode(),  # trailing garbage
+        b'{"model": "\xff' + CANARY.encode() + b'"}',  # not UTF-8
+        b'["' + CANARY.encode() + b'"]',  # an array
+        b'"' + CANARY.encode() + b'"',  # a string
+        b"42",
+        b"null",
+        b"   ",
+    ],
+)
+def test_parse_json_object_rejects(body):
+    with pytest.raises(BadRequest) as exc:
+        parse_json_object(body)
+    no_echo(exc)
+
+
+# --------------------------------------------------------------------------------------------
+# model_and_pin
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "doc,expected",
+    [
+        ({"model": "llama3"}, ("llama3", None)),
+        ({"model": "m@ctx-low", "alloc": {"worker": "b1"}}, ("m@ctx-low", "b1")),
+        ({"model": "m", "alloc": {}}, ("m", None)),
+        ({"model": "m", "alloc": None}, ("m", None)),  # JSON null: no alloc
+        ({"model": "m", "alloc": {"worker": None, "other": 1}}, ("m", None)),
+        ({"model": " m "}, (" m ", None)),  # the name goes on untouched
+    ],
+)
+def test_model_and_pin_ok(doc, expected):
+    assert model_and_pin(doc) == expected
+
+
+def test_model_and_pin_other_fields():
+    assert model_and_pin({"name": "llama3"}, model_fields=("name",)) == ("llama3", None)
+    with pytest.raises(BadRequest) as exc:
+        model_and_pin({"model": "llama3"}, model_fields=("name",))
+    assert exc.value.code == "model_required"
+    # the first present field wins
+    fields = ("model", "name")
+    assert model_and_pin({"name": "a"}, model_fields=fields) == ("a", None)
+    assert model_and_pin({"model": "b", "name": "a"}, model_fields=fields) == ("b", None)
+    with pytest.raises(BadRequest) as exc:
+        model_and_pin({"model": 3, "name": CANARY}, model_fields=fields)
+    no_echo(exc)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {},
+        {"model": None},
+        {"model": 7},
+        {"model": ["llama3", CANARY]},
+        {"model": {"name": CANARY}},
+        {"model": ""},
+        {"model": "   "},
+        {"model": True},
+    ],
+)
+def test_model_must_be_a_non_empty_string(doc):
+    with pytest.raises(BadRequest) as exc:
+        model_and_pin(doc)
+    assert exc.value.code == "model_required"
+    no_echo(exc)
+
+
+@pytest.mark.parametrize(
+    "alloc",
+    [CANARY, [CANARY], 3, True, {"worker": 5}, {"worker": ""}, {"worker": [CANARY]},
+     {"worker": {"id": CANARY}}, {"worker": True}],
+)
+def test_alloc_and_worker_types(alloc):
+    with pytest.raises(BadRequest) as exc:
+        model_and_pin({"model": "m", "alloc": alloc})
+    no_echo(exc)
+    assert "alloc" in str(exc.value)
+
+
+def test_parse_then_pick():
+    doc = parse_json_object(b'{"model":"llama3","alloc":{"worker":"gpu-2"},"messages":[]}')
+    assert model_and_pin(doc) == ("llama3", "gpu-2")
+
+
+# --------------------------------------------------------------------------------------------
+# multipart_field
+# --------------------------------------------------------------------------------------------
+
+BOUNDARY = b"----router-test-boundary-42"
+
+
+def multipart(parts: list[tuple[bytes, bytes]], boundary: bytes = BOUNDARY) -> bytes:
+    out = bytearray()
+    for headers, content in parts:
+        out += b"--" + boundary + b"\r\n" + headers + b"\r\n\r\n" + content + b"\r\n"
+    out += b"--" + boundary + b"--\r\n"
+    return bytes(out)
+
+
+FILE_PART = (
+    b'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+    b"Content-Type: audio/wav",
+    b"RIFF\x00\x01\xff\xfe\r\n\r\nname=\"model\"\r\n" + CANARY.encode() + b"\x00" * 64,
+)
+CT = b"multipart/form-data; boundary=" + BOUNDARY
+
+
+def field(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    return (b'Content-Disposition: form-data; name="' + name + b'"', value)
+
+
+def test_model_after_a_file_part():
+    body = multipart([FILE_PART, field(b"language", b"en"), field(b"model", b"whisper-1")])
+    assert multipart_field(body, CT, b"model") == "whisper-1"
+    assert multipart_field(body, CT, b"language") == "en"
+
+
+def test_model_before_a_file_part_and_quoted_boundary():
+    body = multipart([field(b"model", b"whisper-large"), FILE_PART])
+    ct = b'multipart/form-data; boundary="' + BOUNDARY + b'"; charset=utf-8'
+    assert multipart_field(body, ct, b"model") == "whisper-large"
+
+
+def test_field_absent_or_only_as_a_file():
+    body = multipart([FILE_PART, field(b"language", b"en")])
+    assert multipart_field(body, CT, b"model") is None
+    as_file = (b'Content-Disposition: form-data; name="model"; filename="model"', b"x")
+    assert multipart_field(multipart([as_file]), CT, b"model") is None
+    assert multipart_field(b"", CT, b"model") is None
+
+
+def test_field_value_keeps_its_text():
+    body = multipart([field(b"model", "modèle@ctx-low".encode())])
+    assert multipart_field(body, CT, b"model") == "modèle@ctx-low"
+    body = multipart([field(b"model", b"")])
+    assert multipart_field(body, CT, b"model") == ""
+
+
+def test_header_case_and_extra_headers():
+    part = (
+        b"content-disposition: form-data; name=\"model\"\r\nContent-Type: text/plain",
+        b"m1",
+    )
+    assert multipart_field(multipart([FILE_PART, part]), CT, b"model") == "m1"
+
+
+def test_truncated_body_gives_none():
+    body = multipart([FILE_PART, field(b"model", b"whisper-1")])
+    cut = body[: body.index(b"whisper-1") + 4]
+    assert multipart_field(cut, CT, b"model") is None
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [b"multipart/form-data", b"multipart/form-data; charset=utf-8", b"", b"application/json"],
+)
+def test_missing_boundary(content_type):
+    body = multipart([field(b"model", CANARY.encode())])
+    with pytest.raises(BadRequest) as exc:
+        multipart_field(body, content_type, b"model")
+    no_echo(exc)
+
+
+def test_field_not_utf8():
+    body = multipart([field(b"model", b"\xff\xfe" + CANARY.encode())])
+    with pytest.raises(BadRequest) as exc:
+        multipart_field(body, CT, b"model")
+    no_echo(exc)
+    assert "model" in str(exc.value)
