@@ -33,7 +33,7 @@ class RouterProcess:
             stderr=self.log,
             text=True,
             cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "HUGPY_ROUTER_HOME": str(boxes_path.parent / "home"), **(env or {})},
         )
         self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio
         listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port"))

@@ -296,7 +296,7 @@ def test_agent_long_poll_times_out_with_the_same_seq_while_only_the_stamp_moves(
         _, doc, _ = await get_json(port, "/v1/agent/reading")
         status, again, elapsed_s = await get_json(port, f"/v1/agent/reading?wait=0.3&since={doc['seq']}")
         assert status == 200
-        assert 0.3 <= elapsed_s < 1.5
+        assert 0.29 <= elapsed_s < 1.5  # the loop clock may wake a hair early
         assert cards.calls > 5  # scanned all along, yet nothing changed
         assert again["seq"] == doc["seq"] and again["util_pct"] == 33.0
         assert again["read_at"] > doc["read_at"]

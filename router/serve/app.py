@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+
+from pathlib import Path
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.facades import mounts
 from router.facades.mounts import Mount
 from router.facades.table import Facade, Route
+from router.serve import admin
+from router.serve.access import AccessGate
 from router.serve.edge import AsgiEdge, RsgiEdge
+from router.serve.metrics import Metrics
 from router.serve.proxy import ProxyCall
+from router.store.keys import KeyStore
+from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
 
 log = logging.getLogger("router.serve")
@@ -25,13 +34,20 @@ JSON = b"application/json"
 
 
 class Shared:
-    """What every listener of the process shares: the fleet, the reservation table, limits."""
+    """What every listener of the process shares: the fleet, the reservation table, the
+    scheduler, the store (route log, keys), the access gate, the metrics, the limits."""
 
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
+                 store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
+        self.store_path = store_path
+        self.route_log = route_log
+        self.keys = keys
+        self.access = AccessGate(keys)
+        self.metrics = Metrics()
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
         self.in_flight = 0
@@ -45,6 +61,8 @@ class RouterApp:
     def __init__(self, shared: Shared, mount: Mount) -> None:
         self.shared = shared
         self.mount = mount
+        # The router's own routes (admin API, metrics) live on the main listener only.
+        self.admin = mount is mounts.main
         # The proxy reads these per call; bound here once.
         self.fleet = shared.fleet
         self.reservations = shared.reservations
@@ -68,7 +86,15 @@ class RouterApp:
         shared.idle.clear()
         facade = self.mount(edge.path)
         try:
+            owned = admin.route(edge.method, edge.path) if self.admin else None
+            if owned is not None:
+                handler, scope = owned
+                if await self.allowed(edge, facade, scope):
+                    await handler(self, edge)
+                return
             route, known = facade.route(edge.method, edge.path)
+            if route is not None and not await self.allowed(edge, facade, "use"):
+                return
             if route is None:
                 await self.unknown(edge, facade, known)
             elif route.answer is not None:
@@ -86,6 +112,33 @@ class RouterApp:
             shared.in_flight -= 1
             if shared.in_flight == 0:
                 shared.idle.set()
+
+    async def allowed(self, edge, facade: Facade, scope: str) -> bool:
+        """Checks access; answers 401/403 in the facade's shape when the caller may not."""
+        verdict = self.shared.access.check(edge, scope)
+        if not verdict.ok:
+            body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
+            await edge.respond(verdict.status, [(b"content-type", JSON)], body)
+        return verdict.ok
+
+    def observe(self, call: ProxyCall) -> None:
+        """A call ended: its route_log row and its metrics."""
+        shared = self.shared
+        shared.route_log.record(call.row())
+        metrics = shared.metrics
+        metrics.calls[(call.facade.name, call.box.name if call.box else "", call.status)] += 1
+        for attempt in call.attempts:
+            refusal = attempt.get("refusal")
+            if refusal is not None:
+                metrics.failovers[refusal] += 1
+        if call.state == "refused":
+            metrics.refused[call.facade.name] += 1
+        now = time.perf_counter()
+        metrics.duration.observe(now - call.t_received)
+        if call.t_first_byte:
+            metrics.ttfb.observe(call.t_first_byte - call.t_received)
+        if call.t_sent:
+            metrics.overhead.observe(call.t_sent - call.t_received)
 
     async def unknown(self, edge, facade: Facade, known: bool) -> None:
         if facade.unknown is not None:

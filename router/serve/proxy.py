@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 import orjson
 
@@ -103,6 +104,10 @@ def new_call_id() -> str:
     return "rt-" + os.urandom(16).hex()
 
 
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
 class ProxyCall:
     """One model-bearing call through one facade route."""
 
@@ -120,6 +125,18 @@ class ProxyCall:
         "attempts",
         "token",
         "loaded",
+        # the call's record (one route_log row, the metrics)
+        "status",
+        "state",
+        "failure",
+        "decision",
+        "stream",
+        "received_at",
+        "first_byte_at",
+        "bytes_out",
+        "t_received",
+        "t_sent",
+        "t_first_byte",
     )
 
     def __init__(self, app, edge, facade: Facade, route: Route) -> None:
@@ -133,21 +150,46 @@ class ProxyCall:
         self.exchange: Exchange | None = None
         self.gone = False
         self.box: BoxState | None = None
-        self.attempts: list[tuple[str, str]] = []  # (box, refusal code)
+        self.attempts: list[dict] = []  # {box, status, refusal, ms} per box tried
         self.token = 0  # reservation token; 0 = none held
         self.loaded: BoxState | None = None  # the box whose in-flight count holds this call
+        self.status = 0
+        self.state = "pending"
+        self.failure: str | None = None  # a stable error code, never the box's text
+        self.decision: Decision | None = None
+        self.stream = False
+        self.received_at = time.time()
+        self.first_byte_at: float | None = None
+        self.bytes_out = 0
+        self.t_received = time.perf_counter()
+        self.t_sent = 0.0
+        self.t_first_byte = 0.0
 
     # -- the client's side ---------------------------------------------------------------------
-    async def error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
+    async def error(
+        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed"
+    ) -> None:
+        """The router's own answer, in the facade's shape."""
         body = self.facade.shape_error(status, code, message, extra)
         headers = [
             (b"content-type", b"application/json"),
             (b"x-hugpy-router-request-id", self.call_id.encode()),
         ]
+        self.answered(status, state, code)
+        await self.respond(status, headers, body)
+
+    def answered(self, status: int, state: str, failure: str | None = None) -> None:
+        self.status, self.state, self.failure = status, state, failure
+        self.first_byte_at = time.time()
+        self.t_first_byte = time.perf_counter()
+
+    async def respond(self, status: int, headers: list, body: bytes) -> None:
+        self.bytes_out += len(body)
         await self.edge.respond(status, headers, body)
 
     def client_left(self) -> None:
         self.gone = True
+        self.state, self.failure = "cancelled", "client_left"
         exchange = self.exchange
         if exchange is not None:
             exchange.abort(ClientGone("client left"))
@@ -186,6 +228,12 @@ class ProxyCall:
         return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.app.observe(self)
+
+    async def _run(self) -> None:
         edge = self.edge
         try:
             self.body = await edge.read_body(self.app.max_body_bytes)
@@ -193,6 +241,7 @@ class ProxyCall:
             await self.error(413, "body_too_large", f"body over {self.app.max_body_bytes} bytes")
             return
         except ClientLeft:
+            self.state, self.failure = "cancelled", "client_left"
             return
         try:
             self.call = call = self.inspect()
@@ -200,7 +249,8 @@ class ProxyCall:
             await self.error(exc.status_hint, exc.code, str(exc))
             return
         fleet = self.app.fleet
-        decision = decide(call, fleet.facts())
+        self.t_sent = time.perf_counter()  # the decision is router time too
+        self.decision = decision = decide(call, fleet.facts())
         if decision.path is Path.REFUSED:
             await self.refuse(decision)
             return
@@ -223,6 +273,35 @@ class ProxyCall:
         self.loaded = box
         self.app.scheduler.poke()
 
+    def row(self) -> dict:
+        """This call's route_log row: metadata only, never a body or a key."""
+        call, decision = self.call, self.decision
+        return {
+            "call_id": self.call_id,
+            "facade": self.facade.name,
+            "route": self.route.path,
+            "model": call.model if call else None,
+            "settings": call.settings if call else None,
+            "pin": call.pin if call else None,
+            "client": self.edge.client,
+            "stream": int(self.stream),
+            "decision_path": decision.path.value if decision else None,
+            "decision": {
+                "ranked": [{"box": b, "tier": decision.why[b].tier.value} for b in decision.boxes],
+                "refused": decision.reasons_text(),
+            } if decision else None,
+            "attempts": self.attempts,
+            "box": self.box.name if self.box else None,
+            "status": self.status or None,
+            "state": self.state if self.state != "pending" else "failed",
+            "error": self.failure,
+            "received_at": self.received_at,
+            "first_byte_at": self.first_byte_at,
+            "done_at": time.time(),
+            "bytes_in": len(self.body),
+            "bytes_out": self.bytes_out,
+        }
+
     async def refuse(self, decision: Decision) -> None:
         call = self.call
         pinned = call.pin is not None  # type: ignore[union-attr]
@@ -232,6 +311,7 @@ class ProxyCall:
             "no_box",
             f"{what} can serve model {call.model!r}",  # type: ignore[union-attr]
             {"boxes": decision.reasons_text()},
+            state="refused",
         )
         log.debug("call %s refused: %s", self.call_id, decision.reasons_text())
 
@@ -256,13 +336,22 @@ class ProxyCall:
                     else reservations.reserve(box.index, generation)
                 )
                 self.load_on(box)
+                started = time.perf_counter()
                 try:
                     await self.attempt(box)
+                    self.attempts.append(
+                        {"box": box.name, "status": self.status, "ms": _ms_since(started)}
+                    )
                     return
                 except Refused as refused:
                     last = refused
                     tried.append(box.name)
-                    self.attempts.append((box.name, refused.code))
+                    self.attempts.append({
+                        "box": box.name,
+                        "status": refused.answer.status if refused.answer else None,
+                        "refusal": refused.code,
+                        "ms": _ms_since(started),
+                    })
                     log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refused.code)
             if self.gone:
                 return
@@ -279,7 +368,8 @@ class ProxyCall:
             return
         if last is not None and last.answer is not None:
             answer = last.answer
-            await self.edge.respond(
+            self.answered(answer.status, "failed", last.code)
+            await self.respond(
                 answer.status, self.client_headers(answer.headers), b"".join(answer.chunks)
             )
             return
@@ -287,7 +377,7 @@ class ProxyCall:
             502,
             last.code if last else "no_box",
             "no box could take the call",
-            {"attempts": [{"box": b, "refusal": c} for b, c in self.attempts]},
+            {"attempts": [{"box": a["box"], "refusal": a.get("refusal")} for a in self.attempts]},
         )
 
     def client_headers(self, box_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -314,6 +404,8 @@ class ProxyCall:
         edge = self.edge
         target = self.edge.path + ("?" + edge.query if edge.query else "")
         head = request_head(edge.method, target, box.origin, self.request_headers(box), len(self.body))
+        if not self.attempts:
+            self.t_sent = time.perf_counter()
         try:
             exchange = await box.origin.send(head, self.body)
         except ConnectFailed as exc:
@@ -345,7 +437,8 @@ class ProxyCall:
             refusal = classify_reply(box.config.kind, status, doc)
             if refusal is not None:
                 raise Refused(refusal, Answer(status, exchange.headers, [data]))
-            await self.edge.respond(status, self.client_headers(exchange.headers), data)
+            self.answered(status, "failed", f"http_{status}")
+            await self.respond(status, self.client_headers(exchange.headers), data)
             return
         content_type = exchange.header(b"content-type") or b""
         framing = SSE if content_type.startswith(SSE_TYPE) else (
@@ -358,10 +451,10 @@ class ProxyCall:
         length = exchange.header(b"content-length")
         if length is not None and length.isdigit() and int(length) <= INLINE_BODY_LIMIT:
             data = await exchange.read_all(INLINE_BODY_LIMIT)
-            self.commit(box)
-            await self.edge.respond(status, self.client_headers(exchange.headers), data)
+            self.commit(box, status)
+            await self.respond(status, self.client_headers(exchange.headers), data)
             return
-        self.commit(box)
+        self.commit(box, status)
         await self.edge.start(status, self.client_headers(exchange.headers))
         await self.relay(exchange, None)
 
@@ -396,13 +489,17 @@ class ProxyCall:
         exchange.disarm()
         for chunk in after:
             scanner.feed(chunk)
-        self.commit(box)
+        self.stream = True
+        self.commit(box, exchange.status)
         await self.edge.start(exchange.status, self.client_headers(exchange.headers))
-        await self.edge.write(b"".join(held + after) if len(held) + len(after) > 1 else held[0])
+        first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
+        self.bytes_out += len(first)
+        await self.edge.write(first)
         await self.relay(exchange, scanner)
 
-    def commit(self, box: BoxState) -> None:
+    def commit(self, box: BoxState, status: int) -> None:
         """The box took the call: remember the settings it now runs for this model."""
+        self.answered(status, "done")
         call = self.call
         named = call_key(box.config.kind, call.model, call.settings)  # type: ignore[union-attr]
         if named is not None:
@@ -419,7 +516,9 @@ class ProxyCall:
                 if scanner is not None:
                     for chunk in chunks:
                         scanner.feed(chunk)
-                await edge.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                self.bytes_out += len(data)
+                await edge.write(data)
         except ClientLeft:
             self.client_left()
             return
@@ -427,6 +526,7 @@ class ProxyCall:
             if self.gone:
                 return
             log.info("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
+            self.state, self.failure = "failed", "box_failed_mid_stream"
             if scanner is not None:
                 await edge.write(MID_STREAM_ERROR[scanner.framing])
         await edge.finish()

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,10 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.facades import mounts
 from router.serve.app import RouterApp, Shared
+from router.serve.metrics import watch_loop
+from router.store import paths as store_paths
+from router.store.keys import KeyStore
+from router.store.route_log import RouteLogWriter
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.local import LocalScanTask, is_loopback_url
@@ -73,13 +78,22 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scanner.start()
     scheduler = Scheduler(fleet, reservations, telemetry)
     scheduler.start()
+    store_path = store_paths.db_path()
+    keys = KeyStore(store_path)
+    route_log = RouteLogWriter(store_path)
+    route_log.start()
+    key_upkeep = loop.create_task(_key_upkeep(keys), name="keys")
     shared = Shared(
         fleet,
         reservations,
         scheduler,
+        store_path=store_path,
+        route_log=route_log,
+        keys=keys,
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
     )
+    loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
     listeners = [("router", config.port, mounts.main)]
     if config.ollama_port is not None:
         listeners.append(("ollama", config.ollama_port, mounts.ollama_port))
@@ -110,6 +124,11 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         log.warning("grace period over with %d calls in flight", shared.in_flight)
     await asyncio.wait(serving, timeout=config.grace_s)
     stop_wait.cancel()
+    key_upkeep.cancel()
+    loop_watch.cancel()
+    await loop.run_in_executor(None, route_log.stop)  # flushes every row
+    await loop.run_in_executor(None, keys.flush_last_used, time.time())
+    keys.close()
     await scheduler.stop()
     await scanner.stop()
     await agents.stop()
@@ -131,6 +150,18 @@ def _server(app: RouterApp, config: ServeConfig, port: int) -> Server:
         log_enabled=False,
         log_level=LogLevels.warning,
     )
+
+
+KEY_REFRESH_S = 1.0
+
+
+async def _key_upkeep(keys: KeyStore) -> None:
+    """Off the loop: reload keys changed by `router keys` or the API; note last use lazily."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(KEY_REFRESH_S)
+        await loop.run_in_executor(None, keys.refresh_if_changed)
+        await loop.run_in_executor(None, keys.flush_last_used, time.time())
 
 
 async def _wait_listening(host: str, port: int, serving: asyncio.Task) -> None:

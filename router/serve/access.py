@@ -1,0 +1,38 @@
+"""Who may call: the access rules of router.core.access, applied per call with no I/O.
+
+The settings are read once at start (`HUGPY_ROUTER_KEY`, `HUGPY_ROUTER_REQUIRE_KEY`,
+`HUGPY_ROUTER_TRUSTED_NETS`, `HUGPY_ROUTER_TRUSTED_PROXIES`); keys come from the KeyStore's
+in-memory map, which a background task refreshes off the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from router.core import access
+from router.core.access import Verdict
+from router.store.keys import KeyStore
+
+
+class AccessGate:
+    def __init__(self, keys: KeyStore, environ=os.environ) -> None:
+        self.keys = keys
+        self.admin_key = environ.get("HUGPY_ROUTER_KEY") or None
+        self.mode = access.require_key_mode(environ.get("HUGPY_ROUTER_REQUIRE_KEY"))
+        self.inside = access.inside_nets(environ.get("HUGPY_ROUTER_TRUSTED_NETS"))
+        self.proxies = access.proxy_nets(environ.get("HUGPY_ROUTER_TRUSTED_PROXIES"))
+
+    def client(self, edge) -> str | None:
+        """The address judged for this call (None: unknown, so outside)."""
+        return access.client_address(edge.client, edge.header, self.proxies)
+
+    def check(self, edge, scope: str) -> Verdict:
+        addr = self.client(edge)
+        if scope == "use" and (
+            self.mode == "never" or (self.mode == "outside" and access.is_inside(addr, self.inside))
+        ):
+            return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
+        token = access.bearer_token(edge.header("authorization"))
+        key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
+        return access.decide_access(scope, self.mode, addr, key_scope, token is not None, self.inside)
