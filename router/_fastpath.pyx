@@ -19,7 +19,7 @@
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memchr, memset
+from libc.string cimport memchr, memcpy, memmove, memset
 
 IMPL = "cython"
 
@@ -33,6 +33,7 @@ TOO_BIG = 4        # no first frame within the hold limit: the box is not speaki
 SSE = 1
 NDJSON = 2
 
+DEF TAIL = 32  # bytes of the stream's end kept to check how it ended
 DEF SLOT_BITS = 20
 DEF SLOT_MASK = (1 << SLOT_BITS) - 1
 
@@ -198,6 +199,8 @@ cdef class FrameScanner:
     cdef long long block_start    # absolute offset of the current block (before first frame)
     cdef list held
     cdef readonly object first_data
+    cdef char tail[TAIL]          # the last bytes seen, oldest first
+    cdef int tail_len
 
     def __cinit__(self, int framing, Py_ssize_t hold_limit=1 << 20):
         if framing != SSE and framing != NDJSON:
@@ -213,6 +216,26 @@ cdef class FrameScanner:
         self.block_start = 0
         self.held = []
         self.first_data = None
+        self.tail_len = 0
+
+    cdef inline void _keep_tail(self, const char* start, Py_ssize_t size):
+        cdef int keep
+        if size >= TAIL:
+            memcpy(self.tail, start + size - TAIL, TAIL)
+            self.tail_len = TAIL
+            return
+        keep = self.tail_len
+        if keep + size > TAIL:
+            keep = TAIL - <int> size
+            memmove(self.tail, self.tail + self.tail_len - keep, keep)
+        memcpy(self.tail + keep, start, size)
+        self.tail_len = keep + <int> size
+
+    def ends_with(self, bytes marker):
+        """Whether the stream so far ends with `marker`, ignoring trailing whitespace (how a
+        close-delimited stream tells a proper end from a box that died)."""
+        cdef bytes tail = self.tail[: self.tail_len]
+        return tail.rstrip(b" \t\r\n").endswith(marker)
 
     cpdef int feed(self, bytes chunk) except -1:
         """Scans one chunk; returns HOLD, FIRST_CLEAN, FIRST_SUSPECT, RELAY or TOO_BIG."""
@@ -227,6 +250,7 @@ cdef class FrameScanner:
         if not self.relaying:
             self.held.append(chunk)
         self.bytes_in += size
+        self._keep_tail(start, size)
         while p < end:
             nl = <const char*> memchr(p, 10, end - p)
             if nl == NULL:

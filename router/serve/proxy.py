@@ -40,6 +40,7 @@ from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ClientGone,
     ConnectFailed,
+    ConnectionLost,
     Exchange,
     FirstByteTimeout,
     UpstreamError,
@@ -74,6 +75,7 @@ HOP_HEADERS = frozenset(
 FORWARDED_HEADERS = ("content-type", "accept", "x-task", "x-hugpy-root-request-id")
 
 SSE_TYPE = b"text/event-stream"
+SSE_DONE = b"data: [DONE]"
 NDJSON_TYPE = b"application/x-ndjson"
 MID_STREAM_ERROR = {
     SSE: b'data: {"error": {"message": "the box failed mid-stream", "type": "upstream_error", '
@@ -512,6 +514,11 @@ class ProxyCall:
             while True:
                 chunks = await exchange.next_chunks()
                 if not chunks:
+                    if exchange.close_delimited and scanner is not None and scanner.framing == SSE \
+                            and not scanner.ends_with(SSE_DONE):
+                        # A close-delimited SSE stream (hugpy's) ends with `data: [DONE]`; an EOF
+                        # before it is a box that died, not a finished answer.
+                        raise ConnectionLost("stream closed before its end")
                     break
                 if scanner is not None:
                     for chunk in chunks:
