@@ -177,3 +177,12 @@ def test_openai_facade_over_mixed_kinds_uses_each_kinds_name_rule(start_fleet):
     assert raw.headers["x-hugpy-box"] == "o"
     raw = client.chat.completions.with_raw_response.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert raw.headers["x-hugpy-box"] == "hug"
+
+
+def test_openai_model_by_id_including_a_slash(start_fleet):
+    lm = SimLMStudio("lm", models=["qwen/qwen3-14b"])
+    router = start_fleet(lm)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    assert client.models.retrieve("qwen/qwen3-14b").id == "qwen/qwen3-14b"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("qwen/nope")

@@ -50,6 +50,16 @@ def models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, JSON, orjson.dumps({"object": "list", "data": [models[k] for k in sorted(models)]})
 
 
+def model_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
+    """`GET /v1/models/{id}` (the id may hold `/`: the client percent-encodes it, ASGI decodes)."""
+    model_id = path.removeprefix("/v1/models/")
+    _, _, body = models_answer(boxes, path)
+    for entry in orjson.loads(body)["data"]:
+        if entry["id"] == model_id:
+            return 200, JSON, orjson.dumps(entry)
+    return 404, JSON, shape_error(404, "model_not_found", f"no box lists model {model_id!r}", None)
+
+
 def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     from router import __version__
 
@@ -74,6 +84,7 @@ ROUTES = (
     Route("POST", "/v1/summarize", Body.JSON),
     Route("POST", "/v1/keywords", Body.JSON),
     Route("GET", "/v1/models", answer=models_answer),
+    Route("GET", "/v1/models/", answer=model_answer, prefix=True),
     Route("GET", "/health", answer=health_answer),
 )
 
