@@ -30,6 +30,7 @@ from router.core.types import (
     Path,
     Reason,
     ReasonCode,
+    Resident,
     Tier,
     Why,
 )
@@ -39,11 +40,21 @@ def why_not(
     call: Call, box: BoxFacts, tried: frozenset[str], eligible: frozenset[str] | None = None
 ) -> Reason | None:
     """The first reason `box` cannot take `call`, or None when it passes the gate."""
+    return _why_not(call, box, call_key(box.kind, call.model, call.settings), tried, eligible)
+
+
+def _why_not(
+    call: Call,
+    box: BoxFacts,
+    named: tuple[str, str | None] | None,
+    tried: frozenset[str],
+    eligible: frozenset[str] | None,
+) -> Reason | None:
+    """`why_not` with the call's (key, settings) under the box's kind already worked out."""
     if call.pin is not None and box.id != call.pin:
         return Reason(ReasonCode.NOT_PINNED, call.pin)
     if box.kind not in call.kinds:
         return Reason(ReasonCode.KIND_NOT_SERVED, box.kind.value)
-    named = call_key(box.kind, call.model, call.settings)
     if named is None:
         return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
     if not box.online:
@@ -63,8 +74,12 @@ def why_not(
 
 
 def tier_of(call: Call, box: BoxFacts) -> Tier:
-    """SERVING when a healthy, idle-or-busy, not-loading resident runs the call's settings."""
-    key, settings = call_key(box.kind, call.model, call.settings)  # type: ignore[misc]
+    """SERVING when a healthy, not-loading resident runs the call's settings."""
+    return _tier_of(box, call_key(box.kind, call.model, call.settings))  # type: ignore[arg-type]
+
+
+def _tier_of(box: BoxFacts, named: tuple[str, str | None]) -> Tier:
+    key, settings = named
     resident = box.residents.get(key)
     if resident is None or not resident.healthy or resident.loading:
         return Tier.LOAD
@@ -76,10 +91,8 @@ def load_of(box: BoxFacts) -> int:
     return box.pending + box.pressure + box.reservations
 
 
-def serving_tiebreak(call: Call, box: BoxFacts) -> tuple:
+def serving_tiebreak(resident: Resident) -> tuple:
     """Idle before busy, then most recently used (a warm seat is likelier to have its cache)."""
-    key = call_key(box.kind, call.model, call.settings)[0]  # type: ignore[index]
-    resident = box.residents[key]
     return (1 if resident.busy else 0, -resident.last_used_s)
 
 
@@ -93,8 +106,8 @@ def stable_id(box: BoxFacts) -> tuple:
     return (box.order, box.id)
 
 
-def rank_key(call: Call, box: BoxFacts, tier: Tier) -> tuple:
-    tiebreak = serving_tiebreak(call, box) if tier is Tier.SERVING else load_tiebreak(box)
+def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
+    tiebreak = serving_tiebreak(box.residents[key]) if tier is Tier.SERVING else load_tiebreak(box)
     return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
 
 
@@ -106,19 +119,30 @@ def decide(
 ) -> Decision:
     """Returns the Decision for `call` over `boxes`.
 
+    Cost: about 1.3 µs per box in CPython (≈ 11 µs for 8 boxes, 130 µs for 100; bench/micro.py),
+    over the 10 µs per-call budget at 8 boxes because every box must be gated and ranked to
+    explain itself (the refused reasons go into the 503 body and the route log). The call's
+    name is parsed once per box kind, not per box.
+
     Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
     every box (and for an unknown pin, under the pin's name).
     """
     tried = frozenset(tried)
     refused: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
+    named_by_kind: dict = {}  # the call's (key, settings) per box kind, worked out once
     for box in boxes:
-        reason = why_not(call, box, tried, eligible)
+        kind = box.kind
+        if kind in named_by_kind:
+            named = named_by_kind[kind]
+        else:
+            named = named_by_kind[kind] = call_key(kind, call.model, call.settings)
+        reason = _why_not(call, box, named, tried, eligible)
         if reason is not None:
             refused[box.id] = reason
             continue
-        tier = tier_of(call, box)
-        key = rank_key(call, box, tier)
+        tier = _tier_of(box, named)  # type: ignore[arg-type]
+        key = rank_key(box, tier, named[0])  # type: ignore[index]
         ranked.append((key, box.id, Why(tier, key)))
     if call.pin is not None and all(box.id != call.pin for box in boxes):
         refused[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)

@@ -34,6 +34,8 @@ _SCHEME_RE = re.compile(r"^https?://", re.IGNORECASE)
 
 def hugpy_split(name: str) -> tuple[str, str | None]:
     """Returns (base key, normalised settings or None)."""
+    if "@" not in name:  # the common case: no options, no parsing
+        return name.strip(), None
     base, _, opts = name.strip().partition("@")
     tokens = sorted({t.strip().lower() for t in re.split(r"[+,]", opts) if t.strip()})
     return base.strip(), ("+".join(tokens) if tokens else None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 
 class BoxKind(str, Enum):
@@ -38,8 +38,9 @@ class ReasonCode(str, Enum):
     UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
 
 
-@dataclass(frozen=True, slots=True)
-class Reason:
+class Reason(NamedTuple):
+    """Why a box is out (a NamedTuple: built per box per decision, so cheap to make)."""
+
     code: ReasonCode
     detail: str = ""
 
@@ -111,8 +112,7 @@ class Call:
     pool: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Why:
+class Why(NamedTuple):
     tier: Tier
     rank: tuple
 
