@@ -25,6 +25,7 @@ from router.boxes.lmstudio import LMStudioLink
 from router.boxes.ollama import OllamaLink
 from router.boxes.openai import OpenAILink
 from router.boxes.state import BoxState
+from router.boxes.store_watch import HugpyStoreLink
 from router.core.errors import ConfigError
 from router.core.types import BoxFacts, BoxKind
 
@@ -37,6 +38,13 @@ LINKS: dict[BoxKind, type[Link]] = {
     BoxKind.LMSTUDIO: LMStudioLink,
     BoxKind.OPENAI: OpenAILink,
 }
+
+
+def link_class(cfg: BoxConfig) -> type[Link]:
+    """The box kind's link, except that a hugpy box with a `store` path watches that file."""
+    if cfg.kind is BoxKind.HUGPY and cfg.store:
+        return HugpyStoreLink
+    return LINKS[cfg.kind]
 
 
 class Fleet:
@@ -86,11 +94,9 @@ class Fleet:
                     current.order = order
                     current.changed()
                 continue
-            if current is not None and (current.config.url, current.config.key, current.config.kind) == (
-                cfg.url,
-                cfg.key,
-                cfg.kind,
-            ):
+            if current is not None and (
+                current.config.url, current.config.key, current.config.kind, current.config.store
+            ) == (cfg.url, cfg.key, cfg.kind, cfg.store):
                 current.config = cfg  # pool or blocked changed: keep the link and the view
                 current.order = order
                 current.changed()
@@ -100,7 +106,7 @@ class Fleet:
             index = self._indexes.setdefault(cfg.name, len(self._indexes))
             state = BoxState(cfg, index, order)
             self.boxes[cfg.name] = state
-            link = LINKS[cfg.kind](state)
+            link = link_class(cfg)(state)
             self.links[cfg.name] = link
             link.start()
             started.append(cfg.name)

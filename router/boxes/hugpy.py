@@ -29,10 +29,20 @@ log = logging.getLogger("router.boxes")
 POLL_WAIT_S = 10
 POLL_TIMEOUT_S = POLL_WAIT_S + 10.0
 MIN_POLL_GAP_S = 0.25
+# The columns `parse_state` reads, per table: all that the store watch SELECTs (store_watch.py).
+STATE_COLUMNS = {
+    "residents": ("key", "state", "healthy", "busy", "loading", "last_used"),
+    "models": ("key",),
+    "gpu_state": ("free",),
+}
 
 
 def parse_state(doc: dict) -> Inventory:
-    """The inventory in a state snapshot: catalog keys, residents, max free GPU bytes."""
+    """The inventory in a state snapshot: catalog keys, residents, max free GPU bytes.
+
+    `doc` maps table names to row dicts: the state endpoint's answer, or the same rows read
+    from the box's store file (store_watch.py), so both links build the view with this code.
+    """
     catalog = {row["key"]: row["key"] for row in doc.get("models") or () if isinstance(row.get("key"), str)}
     residents: dict[str, Resident] = {}
     for row in doc.get("residents") or ():
@@ -53,6 +63,7 @@ def parse_state(doc: dict) -> Inventory:
 
 class HugpyLink(Link):
     health_path = "/health"
+    mode = "api long-poll"  # how the inventory is kept, for the admin state
 
     async def follow_inventory(self) -> None:
         box = self.box

@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -56,6 +57,10 @@ ERROR_BODY_LIMIT = 1 << 20
 # unsized ones are relayed as they arrive.
 INLINE_BODY_LIMIT = 1 << 20
 CANCEL_TIMEOUT_S = 5.0
+# The client-disconnect watcher (a task) starts only for calls still running after this: most
+# non-stream answers are done by then, and a client that left earlier is seen the moment the
+# watcher starts, so a disconnect is noticed within this delay plus the box's close.
+WATCH_AFTER_S = 0.05
 
 # Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself.
 HOP_HEADERS = frozenset(
@@ -84,6 +89,26 @@ MID_STREAM_ERROR = {
 }
 
 
+class _Watch:
+    """Starts the edge's disconnect watcher after WATCH_AFTER_S, unless cancelled first."""
+
+    __slots__ = ("edge", "callback", "timer", "task")
+
+    def __init__(self, edge, callback) -> None:
+        self.edge = edge
+        self.callback = callback
+        self.task: asyncio.Task | None = None
+        self.timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self.start)
+
+    def start(self) -> None:
+        self.task = self.edge.watch_disconnect(self.callback)
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
 class Answer:
     """A box's answer held before commit: head plus the bytes read so far."""
 
@@ -102,8 +127,13 @@ class Refused(Exception):
         self.answer = answer
 
 
+_CALL_PREFIX = "rt-" + os.urandom(8).hex()  # this process's; the counter makes each id unique
+_call_numbers = itertools.count(1)
+
+
 def new_call_id() -> str:
-    return "rt-" + os.urandom(16).hex()
+    """Unique across processes (random prefix) and within one (counter): no syscall per call."""
+    return f"{_CALL_PREFIX}{next(_call_numbers):016x}"
 
 
 def _ms_since(started: float) -> float:
@@ -257,11 +287,11 @@ class ProxyCall:
             await self.refuse(decision)
             return
         log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
-        watcher = edge.watch_disconnect(self.client_left)
+        watch = _Watch(edge, self.client_left)
         try:
             await self.attempt_all(decision)
         finally:
-            watcher.cancel()
+            watch.cancel()
             if self.token:
                 self.app.reservations.release(self.token)
             self.load_on(None)

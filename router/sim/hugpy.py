@@ -408,6 +408,7 @@ class SimBox(SimServer):
         """Generator: a scripted behaviour first, then the box's normal answer."""
         stream_chunks = self.chunks
         die = False
+        clean = True
         if behavior is not None:
             match behavior.kind:
                 case "hang":
@@ -431,6 +432,16 @@ class SimBox(SimServer):
                         conn.reset()
                         return
                     stream_chunks, die = behavior.chunks, True
+                    clean = behavior.clean
+                case "bad_head":
+                    conn.bad_head(ex)
+                    return
+                case "trickle":
+                    conn.slow_writes(behavior.size, behavior.seconds)
+                    yield from self._answer(conn, ex, base, settings, stream, reply, None)
+                    yield conn.drained()  # the call lasts until its last byte is out
+                    conn.slow_writes(None)
+                    return
         if base not in self.catalog:
             self._refuse_placement(conn, ex, base, stream, 404, "not_found_error",
                                    f"model not found on this box: {base}", 404)
@@ -460,8 +471,11 @@ class SimBox(SimServer):
                 if cadence_s > 0:
                     yield cadence_s
                 conn.write(content)
-            if die:
-                conn.close()  # abrupt: no final frame, no [DONE]
+            if die:  # cut off: no final frame, no [DONE]
+                if clean:
+                    conn.close()  # FIN, as the kernel of a crashed process sends
+                else:
+                    conn.reset()  # RST
                 return
             conn.write(_frame({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                                "hugpy": {"request_id": rid}}))

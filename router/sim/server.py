@@ -24,6 +24,11 @@ Rules and invariants:
    list operations); everything else runs on the loop thread.
 5. Privacy. Bodies are parsed only to find the fields that steer an answer (`model`,
    `stream`, …); nothing is logged or stored, and every reply text is fixed.
+6. Faults for the fault suite. `Connection.slow_writes` sends whatever the answer writes
+   `chunk_bytes` at a time (`Behavior.trickle`); `Connection.bad_head` writes a head no HTTP
+   parser accepts (`Behavior.bad_head`); `SimServer.close_idle_after` closes keep-alive
+   connections that stay idle too long, like every real server's idle timeout, and can also
+   stage the race where that close meets the client's next request (`timer=False`).
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ CT_JSON = b"application/json"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
 _LAST_CHUNK = b"0\r\n\r\n"
+# Behavior.bad_head: the letter O where the status digits belong.
+BAD_HEAD = b"HTTP/1.1 2OO OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 Steps = Iterator[Any]  # a handler's generator: yields a float (sleep) or an awaitable (rule 2)
 
@@ -107,6 +114,8 @@ class Behavior:
     chunks: int = 0
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
+    clean: bool = True  # die_after: FIN (True) or RST (False)
+    size: int = 0  # trickle: bytes per write
 
     @staticmethod
     def refuse(status: int, type: str | None, message: str = "refused by the simulated box",
@@ -141,10 +150,29 @@ class Behavior:
         return Behavior("reset")
 
     @staticmethod
-    def die_after(chunks: int) -> Behavior:
-        """Stream: head, lead-in frames, `chunks` content frames, then close (no final frame).
-        Non-stream: like `reset()`, since there is no partial JSON answer."""
-        return Behavior("die_after", chunks=chunks)
+    def die_after(chunks: int, clean: bool = True) -> Behavior:
+        """Stream: head, lead-in frames, `chunks` content frames, then close (no final frame):
+        with `clean` (the default) an orderly close (FIN, what a crashed process's kernel
+        sends), else an abortive one (RST). A chunked stream (ollama, lmstudio) is cut without
+        its last chunk; those kinds always close with FIN. Non-stream: like `reset()`, since
+        there is no partial JSON answer."""
+        return Behavior("die_after", chunks=chunks, clean=clean)
+
+    @staticmethod
+    def bad_head() -> Behavior:
+        """An answer whose status line no HTTP parser accepts (`HTTP/1.1 2OO OK`), then close.
+        The call is recorded first: the box took it and then broke HTTP. (hugpy boxes; the
+        other kinds answer unknown behaviours with a reset.)"""
+        return Behavior("bad_head")
+
+    @staticmethod
+    def trickle(chunk_bytes: int, interval_s: float) -> Behavior:
+        """The normal answer (stream or not, head included), written `chunk_bytes` at a time
+        with `interval_s` between writes; the call ends when the last byte is out. (hugpy
+        boxes; the other kinds answer unknown behaviours with a reset.)"""
+        if chunk_bytes < 1 or interval_s < 0:
+            raise ValueError("trickle needs chunk_bytes >= 1 and interval_s >= 0")
+        return Behavior("trickle", size=chunk_bytes, seconds=interval_s)
 
     @staticmethod
     def raw(status: int, headers: list[tuple[str, str]], body: bytes) -> Behavior:
@@ -227,6 +255,16 @@ class Connection(asyncio.Protocol):
         self._current: Exchange | None = None  # being answered
         self._task: asyncio.Task[None] | None = None  # the current answer once it waits
         self._steps: Steps | None = None  # its generator
+        # keep-alive idle timeout (SimServer.close_idle_after)
+        self._idle_since: float | None = None  # loop time the connection went idle
+        self._parsing = False  # a request is partly parsed
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # slow writes (Behavior.trickle): None, or (bytes per write, seconds between writes)
+        self._slow: tuple[int, float] | None = None
+        self._slow_buf = bytearray()
+        self._slow_task: asyncio.Task[None] | None = None
+        self._slow_close = False  # close once the buffer is out
+        self._slow_waiters: list[asyncio.Future[None]] = []
 
     # -- transport callbacks ------------------------------------------------------------------
 
@@ -234,8 +272,11 @@ class Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # create_server gives a Transport
         self._box.open_connections += 1
         self._box._conns.add(self)
+        self._went_idle()
 
     def data_received(self, data: bytes) -> None:
+        if self._idle_since is not None and self._box.idle_close_s is not None and self._idle_stale(data):
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -253,6 +294,10 @@ class Connection(asyncio.Protocol):
         self._lost = True
         self._box.open_connections -= 1
         self._box._conns.discard(self)
+        self._cancel_idle_timer()
+        if self._slow_task is not None:
+            self._slow_task.cancel()
+        self._wake_slow_waiters()
         ex = self._current
         if ex is not None and not self._we_closed:
             if ex.record is not None and ex.record.finished_at is None:
@@ -263,6 +308,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._incoming = Exchange()
+        self._parsing = True
 
     def on_url(self, url: bytes) -> None:
         self._incoming.url += url.decode("latin-1")
@@ -282,6 +328,7 @@ class Connection(asyncio.Protocol):
         self._incoming.body_parts.append(body)
 
     def on_message_complete(self) -> None:
+        self._parsing = False
         ex = self._incoming
         ex.method = self._parser.get_method().decode("latin-1")
         ex.keep_alive = self._parser.should_keep_alive()
@@ -335,6 +382,8 @@ class Connection(asyncio.Protocol):
             self._task = None
             self._steps = None
         self._box._finish(ex)
+        if self._current is None and not self._queue:
+            self._went_idle()
 
     def _fail(self, ex: Exchange, exc: Exception) -> None:
         log.exception("sim box %s: handler failed", self._box.name, exc_info=exc)
@@ -355,7 +404,9 @@ class Connection(asyncio.Protocol):
     # -- writing ------------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        if not self._transport.is_closing():
+        if self._slow is not None:
+            self._slow_write(data)
+        elif not self._transport.is_closing():
             self._transport.write(data)
 
     def _head(self, ex: Exchange, status: int, content_type: bytes,
@@ -412,11 +463,15 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         """Closes after the buffered bytes are sent (FIN)."""
         self._we_closed = True
+        if self._slow_buf:
+            self._slow_close = True  # the trickle closes once its last byte is out
+            return
         self._transport.close()
 
     def reset(self) -> None:
         """Closes at once with an RST, dropping anything buffered."""
         self._we_closed = True
+        self._slow_buf.clear()
         sock = self._transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
@@ -426,9 +481,98 @@ class Connection(asyncio.Protocol):
         """For SimServer.stop: drop the connection; returns the task still to be awaited."""
         task = self._task
         self._we_closed = True
+        self._slow_buf.clear()
         self._transport.abort()
         self._stop_current()
         return task
+
+    def bad_head(self, ex: Exchange) -> None:
+        """Behavior.bad_head: a status line no parser accepts, then close (FIN)."""
+        self.mark_head(ex, 200)
+        ex.keep_alive = False
+        self.write(BAD_HEAD)
+        self.close()
+
+    # -- slow writes (Behavior.trickle) -------------------------------------------------------
+
+    def slow_writes(self, chunk_bytes: int | None, interval_s: float = 0.0) -> None:
+        """From now on every write goes out `chunk_bytes` at a time, `interval_s` apart;
+        `None` switches back to plain writes once the buffer is out."""
+        self._slow = None if chunk_bytes is None else (chunk_bytes, interval_s)
+
+    def drained(self) -> asyncio.Future[None]:
+        """A future that resolves once every slow write is out (or the peer is gone)."""
+        fut = self._loop.create_future()
+        if not self._slow_buf or self._lost:
+            fut.set_result(None)
+        else:
+            self._slow_waiters.append(fut)
+        return fut
+
+    def _slow_write(self, data: bytes) -> None:
+        if self._lost or self._transport.is_closing():
+            return
+        self._slow_buf += data
+        if self._slow_task is None or self._slow_task.done():
+            self._slow_task = self._loop.create_task(self._slow_drain())
+
+    async def _slow_drain(self) -> None:
+        buf = self._slow_buf
+        while buf and not self._lost:
+            size, interval_s = self._slow or (len(buf), 0.0)
+            piece = bytes(buf[:size])
+            del buf[:size]
+            if not self._transport.is_closing():
+                self._transport.write(piece)
+            if buf and interval_s > 0:
+                await asyncio.sleep(interval_s)
+        self._wake_slow_waiters()
+        if self._slow_close and not self._lost:
+            self._slow_close = False
+            self._transport.close()
+
+    def _wake_slow_waiters(self) -> None:
+        waiters, self._slow_waiters = self._slow_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    # -- keep-alive idle timeout (SimServer.close_idle_after) ---------------------------------
+
+    def _went_idle(self) -> None:
+        """Between requests: the idle clock runs (and the idle timer, when the box has one)."""
+        if self._lost or self._we_closed or self._parsing:
+            return
+        self._idle_since = self._loop.time()
+        self._cancel_idle_timer()
+        limit = self._box.idle_close_s
+        if limit is not None and self._box.idle_close_timer:
+            self._idle_timer = self._loop.call_later(limit, self._idle_expired)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if self._idle_since is not None and self._current is None and not self._queue and not self._lost:
+            self._box.idle_closes += 1
+            self.close()
+
+    def _idle_stale(self, data: bytes) -> bool:
+        """The first bytes of a request on an idle connection. When it sat idle past the box's
+        limit, the box's close has raced this request: the box closes (FIN) without reading a
+        byte of it, so no call starts. Returns True when the data was dropped that way."""
+        idle_s = self._loop.time() - self._idle_since  # type: ignore[operator]
+        self._idle_since = None
+        self._cancel_idle_timer()
+        if idle_s <= self._box.idle_close_s:  # type: ignore[operator]
+            return False
+        self._box.idle_closes += 1
+        self._box.idle_races += 1
+        self.close()
+        return True
 
 
 Handler = Callable[[Any, Connection, Exchange], "Steps | None"]  # (box, conn, ex)
@@ -471,6 +615,11 @@ class SimServer:
         # observations
         self.calls: list[CallRecord] = []
         self.open_connections = 0
+        self.idle_closes = 0  # keep-alive connections closed for idling (close_idle_after)
+        self.idle_races = 0  # of those, closed as a request arrived on them (timer=False)
+        # keep-alive idle timeout: None = connections may idle forever
+        self.idle_close_s: float | None = None
+        self.idle_close_timer = True
         # set by start()
         self.port = 0
         self.url = ""
@@ -490,6 +639,18 @@ class SimServer:
         self.port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         return self.port
+
+    def close_idle_after(self, seconds: float | None, *, timer: bool = True) -> None:
+        """Closes keep-alive connections idle for more than `seconds` (None: never), as real
+        servers do (uvicorn and Go default to 5 s). With `timer` (the default) the box closes
+        the connection when the time is up, as a server's idle timer does; a client sees the
+        FIN before it reuses the connection unless it is unlucky. With `timer=False` the close
+        always meets the client's next request: a request arriving on a connection idle past
+        `seconds` is dropped unread and the connection closed, which is the race at its worst
+        (the box never starts that call). Callable from any thread; applies from the next
+        idle period."""
+        self.idle_close_s = seconds
+        self.idle_close_timer = timer
 
     async def stop(self) -> None:
         """Stops listening and drops every connection."""
