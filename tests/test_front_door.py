@@ -354,3 +354,16 @@ def test_sigterm_stops_cleanly(start_fleet):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     router = start_fleet(a)
     assert router.stop() == 0
+
+
+def test_the_rsgi_interface_serves_the_same_calls(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    b = SimBox("b", catalog=["tiny"], chunks=4)
+    a.script("tiny", Behavior.in_band("load_error", "load failed"))
+    router = start_fleet(a, b, extra_args=("--interface", "rsgi"))
+    raw = client(router).chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    assert raw.headers["x-hugpy-box"] == "b"
+    assert len([c for c in raw.parse() if c.choices and c.choices[0].delta.content]) == 4
+    assert chat(router, "tiny").parse().choices[0].message.content
