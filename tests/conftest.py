@@ -58,6 +58,8 @@ class RouterProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.log.close()
         return self.proc.returncode
 

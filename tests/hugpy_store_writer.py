@@ -11,10 +11,13 @@ does (§3.1). It then reads commands, one per stdin line, and answers each on st
   busy KEY 0|1           flip a seat's busy flag (and its state serving/idle), as a call does
   model KEY              add a catalog row
   gpu FREE_BYTES         rewrite card 0 with this much free memory
+  used KEY               set a seat's last_used to now and nothing else (a call ended while
+                         another kept the seat busy: a silent sensor write on the box)
   call                   one call_log row (an event the router does not read)
   sensor HZ SECONDS      sensor-only rewrites at HZ for SECONDS: every seat's vram_bytes,
-                         ram_bytes, cpu_ms, last_used and observed_at, card 0's `at` and
-                         `changes`, the host row's mem_available (the box's 250 ms watch)
+                         ram_bytes, cpu_ms and observed_at, card 0's `at` and `changes`, the
+                         host row's mem_available (the box's 250 ms watch on an idle box, so
+                         last_used stays as it is)
   quit                   close and exit
 
 Every commit prints `commit <n> <CLOCK_MONOTONIC seconds>` right after it returns (monotonic
@@ -73,22 +76,24 @@ class Writer:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)
         now = time.time()
+        self.transaction(
+            *[("INSERT OR IGNORE INTO host_state VALUES (?, 270000000000, 200000000000, 0, 0, '{}',"
+               " 'watch', 0, ?)", (name, now)) for name in (worker, OTHER_WORKER)],
+            ("INSERT OR REPLACE INTO models (worker, key, runner, seen_at)"
+             " VALUES (?, 'not-ours', 'llama', ?)", (OTHER_WORKER, now)),
+            (GPU_ROW_SQL, (OTHER_WORKER, GPU_TOTAL_BYTES, 0, GPU_TOTAL_BYTES, now)),
+        )
+
+    def transaction(self, *steps: tuple[str, tuple]) -> None:
+        """`BEGIN IMMEDIATE`, the statements, `COMMIT`: the box's `Store.transaction()`."""
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")
-            for worker_name in (worker, OTHER_WORKER):
-                self.conn.execute(
-                    "INSERT OR IGNORE INTO host_state VALUES (?, 270000000000, 200000000000, 0, 0, '{}',"
-                    " 'watch', 0, ?)", (worker_name, now))
-            self.conn.execute(
-                "INSERT OR REPLACE INTO models (worker, key, runner, seen_at) VALUES (?, 'not-ours', 'llama', ?)",
-                (OTHER_WORKER, now))
-            self.conn.execute(GPU_ROW_SQL, (OTHER_WORKER, GPU_TOTAL_BYTES, 0, GPU_TOTAL_BYTES, now))
+            for sql, params in steps:
+                self.conn.execute(sql, params)
 
-    def commit(self, sql: str, params: tuple) -> None:
+    def commit(self, *steps: tuple[str, tuple]) -> None:
         """One transaction, then the commit line with the monotonic time it returned at."""
-        with self.conn:  # BEGIN ... COMMIT (the box's `transaction()`)
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute(sql, params)
+        self.transaction(*steps)
         done = time.clock_gettime(time.CLOCK_MONOTONIC)
         self.commits += 1
         print(f"commit {self.commits} {done:.6f}", flush=True)
@@ -96,7 +101,7 @@ class Writer:
     def resident(self, key: str, state: str = "idle") -> None:
         now = time.time()
         loaded = state in ("idle", "serving")
-        self.commit(
+        self.commit((
             "INSERT OR REPLACE INTO residents (worker, key, pid, port, endpoint, state, alive, healthy,"
             " busy, loading, load_error, vram_bytes, ram_bytes, device, n_gpu_layers, total_layers, ctx,"
             " is_moe, quant, resident_since, weights_loaded_at, last_used, calls, engine, runner,"
@@ -107,53 +112,59 @@ class Writer:
              int(state == "serving"), int(state == "loading"),
              "load failed" if state == "error" else None, f"{key}-F16.gguf", now,
              now if loaded else None, now, now),
-        )
+        ))
 
-    def busy(self, key: str, busy: int) -> None:
-        self.commit(
+    def busy(self, key: str, busy: str) -> None:
+        now = time.time()
+        self.commit((
             "UPDATE residents SET busy = ?, state = ?, last_used = ?, observed_at = ?"
             " WHERE worker = ? AND key = ?",
-            (busy, "serving" if busy else "idle", time.time(), time.time(), self.worker, key),
-        )
+            (int(busy), "serving" if int(busy) else "idle", now, now, self.worker, key),
+        ))
+
+    def used(self, key: str) -> None:
+        self.commit(("UPDATE residents SET last_used = ? WHERE worker = ? AND key = ?",
+                     (time.time(), self.worker, key)))
 
     def model(self, key: str) -> None:
-        self.commit(
+        self.commit((
             "INSERT OR REPLACE INTO models (worker, key, path, quant, bytes, files, runner, seen_at)"
             " VALUES (?, ?, ?, 'f16', 9082400, '[]', 'llama', ?)",
             (self.worker, key, f"/models/{key}/{key}-F16.gguf", time.time()),
-        )
+        ))
 
-    def gpu(self, free: int) -> None:
-        self.commit(GPU_ROW_SQL, (self.worker, GPU_TOTAL_BYTES, GPU_TOTAL_BYTES - free, free, time.time()))
+    def gpu(self, free: str) -> None:
+        self.commit((GPU_ROW_SQL, (self.worker, GPU_TOTAL_BYTES, GPU_TOTAL_BYTES - int(free), int(free),
+                                   time.time())))
 
     def call(self) -> None:
-        self.commit(
+        self.commit((
             "INSERT INTO call_log (worker, request_id, model, call_state, received_at)"
             " VALUES (?, ?, 'tiny', 'pending', ?)",
             (self.worker, f"fe-{self.commits:08x}", time.time()),
-        )
+        ))
 
-    def sensor(self, hz: float, seconds: float) -> None:
+    def sensor(self, hz: str, seconds: str) -> None:
         """Sensor-only rewrites, each its own commit, paced on the monotonic clock."""
-        period = 1.0 / hz
+        period = 1.0 / float(hz)
         start = time.monotonic()
-        for tick in range(int(hz * seconds)):
+        for tick in range(round(float(hz) * float(seconds))):
             time.sleep(max(0.0, start + tick * period - time.monotonic()))
             self.sensor_ticks += 1
             n, now = self.sensor_ticks, time.time()
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self.conn.execute(
-                    "UPDATE residents SET vram_bytes = ?, ram_bytes = ?, cpu_ms = ?, last_used = ?,"
-                    " observed_at = ? WHERE worker = ?",
-                    (1000 + n, 40833024 + n, 5680.0 + n, now, now, self.worker))
-                self.conn.execute("UPDATE gpu_state SET at = ?, changes = changes + 1, reason = 'watch'"
-                                  " WHERE worker = ?", (now, self.worker))
-                self.conn.execute("UPDATE host_state SET mem_available = ?, at = ? WHERE worker = ?",
-                                  (200000000000 - n, now, self.worker))
-            done = time.clock_gettime(time.CLOCK_MONOTONIC)
-            self.commits += 1
-            print(f"commit {self.commits} {done:.6f}", flush=True)
+            self.commit(
+                ("UPDATE residents SET vram_bytes = ?, ram_bytes = ?, cpu_ms = ?, observed_at = ?"
+                 " WHERE worker = ?", (1000 + n, 40833024 + n, 5680.0 + n, now, self.worker)),
+                ("UPDATE gpu_state SET at = ?, changes = changes + 1, reason = 'watch' WHERE worker = ?",
+                 (now, self.worker)),
+                ("UPDATE host_state SET mem_available = ?, at = ? WHERE worker = ?",
+                 (200000000000 - n, now, self.worker)),
+            )
+
+
+COMMANDS = {
+    name: getattr(Writer, name) for name in ("resident", "busy", "used", "model", "gpu", "call", "sensor")
+}
 
 
 def main(argv: list[str]) -> int:
@@ -166,24 +177,9 @@ def main(argv: list[str]) -> int:
         words = line.split()
         if not words:
             continue
-        command, args = words[0], words[1:]
-        if command == "quit":
+        if words[0] == "quit":
             break
-        if command == "resident":
-            writer.resident(*args)
-        elif command == "busy":
-            writer.busy(args[0], int(args[1]))
-        elif command == "model":
-            writer.model(args[0])
-        elif command == "gpu":
-            writer.gpu(int(args[0]))
-        elif command == "call":
-            writer.call()
-        elif command == "sensor":
-            writer.sensor(float(args[0]), float(args[1]))
-        else:
-            print(f"unknown command {command!r}", file=sys.stderr, flush=True)
-            return 2
+        COMMANDS[words[0]](writer, *words[1:])
         print("ok", flush=True)
     writer.conn.close()
     return 0

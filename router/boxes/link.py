@@ -38,6 +38,7 @@ class InventoryError(Exception):
 
 class Link:
     health_path = "/health"
+    mode = "poll"  # how the inventory is followed, as the admin state reports it
 
     def __init__(self, box: BoxState) -> None:
         self.box = box

@@ -5,8 +5,8 @@ contracts/stack-notes.md §4).
 Rules:
 1. Which rows. The store may hold several wrappers' rows; each row's `worker` is the box's
    FITEVICT_WORKER, which must be the box's name in our boxes file. Every SELECT filters on
-   `worker = <box name>`. A store whose catalog holds other workers' rows but none of ours is
-   not this box's store (rule 7).
+   `worker = <box name>`. A store whose catalog holds other workers' rows and no catalog or
+   resident row of ours is not this box's store (rule 7).
 2. What is read. `residents`, `models` and `gpu_state`, only the columns `parse_state` reads
    (`hugpy.STATE_COLUMNS`), inside one read transaction together with `PRAGMA data_version`,
    so the view is one snapshot and the version is the one it was read at. `parse_state` turns
@@ -15,27 +15,30 @@ Rules:
    store's directory (the `-wal` file is deleted and recreated as connections come and go),
    events filtered to the store's own file names; after an event, `PRAGMA data_version` says
    whether a commit is visible. The event can come before the writer updates the wal-index,
-   so an unmoved version is checked again `RECHECK_TRIES` times, `RECHECK_S` apart. A safety
-   poll every `SAFETY_POLL_S` catches coalesced, overflowed or missing events (a network
-   filesystem has none); without inotify at all the poll runs every `NO_INOTIFY_POLL_S`.
+   so an unmoved version is checked again after each of `RECHECK_DELAYS_S`; a new event
+   during that schedule is checked at once and restarts it. A safety poll every
+   `SAFETY_POLL_S` catches coalesced, overflowed or missing events (a network filesystem has
+   none); without inotify at all the poll runs every `NO_INOTIFY_POLL_S`.
 4. Publishing. `data_version` also moves on the box's silent 4 Hz sensor writes (residents'
    vram_bytes, ram_bytes, cpu_ms, last_used, observed_at; gpu/host/cpu rows), so every
    confirmed change is re-read but published only when the view the decision reads moved:
    catalog, free GPU bytes, the seats and their healthy/loading/busy flags. `last_used` (the
-   serving tier's most-recently-used tie-break between boxes) moves on every call; it counts
-   only when it moved more than `LAST_USED_SLACK_S` from the published value: a tie-break
-   between seats used within a second of each other is a coin toss either way, and every
-   published view carries the fresh values.
+   serving tier's most-recently-used tie-break between boxes) moves whenever a call ends, in a
+   silent write when the seat stays busy; it counts only when it moved more than
+   `LAST_USED_SLACK_S` from the published value: seats used within a second of each other are
+   equally warm, and every published view carries the fresh values.
 5. The loop. Opening the file runs in the default executor (it may touch the disk and create
-   the `-shm`). The check and the re-read run on the event loop: measured on this 2-core box
-   with 100 catalog rows, 5 seats and 1 card, the whole read transaction takes 35 µs median
-   (88 µs p99) and the `data_version` check alone 3 µs, against 73 µs median for one executor
-   round trip. The busy timeout is `BUSY_TIMEOUT_MS` so that a reader never stalls the loop
-   for longer; a busy store counts as "not visible yet" (rule 3 retries). Reads are at least
-   `MIN_READ_GAP_S` apart, which bounds the loop time a box under traffic (3-5 commits per
-   call) can take.
-6. Replacement. hugpy renames a corrupt store and creates a new file (§3.1): the safety poll
-   compares the path's device and inode with the opened file's and re-opens on a change.
+   the `-shm`). The check and the re-read run on the event loop: measured on the 2-core dev
+   box with 100 catalog rows, 5 seats and 1 card, an unchanged check takes 4.5 µs median and
+   a changed one (read transaction, row dicts, `parse_state`, diff) 90 µs median, against
+   73 µs median for one executor round trip, which would still hold the GIL for the Python
+   half of the work. The busy timeout is `BUSY_TIMEOUT_MS`, so a read never stalls the loop
+   longer; a busy store counts as "not visible yet" (rule 3 retries). A read that found a
+   commit is followed by `MIN_READ_GAP_S` without reads, which bounds the loop time a box
+   under traffic (3-5 commits per call) can take.
+6. Replacement. hugpy renames a corrupt store and creates a new file (§3.1), whose commits
+   the open connection never sees: every recheck and safety poll compares the path's device
+   and inode with the opened file's, and the link re-opens on a change.
 7. Fallback. A missing or unreadable file, one that is not a database or lacks the tables,
    or the wrong worker's store: logged once per distinct reason, and the link follows the API
    long-poll instead (`mode` says which). A read that fails later restarts the link through
@@ -62,20 +65,22 @@ log = logging.getLogger("router.boxes")
 
 # stack-notes §4: 21 of 490 events came before the wal-index update. uvloop timers have 1 ms
 # resolution (call_later rounds delay * 1000 to an integer, so the spike's 0.5 ms would be
-# `call_soon`); 20 checks 1 ms apart cover a writer descheduled for ~20 ms on a busy box,
-# and a later commit or the safety poll covers the rest.
-RECHECK_S = 0.001
-RECHECK_TRIES = 20
+# `call_soon`). Doubling delays cover a writer descheduled for ~30 ms on a busy box in five
+# checks; a commit writes the WAL in several write() calls, so some events come after their
+# commit was already read and all their checks fail: five keep those cheap. A later commit or
+# the safety poll covers the rest.
+RECHECK_DELAYS_S = (0.001, 0.002, 0.004, 0.008, 0.016)
 SAFETY_POLL_S = 1.0
 # stack-notes §4: polling data_version every 10 ms costs ~1 % CPU; 20 ms halves that and still
 # shows a change within the 50 ms the store watch is for.
 NO_INOTIFY_POLL_S = 0.02
-# 100 reads/s at most: about 1 % of the loop at the measured 35-88 µs per read, and the view
-# lags a burst by 10 ms, 25x less than the API link's MIN_POLL_GAP_S.
+# 100 changed reads/s at most: under 1 % of the loop at the measured 90 µs each (rule 5), and
+# the view lags a burst by 10 ms, 25x less than the API link's MIN_POLL_GAP_S.
 MIN_READ_GAP_S = 0.01
 LAST_USED_SLACK_S = 1.0
 # A WAL reader is only refused while a crashed writer's WAL is being recovered; waiting out
-# that on the loop would stall every call, so wait 2 ms (two busy-handler sleeps) and retry.
+# that on the loop would stall every call, so wait 2 ms (SQLite's busy handler sleeps 1 ms,
+# then the 1 ms left) and retry on the rule 3 schedule.
 BUSY_TIMEOUT_MS = 2
 OPEN_BUSY_TIMEOUT_MS = 1000  # the open runs in the executor, where waiting out a recovery is fine
 
@@ -113,21 +118,27 @@ class StoreReader:
         except (OSError, apsw.Error) as exc:
             raise StoreUnusable(f"cannot open: {exc}") from None
         try:
+            self.first = self._first_read()
+        except StoreUnusable:
+            self.conn.close()
+            raise
+
+    def _first_read(self) -> dict:
+        """The first read, with the checks of rules 1 and 7. Raises StoreUnusable."""
+        try:
             self.conn.set_busy_timeout(OPEN_BUSY_TIMEOUT_MS)
             first = self.read_if_changed()
-            others = [] if first is None or first["models"] else [
-                w for (w,) in self.conn.execute("SELECT DISTINCT worker FROM models LIMIT 5")
-            ]
             self.conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+            if first is None:
+                raise StoreUnusable(f"busy for {OPEN_BUSY_TIMEOUT_MS} ms")
+            if first["models"] or first["residents"]:
+                return first
+            others = [w for (w,) in self.conn.execute("SELECT DISTINCT worker FROM models LIMIT 5")]
         except apsw.Error as exc:
-            self.conn.close()
             raise StoreUnusable(f"cannot read: {exc}") from None
-        if first is None or others:
-            self.conn.close()
-            raise StoreUnusable(
-                "busy" if first is None else f"no rows for worker {worker!r} (the store holds {', '.join(others)})"
-            )
-        self.first = first
+        if others:
+            raise StoreUnusable(f"no rows for worker {self.worker!r} (the store holds {', '.join(others)})")
+        return first
 
     def replaced(self) -> bool:
         """Whether the path now names another file than the one open (rule 6)."""
@@ -216,6 +227,17 @@ def moved(old: Inventory, new: Inventory) -> bool:
     return False
 
 
+async def _woken(wake: asyncio.Event, timeout_s: float) -> bool:
+    """Waits for `wake` at most `timeout_s`. Returns whether it was set (and clears it)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await wake.wait()
+    except TimeoutError:
+        return False
+    wake.clear()
+    return True
+
+
 class HugpyStoreLink(HugpyLink):
     """A hugpy box with `store` in its config: the store watch, else the API long-poll (rule 7)."""
 
@@ -259,29 +281,26 @@ class HugpyStoreLink(HugpyLink):
         interval = SAFETY_POLL_S if fd is not None else NO_INOTIFY_POLL_S
         published = parse_state(reader.first)
         self.publish(published)
+        rechecks: tuple[float, ...] = ()  # the delays left before giving up on the last event
         try:
             while True:
-                try:
-                    async with asyncio.timeout(interval):
-                        await wake.wait()
-                except TimeoutError:
+                if await _woken(wake, rechecks[0] if rechecks else interval):
+                    rechecks = RECHECK_DELAYS_S  # a new event restarts the schedule, checked now
+                else:  # a recheck or the safety poll
+                    rechecks = rechecks[1:]
                     if reader.replaced():
-                        raise InventoryError("store file replaced or removed") from None
-                tries = RECHECK_TRIES if wake.is_set() else 0
-                wake.clear()
+                        raise InventoryError("store file replaced or removed")
                 try:
                     doc = reader.read_if_changed()
-                    while doc is None and tries:
-                        await asyncio.sleep(RECHECK_S)
-                        tries -= 1
-                        doc = reader.read_if_changed()
                 except apsw.Error as exc:
                     raise InventoryError(f"store read failed: {exc}") from None
-                if doc is not None:
-                    inventory = parse_state(doc)
-                    if moved(published, inventory):
-                        published = inventory
-                        self.publish(inventory)
+                if doc is None:
+                    continue
+                rechecks = ()
+                inventory = parse_state(doc)
+                if moved(published, inventory):
+                    published = inventory
+                    self.publish(inventory)
                 await asyncio.sleep(MIN_READ_GAP_S)
         finally:
             if fd is not None:

@@ -15,24 +15,40 @@ from router.core.access import Verdict
 from router.store.keys import KeyStore
 
 
+# Distinct client addresses whose "inside" verdict is remembered: parsing an address and
+# walking the nets costs a few µs per call, a dict lookup well under one.
+INSIDE_CACHE_SIZE = 4096
+
+
 class AccessGate:
     def __init__(self, keys: KeyStore, environ=os.environ) -> None:
         self.keys = keys
         self.admin_key = environ.get("HUGPY_ROUTER_KEY") or None
         self.mode = access.require_key_mode(environ.get("HUGPY_ROUTER_REQUIRE_KEY"))
-        self.inside = access.inside_nets(environ.get("HUGPY_ROUTER_TRUSTED_NETS"))
+        self.inside_nets = access.inside_nets(environ.get("HUGPY_ROUTER_TRUSTED_NETS"))
         self.proxies = access.proxy_nets(environ.get("HUGPY_ROUTER_TRUSTED_PROXIES"))
+        self._inside: dict[str | None, bool] = {}
+
+    def inside(self, addr: str | None) -> bool:
+        verdict = self._inside.get(addr)
+        if verdict is None:
+            if len(self._inside) >= INSIDE_CACHE_SIZE:
+                self._inside.clear()
+            verdict = self._inside[addr] = access.is_inside(addr, self.inside_nets)
+        return verdict
 
     def client(self, edge) -> str | None:
         """The address judged for this call (None: unknown, so outside)."""
-        return access.client_address(edge.client, edge.header, self.proxies)
+        if self.proxies or any(edge.header(name) is not None for name in access.FORWARDED_HEADERS):
+            return access.client_address(edge.client, edge.header, self.proxies)
+        return edge.client or None  # no forwarding: the peer itself
 
     def check(self, edge, scope: str) -> Verdict:
+        if scope == "use" and self.mode == "never":
+            return access.ALLOW
         addr = self.client(edge)
-        if scope == "use" and (
-            self.mode == "never" or (self.mode == "outside" and access.is_inside(addr, self.inside))
-        ):
+        if scope == "use" and self.mode == "outside" and self.inside(addr):
             return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
         token = access.bearer_token(edge.header("authorization"))
         key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
-        return access.decide_access(scope, self.mode, addr, key_scope, token is not None, self.inside)
+        return access.decide_access(scope, self.mode, addr, key_scope, token is not None, self.inside_nets)

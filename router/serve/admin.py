@@ -65,7 +65,7 @@ async def state(app, edge) -> None:
             "name": cfg.name,
             "kind": cfg.kind.value,
             "url": cfg.url,
-            "link": "api long-poll" if cfg.kind is BoxKind.HUGPY else "poll",
+            "link": shared.fleet.links[cfg.name].mode if cfg.name in shared.fleet.links else None,
             "agent": cfg.agent,
             "online": box.online,
             "pool": cfg.pool,

@@ -23,6 +23,11 @@ steps, disconnects and threads follow `router.sim.server`; the rules of this kin
 7. Auth from loopback (§6), only when the box has a key: a caller with a proxy header is
    outside and needs the box key everywhere but /health; otherwise use routes ignore the
    key and admin routes (state, cancel) accept none but reject a wrong one.
+8. Fault behaviours (the fault suite): `die_after(n, clean)` cuts a stream after n content
+   frames with a FIN or an RST; `drop(after_s, clean)` takes the call and closes without a
+   byte; `bad_head()` breaks HTTP in the status line; `trickle(bytes, interval)` writes the
+   whole normal answer, head included, a few bytes at a time; `linger(s)` keeps a finished
+   stream's connection open `s` seconds after `data: [DONE]`. All are recorded calls.
 """
 
 from __future__ import annotations
@@ -409,6 +414,7 @@ class SimBox(SimServer):
         stream_chunks = self.chunks
         die = False
         clean = True
+        linger_s = 0.0
         if behavior is not None:
             match behavior.kind:
                 case "hang":
@@ -433,6 +439,16 @@ class SimBox(SimServer):
                         return
                     stream_chunks, die = behavior.chunks, True
                     clean = behavior.clean
+                case "drop":
+                    if behavior.seconds > 0:
+                        yield behavior.seconds
+                    if behavior.clean:
+                        conn.close()
+                    else:
+                        conn.reset()
+                    return
+                case "linger":
+                    linger_s = behavior.seconds
                 case "bad_head":
                     conn.bad_head(ex)
                     return
@@ -480,6 +496,8 @@ class SimBox(SimServer):
             conn.write(_frame({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                                "hugpy": {"request_id": rid}}))
             conn.write(_DONE)
+            if linger_s > 0:
+                yield linger_s
             conn.close()
         finally:
             self._release_seat(base, seat)

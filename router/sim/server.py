@@ -114,8 +114,10 @@ class Behavior:
     chunks: int = 0
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
-    clean: bool = True  # die_after: FIN (True) or RST (False)
+    clean: bool = True  # die_after, drop, cut: FIN (True) or RST (False)
     size: int = 0  # trickle: bytes per write
+    cut_at: int = -1  # raw: body bytes sent before the connection is cut (-1: the whole body)
+    length: bool = True  # raw: with a Content-Length (False: close-delimited)
 
     @staticmethod
     def refuse(status: int, type: str | None, message: str = "refused by the simulated box",
@@ -159,6 +161,20 @@ class Behavior:
         return Behavior("die_after", chunks=chunks, clean=clean)
 
     @staticmethod
+    def drop(after_s: float = 0.0, clean: bool = True) -> Behavior:
+        """The box takes the call (it is recorded), then after `after_s` closes the connection
+        without sending a byte: FIN when `clean`, else RST. (hugpy boxes; the other kinds answer
+        unknown behaviours with a reset.)"""
+        return Behavior("drop", seconds=after_s, clean=clean)
+
+    @staticmethod
+    def linger(seconds: float) -> Behavior:
+        """The normal answer, but a close-delimited stream stays open `seconds` after its last
+        frame (`data: [DONE]`) before the box closes it, as a box busy tearing down may.
+        (hugpy boxes; the other kinds answer unknown behaviours with a reset.)"""
+        return Behavior("linger", seconds=seconds)
+
+    @staticmethod
     def bad_head() -> Behavior:
         """An answer whose status line no HTTP parser accepts (`HTTP/1.1 2OO OK`), then close.
         The call is recorded first: the box took it and then broke HTTP. (hugpy boxes; the
@@ -178,6 +194,19 @@ class Behavior:
     def raw(status: int, headers: list[tuple[str, str]], body: bytes) -> Behavior:
         """Answer exactly this (Content-Length is added)."""
         return Behavior("raw", status=status, headers=tuple(headers), body=body)
+
+    @staticmethod
+    def cut(status: int, headers: list[tuple[str, str]], body: bytes, after_bytes: int, *,
+            clean: bool = True, length: bool = True) -> Behavior:
+        """Like `raw`, but the connection is cut after `after_bytes` of the body: closed with a
+        FIN when `clean`, else an RST. With `length` the head declares the whole body's
+        Content-Length (so the cut is visible to any client); without, the answer is
+        close-delimited (`Connection: close`, no length), where only an RST marks the cut.
+        Every kind answers it (it is a `raw` behaviour)."""
+        if not 0 <= after_bytes <= len(body):
+            raise ValueError("after_bytes must be within the body")
+        return Behavior("raw", status=status, headers=tuple(headers), body=body, cut_at=after_bytes,
+                        clean=clean, length=length)
 
 
 BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"  # sic: two spaces
@@ -208,7 +237,20 @@ def answer_raw(conn: Connection, ex: Exchange, behavior: Behavior) -> None:
     content_type = next((v.encode("latin-1") for n, v in behavior.headers if n.lower() == "content-type"),
                         b"application/octet-stream")
     extra = [(n, v) for n, v in behavior.headers if n.lower() not in ("content-type", "content-length")]
-    conn.respond(ex, behavior.status, behavior.body, content_type, extra)
+    if behavior.cut_at < 0:
+        conn.respond(ex, behavior.status, behavior.body, content_type, extra)
+        return
+    # Behavior.cut: the head (with the whole length, or close-delimited), part of the body, cut.
+    ex.keep_alive = behavior.length  # close-delimited: the head says Connection: close
+    head = conn._head(ex, behavior.status, content_type, extra)
+    if behavior.length:
+        head += (b"Content-Length: ", str(len(behavior.body)).encode(), b"\r\n")
+    head += (b"\r\n", behavior.body[:behavior.cut_at])
+    conn.write(b"".join(head))
+    if behavior.clean:
+        conn.close()
+    else:
+        conn.reset()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -759,6 +801,11 @@ class SimFleet:
     def stop_box(self, box: SimServer) -> None:
         """Stops one box (its port refuses connections afterwards); the others keep serving."""
         asyncio.run_coroutine_threadsafe(box.stop(), self._loop).result(START_TIMEOUT_S)
+
+    def start_box(self, box: SimServer) -> None:
+        """Starts a box stopped with `stop_box` again, on the port it had (a process restart
+        as a client sees it: refused connections, then the same address answers again)."""
+        asyncio.run_coroutine_threadsafe(box.start(port=box.port), self._loop).result(START_TIMEOUT_S)
 
     def call_soon(self, fn: Callable[..., object], *args: object) -> None:
         """Runs `fn(*args)` on the fleet loop, thread-safely."""
