@@ -8,10 +8,12 @@ Every load run has a hard deadline (its own duration plus a margin) and is kille
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,12 +76,14 @@ class Procs:
         self.cwd = cwd  # `python -m router` imports from its working directory first
         self.live: list[Started] = []
 
-    def start(self, name: str, argv: list[str], ready: re.Pattern) -> tuple[Started, re.Match]:
-        """Starts `argv` with stdout+stderr in a log file; returns once `ready` matches a line."""
+    def start(self, name: str, argv: list[str], ready: re.Pattern,
+              env: dict[str, str] | None = None) -> tuple[Started, re.Match]:
+        """Starts `argv` with stdout+stderr in a log file; returns once `ready` matches a line.
+        `env` adds to the run's environment."""
         log = self.workdir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.cwd, env=self.env, start_new_session=True)
+                                     cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True)
         started = Started(name, popen, log)
         self.live.append(started)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -360,13 +364,22 @@ def pyspy(pid: int, out: Path) -> None:
         raise BenchError(f"py-spy wrote nothing (exit {done.returncode}): {done.stderr[-800:]}")
 
 
-def python_env(router_src: Path | None) -> dict[str, str]:
-    """Environment for the sim and the router (which run with `--router-src` as their working
-    directory when given, so that checkout's `router` package is imported)."""
-    env = dict(os.environ)
-    if router_src is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(router_src), env.get("PYTHONPATH")]))
-    return env
+def snapshot_router(src: Path, dest: Path) -> tuple[dict[str, str], str]:
+    """Copies `src`/router (sources and the compiled fast path) to `dest`/router, so that every
+    process of a run imports the same code while others edit the tree; returns the environment
+    to run from `dest` (used as the working directory too) and a digest of what was copied."""
+    shutil.copytree(src / "router", dest / "router",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.c", "*.pyc"))
+    digest = hashlib.sha256()
+    for path in sorted((dest / "router").rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(dest)).encode() + b"\0" + path.read_bytes())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(dest), os.environ.get("PYTHONPATH")])))
+    check = subprocess.run([PYTHON, "-c", "import router._fastpath, router; print(router.__file__)"],
+                           cwd=dest, env=env, capture_output=True, text=True)
+    if check.returncode != 0 or not check.stdout.strip().startswith(str(dest)):
+        raise BenchError(f"the router snapshot does not import from {dest}: {check.stdout}{check.stderr[-800:]}")
+    return env, digest.hexdigest()[:16]
 
 
 def versions() -> dict[str, str]:

@@ -44,10 +44,6 @@ class Stat:
         return f"{fmt.format(self.lo)}–{fmt.format(self.hi)}" if self.n > 1 else fmt.format(self.median)
 
 
-def _fmt(value: float | None, fmt: str) -> str:
-    return "–" if value is None else fmt.format(value)
-
-
 # -- summaries ---------------------------------------------------------------------------------
 
 
@@ -66,7 +62,7 @@ ROWS = (
     ("stream", "stream", "rate", "cpu_us_per_chunk", "ratio"),
     ("latency_p50", "latency", "p50_us", "cpu_us_per_call", "added"),
     ("latency_p99", "latency", "p99_us", None, "added"),
-    ("ttft_p50", "ttft", "ttft_p50_ms", None, "added"),
+    ("ttft_p50", "ttft", "ttft_p50_ms", "cpu_us_per_chunk", "added"),
     ("ttft_p99", "ttft", "ttft_p99_ms", None, "added"),
 )
 CPU_UNITS = {"cpu_us_per_call": "µs/call", "cpu_us_per_chunk": "µs/chunk"}

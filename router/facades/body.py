@@ -11,6 +11,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 import re
 
 import orjson
@@ -32,6 +33,23 @@ def parse_json_object(body: bytes) -> dict:
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
     return doc
+
+
+def reject_duplicate_fields(body: bytes, fields: tuple[str, ...]) -> None:
+    """Raises BadRequest when a routing field appears twice at the top level of the body.
+
+    orjson keeps the last of duplicate keys; a box whose parser keeps the first would run
+    another model than the one routed. The full check (a stdlib parse keeping every pair) runs
+    only when a field's quoted name occurs more than once in the raw bytes, which a body with
+    one `model` and no nested `model` keys never does.
+    """
+    if not any(body.count(b'"%s"' % f.encode()) > 1 for f in fields):
+        return
+    pairs = json.loads(body, object_pairs_hook=lambda items: items)
+    names = [name for name, _ in pairs]
+    for field in fields:
+        if names.count(field) > 1:
+            raise BadRequest(f"'{field}' appears more than once in the body")
 
 
 def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tuple[str, str | None]:

@@ -23,7 +23,7 @@ from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.edge import AsgiEdge, RsgiEdge
 from router.serve.metrics import Metrics
-from router.serve.proxy import ProxyCall
+from router.serve.proxy import ProxyCall, RelayAborted
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -101,6 +101,8 @@ class RouterApp:
                 await self.answer(edge, facade, route)
             else:
                 await ProxyCall(self, edge, facade, route).run()
+        except RelayAborted:
+            raise  # the server aborts the connection: a cut answer must not look complete
         except Exception as exc:  # a bug: answer 500 if we still can, never the details
             log.exception("call failed inside the router: %s", type(exc).__name__)
             try:

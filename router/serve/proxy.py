@@ -34,7 +34,12 @@ from router.core.errors import BadRequest
 from router.core.names import call_key
 from router.core.refusal import BAD_HEAD, CONNECTION_LOST, classify_first_frame, classify_reply
 from router.core.types import BoxKind, Call, Decision, Path
-from router.facades.body import model_and_pin, multipart_field, parse_json_object
+from router.facades.body import (
+    model_and_pin,
+    multipart_field,
+    parse_json_object,
+    reject_duplicate_fields,
+)
 from router.facades.table import Body, Facade, Route
 from router.serve.edge import BodyTooLarge, ClientLeft
 from router.upstream.fetch import fetch
@@ -120,6 +125,10 @@ class Answer:
         self.chunks = chunks
 
 
+class RelayAborted(Exception):
+    """The answer was cut after its head went out: the client connection must be aborted."""
+
+
 class Refused(Exception):
     def __init__(self, code: str, answer: Answer | None = None) -> None:
         super().__init__(code)
@@ -169,6 +178,7 @@ class ProxyCall:
         "t_received",
         "t_sent",
         "t_first_byte",
+        "delivered",
     )
 
     def __init__(self, app, edge, facade: Facade, route: Route) -> None:
@@ -196,6 +206,7 @@ class ProxyCall:
         self.t_received = time.perf_counter()
         self.t_sent = 0.0
         self.t_first_byte = 0.0
+        self.delivered = False  # the stream's end (`data: [DONE]`) reached the client
 
     # -- the client's side ---------------------------------------------------------------------
     async def error(
@@ -221,6 +232,10 @@ class ProxyCall:
 
     def client_left(self) -> None:
         self.gone = True
+        if self.delivered:  # the answer is whole: a client hanging up now cancels nothing
+            if self.exchange is not None:
+                self.exchange.abort(ClientGone("client left after the end"))
+            return
         self.state, self.failure = "cancelled", "client_left"
         exchange = self.exchange
         if exchange is not None:
@@ -254,6 +269,7 @@ class ProxyCall:
             pin, settings = None, None
         else:
             doc = parse_json_object(self.body)
+            reject_duplicate_fields(self.body, self.route.model_fields + ("alloc",))
             model, pin = model_and_pin(doc, self.route.model_fields)
             settings = self.facade.settings(doc)
         pin = pin or edge.header("x-router-box")
@@ -273,7 +289,10 @@ class ProxyCall:
             await self.error(413, "body_too_large", f"body over {self.app.max_body_bytes} bytes")
             return
         except ClientLeft:
-            self.state, self.failure = "cancelled", "client_left"
+            # The client left mid-upload, or sent a body the server could not frame (a bad
+            # chunked encoding reads as a disconnect): answer in case it is still there.
+            await self.error(400, "bad_body", "the request body could not be read", state="cancelled")
+            self.failure = "client_left"
             return
         try:
             self.call = call = self.inspect()
@@ -438,24 +457,30 @@ class ProxyCall:
         head = request_head(edge.method, target, box.origin, self.request_headers(box), len(self.body))
         if not self.attempts:
             self.t_sent = time.perf_counter()
-        try:
-            exchange = await box.origin.send(head, self.body)
-        except ConnectFailed as exc:
-            raise Refused(exc.refusal) from None
-        self.exchange = exchange
-        if self.gone:
-            exchange.abort(ClientGone("client left"))
-            return
-        exchange.arm_timeout(self.app.first_byte_timeout_s, FirstByteTimeout("no first byte"))
-        try:
-            await self.carry(box, exchange)
-        except UpstreamError as exc:
-            if isinstance(exc, ClientGone) or self.gone:
+        fresh = False
+        while True:
+            try:
+                exchange = await box.origin.send(head, self.body, fresh=fresh)
+            except ConnectFailed as exc:
+                raise Refused(exc.refusal) from None
+            self.exchange = exchange
+            if self.gone:
+                exchange.abort(ClientGone("client left"))
                 return
-            raise Refused(exc.refusal) from None
-        finally:
-            exchange.done()
-            self.exchange = None
+            exchange.arm_timeout(self.app.first_byte_timeout_s, FirstByteTimeout("no first byte"))
+            try:
+                await self.carry(box, exchange)
+                return
+            except UpstreamError as exc:
+                if isinstance(exc, ClientGone) or self.gone:
+                    return
+                if not fresh and exchange.stale_race():
+                    fresh = True  # the box's idle close met our request: it read nothing
+                    continue
+                raise Refused(exc.refusal) from None
+            finally:
+                exchange.done()
+                self.exchange = None
 
     async def carry(self, box: BoxState, exchange: Exchange) -> None:
         await exchange.head
@@ -556,6 +581,8 @@ class ProxyCall:
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 self.bytes_out += len(data)
                 await edge.write(data)
+                if scanner is not None and scanner.framing == SSE and scanner.ends_with(SSE_DONE):
+                    self.delivered = True
         except ClientLeft:
             self.client_left()
             return
@@ -564,6 +591,9 @@ class ProxyCall:
                 return
             log.info("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
             self.state, self.failure = "failed", "box_failed_mid_stream"
-            if scanner is not None:
-                await edge.write(MID_STREAM_ERROR[scanner.framing])
+            if scanner is None:
+                # A body with no frames has no way to say "error": cut the connection, so the
+                # client sees a truncated answer as truncated, never as complete.
+                raise RelayAborted("the box failed mid-body")
+            await edge.write(MID_STREAM_ERROR[scanner.framing])
         await edge.finish()

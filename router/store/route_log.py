@@ -4,9 +4,9 @@ Rules:
 1. `record(row)` never touches SQLite: it puts `(monotonic time, row)` on a `SimpleQueue` and
    bumps `queued`. It costs well under 1 µs (timeit), so it is fine on the event loop. The row
    belongs to the writer from then on: the caller must not change it afterwards.
-2. One writer thread owns its own connection. It waits for a row, then gathers more until it
-   holds `MAX_BATCH_ROWS` or `FLUSH_INTERVAL_S` has passed since it took the first, and
-   writes the batch in one transaction.
+2. One writer thread owns its own connection. It waits for a row, sleeps `FLUSH_INTERVAL_S`,
+   then takes every row queued by then and writes them in transactions of at most
+   `MAX_BATCH_ROWS`: one wake-up per flush window, however many calls arrived in it.
 3. A row is a dict keyed by `route_log` column names (any subset; `call_id` and `state` are
    required). Writing is an upsert on `call_id`: a later row for the same call (`pending`,
    then `done`) sets the columns it carries and keeps the earlier values of those it leaves
@@ -139,32 +139,33 @@ class RouteLogWriter:
 
     def _run(self) -> None:
         get = self._queue.get
-        monotonic = time.monotonic
+        get_nowait = self._queue.get_nowait
         stopping = False
         try:
             while not stopping:
                 item = get()
                 if item is _STOP:
                     break
+                # Sleep out the window, then drain: one wake-up per flush, not per row, so the
+                # writer does not take the GIL from the event loop on every call.
+                time.sleep(FLUSH_INTERVAL_S)
                 batch = [item]
-                deadline = monotonic() + FLUSH_INTERVAL_S
-                while len(batch) < MAX_BATCH_ROWS:
-                    remaining = deadline - monotonic()
-                    if remaining <= 0:
-                        break
+                while True:
                     try:
-                        item = get(timeout=remaining)
+                        item = get_nowait()
                     except queue.Empty:
                         break
                     if item is _STOP:
                         stopping = True
                         break
                     batch.append(item)
-                try:
-                    self._write(batch)
-                except Exception:  # a bug here must not stop the log for the rest of the run
-                    self.dropped += len(batch)
-                    log.exception("route_log: batch of %d rows lost", len(batch))
+                for start in range(0, len(batch), MAX_BATCH_ROWS):
+                    chunk = batch[start : start + MAX_BATCH_ROWS]
+                    try:
+                        self._write(chunk)
+                    except Exception:  # a bug here must not stop the log for the rest of the run
+                        self.dropped += len(chunk)
+                        log.exception("route_log: batch of %d rows lost", len(chunk))
         finally:
             self._conn.close()
 

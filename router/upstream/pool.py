@@ -10,7 +10,12 @@ Invariants:
    body is never sent twice to that box.
 4. Flow: when an exchange holds more than `HIGH_WATER_BYTES` unread, the socket stops reading
    until the reader takes them; so a slow client bounds what the router buffers per stream.
-5. Responses without length or chunking end when the box closes (hugpy's SSE does this).
+5. Responses without length or chunking end when the box closes cleanly (hugpy's SSE does
+   this); an abortive close (a reset) fails the exchange (RFC 9112 §6.3).
+6. The one exception to rule 3's "never twice": a reused connection that is lost before any
+   answer byte within `STALE_RACE_S` of the write is the box's idle close meeting our request
+   (the box read nothing), so the caller may send once more on a fresh connection
+   (`Exchange.stale_race()`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ MAX_IDLE_PER_ORIGIN = 128
 # Issue #2: at most 1 MiB buffered per stream before the box socket stops being read.
 HIGH_WATER_BYTES = 1 << 20
 NO_BODY_STATUSES = frozenset({204, 304})
+# A box's idle close and our reuse cross within a round trip on loopback or a LAN; a box that
+# took the request and then died does so later than this.
+STALE_RACE_S = 0.1
 
 
 class UpstreamError(Exception):
@@ -75,10 +83,14 @@ class Exchange:
         "error",
         "bytes_in",
         "timer",
+        "reused",
+        "sent_s",
     )
 
-    def __init__(self, conn: "Conn", loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, conn: "Conn", loop: asyncio.AbstractEventLoop, reused: bool) -> None:
         self.conn: Conn | None = conn
+        self.reused = reused  # the connection had served an earlier request
+        self.sent_s = loop.time()
         # response head
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -122,6 +134,15 @@ class Exchange:
             waiter.set_result(None)
 
     # -- used by the reader -------------------------------------------------------------------
+    def stale_race(self) -> bool:
+        """Lost on a reused connection before any answer byte, right after the write (rule 6)."""
+        return (
+            self.reused
+            and isinstance(self.error, ConnectionLost)
+            and self.status == 0  # no head: not one answer byte arrived
+            and asyncio.get_running_loop().time() - self.sent_s < STALE_RACE_S
+        )
+
     def header(self, name: bytes) -> bytes | None:
         """The first value of header `name` (lower-case), or None."""
         for key, value in self.headers:
@@ -199,6 +220,7 @@ class Conn(asyncio.Protocol):
         self.closed = False
         self.reading_paused = False
         self.idle_since = 0.0
+        self.served = 0  # requests started on this connection
         # per request
         self.exchange: Exchange | None = None
 
@@ -226,8 +248,8 @@ class Conn(asyncio.Protocol):
         if exchange is None or exchange.complete:
             return
         exchange.conn = None
-        if exchange.head.done() and exchange.close_delimited:
-            exchange._finish()
+        if exchange.head.done() and exchange.close_delimited and exc is None:
+            exchange._finish()  # a clean close ends a close-delimited body; a reset never does
         else:
             exchange._fail(ConnectionLost("box closed the connection before the answer ended"))
 
@@ -278,7 +300,8 @@ class Conn(asyncio.Protocol):
             self.transport.close()
 
     def start(self, payload: list[bytes], loop: asyncio.AbstractEventLoop) -> Exchange:
-        exchange = Exchange(self, loop)
+        exchange = Exchange(self, loop, reused=self.served > 0)
+        self.served += 1
         self.exchange = exchange
         self.transport.writelines(payload)  # type: ignore[union-attr]
         return exchange
@@ -306,11 +329,9 @@ class Origin:
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> Conn:
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: Conn(self), self.host, self.port),
-                CONNECT_TIMEOUT_S,
-            )
-        except (OSError, asyncio.TimeoutError) as exc:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):  # no extra task, unlike wait_for
+                _, conn = await loop.create_connection(lambda: Conn(self), self.host, self.port)
+        except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
         return conn
 
@@ -330,13 +351,14 @@ class Origin:
         conn.idle_since = asyncio.get_running_loop().time()
         self.idle.append(conn)
 
-    async def send(self, head: bytes, body: bytes) -> Exchange:
-        """Writes one request (`head` ends with the blank line) and returns its Exchange.
+    async def send(self, head: bytes, body: bytes, *, fresh: bool = False) -> Exchange:
+        """Writes one request (`head` ends with the blank line) and returns its Exchange;
+        `fresh` skips the idle connections.
 
         Raises ConnectFailed when no connection can be made.
         """
         loop = asyncio.get_running_loop()
-        conn = self._take_idle(loop.time())
+        conn = None if fresh else self._take_idle(loop.time())
         if conn is None or conn.transport is None or conn.transport.is_closing():
             conn = await self._connect(loop)
         return conn.start([head, body] if body else [head], loop)
