@@ -241,16 +241,22 @@ cdef class FrameScanner:
         """Scans one chunk; returns HOLD, FIRST_CLEAN, FIRST_SUSPECT, RELAY or TOO_BIG."""
         cdef const char* start = PyBytes_AS_STRING(chunk)
         cdef Py_ssize_t size = PyBytes_GET_SIZE(chunk)
-        cdef const char* p = start
-        cdef const char* end = start + size
-        cdef const char* nl
         cdef long long base = self.bytes_in
-        cdef long long boundary
         cdef int verdict
         if not self.relaying:
             self.held.append(chunk)
         self.bytes_in += size
         self._keep_tail(start, size)
+        verdict = self._scan(start, start, start + size, base)
+        if verdict == HOLD and self.bytes_in > self.hold_limit:
+            return TOO_BIG
+        return verdict
+
+    cdef int _scan(self, const char* start, const char* p, const char* end, long long base) except -1:
+        """Counts the frames in [p, end) of the chunk at `start` (stream offset `base`); while
+        holding, the first data frame's end is judged, and the rest is counted after it."""
+        cdef const char* nl
+        cdef int verdict
         while p < end:
             nl = <const char*> memchr(p, 10, end - p)
             if nl == NULL:
@@ -261,18 +267,12 @@ cdef class FrameScanner:
             if self._boundary():
                 self.frames += 1
                 if not self.relaying:
-                    boundary = base + (p - start)
-                    verdict = self._judge_block(boundary)
+                    verdict = self._judge_block(base + (p - start))
                     if verdict != HOLD:
                         self.relaying = True
-                        # Count the rest of this chunk's frames before answering.
-                        self._count_rest(p, end)
+                        self._scan(start, p, end, base)
                         return verdict
-        if self.relaying:
-            return RELAY
-        if self.bytes_in > self.hold_limit:
-            return TOO_BIG
-        return HOLD
+        return RELAY if self.relaying else HOLD
 
     cdef inline void _take(self, const char* p, const char* end):
         """Adds the line bytes [p, end), remembering whether the last one is a CR."""
@@ -297,18 +297,6 @@ cdef class FrameScanner:
             closes = False
         self.line_len = 0
         return closes
-
-    cdef void _count_rest(self, const char* p, const char* end):
-        cdef const char* nl
-        while p < end:
-            nl = <const char*> memchr(p, 10, end - p)
-            if nl == NULL:
-                self._take(p, end)
-                return
-            self._take(p, nl)
-            p = nl + 1
-            if self._boundary():
-                self.frames += 1
 
     cdef int _judge_block(self, long long boundary) except -1:
         """At the first frame boundary: a data block ends the hold, a comment block does not."""
