@@ -268,11 +268,6 @@ def test_huge_numbers_elsewhere_never_500(door, route):
         box.calls.clear()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/facades/body.py parse_json_object (orjson) keeps the last of duplicate keys and routes "
-    "on it, so `{\"model\": \"ghost\", \"model\": \"<served>\"}` reaches a box; a box whose parser "
-    "keeps the first or rejects duplicates (serde) would run another model than the one routed, "
-    "logged and billed. An ambiguous `model` must be a 400 invalid_request"))
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
 def test_duplicate_model_keys_are_400(door, route):
     body = b'{"model": "ghost-model", "messages": [], "model": "' + route.model.encode() + b'"}'
@@ -354,12 +349,6 @@ def test_broken_framing_headers_are_refused_cleanly(door, route, framing):
     refused_in_shape(route.facade, status, headers, answer, server_level=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a malformed chunked request body reaches the app as `http.disconnect` (Granian ASGI): "
-    "serve/edge.py AsgiEdge.read_body raises ClientLeft and serve/proxy.py ProxyCall._run returns "
-    "without answering (row: cancelled/client_left), so Granian answers its own plain-text "
-    "`500 Internal server error` on a connection that is still open. The router must answer a 400 "
-    "in the facade's shape (or at least never let the request end in a 500)"))
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
 @pytest.mark.parametrize("chunks", [
     b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",

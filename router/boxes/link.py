@@ -70,12 +70,13 @@ class Link:
         return body
 
     async def first_read(self) -> None:
-        """The first health probe and the first inventory, as far as they come within the bound."""
+        """The first health probe, then (for a box that answered) the first inventory, within
+        the bound: a box that is down does not hold up the start."""
         try:
-            await asyncio.wait_for(
-                asyncio.gather(self.probe(), self.first_inventory.wait()), FIRST_READ_TIMEOUT_S
-            )
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(FIRST_READ_TIMEOUT_S):
+                if await self.probe():
+                    await self.first_inventory.wait()
+        except TimeoutError:
             pass
 
     async def probe(self) -> bool:

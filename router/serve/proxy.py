@@ -62,6 +62,9 @@ ERROR_BODY_LIMIT = 1 << 20
 # unsized ones are relayed as they arrive.
 INLINE_BODY_LIMIT = 1 << 20
 CANCEL_TIMEOUT_S = 5.0
+# A client that stalls mid-upload must not hold a connection forever; a 64 MiB upload at
+# 10 Mbit/s still fits (nginx's client_body_timeout is 60 s between reads, ours is the whole).
+BODY_TIMEOUT_S = 60.0
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay plus the box's close.
@@ -284,7 +287,11 @@ class ProxyCall:
     async def _run(self) -> None:
         edge = self.edge
         try:
-            self.body = await edge.read_body(self.app.max_body_bytes)
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                self.body = await edge.read_body(self.app.max_body_bytes)
+        except TimeoutError:
+            await self.error(408, "body_timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s")
+            return
         except BodyTooLarge:
             await self.error(413, "body_too_large", f"body over {self.app.max_body_bytes} bytes")
             return
@@ -551,7 +558,8 @@ class ProxyCall:
         await self.edge.start(exchange.status, self.client_headers(exchange.headers))
         first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
         self.bytes_out += len(first)
-        await self.edge.write(first)
+        self.delivered = framing == SSE and scanner.ends_with(SSE_DONE)  # before the write: a
+        await self.edge.write(first)  # client may hang up the moment it has [DONE]
         await self.relay(exchange, scanner)
 
     def commit(self, box: BoxState, status: int) -> None:
@@ -580,9 +588,9 @@ class ProxyCall:
                         scanner.feed(chunk)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 self.bytes_out += len(data)
-                await edge.write(data)
                 if scanner is not None and scanner.framing == SSE and scanner.ends_with(SSE_DONE):
-                    self.delivered = True
+                    self.delivered = True  # before the write, which the disconnect can race
+                await edge.write(data)
         except ClientLeft:
             self.client_left()
             return

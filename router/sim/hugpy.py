@@ -27,7 +27,9 @@ steps, disconnects and threads follow `router.sim.server`; the rules of this kin
    frames with a FIN or an RST; `drop(after_s, clean)` takes the call and closes without a
    byte; `bad_head()` breaks HTTP in the status line; `trickle(bytes, interval)` writes the
    whole normal answer, head included, a few bytes at a time; `linger(s)` keeps a finished
-   stream's connection open `s` seconds after `data: [DONE]`. All are recorded calls.
+   stream's connection open `s` seconds after `data: [DONE]` (and writes each burst of
+   frames as one piece, so without a cadence the whole stream is one write). All are
+   recorded calls.
 """
 
 from __future__ import annotations
@@ -449,6 +451,8 @@ class SimBox(SimServer):
                     return
                 case "linger":
                     linger_s = behavior.seconds
+                    if stream:
+                        conn.slow_writes(1 << 30)  # each burst of writes goes out as one
                 case "bad_head":
                     conn.bad_head(ex)
                     return
@@ -497,6 +501,8 @@ class SimBox(SimServer):
                                "hugpy": {"request_id": rid}}))
             conn.write(_DONE)
             if linger_s > 0:
+                yield conn.drained()
+                conn.slow_writes(None)
                 yield linger_s
             conn.close()
         finally:

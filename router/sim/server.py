@@ -29,6 +29,7 @@ Rules and invariants:
    parser accepts (`Behavior.bad_head`); `SimServer.close_idle_after` closes keep-alive
    connections that stay idle too long, like every real server's idle timeout, and can also
    stage the race where that close meets the client's next request (`timer=False`).
+   `Behavior.cut` is a `raw` answer cut mid-body, so every kind can be scripted with it.
 """
 
 from __future__ import annotations
@@ -170,8 +171,10 @@ class Behavior:
     @staticmethod
     def linger(seconds: float) -> Behavior:
         """The normal answer, but a close-delimited stream stays open `seconds` after its last
-        frame (`data: [DONE]`) before the box closes it, as a box busy tearing down may.
-        (hugpy boxes; the other kinds answer unknown behaviours with a reset.)"""
+        frame (`data: [DONE]`) before the box closes it, as a box busy tearing down may. Each
+        burst of the stream's writes goes out as one write: without a cadence the head, every
+        frame and [DONE] reach the client in one piece. (hugpy boxes; the other kinds answer
+        unknown behaviours with a reset.)"""
         return Behavior("linger", seconds=seconds)
 
     @staticmethod
@@ -202,6 +205,7 @@ class Behavior:
         FIN when `clean`, else an RST. With `length` the head declares the whole body's
         Content-Length (so the cut is visible to any client); without, the answer is
         close-delimited (`Connection: close`, no length), where only an RST marks the cut.
+        An RST drops whatever the kernel has not sent yet, so at most `after_bytes` arrive.
         Every kind answers it (it is a `raw` behaviour)."""
         if not 0 <= after_bytes <= len(body):
             raise ValueError("after_bytes must be within the body")

@@ -12,8 +12,8 @@ Invariants:
    until the reader takes them; so a slow client bounds what the router buffers per stream.
 5. Responses without length or chunking end when the box closes cleanly (hugpy's SSE does
    this); an abortive close (a reset) fails the exchange (RFC 9112 §6.3).
-6. The one exception to rule 3's "never twice": a reused connection that is lost before any
-   answer byte within `STALE_RACE_S` of the write is the box's idle close meeting our request
+6. The one exception to rule 3's "never twice": a reused connection closed cleanly (FIN) before
+   any answer byte within `STALE_RACE_S` of the write is the box's idle close meeting our request
    (the box read nothing), so the caller may send once more on a fresh connection
    (`Exchange.stale_race()`).
 """
@@ -52,6 +52,10 @@ class ConnectFailed(UpstreamError):
 
 class ConnectionLost(UpstreamError):
     refusal = "connection_lost"
+
+    def __init__(self, message: str, *, clean: bool = False) -> None:
+        super().__init__(message)
+        self.clean = clean  # the box closed with a FIN (an orderly close), not a reset
 
 
 class FirstByteTimeout(UpstreamError):
@@ -139,6 +143,7 @@ class Exchange:
         return (
             self.reused
             and isinstance(self.error, ConnectionLost)
+            and self.error.clean  # an idle close is orderly; a box that took the call and died resets
             and self.status == 0  # no head: not one answer byte arrived
             and asyncio.get_running_loop().time() - self.sent_s < STALE_RACE_S
         )
@@ -251,7 +256,9 @@ class Conn(asyncio.Protocol):
         if exchange.head.done() and exchange.close_delimited and exc is None:
             exchange._finish()  # a clean close ends a close-delimited body; a reset never does
         else:
-            exchange._fail(ConnectionLost("box closed the connection before the answer ended"))
+            exchange._fail(
+                ConnectionLost("box closed the connection before the answer ended", clean=exc is None)
+            )
 
     # -- httptools callbacks: forward and return ----------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
