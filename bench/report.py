@@ -15,6 +15,9 @@ TARGETS = {
     "calls_per_s": 15_000.0,  # non-stream throughput at c=64
     "added_p50_us": 150.0,  # c=1 latency, router minus direct
     "added_p99_us": 500.0,
+    "open_streams": 2000,  # streams held open at once through one router process, none stalled
+    "open_streams_rss_mb": 250.0,  # router RSS at their peak (MB = 10^6 bytes)
+    "stalled_growth_mib": 2.0,  # router RSS growth over 10 s of one stalled reader
 }
 
 FIGURE_TITLES = {
@@ -159,7 +162,7 @@ def _ratio(a: Stat | None, b: Stat | None) -> str:
     return f"{a.median / b.median:.2f}×" if a and b and b.median else "–"
 
 
-def verdict(rows: list[dict]) -> list[str]:
+def verdict(rows: list[dict], records: list[dict] = ()) -> list[str]:
     """One line per target and interface: value, target, PASS/MISS."""
     by = {(r["interface"], r["figure"]): r for r in rows}
     checks = [
@@ -180,7 +183,144 @@ def verdict(rows: list[dict]) -> list[str]:
             sign = "≥" if at_least else "≤"
             out.append(f"{'PASS' if ok else 'MISS'}  {interface}: {label} = {value:,.1f} {unit} "
                        f"(target {sign} {target:,.0f} {unit})")
+    return out + capacity_verdict(records)
+
+
+def capacity_verdict(records: list[dict]) -> list[str]:
+    """Open streams and the stalled reader, per interface."""
+    out = []
+    for r in records:
+        if r["figure"] == "open_streams":
+            target = (f"target {TARGETS['open_streams']:,} none stalled, RSS ≤ "
+                      f"{TARGETS['open_streams_rss_mb']:.0f} MB")
+            if r.get("skipped"):
+                out.append(f"MISS  {r['interface']}: open streams not run: {r['skipped']} ({target})")
+                continue
+            ok = (r["completed"] >= TARGETS["open_streams"] and r["stalled"] == 0
+                  and r["router_rss_peak_mb"] <= TARGETS["open_streams_rss_mb"])
+            out.append(f"{'PASS' if ok else 'MISS'}  {r['interface']}: open streams = {r['completed']:,} of "
+                       f"{r['streams']:,} completed, {r['stalled']} stalled (max gap {_num(r['max_gap_ms'])} ms), "
+                       f"router RSS peak {r['router_rss_peak_mb']:.0f} MB ({target})")
+        elif r["figure"] == "stalled_reader":
+            ok = r["growth_mib"] <= TARGETS["stalled_growth_mib"]
+            note = ("; expected: RSGI's response stream has no write backpressure, the reason ASGI is the "
+                    "default" if r["interface"] == "rsgi" else "")
+            out.append(f"{'PASS' if ok else 'MISS'}  {r['interface']}: stalled reader RSS growth over "
+                       f"{r['stall_s']:g} s = {r['growth_mib']:+.2f} MiB (target ≤ "
+                       f"{TARGETS['stalled_growth_mib']:g} MiB{note})")
     return out
+
+
+def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+# -- capacity and memory, latency against concurrency --------------------------------------------
+
+
+def capacity_table(records: list[dict]) -> str:
+    """Open streams and stalled reader: one row per figure and interface."""
+    lines = []
+    for r in records:
+        if r["figure"] == "open_streams":
+            title = f"{r['interface']} · {r.get('streams', TARGETS['open_streams']):,} open streams"
+            if r.get("skipped"):
+                lines.append(f"| {title} | not run | – | {r['skipped']} | – |")
+                continue
+            result = (f"{r['completed']:,} completed, {r['stalled']} stalled; router RSS peak "
+                      f"{r['router_rss_peak_mb']:.0f} MB")
+            target = f"{TARGETS['open_streams']:,}, none stalled, ≤ {TARGETS['open_streams_rss_mb']:.0f} MB"
+            failures = ", ".join(f"{n} {cause}" for cause, n in r["failures"].items())
+            detail = (f"{r['frames_expected']} frames per stream every {r['cadence_ms']:g} ms; "
+                      f"peak {r['peak_open']:,} open at once; max gap between frames {_num(r['max_gap_ms'])} ms "
+                      f"(stall: > {r['stall_threshold_ms']:.0f} ms); first frame p50/p99 "
+                      f"{_num(r['first_frame_p50_ms'])}/{_num(r['first_frame_p99_ms'])} ms; router RSS "
+                      f"{r['router_rss_base_mb']:.0f} MB before, {r['router_rss_after_mb']:.0f} MB after; "
+                      f"{r['router_fds_peak']:,} fds (limit {r['router_fd_limit']:,}; sim's {r.get('sim_fd_limit', 0):,}); router CPU "
+                      f"{r['router_cpu_pct']:.0f} %, sim {r['sim_cpu_pct']:.0f} %"
+                      + (f"; failures: {failures}" if failures else ""))
+            lines.append(f"| {title} | {result} | {target} | {detail} | {r['background_pct']:.0f} |")
+        elif r["figure"] == "stalled_reader":
+            title = f"{r['interface']} · stalled reader, {r['stall_s']:g} s"
+            result = f"RSS growth {r['growth_mib']:+.2f} MiB"
+            target = f"≤ {TARGETS['stalled_growth_mib']:g} MiB"
+            detail = (f"a {r['answer_frames']:,}-frame stream (~{r['answer_mb']:.0f} MB) written "
+                      f"at once; router RSS {r['rss_start_mib']:.1f} → {r['rss_end_mib']:.1f} MiB (peak "
+                      f"{r['rss_peak_mib']:.1f}; {r['growth_after_1s_mib']:+.2f} MiB from 1 s to the end), "
+                      f"{r['rss_closed_mib']:.1f} MiB 2 s after the client closed; "
+                      f"router CPU during the stall {r['router_cpu_s']:.2f} s")
+            lines.append(f"| {title} | {result} | {target} | {detail} | {r['background_pct']:.0f} |")
+    if not lines:
+        return ""
+    return ("| figure | result | target | details | other tenants' CPU % |\n|---|---|---|---|---|\n"
+            + "\n".join(lines) + "\n")
+
+
+def curve_points(records: list[dict]) -> dict[tuple[str, str], dict[int, dict]]:
+    """latency_curve records → {(interface, target): {connections: record}}."""
+    out: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in records:
+        if r["figure"] == "latency_curve":
+            out.setdefault((r["interface"], r["target"]), {})[r["connections"]] = r
+    return out
+
+
+def curve_table(records: list[dict]) -> str:
+    points = curve_points(records)
+    if not points:
+        return ""
+    series = sorted(points, key=lambda k: (k[1] != "router", k[0]))
+    conns = sorted({c for p in points.values() for c in p})
+    head = ("| c | " + " | ".join(f"{i} {t} p50 / p99" for i, t in series) + " | calls/s "
+            + " / ".join(f"{i} {t}" for i, t in series) + " |\n|" + "---|" * (len(series) + 2) + "\n")
+    lines = []
+    for c in conns:
+        cells = []
+        rates = []
+        for key in series:
+            r = points[key].get(c)
+            noisy = " †" if r and r.get("noisy") else ""
+            cells.append(f"{r['p50_us'] / 1000:.2f} / {r['p99_us'] / 1000:.2f}{noisy}" if r else "–")
+            rates.append(f"{r['rate']:,.0f}" if r else "–")
+        lines.append(f"| {c} | " + " | ".join(cells) + " | " + " / ".join(rates) + " |")
+    note = ""
+    if any(r.get("noisy") for p in points.values() for r in p.values()):
+        note = "\n† other tenants used over 35 % of a core during that run (not retried).\n"
+    return head + "\n".join(lines) + "\n" + note
+
+
+def plot_latency_curve(records: list[dict], out: Path, title: str) -> None:
+    """p50 (solid) and p99 (dashed) against concurrency, log-scale y; one colour per series.
+    Raises ImportError without matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = curve_points(records)
+    colours = {("asgi", "router"): "tab:blue", ("rsgi", "router"): "tab:orange",
+               ("asgi", "direct"): "tab:gray", ("rsgi", "direct"): "black"}
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for key in sorted(points, key=lambda k: (k[1] != "router", k[0])):
+        interface, target = key
+        conns = sorted(points[key])
+        label = f"router ({interface})" if target == "router" else f"direct (box, {interface} run)"
+        colour = colours.get(key)
+        for pct, style, marker in (("p50_us", "-", "o"), ("p99_us", "--", "^")):
+            ax.plot(conns, [points[key][c][pct] / 1000 for c in conns], linestyle=style, marker=marker,
+                    color=colour, label=f"{label} {pct[:3]}", alpha=0.6 if target == "direct" else 1.0)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    conns = sorted({c for p in points.values() for c in p})
+    ax.set_xticks(conns)
+    ax.set_xticklabels([str(c) for c in conns])
+    ax.set_xlabel("concurrent connections (wrk -t1 -cN, non-stream chat calls)")
+    ax.set_ylabel("latency (ms, log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
 
 
 # -- py-spy ------------------------------------------------------------------------------------

@@ -16,6 +16,23 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   percentiles printed by bench/wrk_report.lua, not wrk's rounded summary);
 * with `--locust`: time to first token at 64 users against a fleet with a 20 ms token cadence
   (bench/locustfile.py, FastHttpUser, headless, `--csv`), added TTFT p50/p99 router vs direct;
+* once per interface, each with a fleet and router of its own (`--figures` picks, e.g.
+  `--figures open_streams,stalled_reader,latency_curve` for these three only):
+  - open streams: 2,000 streaming calls held open at once through one router process
+    (bench/open_streams.py: raw sockets on uvloop, opened 100 every 50 ms) against a fleet with a
+    200 ms cadence and 30-chunk streams (6 s each, so all 2,000 overlap); every stream must get
+    all 33 `data: ` events and its end, with no gap between two frames over 5 × the cadence
+    (1 s) — else it counts as stalled; the router's RSS (psutil, every 100 ms) at the peak, and
+    its descriptors (2 per stream). The router and the sim need `ulimit -n` ≥ 4,256 and 2,256:
+    scripts/bench raises it to 8192 (the figure is recorded as not run if a limit is short);
+  - stalled reader: a box writes a 200,000-frame stream (~43 MB) at once; a client with a
+    16 KiB receive buffer reads the head, then nothing for 10 s: the router's RSS growth over
+    those 10 s (from the head's arrival), sampled every 200 ms, and 2 s after the client closed.
+    Under ASGI a write waits for the client, so the router pauses reading the box (1 MiB
+    buffered); under RSGI nothing waits and the whole answer lands in the router's memory;
+  - latency against concurrency: non-stream `wrk -t1 -cN -d3s` at N = 1, 4, 16, 64, 128, router
+    then direct back to back after the quiet gate; p50 and p99 in a table and in a plot
+    (matplotlib, Agg, log-scale y) saved as bench/results/<stamp>-latency.png and latency.png;
 * with `--profile`: py-spy (`record --nonblocking -r 200 -d 8 --format raw`) on the router during
   a non-stream and a stream load at c=64 and a non-stream load at c=1; the top-15 functions by
   own samples, and own samples by area, go to bench/results/profile-<stamp>.txt.
@@ -43,7 +60,7 @@ box connection per stream and keeps the client's alive). The extra accept makes 
 figure slightly pessimistic, i.e. the router/direct stream ratio slightly flattering.
 
 Outputs: bench/results/<UTC stamp>.json (every run, conditions, versions), <stamp>.md and
-latest.md (the table), profile-<stamp>.txt; logs, locust CSVs and py-spy raw files of the last
+latest.md (the tables), <stamp>-latency.png and latency.png (the curve), profile-<stamp>.txt; logs, locust CSVs and py-spy raw files of the last
 run under bench/results/tmp/bench-run/ (git-ignored, wiped at the next run).
 """
 
@@ -51,16 +68,23 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as dt
 import json
 import os
+import re
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
 
 import measure
 import report
@@ -68,7 +92,9 @@ from measure import BenchError, CpuMeter, Procs
 
 RESULTS = measure.BENCH / "results"
 INTERFACES = ("asgi", "rsgi")
-FIGURES = ("nonstream", "stream", "latency")
+PAIR_FIGURES = ("nonstream", "stream", "latency")  # router vs direct, repeated
+ONCE_FIGURES = ("open_streams", "stalled_reader", "latency_curve")  # once per interface, after the pairs
+FIGURES = PAIR_FIGURES + ONCE_FIGURES
 
 BOXES = 8  # as many boxes as a small fleet; the router's decision walks all of them per call
 CHUNKS = 20  # content frames per stream (the spike's 20-chunk stream, stack-notes §0)
@@ -76,6 +102,30 @@ FRAMES_PER_STREAM = CHUNKS + 2  # + role frame + final frame; [DONE] is a termin
 CONNECTIONS = 64  # the spike's concurrency for throughput figures
 LOCUST_USERS = 64
 LOCUST_CADENCE_MS = 20  # a realistic token pace: ~156 streams/s at 64 users, far below locust's limit
+
+# Open streams: this many streaming calls held open at once through one router process, each a
+# slow 30-chunk stream (6 s), so every stream is open while the last ones are being opened.
+OPEN_STREAMS = 2000
+OPEN_CADENCE_MS = 200
+OPEN_CHUNKS = 30
+OPEN_FRAMES = OPEN_CHUNKS + 3  # `data: ` events: role + content + final + [DONE]
+OPEN_STALL_FACTOR = 5.0  # a gap between two frames over 5 × the cadence is a stall
+# Every open stream costs the router two descriptors (client and box connection) and the sim one,
+# plus their own. Both inherit scripts/bench's `ulimit -n` (raised there to 8192); Granian lifts the
+# router's soft limit to its hard limit at import, the sim keeps what it inherited.
+OPEN_FDS_NEEDED = {"router": 2 * OPEN_STREAMS + 256, "sim": OPEN_STREAMS + 256}
+RSS_SAMPLE_S = 0.1
+OPEN_JSON = re.compile(r"^OPEN_STREAMS_JSON (\{.*\})$", re.M)
+
+# Stalled reader: a box that writes a ~43 MB stream at once (200,000 frames of ~214 B, no
+# cadence) to a client that reads the head and then nothing for STALL_S.
+STALL_CHUNKS = 200_000
+STALL_S = 10.0
+SIM_FRAME_BYTES = 214  # one content frame of the sim's stream, `data: {...}\n\n`
+STALL_RCVBUF = 16 << 10  # the stalled client's receive buffer: keep the kernel's share small
+
+# Latency against concurrency: non-stream wrk at each concurrency, router then direct.
+CURVE_CONNECTIONS = (1, 4, 16, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -85,10 +135,11 @@ class Durations:
     latency_s: int  # c=1 runs
     locust_s: int
     warmup_s: int  # per warm-up wrk run
+    curve_s: int  # each wrk run of the latency-against-concurrency curve
 
 
-FULL = Durations(repeats=3, throughput_s=10, latency_s=5, locust_s=20, warmup_s=2)
-QUICK = Durations(repeats=1, throughput_s=5, latency_s=3, locust_s=10, warmup_s=1)
+FULL = Durations(repeats=3, throughput_s=10, latency_s=5, locust_s=20, warmup_s=2, curve_s=3)
+QUICK = Durations(repeats=1, throughput_s=5, latency_s=3, locust_s=10, warmup_s=1, curve_s=2)
 
 
 # -- the rig: one sim fleet + one router ------------------------------------------------------
@@ -101,22 +152,25 @@ class Rig:
     exit): it logs a row per call there, and must neither write to the user's store nor carry
     a store grown by earlier rigs into the next measurement."""
 
-    def __init__(self, procs: Procs, meter: CpuMeter, interface: str, cadence_ms: float = 0.0) -> None:
+    def __init__(self, procs: Procs, meter: CpuMeter, interface: str, cadence_ms: float = 0.0,
+                 chunks: int = CHUNKS, tag: str = "") -> None:
         self.procs, self.meter, self.interface, self.cadence_ms = procs, meter, interface, cadence_ms
+        self.chunks = chunks
+        self.name = f"{interface}{'-' + tag if tag else ''}"  # logs, boxes file and store of this rig
         self.sim = self.router = None
         self.router_url = self.direct_url = self.box = ""
-        self.store = procs.workdir / f"store-{interface}"
+        self.store = procs.workdir / f"store-{self.name}"
 
     def __enter__(self) -> "Rig":
-        boxes_file = self.procs.workdir / f"boxes-{self.interface}-{self.cadence_ms:g}.json"
+        boxes_file = self.procs.workdir / f"boxes-{self.name}-{self.cadence_ms:g}.json"
         boxes_file.unlink(missing_ok=True)
         shutil.rmtree(self.store, ignore_errors=True)
         self.store.mkdir(mode=0o700)
-        self.sim, _ = self.procs.start(f"sim-{self.interface}", [
+        self.sim, _ = self.procs.start(f"sim-{self.name}", [
             measure.PYTHON, "-m", "router.sim", "--boxes", str(BOXES), "--boxes-file", str(boxes_file),
-            "--chunks", str(CHUNKS), "--cadence-ms", f"{self.cadence_ms:g}", "--load-ms", "0",
+            "--chunks", str(self.chunks), "--cadence-ms", f"{self.cadence_ms:g}", "--load-ms", "0",
         ], measure.SIM_READY)
-        self.router, match = self.procs.start(f"router-{self.interface}", [
+        self.router, match = self.procs.start(f"router-{self.name}", [
             measure.PYTHON, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_file),
             "--interface", self.interface, "--log-level", "warning",
         ], measure.ROUTER_READY, env={"HUGPY_ROUTER_HOME": str(self.store)})
@@ -288,6 +342,154 @@ def profile(rig: Rig, log) -> str:
     return "\n".join(sections)
 
 
+# -- capacity and memory: open streams, a stalled reader, latency against concurrency ----------------
+
+
+def rss_of(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def fd_limit_of(pid: int) -> int:
+    """The soft limit on open files of a running process (what `ulimit -n` gave it)."""
+    soft, _hard = psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE)
+    return 1 << 30 if soft == resource.RLIM_INFINITY else soft
+
+
+def once_record(rig: Rig, figure: str, **fields) -> dict:
+    return {"interface": rig.interface, "figure": figure, "repeat": 0, "target": "router", **fields}
+
+
+def open_streams(rig: Rig, log) -> dict:
+    """OPEN_STREAMS streaming calls held open at once through the router (bench/open_streams.py,
+    a separate client process); the router's RSS and descriptors sampled every RSS_SAMPLE_S."""
+    limits = {"router": fd_limit_of(rig.router.pid), "sim": fd_limit_of(rig.sim.pid)}
+    short = [f"the {name} may open {limits[name]} files, {OPEN_FDS_NEEDED[name]} needed"
+             for name in limits if limits[name] < OPEN_FDS_NEEDED[name]]
+    if short:
+        reason = "; ".join(short) + ": run it through scripts/bench (raises `ulimit -n` to 8192)"
+        log(f"[{rig.interface}] open streams NOT RUN: {reason}")
+        return once_record(rig, "open_streams", skipped=reason, router_fd_limit=limits["router"],
+                           sim_fd_limit=limits["sim"], errors=0, background_pct=0.0)
+    router_limit = limits["router"]
+    gate = measure.wait_quiet(rig.meter)
+    router = psutil.Process(rig.router.pid)
+    rss_base = router.memory_info().rss
+    timeout_s = 30.0 + OPEN_CHUNKS * OPEN_CADENCE_MS / 1000
+    argv = [measure.PYTHON, str(measure.BENCH / "open_streams.py"), rig.url("router"),
+            "--streams", str(OPEN_STREAMS), "--frames", str(OPEN_FRAMES), "--cadence-ms", f"{OPEN_CADENCE_MS:g}",
+            "--stall-factor", f"{OPEN_STALL_FACTOR:g}", "--timeout-s", f"{timeout_s:g}"]
+    before = rig.meter.snapshot()
+    client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                              cwd=measure.ROOT, start_new_session=True, text=True)
+    rss_peak, fds_peak = rss_base, router.num_fds()
+    try:
+        deadline = time.monotonic() + timeout_s + measure.RUN_MARGIN_S
+        while client.poll() is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"open_streams.py ran past {timeout_s + measure.RUN_MARGIN_S:.0f} s")
+            rss_peak = max(rss_peak, router.memory_info().rss)
+            fds_peak = max(fds_peak, router.num_fds())
+            time.sleep(RSS_SAMPLE_S)
+        out, err = client.communicate(timeout=measure.STOP_GRACE_S)
+    finally:
+        measure.stop_group(client)
+    cpu = CpuMeter.delta(before, rig.meter.snapshot())
+    match = OPEN_JSON.search(out)
+    if not match:
+        raise BenchError(f"open_streams.py gave no result (exit {client.returncode}): {out[-800:]} {err[-800:]}")
+    result = json.loads(match.group(1))
+    time.sleep(1.0)  # every stream is done: what the router keeps afterwards
+    record = once_record(
+        rig, "open_streams", gate=asdict(gate), cadence_ms=OPEN_CADENCE_MS, **result,
+        router_rss_base_mb=rss_base / 1e6, router_rss_peak_mb=rss_peak / 1e6,
+        router_rss_after_mb=router.memory_info().rss / 1e6, router_fds_peak=fds_peak,
+        router_fd_limit=router_limit, sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
+        router_cpu_s=round(cpu.router_s, 2), **cpu_fields(cpu, result["completed"]))
+    log(f"[{rig.interface}] open streams: {result['completed']:,}/{result['streams']:,} completed, "
+        f"{result['stalled']} stalled, peak {result['peak_open']:,} open, max gap {result['max_gap_ms']:.0f} ms "
+        f"(threshold {result['stall_threshold_ms']:.0f}), first frame p99 {result['first_frame_p99_ms']:.0f} ms; "
+        f"router RSS {rss_base / 1e6:.0f} → peak {rss_peak / 1e6:.0f} MB, {fds_peak:,} fds; "
+        f"others {cpu.background_pct:.0f} %")
+    return record
+
+
+def stalled_reader(rig: Rig, log) -> dict:
+    """One stream whose box writes STALL_CHUNKS frames at once; the client reads the head, then
+    nothing for STALL_S: the router's RSS growth over those seconds, then after the close."""
+    gate = measure.wait_quiet(rig.meter)
+    router = psutil.Process(rig.router.pid)
+    rss_before = router.memory_info().rss
+    url = urlsplit(rig.url("router"))
+    body = (b'{"model":"tiny-llama","stream":true,"messages":[{"role":"user","content":"stall"}]}')
+    request = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    samples: list[tuple[float, int]] = []
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, STALL_RCVBUF)  # before connect: sets the window
+        sock.settimeout(10.0)
+        sock.connect((url.hostname, url.port))
+        sock.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = sock.recv(4096)
+            if not data:
+                raise BenchError(f"stalled reader: the router closed before the head: {head[:300]!r}")
+            head += data
+        status = head.split(b" ", 2)[1].decode(errors="replace")
+        before = rig.meter.snapshot()
+        t0 = time.monotonic()
+        rss_start = router.memory_info().rss
+        while (elapsed := time.monotonic() - t0) < STALL_S:
+            samples.append((round(elapsed, 2), router.memory_info().rss))
+            time.sleep(0.2)
+        rss_end = router.memory_info().rss
+        samples.append((round(time.monotonic() - t0, 2), rss_end))
+        cpu = CpuMeter.delta(before, rig.meter.snapshot())
+    finally:
+        sock.close()
+    time.sleep(2.0)  # the router sees the close and drops what it held
+    rss_closed = router.memory_info().rss
+    mib = 1 << 20
+    peak = max(rss for _, rss in samples)
+    record = once_record(
+        rig, "stalled_reader", gate=asdict(gate), status=status, stall_s=STALL_S,
+        answer_frames=STALL_CHUNKS + 3, answer_mb=STALL_CHUNKS * SIM_FRAME_BYTES / 1e6, head_bytes_read=len(head),
+        rss_before_mib=rss_before / mib, rss_start_mib=rss_start / mib, rss_end_mib=rss_end / mib,
+        rss_peak_mib=peak / mib, rss_closed_mib=rss_closed / mib,
+        growth_mib=(rss_end - rss_start) / mib, peak_growth_mib=(peak - rss_start) / mib,
+        growth_after_1s_mib=(rss_end - next(rss for t, rss in samples if t >= 1.0)) / mib,
+        router_cpu_s=round(cpu.router_s, 2), samples=[(t, round(r / mib, 2)) for t, r in samples],
+        errors=0 if status == "200" else 1, **cpu_fields(cpu, 1))
+    log(f"[{rig.interface}] stalled reader: router RSS {rss_start / mib:.1f} → {rss_end / mib:.1f} MiB over "
+        f"{STALL_S:g} s (growth {record['growth_mib']:+.2f} MiB, peak {peak / mib:.1f}), "
+        f"{rss_closed / mib:.1f} MiB after the close; router CPU {cpu.router_s:.2f} s")
+    return record
+
+
+def latency_curve(rig: Rig, d: Durations, log) -> list[dict]:
+    """Non-stream latency at each CURVE_CONNECTIONS concurrency: router then direct, back to back."""
+    records = []
+    for connections in CURVE_CONNECTIONS:
+        gate = measure.wait_quiet(rig.meter)
+        for target in ("router", "direct"):
+            before = rig.meter.snapshot()
+            run = measure.wrk(rig.url(target), "post", connections, d.curve_s, target)
+            cpu = CpuMeter.delta(before, rig.meter.snapshot())
+            record = {k: v for k, v in asdict(run).items() if k != "raw"}
+            record.update(interface=rig.interface, figure="latency_curve", repeat=0, gate=asdict(gate),
+                          **cpu_fields(cpu, run.requests))
+            if target == "router" and run.requests:
+                record["cpu_us_per_call"] = 1e6 * cpu.router_s / run.requests
+            records.append(record)
+        router, direct = records[-2], records[-1]
+        log(f"[{rig.interface}] curve c={connections:<3} router p50 {router['p50_us'] / 1000:.2f} ms "
+            f"p99 {router['p99_us'] / 1000:.2f} ms {router['rate']:,.0f}/s; direct p50 "
+            f"{direct['p50_us'] / 1000:.2f} ms p99 {direct['p99_us'] / 1000:.2f} ms {direct['rate']:,.0f}/s; "
+            f"others {max(router['background_pct'], direct['background_pct']):.0f} %")
+    return records
+
+
 # -- the whole run ---------------------------------------------------------------------------------
 
 
@@ -296,8 +498,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
     p.add_argument("--repeats", type=int, help="repeats per figure (default 3, quick 1)")
     p.add_argument("--interfaces", default=",".join(INTERFACES), help="comma list of asgi,rsgi")
-    p.add_argument("--figures", default=",".join(FIGURES), help="comma list of nonstream,stream,latency "
-                   "(empty: none, e.g. with --locust or --profile only)")
+    p.add_argument("--figures", default=",".join(FIGURES), help="comma list of " + ",".join(FIGURES) +
+                   " (default all; e.g. --figures open_streams,stalled_reader,latency_curve for the capacity "
+                   "figures only; empty: none, e.g. with --locust or --profile only)")
     p.add_argument("--locust", action="store_true", help="also measure TTFT with locust (20 ms cadence)")
     p.add_argument("--profile", action="store_true", help="also profile the router with py-spy")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="MINUTES",
@@ -330,17 +533,29 @@ def measure_all(args: argparse.Namespace, d: Durations, procs: Procs, meter: Cpu
                 stamp: str) -> tuple[list[dict], Path | None]:
     """Every figure asked for; the profile last. Returns the records and the profile file."""
     records: list[dict] = []
-    for repeat in range(d.repeats if args.figures else 0):
+    pair_figures = [f for f in args.figures if f in PAIR_FIGURES]
+    for repeat in range(d.repeats if pair_figures else 0):
         for interface in args.interfaces:  # interleaved, so drift hits both interfaces alike
             with Rig(procs, meter, interface) as rig:
                 rig.warm_up(d.warmup_s)
-                for figure in args.figures:
+                for figure in pair_figures:
                     records += measure_pair(rig, figure, repeat, d, log)
     if args.locust:
         for repeat in range(d.repeats):
             for interface in args.interfaces:
                 with Rig(procs, meter, interface, cadence_ms=LOCUST_CADENCE_MS) as rig:
                     records += measure_pair(rig, "ttft", repeat, d, log)
+    for interface in args.interfaces:  # once each, every one with a fleet and router of its own
+        if "open_streams" in args.figures:
+            with Rig(procs, meter, interface, cadence_ms=OPEN_CADENCE_MS, chunks=OPEN_CHUNKS, tag="open") as rig:
+                records.append(open_streams(rig, log))
+        if "stalled_reader" in args.figures:
+            with Rig(procs, meter, interface, chunks=STALL_CHUNKS, tag="stall") as rig:
+                records.append(stalled_reader(rig, log))
+        if "latency_curve" in args.figures:
+            with Rig(procs, meter, interface, tag="curve") as rig:
+                rig.warm_up(d.warmup_s)
+                records += latency_curve(rig, d, log)
     if not args.profile:
         return records, None
     texts = []
@@ -357,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     d = QUICK if args.quick else FULL
     if args.repeats:
-        d = Durations(args.repeats, d.throughput_s, d.latency_s, d.locust_s, d.warmup_s)
+        d = dataclasses.replace(d, repeats=args.repeats)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     started_at = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops what we started
@@ -384,16 +599,27 @@ def main(argv: list[str] | None = None) -> int:
             procs.stop_all()
 
     rows = report.summarize(records, args.interfaces)
-    lines = report.verdict(rows)
+    lines = report.verdict(rows, records)
+    plots = []
+    if any(r["figure"] == "latency_curve" for r in records):
+        plot = RESULTS / f"{stamp}-latency.png"
+        try:
+            report.plot_latency_curve(records, plot, f"Router latency against concurrency, {stamp}")
+        except ImportError as exc:
+            log(f"no plot ({exc}): `.venv/bin/pip install matplotlib`")
+        else:
+            shutil.copyfile(plot, RESULTS / "latency.png")
+            plots = [plot, RESULTS / "latency.png"]
     doc = {
         "stamp": stamp, "args": {k: str(v) for k, v in vars(args).items()}, "durations": asdict(d),
         "elapsed_s": round(time.monotonic() - started_at, 1), "git": {**git, "snapshot_sha256": digest},
         "versions": measure.versions(), "targets": report.TARGETS, "frames_per_stream": FRAMES_PER_STREAM,
         "rows": [{k: (asdict(v) if isinstance(v, report.Stat) else v) for k, v in r.items()} for r in rows],
-        "verdict": lines, "profile": str(profile_file) if profile_file else None, "records": records,
+        "verdict": lines, "profile": str(profile_file) if profile_file else None,
+        "plots": [str(p) for p in plots], "records": records,
     }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(doc, indent=1, default=str))
-    markdown = latest_markdown(stamp, doc, rows, lines, records, profile_file)
+    markdown = latest_markdown(stamp, doc, rows, lines, records, profile_file, plots)
     (RESULTS / f"{stamp}.md").write_text(markdown)
     (RESULTS / "latest.md").write_text(markdown)
     print(markdown)
@@ -403,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], records: list[dict],
-                    profile_file: Path | None) -> str:
+                    profile_file: Path | None, plots: list[Path] = ()) -> str:
     d = doc["durations"]
     git = doc["git"]
     dirty = f" + {len(git['router_changes'])} uncommitted changes under router/" if git["router_changes"] else ""
@@ -411,14 +637,24 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
         return report.Stat.of([r["passive_opens_per_unit"] for r in records if r["figure"] == "stream"
                                and r["target"] == target and r["passive_opens_per_unit"] is not None])
 
+    pairs = (f"{d['repeats']} repeat(s), wrk {d['throughput_s']:g} s at c={CONNECTIONS}, {d['latency_s']:g} s at c=1; "
+             f"{CHUNKS}-chunk streams ({FRAMES_PER_STREAM} frames counted); ") if rows else ""
     parts = [
         f"# Router benchmark {stamp}", "",
         f"router snapshot {git['snapshot_sha256']} (git {git['rev']}{dirty}); granian {doc['versions']['granian']}, wrk {doc['versions']['wrk']}; "
-        f"{d['repeats']} repeat(s), wrk {d['throughput_s']:g} s at c={CONNECTIONS}, {d['latency_s']:g} s at c=1; "
-        f"{BOXES} sim boxes, {CHUNKS}-chunk streams ({FRAMES_PER_STREAM} frames counted); unpinned on "
-        f"{os.cpu_count()} cores; took {doc['elapsed_s']:.0f} s.", "",
-        report.markdown_table(rows),
+        f"{pairs}{BOXES} sim boxes; unpinned on {os.cpu_count()} cores; took {doc['elapsed_s']:.0f} s.", "",
     ]
+    if rows:
+        parts.append(report.markdown_table(rows))
+    capacity = report.capacity_table(records)
+    if capacity:
+        parts += [capacity]
+    curve = report.curve_table(records)
+    if curve:
+        parts += [f"Non-stream latency against concurrency (wrk {d['curve_s']:g} s per point, router then "
+                  "direct back to back, once per interface; ms):", "", curve]
+        if plots:
+            parts += [f"![latency against concurrency]({plots[0].name})", ""]
     cost = report.interface_cost(rows)
     if cost:
         parts += ["Price of the bounded ASGI path (medians):", "", cost]
