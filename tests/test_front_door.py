@@ -367,3 +367,14 @@ def test_the_rsgi_interface_serves_the_same_calls(start_fleet):
     assert raw.headers["x-hugpy-box"] == "b"
     assert len([c for c in raw.parse() if c.choices and c.choices[0].delta.content]) == 4
     assert chat(router, "tiny").parse().choices[0].message.content
+
+
+def test_the_pool_gate_routes_by_alloc_pool_or_header(start_fleet):
+    gpu = SimBox("gpu", catalog=["tiny"], residents=["tiny"])
+    cpu = SimBox("cpu", catalog=["tiny"])
+    router = start_fleet(gpu, cpu, boxes_extra={"gpu": {"pool": "gpu"}, "cpu": {"pool": "cpu"}})
+    assert chat(router, "tiny", extra_body={"alloc": {"pool": "cpu"}}).headers["x-hugpy-box"] == "cpu"
+    assert chat(router, "tiny", extra_headers={"X-Router-Pool": "cpu"}).headers["x-hugpy-box"] == "cpu"
+    with pytest.raises(openai.APIStatusError) as info:
+        chat(router, "tiny", extra_body={"alloc": {"pool": "tpu"}})
+    assert info.value.body["boxes"] == {"gpu": "other_pool: gpu", "cpu": "other_pool: cpu"}

@@ -204,3 +204,13 @@ def test_metrics_parse_and_count_calls(start_fleet):
     calls = families["router_calls"].samples
     assert sum(s.value for s in calls if s.labels.get("status") == "200" and s.name.endswith("_total")) == 3
     assert "router_time_to_first_byte_seconds" in families and "router_in_flight" in families
+
+
+def test_the_relay_never_smuggles_a_second_request(start_fleet):
+    a = SimBox("a", key="hpk_box_relaykey000000000000", catalog=["tiny"])
+    router = start_fleet(a)
+    smuggle = ("/v1/boxes/a/v1/models%20HTTP/1.1%0D%0AHost:%20x%0D%0AContent-Length:%200%0D%0A%0D%0A"
+               "POST%20/v1/keys")
+    status, _ = request(router.url, "GET", smuggle)
+    assert status == 403
+    assert not [c for c in a.calls if c.path.startswith("/v1/keys")]

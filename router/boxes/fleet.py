@@ -117,14 +117,15 @@ class Fleet:
         return started
 
     async def _watch_file(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            stamp = self._file_stamp()
+            stamp = await loop.run_in_executor(None, self._file_stamp)  # file I/O off the loop
             if stamp == self._stamp:
                 continue
             self._stamp = stamp
             try:
-                configs = boxes_config.load(self.path).boxes
+                configs = (await loop.run_in_executor(None, boxes_config.load, self.path)).boxes
             except ConfigError as exc:
                 log.warning("boxes file not applied: %s", exc)
                 continue

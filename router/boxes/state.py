@@ -1,8 +1,9 @@
 """The live view of one box: what its link last saw, plus what this router sent it.
 
 Invariants:
-1. Only the box's link writes the inventory fields (online, catalog, residents, free GPU);
-   only the proxy writes `contracts` and `last_picked_s`. Each write that changes a field the
+1. Only the box's link writes the inventory fields (online, catalog, residents, free GPU) and
+   clears `contracts` when the box restarted; only the proxy records `contracts` and
+   `last_picked_s`. Each write that changes a field the
    decision reads bumps `version`, so `facts()` rebuilds the immutable BoxFacts only then.
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them.

@@ -94,7 +94,10 @@ def classify_first_frame(kind: BoxKind, frame: Any) -> str | None:
         return None
     if "error" in frame:
         etype, code, _ = _error_fields(frame)
-        return etype or code or STREAM_ERROR
+        known = REFUSAL_TYPES[kind]
+        # Only codes we know become the refusal's code: the box's own text never reaches a log
+        # row or a metrics label.
+        return etype if etype in known else code if code in known else STREAM_ERROR
     choices = frame.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         if choices[0].get("finish_reason") == "error":

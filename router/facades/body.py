@@ -45,11 +45,23 @@ def reject_duplicate_fields(body: bytes, fields: tuple[str, ...]) -> None:
     """
     if not any(body.count(b'"%s"' % f.encode()) > 1 for f in fields):
         return
-    pairs = json.loads(body, object_pairs_hook=lambda items: items)
+    try:
+        pairs = json.loads(body, object_pairs_hook=lambda items: items)
+    except (RecursionError, ValueError):  # nesting orjson takes but the stdlib parser does not
+        raise BadRequest("request body is nested too deeply to check its fields") from None
     names = [name for name, _ in pairs]
     for field in fields:
         if names.count(field) > 1:
             raise BadRequest(f"'{field}' appears more than once in the body")
+
+
+def alloc_pool(doc: dict) -> str | None:
+    """The pool a call asks for (`alloc.pool`), or None. Raises BadRequest on a bad value."""
+    alloc = doc.get("alloc")
+    pool = alloc.get("pool") if isinstance(alloc, dict) else None
+    if pool is not None and (not isinstance(pool, str) or not pool):
+        raise BadRequest("'alloc.pool' must be a non-empty string")
+    return pool
 
 
 def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tuple[str, str | None]:

@@ -6,6 +6,7 @@ Rules:
    client's, untouched. `stream` absent means stream (the box applies its own default).
 2. Runner options (`num_ctx`, `num_batch`, `num_gpu`, `main_gpu`, `use_mmap`, `num_thread`)
    are the call's settings: a loaded model with other runner options is a reload, not a match.
+   Only numbers and booleans count, normalised (`8192` == `8192.0`).
 3. Fleet answers: `GET|HEAD /` "Ollama is running"; `/api/version` the lowest version among the
    boxes (clients must not assume features some box lacks); `/api/tags` and `/api/ps` unions,
    deduplicated by normalised name (newest `modified_at` / latest `expires_at` wins), each entry
@@ -42,7 +43,15 @@ def runner_settings(doc: dict) -> str | None:
     options = doc.get("options")
     if not isinstance(options, dict):
         return None
-    picked = sorted(f"{k}={options[k]!r}" for k in RUNNER_OPTIONS if k in options)
+    picked = []
+    for name in RUNNER_OPTIONS:
+        value = options.get(name)
+        if isinstance(value, bool):
+            picked.append(f"{name}={str(value).lower()}")
+        elif isinstance(value, (int, float)) and abs(value) < 1e12:
+            number = int(value) if float(value).is_integer() else value
+            picked.append(f"{name}={number}")
+        # anything else is not a runner option Ollama would take: it changes nothing here
     return ",".join(picked) or None
 
 

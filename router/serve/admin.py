@@ -5,7 +5,8 @@ Rules:
 1. Every handler here is an admin route; the app checks access before calling it.
 2. SQLite work (the route-log cursor, key changes) runs in a worker thread, never on the loop.
 3. The relay reaches only the listed management prefixes of a hugpy box, with the box's key
-   (which never leaves the router); a path with `..`, `.` or an encoded slash or dot is refused.
+   (which never leaves the router); a path with `..` or `.` segments, a backslash, or anything
+   but visible ASCII once decoded (a `%0D%0A` would split the request line) is refused.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from typing import Awaitable, Callable
 import apsw
 import orjson
 
-from router.boxes import config as boxes_config
 from router.core.errors import BadRequest
 from router.core.types import BoxKind
 from router.store import db
 from router.upstream.fetch import fetch
-from router.upstream.pool import UpstreamError
+from router.upstream.pool import UpstreamError, safe_target
 
 JSON = b"application/json"
 CURSOR_LIMIT_MAX = 5000
@@ -175,8 +175,8 @@ async def revoke(app, edge) -> None:
 
 async def boxes(app, edge) -> None:
     listed = [
-        {k: v for k, v in box.to_json().items() if k != "key"} | {"has_key": box.key is not None}
-        for box in boxes_config.load(app.shared.fleet.path).boxes
+        {k: v for k, v in box.config.to_json().items() if k != "key"} | {"has_key": box.config.key is not None}
+        for box in app.shared.fleet.ordered()
     ]
     await _json(edge, 200, {"boxes": listed})
 
@@ -188,7 +188,8 @@ async def relay(app, edge) -> None:
     if box is None:
         await _error(app, edge, 404, "unknown_box", f"no box {name}")
         return
-    if box.config.kind is not BoxKind.HUGPY or _UNSAFE_PATH.search(path) or not path.startswith(RELAY_PREFIXES):
+    relayed = safe_target("/" + path) and not _UNSAFE_PATH.search(path) and path.startswith(RELAY_PREFIXES)
+    if box.config.kind is not BoxKind.HUGPY or not relayed:
         await _error(app, edge, 403, "not_relayed", f"/{path} is not a relayed management path")
         return
     body = await edge.read_body(app.shared.max_body_bytes)

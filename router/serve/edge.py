@@ -120,18 +120,21 @@ class RsgiEdge:
 
     async def read_body(self, limit: int) -> bytes:
         declared = _content_length(self.header("content-length"))
-        if declared is not None:
-            if declared > limit:
-                raise BodyTooLarge()
-            return await self.proto()
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in self.proto:
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge()
-            parts.append(chunk)
-        return b"".join(parts)
+        if declared is not None and declared > limit:
+            raise BodyTooLarge()
+        try:
+            if declared is not None:
+                return await self.proto()
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in self.proto:
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge()
+                parts.append(chunk)
+            return b"".join(parts)
+        except RuntimeError:  # granian.rsgi.ProtocolClosed: the client left mid-upload
+            raise ClientLeft() from None
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.proto.response_bytes(status, _str_headers(headers), body)

@@ -32,9 +32,10 @@ from router.boxes.state import BoxState
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.names import call_key
-from router.core.refusal import BAD_HEAD, CONNECTION_LOST, classify_first_frame, classify_reply
+from router.core.refusal import CONNECTION_LOST, classify_first_frame, classify_reply
 from router.core.types import BoxKind, Call, Decision, Path
 from router.facades.body import (
+    alloc_pool,
     model_and_pin,
     multipart_field,
     parse_json_object,
@@ -139,6 +140,7 @@ class Refused(Exception):
         self.answer = answer
 
 
+_CANCELS: set[asyncio.Task] = set()  # cancel posts in flight (a task needs a reference)
 _CALL_PREFIX = "rt-" + os.urandom(8).hex()  # this process's; the counter makes each id unique
 _call_numbers = itertools.count(1)
 
@@ -234,18 +236,21 @@ class ProxyCall:
         await self.edge.respond(status, headers, body)
 
     def client_left(self) -> None:
+        """The client went away: end the box's work now. Safe to call more than once."""
         self.gone = True
+        exchange, self.exchange = self.exchange, None
         if self.delivered:  # the answer is whole: a client hanging up now cancels nothing
-            if self.exchange is not None:
-                self.exchange.abort(ClientGone("client left after the end"))
+            if exchange is not None:
+                exchange.abort(ClientGone("client left after the end"))
             return
         self.state, self.failure = "cancelled", "client_left"
-        exchange = self.exchange
         if exchange is not None:
             exchange.abort(ClientGone("client left"))
             box = self.box
             if box is not None and box.config.kind is BoxKind.HUGPY:
-                asyncio.get_running_loop().create_task(self._cancel_on_box(box))
+                task = asyncio.get_running_loop().create_task(self._cancel_on_box(box))
+                _CANCELS.add(task)
+                task.add_done_callback(_CANCELS.discard)
 
     async def _cancel_on_box(self, box: BoxState) -> None:
         """A box in the middle of a cold load may not notice a closed socket: tell it."""
@@ -269,14 +274,16 @@ class ProxyCall:
             model = multipart_field(self.body, content_type.encode("latin-1"), b"model")
             if model is None or not model.strip():
                 raise BadRequest("form field 'model' is required", code="model_required")
-            pin, settings = None, None
+            pin, settings, pool = None, None, None
         else:
             doc = parse_json_object(self.body)
             reject_duplicate_fields(self.body, self.route.model_fields + ("alloc",))
             model, pin = model_and_pin(doc, self.route.model_fields)
             settings = self.facade.settings(doc)
+            pool = alloc_pool(doc)
         pin = pin or edge.header("x-router-box")
-        return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin)
+        pool = pool or edge.header("x-router-pool")
+        return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin, pool=pool)
 
     async def run(self) -> None:
         try:
@@ -301,6 +308,7 @@ class ProxyCall:
             await self.error(400, "bad_body", "the request body could not be read", state="cancelled")
             self.failure = "client_left"
             return
+        self.t_received = time.perf_counter()  # router time starts when the body is in
         try:
             self.call = call = self.inspect()
         except BadRequest as exc:
@@ -471,8 +479,8 @@ class ProxyCall:
             except ConnectFailed as exc:
                 raise Refused(exc.refusal) from None
             self.exchange = exchange
-            if self.gone:
-                exchange.abort(ClientGone("client left"))
+            if self.gone:  # the client left while we connected: the request is out, cancel it
+                self.client_left()
                 return
             exchange.arm_timeout(self.app.first_byte_timeout_s, FirstByteTimeout("no first byte"))
             try:
@@ -492,7 +500,9 @@ class ProxyCall:
     async def carry(self, box: BoxState, exchange: Exchange) -> None:
         await exchange.head
         status = exchange.status
-        if status >= 400:
+        length = exchange.header(b"content-length")
+        sized = length is not None and length.isdigit()
+        if status >= 400 and not (sized and int(length) > ERROR_BODY_LIMIT):
             data = await exchange.read_all(ERROR_BODY_LIMIT)
             try:
                 doc = orjson.loads(data)
@@ -511,16 +521,16 @@ class ProxyCall:
         if framing:
             await self.carry_stream(box, exchange, framing)
             return
-        exchange.disarm()
-        length = exchange.header(b"content-length")
-        if length is not None and length.isdigit() and int(length) <= INLINE_BODY_LIMIT:
-            data = await exchange.read_all(INLINE_BODY_LIMIT)
+        if sized and int(length) <= INLINE_BODY_LIMIT:
+            data = await exchange.read_all(INLINE_BODY_LIMIT)  # still under the first-byte timer
+            exchange.disarm()
             self.commit(box, status)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
+        exchange.disarm()
         self.commit(box, status)
         await self.edge.start(status, self.client_headers(exchange.headers))
-        await self.relay(exchange, None)
+        await self.relay(exchange, None, b"")
 
     async def carry_stream(self, box: BoxState, exchange: Exchange, framing: int) -> None:
         """Holds the stream until its first data frame is judged, then relays it."""
@@ -534,14 +544,21 @@ class ProxyCall:
                 verdict = scanner.feed(chunk)
                 if verdict == HOLD:
                     continue
-                if verdict == TOO_BIG:
-                    raise Refused(BAD_HEAD, None)
                 after = chunks[index + 1 :]
                 break
             else:
                 continue
             break
         held = scanner.take_held()
+        if verdict == TOO_BIG:
+            # No frame ended within the hold limit: a first event this large (a base64 image)
+            # cannot be judged cheaply, and a refusal frame is small, so pass it through unjudged.
+            exchange.disarm()
+            self.stream = True
+            self.commit(box, exchange.status)
+            await self.edge.start(exchange.status, self.client_headers(exchange.headers))
+            await self.relay(exchange, None, b"".join(held + after))
+            return
         if verdict == FIRST_SUSPECT:
             try:
                 frame = orjson.loads(scanner.first_data)
@@ -557,10 +574,7 @@ class ProxyCall:
         self.commit(box, exchange.status)
         await self.edge.start(exchange.status, self.client_headers(exchange.headers))
         first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
-        self.bytes_out += len(first)
-        self.delivered = framing == SSE and scanner.ends_with(SSE_DONE)  # before the write: a
-        await self.edge.write(first)  # client may hang up the moment it has [DONE]
-        await self.relay(exchange, scanner)
+        await self.relay(exchange, scanner, first)
 
     def commit(self, box: BoxState, status: int) -> None:
         """The box took the call: remember the settings it now runs for this model."""
@@ -570,11 +584,18 @@ class ProxyCall:
         if named is not None:
             box.record_dispatch(named[0], named[1], asyncio.get_running_loop().time())
 
-    async def relay(self, exchange: Exchange, scanner: FrameScanner | None) -> None:
-        """Passes chunks through as they arrive; the write waits for the client (ASGI)."""
+    async def relay(self, exchange: Exchange, scanner: FrameScanner | None, first: bytes) -> None:
+        """Writes `first` (what was held), then passes chunks through as they arrive; the write
+        waits for the client (ASGI). The head has been sent."""
         edge = self.edge
         try:
+            data = first
             while True:
+                if data:
+                    self.bytes_out += len(data)
+                    if scanner is not None and scanner.framing == SSE and scanner.ends_with(SSE_DONE):
+                        self.delivered = True  # before the write, which the disconnect can race
+                    await edge.write(data)
                 chunks = await exchange.next_chunks()
                 if not chunks:
                     if exchange.close_delimited and scanner is not None and scanner.framing == SSE \
@@ -587,21 +608,20 @@ class ProxyCall:
                     for chunk in chunks:
                         scanner.feed(chunk)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                self.bytes_out += len(data)
-                if scanner is not None and scanner.framing == SSE and scanner.ends_with(SSE_DONE):
-                    self.delivered = True  # before the write, which the disconnect can race
-                await edge.write(data)
+            await edge.finish()
         except ClientLeft:
             self.client_left()
-            return
         except UpstreamError:
             if self.gone:
                 return
-            log.info("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
+            log.debug("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
             self.state, self.failure = "failed", "box_failed_mid_stream"
             if scanner is None:
                 # A body with no frames has no way to say "error": cut the connection, so the
                 # client sees a truncated answer as truncated, never as complete.
                 raise RelayAborted("the box failed mid-body")
-            await edge.write(MID_STREAM_ERROR[scanner.framing])
-        await edge.finish()
+            try:
+                await edge.write(MID_STREAM_ERROR[scanner.framing])
+                await edge.finish()
+            except ClientLeft:
+                self.client_left()

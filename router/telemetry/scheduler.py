@@ -90,7 +90,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await asyncio.wait_for(self._moved.wait(), MAX_SNAPSHOT_AGE_S)
+                await asyncio.wait_for(self._moved.wait(), MAX_SNAPSHOT_AGE_S - MIN_SNAPSHOT_GAP_S)
             except asyncio.TimeoutError:
                 pass
             self._moved.clear()

@@ -18,7 +18,8 @@ async def fetch(
     body: bytes = b"",
     timeout_s: float,
 ) -> tuple[int, Exchange, bytes]:
-    """(status, exchange, body) of one request, all within `timeout_s`.
+    """(status, exchange, body) of one request: the answer within `timeout_s` of the send
+    (connecting has its own `CONNECT_TIMEOUT_S`).
 
     Raises ConnectFailed, FirstByteTimeout, ConnectionLost or BadResponse.
     """

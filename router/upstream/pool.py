@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 
 import httptools
@@ -285,7 +286,11 @@ class Conn(asyncio.Protocol):
         exchange._finish()
         self.exchange = None
         exchange.conn = None
-        if exchange.keep_alive and not self.closed:
+        # Reusable only when idle in both directions: reading (it may have been paused for a
+        # slow reader) and writing (a box may answer before our upload is out, e.g. a 413).
+        self.resume_reading()
+        writing = self.transport is not None and self.transport.get_write_buffer_size() > 0
+        if exchange.keep_alive and not self.closed and not writing:
             self.origin.release(self)
         else:
             self.close()
@@ -376,8 +381,18 @@ class Origin:
         self.idle.clear()
 
 
+_SAFE_TARGET = re.compile(r"[\x21-\x7e]+")
+
+
+def safe_target(target: str) -> bool:
+    """A request target made of visible ASCII only: a decoded `%0D%0A` or space can never
+    split the request line or smuggle a second request to a box."""
+    return _SAFE_TARGET.fullmatch(target) is not None
+
+
 def request_head(method: str, target: str, origin: Origin, extra: bytes, length: int) -> bytes:
-    """The request line and headers, ending with the blank line. `extra` is header lines."""
+    """The request line and headers, ending with the blank line. `extra` is header lines;
+    `target` must pass `safe_target` (a bug otherwise)."""
     return b"".join(
         (
             f"{method} {target} HTTP/1.1\r\n".encode("latin-1"),
