@@ -43,6 +43,7 @@ import orjson
 
 from router.core.pressure import SOURCE_SCAN, Reading
 from router.telemetry.cache import TelemetryCache
+from router.telemetry.task import BackgroundTask
 from router.telemetry.local import UNAVAILABLE_RETRY_S
 from router.telemetry.nvml import CardReading, NvmlUnavailable, Scanner, reduce_cards
 from router.upstream.fetch import fetch
@@ -88,8 +89,9 @@ def _card_doc(card: CardReading) -> dict:
     }
 
 
-class AgentFeed:
+class AgentFeed(BackgroundTask):
     """The host's latest reading, its `seq`, and the wake-up of long-polls (rules 3–4)."""
+    task_name = "agent:scan"
 
     def __init__(self, scanner: Scanner, interval_s: float) -> None:
         self._scanner = scanner
@@ -100,7 +102,6 @@ class AgentFeed:
         self._read_wall_s = 0.0
         self._changed = asyncio.Event()  # replaced at each change; set wakes that change's waiters
         self._nvml_logged = False
-        self._task: asyncio.Task | None = None
 
     async def scan_once(self) -> bool:
         """Scans and publishes (rule 4). Returns False when NVML is unavailable."""
@@ -129,14 +130,6 @@ class AgentFeed:
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
         return error is None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="agent:scan")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from router.core.pressure import SOURCE_SCAN, Reading
 from router.telemetry.cache import TelemetryCache
+from router.telemetry.task import BackgroundTask
 from router.telemetry.nvml import NvmlUnavailable, Scanner, reduce_cards
 
 log = logging.getLogger("router.telemetry")
@@ -43,7 +44,9 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
-class LocalScanTask:
+class LocalScanTask(BackgroundTask):
+    task_name = "telemetry:local-scan"
+
     def __init__(
         self,
         cache: TelemetryCache,
@@ -55,16 +58,6 @@ class LocalScanTask:
         self._boxes_on_this_host = boxes_on_this_host
         self._interval_s = interval_s
         self._scanner = scanner if scanner is not None else Scanner()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="telemetry:local-scan")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     async def scan_once(self) -> Reading | None:
         """One scan put into the cache (rule 2). Returns the reading, or None without NVML."""

@@ -22,6 +22,7 @@ from router.boxes.fleet import Fleet
 from router.core import schedule
 from router.core.schedule import BoxLoad, Snapshot
 from router.telemetry.cache import TelemetryCache
+from router.telemetry.task import BackgroundTask
 
 log = logging.getLogger("router.telemetry")
 
@@ -30,7 +31,9 @@ MAX_SNAPSHOT_AGE_S = 1.0
 SUBSCRIBER_QUEUE = 16
 
 
-class Scheduler:
+class Scheduler(BackgroundTask):
+    task_name = "scheduler"
+
     def __init__(self, fleet: Fleet, reservations: Reservations, cache: TelemetryCache) -> None:
         self.fleet = fleet
         self.reservations = reservations
@@ -38,7 +41,6 @@ class Scheduler:
         self.snapshot: Snapshot = schedule.EMPTY
         self._moved = asyncio.Event()
         self._subscribers: set[asyncio.Queue] = set()
-        self._task: asyncio.Task | None = None
 
     @property
     def generation(self) -> int:
@@ -77,14 +79,6 @@ class Scheduler:
                 queue.get_nowait()
             queue.put_nowait(snap)
         return snap
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="scheduler")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
