@@ -14,8 +14,6 @@ import pytest
 
 from router.sim import Behavior, SimBox, SimLMStudio, SimOllama
 
-from conftest import wait_for
-
 LM_TOKEN = "sk-lm-Abcd1234:abcdefghij0123456789"
 
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.sim import Behavior, SimBox
 from router.store import db
 
-from conftest import ROOT, RouterProcess, wait_for, write_boxes
+from conftest import ROOT, wait_for
 
 CANARY = "CANARY-d41c7b"
 

@@ -43,8 +43,7 @@ import orjson
 
 from router.core.pressure import SOURCE_SCAN, Reading
 from router.telemetry.cache import TelemetryCache
-from router.telemetry.task import BackgroundTask
-from router.telemetry.local import UNAVAILABLE_RETRY_S
+from router.telemetry.task import BackgroundTask, scan_on_schedule
 from router.telemetry.nvml import CardReading, NvmlUnavailable, Scanner, reduce_cards
 from router.upstream.fetch import fetch
 from router.upstream.pool import Origin, UpstreamError
@@ -132,20 +131,7 @@ class AgentFeed(BackgroundTask):
         return error is None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        failing = False
-        while True:
-            started_s = loop.time()
-            delay_s = self._interval_s
-            try:
-                if not await self.scan_once():
-                    delay_s = UNAVAILABLE_RETRY_S
-                failing = False
-            except Exception:
-                if not failing:
-                    log.warning("agent GPU scan failing", exc_info=True)
-                failing = True
-            await asyncio.sleep(max(0.0, started_s + delay_s - loop.time()))
+        await scan_on_schedule(self.scan_once, self._interval_s, "agent GPU scan")
 
     async def wait_change(self, since: int | None, wait_s: float) -> None:
         """Returns at once unless `since` is the current seq; then at the next change or after

@@ -8,7 +8,7 @@ Rules:
    with the loop clock when the scan returned, and put as source `scan` for each box
    `boxes_on_this_host()` names at that moment (boxes whose URL is loopback:
    `is_loopback_url`). Boxes elsewhere get their `scan` reading from a `router agent`.
-3. Without NVML the cache logs it once and the task retries every `UNAVAILABLE_RETRY_S`
+3. Without NVML the cache logs it once and the task retries every `task.UNAVAILABLE_RETRY_S`
    instead of every interval: a host without a driver is not probed each second.
 4. The task never dies: an unexpected error is logged once per streak and the next scan runs
    on schedule.
@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from router.core.pressure import SOURCE_SCAN, Reading
 from router.telemetry.cache import TelemetryCache
-from router.telemetry.task import BackgroundTask
+from router.telemetry.task import BackgroundTask, scan_on_schedule
 from router.telemetry.nvml import NvmlUnavailable, Scanner, reduce_cards
 
-log = logging.getLogger("router.telemetry")
-
-# A driver installed or loaded after the router started is picked up within this.
-UNAVAILABLE_RETRY_S = 30.0
 
 
 def is_loopback_url(url: str) -> bool:
@@ -73,17 +68,7 @@ class LocalScanTask(BackgroundTask):
         return reading
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        failing = False
-        while True:
-            started_s = loop.time()
-            delay_s = self._interval_s
-            try:
-                if await self.scan_once() is None:
-                    delay_s = UNAVAILABLE_RETRY_S
-                failing = False
-            except Exception:
-                if not failing:
-                    log.warning("local GPU scan failing", exc_info=True)
-                failing = True
-            await asyncio.sleep(max(0.0, started_s + delay_s - loop.time()))
+        await scan_on_schedule(self._scan_available, self._interval_s, "local GPU scan")
+
+    async def _scan_available(self) -> bool:
+        return await self.scan_once() is not None
