@@ -11,6 +11,7 @@ from typing import Sequence
 
 import orjson
 
+from router import __version__
 from router.core.types import BoxKind
 from router.facades.table import Body, Facade, Route
 
@@ -35,8 +36,8 @@ def shape_error(status: int, code: str, message: str, extra: dict | None = None)
     return orjson.dumps({"error": error})
 
 
-def models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
-    """`GET /v1/models`: the union of catalogs, each model with its `boxes` and `resident_on`."""
+def _models(boxes: Sequence) -> dict[str, dict]:
+    """The union of catalogs by model name, each with its `boxes` and `resident_on`."""
     models: dict[str, dict] = {}
     for box in boxes:
         for key, name in box.inventory.catalog.items():
@@ -47,22 +48,25 @@ def models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
             entry["boxes"].append(box.name)
             if key in box.inventory.residents:
                 entry["resident_on"].append(box.name)
+    return models
+
+
+def models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
+    """`GET /v1/models`: the union of catalogs, each model with its `boxes` and `resident_on`."""
+    models = _models(boxes)
     return 200, JSON, orjson.dumps({"object": "list", "data": [models[k] for k in sorted(models)]})
 
 
 def model_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     """`GET /v1/models/{id}` (the id may hold `/`: the client percent-encodes it, ASGI decodes)."""
     model_id = path.removeprefix("/v1/models/")
-    _, _, body = models_answer(boxes, path)
-    for entry in orjson.loads(body)["data"]:
-        if entry["id"] == model_id:
-            return 200, JSON, orjson.dumps(entry)
-    return 404, JSON, shape_error(404, "model_not_found", f"no box lists model {model_id!r}", None)
+    entry = _models(boxes).get(model_id)
+    if entry is None:
+        return 404, JSON, shape_error(404, "model_not_found", f"no box lists model {model_id!r}", None)
+    return 200, JSON, orjson.dumps(entry)
 
 
 def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
-    from router import __version__
-
     return 200, JSON, orjson.dumps(
         {"status": "ok", "service": "router", "version": __version__, "boxes_online": len(boxes)}
     )

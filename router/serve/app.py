@@ -140,7 +140,7 @@ class RouterApp:
         if call.t_first_byte:
             metrics.ttfb.observe(call.t_first_byte - call.t_received)
         if call.t_sent:
-            metrics.overhead.observe(call.t_sent - call.t_received)
+            metrics.overhead.observe(call.t_sent - call.t_body)
 
     async def unknown(self, edge, facade: Facade, known: bool) -> None:
         if facade.unknown is not None:

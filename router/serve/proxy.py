@@ -181,6 +181,7 @@ class ProxyCall:
         "first_byte_at",
         "bytes_out",
         "t_received",
+        "t_body",
         "t_sent",
         "t_first_byte",
         "delivered",
@@ -208,8 +209,9 @@ class ProxyCall:
         self.received_at = time.time()
         self.first_byte_at: float | None = None
         self.bytes_out = 0
-        self.t_received = time.perf_counter()
-        self.t_sent = 0.0
+        self.t_received = time.perf_counter()  # the call arrived
+        self.t_body = 0.0  # its body was in: router time starts here
+        self.t_sent = 0.0  # the first box was contacted
         self.t_first_byte = 0.0
         self.delivered = False  # the stream's end (`data: [DONE]`) reached the client
 
@@ -308,19 +310,19 @@ class ProxyCall:
             await self.error(400, "bad_body", "the request body could not be read", state="cancelled")
             self.failure = "client_left"
             return
-        self.t_received = time.perf_counter()  # router time starts when the body is in
+        self.t_body = time.perf_counter()
         try:
             self.call = call = self.inspect()
         except BadRequest as exc:
             await self.error(exc.status_hint, exc.code, str(exc))
             return
         fleet = self.app.fleet
-        self.t_sent = time.perf_counter()  # the decision is router time too
         self.decision = decision = decide(call, fleet.facts())
         if decision.path is Path.REFUSED:
             await self.refuse(decision)
             return
-        log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
+        if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
+            log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
         watch = _Watch(edge, self.client_left)
         try:
             await self.attempt_all(decision)
@@ -379,7 +381,8 @@ class ProxyCall:
             {"boxes": decision.reasons_text()},
             state="refused",
         )
-        log.debug("call %s refused: %s", self.call_id, decision.reasons_text())
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("call %s refused: %s", self.call_id, decision.reasons_text())
 
     async def attempt_all(self, decision: Decision) -> None:
         fleet = self.app.fleet
