@@ -41,6 +41,11 @@ class BoxConfig:
     agent: str | None = None  # a `router agent` on the box's host: its GPU telemetry
 
     @property
+    def link_fields(self) -> tuple:
+        """What the box's link is built from: a change here means a new link."""
+        return (self.url, self.key, self.kind, self.store)
+
+    @property
     def host(self) -> str:
         return urlsplit(self.url).hostname or "127.0.0.1"
 

@@ -89,17 +89,11 @@ class Fleet:
             asyncio.get_running_loop().create_task(self.links.pop(name).stop())
         for order, cfg in enumerate(configs):
             current = self.boxes.get(cfg.name)
-            if current is not None and current.config == cfg:
-                if current.order != order:
-                    current.order = order
+            if current is not None and current.config.link_fields == cfg.link_fields:
+                # Same link: keep it and the view; pool, blocked, agent or order may have moved.
+                if (current.config, current.order) != (cfg, order):
+                    current.config, current.order = cfg, order
                     current.changed()
-                continue
-            if current is not None and (
-                current.config.url, current.config.key, current.config.kind, current.config.store
-            ) == (cfg.url, cfg.key, cfg.kind, cfg.store):
-                current.config = cfg  # pool or blocked changed: keep the link and the view
-                current.order = order
-                current.changed()
                 continue
             if current is not None:
                 asyncio.get_running_loop().create_task(self.links.pop(cfg.name).stop())
