@@ -19,8 +19,6 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,6 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import measure  # noqa: E402  (bench/, beside this file: the harness's process handling)
 from router.sim import Behavior, SimBox, SimFleet  # noqa: E402
 from router.store import db  # noqa: E402
 
@@ -45,20 +44,6 @@ FAULTS = (
     ("hang_300ms", lambda: Behavior.hang(0.3), 2),
     ("die_mid_stream", lambda: Behavior.die_after(3), 2),
 )
-
-
-def start_router(boxes_path: Path, home: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_path),
-         "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-        env={**os.environ, "HUGPY_ROUTER_HOME": str(home)},
-    )
-    match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
-    if match is None:
-        proc.kill()
-        raise RuntimeError("router did not start")
-    return proc, match.group(1)
 
 
 def one_call(conn: http.client.HTTPConnection, stream: bool) -> str:
@@ -91,8 +76,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="router-soak-"))
     boxes_path = work / "boxes.json"
     boxes_path.write_text(json.dumps({"boxes": [{"name": b.name, "url": b.url} for b in boxes]}))
-    proc, url = start_router(boxes_path, work / "home")
-    host, port = url.removeprefix("http://").split(":")
+    procs = measure.Procs(work, dict(os.environ), ROOT)
+    started, ready = procs.start(
+        "router",
+        [sys.executable, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_path),
+         "--log-level", "warning"],
+        measure.ROUTER_READY,
+        env={"HUGPY_ROUTER_HOME": str(work / "home")},
+    )
+    proc = started.popen
+    host, port = ready.group(1).removeprefix("http://").split(":")
     router = psutil.Process(proc.pid)
     outcomes: collections.Counter = collections.Counter()
     faults: collections.Counter = collections.Counter()
@@ -143,11 +136,7 @@ def main() -> int:
         failovers = {m.group(1): float(m.group(2)) for m in
                      re.finditer(r'router_failovers_total\{reason="([^"]+)"\} (\S+)', metrics)}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        procs.stop_all()  # SIGTERM: the router flushes its log and exits 0
         fleet.stop()
     conn = db.open_store(work / "home" / "router.sqlite3")
     rows = conn.execute("SELECT count(*) FROM route_log").fetchall()[0][0]
