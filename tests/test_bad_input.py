@@ -113,7 +113,10 @@ def send(door: Door, method: str, path: str, body: bytes | None = None, headers:
          timeout: float = 10) -> tuple[int, dict, bytes]:
     conn = http.client.HTTPConnection(*door.address, timeout=timeout)
     try:
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the door answered early (a 413) and closed: read its answer, as curl does
         resp = conn.getresponse()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
@@ -128,7 +131,10 @@ def send_raw(door: Door, data: bytes, pieces: int = 1, gap_s: float = 0.0, timeo
         for start in range(0, len(data), step):
             if start:
                 time.sleep(gap_s)
-            sock.sendall(data[start:start + step])
+            try:
+                sock.sendall(data[start:start + step])
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the door answered early and closed: read its answer, as curl does
         resp = http.client.HTTPResponse(sock, method="POST")
         resp.begin()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
