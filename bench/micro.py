@@ -19,7 +19,7 @@ from router._fastpath import SSE, FrameScanner, Reservations
 from router.core.decide import decide
 from router.core.types import BoxFacts, BoxKind, Call, Resident
 from router.store.keys import KeyStore
-from router.store.route_log import RouteLogWriter
+from router.store.route_log import Row, RouteLogWriter
 
 REPEATS = 5
 
@@ -56,10 +56,9 @@ def main() -> int:
         path = Path(tmp) / "router.sqlite3"
         writer = RouteLogWriter(path)
         writer.start()
-        row = {"call_id": "x", "state": "done", "model": "tiny", "status": 200}
         counter = iter(range(10**9))
         rows.append(("route-log record() (queue put)", per_op_us(
-            lambda: writer.record({**row, "call_id": f"c{next(counter)}"}), 20000)))
+            lambda: writer.record(Row(f"c{next(counter)}", "done", model="tiny", status=200)), 20000)))
         writer.stop()
         keys = KeyStore(path)
         _, key = keys.create("bench", "use")

@@ -69,7 +69,7 @@ def test_every_call_is_one_row_with_its_decision_and_attempts(start_fleet):
     done, refused, bad = rows
     assert done["state"] == "done" and done["box"] == "b" and done["status"] == 200
     assert [att.get("refusal") for att in done["attempts"]] == ["insufficient_resources", None]
-    assert done["decision"]["ranked"][0] == {"box": "a", "tier": "serving"}
+    assert done["decision"]["ranked"][0] == ["a", "serving"]
     assert done["first_byte_at"] >= done["received_at"] and done["bytes_out"] > 0
     assert refused["state"] == "refused" and refused["decision"]["refused"]["a"].startswith("no_model")
     assert bad["state"] == "failed" and bad["status"] == 400

@@ -21,23 +21,26 @@ from router.core.access import hash_secret, parse_key
 from router.core.errors import BadRequest, ConfigError
 from router.store import db, keys as keys_mod, paths
 from router.store.keys import KeyStore
-from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, RouteLogWriter
+from router.core.decide import decide
+from router.core.types import BoxFacts, BoxKind, Call, Resident
+from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, ROWS_PER_STATEMENT, Row, RouteLogWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def row(i: int, **extra) -> dict:
+def row(i: int, **extra) -> Row:
     """A finished call's row, as the proxy records it."""
-    return {
+    fields = {
         "call_id": f"c{i}", "facade": "openai", "route": "/v1/chat/completions",
         "model": "llama3:latest", "settings": None, "pin": None, "client": "127.0.0.1",
         "stream": True, "decision_path": "serving",
-        "decision": {"boxes": ["a", "b"], "why": {"a": "serving", "b": "load"}},
+        "decision": {"ranked": [["a", "serving"], ["b", "load"]], "refused": {}},
         "attempts": [{"box": "a", "status": 200, "refusal": None, "ms": 12.5}],
         "box": "a", "status": 200, "state": "done", "error": None,
         "received_at": 1000.0 + i, "first_byte_at": 1000.1 + i, "done_at": 1000.2 + i,
         "bytes_in": 120, "bytes_out": 4096, **extra,
     }
+    return Row(**fields)
 
 
 def count(path: Path) -> int:
@@ -190,45 +193,70 @@ def test_ten_thousand_rows_without_blocking_and_stop_flushes_them_all(tmp_path):
     assert count(path) == 10_000
     conn = db.connect(path)
     got = conn.execute("SELECT call_id, stream, decision, attempts FROM route_log WHERE call_id = 'c7'").fetchall()
-    assert got == [("c7", 1, orjson.dumps(rows[7]["decision"]).decode(), orjson.dumps(rows[7]["attempts"]).decode())]
+    assert got == [("c7", 1, orjson.dumps(rows[7].decision).decode(), orjson.dumps(rows[7].attempts).decode())]
     conn.close()
 
 
-def test_rows_are_upserts_and_bad_rows_are_dropped_alone(tmp_path):
+def test_bad_rows_are_dropped_alone(tmp_path):
     path = tmp_path / "router.sqlite3"
     writer = RouteLogWriter(path)
     writer.start()
-    writer.record({"call_id": "p", "state": "pending", "facade": "openai", "model": "m", "received_at": 5.0})
     writer.record(row(1))
-    writer.record({"call_id": "bad-column", "state": "done", "prompt": "never stored"})
-    writer.record({"state": "done"})  # no call_id
-    writer.record({"call_id": "bad-state", "state": "exploded"})
+    writer.record(Row(None, "done"))  # no call_id
+    writer.record(Row("bad-state", "exploded"))
+    writer.record(row(1, box="b"))  # the same call twice: the first row stands
+    writer.record(row(3, attempts=[object()]))  # not JSON
     writer.record(row(2))
+    extra = ROWS_PER_STATEMENT + 3  # good rows beside the bad ones in the failed batch: all kept
+    for i in range(10, 10 + extra):
+        writer.record(row(i))
     writer.stop()
-    writer2 = RouteLogWriter(path)  # a second run updates the pending row of the first
+    writer2 = RouteLogWriter(path)  # a second run appends
     writer2.start()
-    writer2.record({"call_id": "p", "state": "done", "box": "b", "status": 200, "done_at": 6.0})
+    writer2.record(row(4, decision=None, attempts=None))
     writer2.stop()
-    assert (writer.written, writer.dropped) == (3, 3)
+    assert (writer.written, writer.dropped) == (2 + extra, 4)
+    assert (writer2.written, writer2.dropped) == (1, 0)
     conn = db.connect(path)
-    assert sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log")) == ["c1", "c2", "p"]
-    assert conn.execute(
-        "SELECT state, facade, model, box, status, received_at, done_at FROM route_log WHERE call_id = 'p'"
-    ).fetchall() == [("done", "openai", "m", "b", 200, 5.0, 6.0)]
+    assert sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log")) == sorted(
+        ["c1", "c2", "c4"] + [f"c{i}" for i in range(10, 10 + extra)]
+    )
+    assert conn.execute("SELECT box FROM route_log WHERE call_id = 'c1'").fetchall() == [("a",)]
     conn.close()
+
+
+def test_a_decision_is_logged_as_its_ranking_and_refusals(tmp_path):
+    boxes = [
+        BoxFacts(id="a", kind=BoxKind.HUGPY, order=0, catalog=frozenset({"m"})),
+        BoxFacts(id="b", kind=BoxKind.HUGPY, order=1, residents={"m": Resident("m")}),
+        BoxFacts(id="c", kind=BoxKind.HUGPY, order=2),
+    ]
+    decision = decide(Call(model="m", kinds=frozenset({BoxKind.HUGPY})), boxes)
+    path = tmp_path / "router.sqlite3"
+    writer = RouteLogWriter(path)
+    writer.start()
+    writer.record(row(1, decision=decision))
+    writer.stop()
+    conn = db.connect(path)
+    (text,) = conn.execute("SELECT decision FROM route_log").fetchall()[0]
+    conn.close()
+    assert orjson.loads(text) == {
+        "ranked": [["b", "serving"], ["a", "load"]],
+        "refused": {"c": decision.refused["c"].text()},
+    }
 
 
 KILLED_WRITER = textwrap.dedent(
     """
     import sys, time
-    from router.store.route_log import RouteLogWriter
+    from router.store.route_log import Row, RouteLogWriter
     writer = RouteLogWriter(sys.argv[1])
     writer.start()
     i = 0
     while True:
         for _ in range(200):
-            writer.record({"call_id": f"c{i}", "state": "done", "box": "a", "decision": {"boxes": ["a"]},
-                           "attempts": [{"box": "a", "status": 200}], "received_at": float(i)})
+            writer.record(Row(f"c{i}", "done", box="a", decision={"ranked": [["a", "serving"]]},
+                              attempts=[{"box": "a", "status": 200}], received_at=float(i)))
             i += 1
         print(writer.written, flush=True)
         time.sleep(0.002)

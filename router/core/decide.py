@@ -129,7 +129,7 @@ def decide(
     """
     tried = frozenset(tried)
     refused: dict[str, Reason] = {}
-    ranked: list[tuple[tuple, str, Why]] = []
+    ranked: list[tuple[tuple, str, Tier]] = []
     named_by_kind: dict = {}  # the call's (key, settings) per box kind, worked out once
     for box in boxes:
         kind = box.kind
@@ -143,13 +143,18 @@ def decide(
             continue
         tier = _tier_of(box, named)  # type: ignore[arg-type]
         key = rank_key(box, tier, named[0])  # type: ignore[index]
-        ranked.append((key, box.id, Why(tier, key)))
+        ranked.append((key, box.id, tier))
     if call.pin is not None and all(box.id != call.pin for box in boxes):
         refused[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
     if not ranked:
         return Decision(Path.REFUSED, (), {}, refused)
-    ranked.sort(key=lambda item: item[0])
+    # A rank key ends with the box's unique id, so keys never tie and the plain tuple sort
+    # never compares past them.
+    ranked.sort()
     path = Path.PINNED if call.pin is not None else Path.RANKED
     return Decision(
-        path, tuple(box_id for _, box_id, _ in ranked), {b: w for _, b, w in ranked}, refused
+        path,
+        tuple(box_id for _, box_id, _ in ranked),
+        {box_id: Why(tier, key) for key, box_id, tier in ranked},
+        refused,
     )

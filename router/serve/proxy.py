@@ -43,6 +43,7 @@ from router.facades.body import (
 )
 from router.facades.table import Body, Facade, Route
 from router.serve.edge import BodyTooLarge, ClientLeft
+from router.store.route_log import Row
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ClientGone,
@@ -341,34 +342,31 @@ class ProxyCall:
         self.loaded = box
         self.app.scheduler.poke()
 
-    def row(self) -> dict:
+    def row(self) -> Row:
         """This call's route_log row: metadata only, never a body or a key."""
         call, decision = self.call, self.decision
-        return {
-            "call_id": self.call_id,
-            "facade": self.facade.name,
-            "route": self.route.path,
-            "model": call.model if call else None,
-            "settings": call.settings if call else None,
-            "pin": call.pin if call else None,
-            "client": self.edge.client,
-            "stream": int(self.stream),
-            "decision_path": decision.path.value if decision else None,
-            "decision": {
-                "ranked": [{"box": b, "tier": decision.why[b].tier.value} for b in decision.boxes],
-                "refused": decision.reasons_text(),
-            } if decision else None,
-            "attempts": self.attempts,
-            "box": self.box.name if self.box else None,
-            "status": self.status or None,
-            "state": self.state if self.state != "pending" else "failed",
-            "error": self.failure,
-            "received_at": self.received_at,
-            "first_byte_at": self.first_byte_at,
-            "done_at": time.time(),
-            "bytes_in": len(self.body),
-            "bytes_out": self.bytes_out,
-        }
+        return Row(
+            self.call_id,
+            self.state if self.state != "pending" else "failed",
+            self.facade.name,
+            self.route.path,
+            call.model if call else None,
+            call.settings if call else None,
+            call.pin if call else None,
+            self.edge.client,
+            int(self.stream),
+            decision.path.value if decision else None,
+            decision,  # encoded by the writer thread, off the loop
+            self.attempts,
+            self.box.name if self.box else None,
+            self.status or None,
+            self.failure,
+            self.received_at,
+            self.first_byte_at,
+            time.time(),
+            len(self.body),
+            self.bytes_out,
+        )
 
     async def refuse(self, decision: Decision) -> None:
         call = self.call

@@ -7,14 +7,14 @@ Rules:
 2. One writer thread owns its own connection. It waits for a row, sleeps `FLUSH_INTERVAL_S`,
    then takes every row queued by then and writes them in transactions of at most
    `MAX_BATCH_ROWS`: one wake-up per flush window, however many calls arrived in it.
-3. A row is a dict keyed by `route_log` column names (any subset; `call_id` and `state` are
-   required). Writing is an upsert on `call_id`: a later row for the same call (`pending`,
-   then `done`) sets the columns it carries and keeps the earlier values of those it leaves
-   out or sets to None.
-4. dict, list and tuple values (`decision`, `attempts`) are stored as JSON text (orjson).
-5. A failed batch is rolled back and written again row by row; a row that still fails (an
-   unknown column, a missing `call_id`, a bad `state`) is dropped and counted in `dropped`.
-   The log names the error, never the row's contents.
+3. A row is a `Row` (the `route_log` columns, in order): one row per call, written once. A
+   second row with the same `call_id` is refused by the table's UNIQUE index (rule 5).
+4. The JSON columns (`decision`, `attempts`) take a dict, a list, or an object with a
+   `log_doc()` method (a Decision) standing for the dict it returns; the writer thread encodes
+   them as JSON text (orjson), so the caller never does.
+5. A failed batch is rolled back and written again row by row; a row that still fails (a
+   missing `call_id`, a bad `state`, a duplicate) is dropped and counted in `dropped`. The log
+   names the error, never the row's contents.
 6. The backlog is bounded: while `MAX_BACKLOG_ROWS` rows wait, `record` sheds new rows
    (counted in `shed`) rather than grow the router's memory behind a stalled disk.
 7. `stop()` queues a sentinel behind every recorded row; the thread writes them all, closes
@@ -25,16 +25,20 @@ Rules:
    so they are read without locks. Backlog = queued - written - dropped.
 9. A killed process loses only rows not yet committed: the open batch window plus any backlog.
    WAL keeps the file consistent, and it reopens clean.
+10. The writer holds the GIL as little and as seldom as it can: every time it takes the GIL back
+   from the event loop costs the loop a thread switch. So rows go in `ROWS_PER_STATEMENT` at a
+   time (one multi-row INSERT: one binding pass with the GIL, one SQLite step without it).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 import orjson
@@ -47,47 +51,85 @@ log = logging.getLogger(__name__)
 # A row waits at most this long for company before it is committed. 50 ms bounds what a
 # killed router loses and how stale the admin view is, while still turning a burst of calls
 # into one transaction: measured here, a row in its own transaction costs ~55 µs, a row in a
-# 256-row batch ~7 µs, so per-row commits would cap the log near 18k calls/s on one core.
+# 256-row batch 7-9 µs of writer CPU (a ~500 B row, WAL and checkpoints included; a row's
+# size is most of its cost: ~900 B rows cost 15 µs), so per-row commits would cap the log
+# near 18k calls/s on one core.
 FLUSH_INTERVAL_S = 0.050
-# A full batch commits at once: 256 rows take ~2 ms (7 µs a row), short enough that a
-# `router keys` command waiting on the lock is never noticeably delayed; past ~256 the
-# per-row cost no longer falls.
+# A full batch commits at once: 256 rows take ~1.5 ms, short enough that a `router keys`
+# command waiting on the lock is never noticeably delayed; past ~256 the per-row cost no
+# longer falls.
 MAX_BATCH_ROWS = 256
+# Rule 10: 32 rows × 20 columns = 640 bound values per statement, far under SQLite's 32,766;
+# one GIL round trip per 32 rows instead of one per row.
+ROWS_PER_STATEMENT = 32
 # A typical row with its decision and attempts holds ~1.3 KB (tracemalloc), so the backlog
 # stays under ~70 MB: 10 s of a stalled disk at 5k calls/s.
 MAX_BACKLOG_ROWS = 50_000
 
-COLUMNS = (
-    "call_id", "facade", "route", "model", "settings", "pin", "client", "stream",
-    "decision_path", "decision", "attempts", "box", "status", "state", "error",
-    "received_at", "first_byte_at", "done_at", "bytes_in", "bytes_out",
-)
-COLUMN_SET = frozenset(COLUMNS)
-UPSERT_SQL = (
-    f"INSERT INTO route_log ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
-    "ON CONFLICT (call_id) DO UPDATE SET "
-    + ", ".join(f"{c} = coalesce(excluded.{c}, route_log.{c})" for c in COLUMNS if c != "call_id")
-)
-_JSON_TYPES = (dict, list, tuple)
-# What one bad row can raise: SQLite refusing it, an unknown column, or a value neither SQLite
-# nor orjson can take (orjson.JSONEncodeError is a TypeError).
-_ROW_ERRORS = (apsw.Error, UsageError, TypeError)
+
+class Row(NamedTuple):
+    """One call's route_log row (rule 3); the field order is the table's column order."""
+
+    call_id: str
+    state: str  # pending | done | failed | refused | cancelled
+    facade: str | None = None
+    route: str | None = None
+    model: str | None = None
+    settings: str | None = None
+    pin: str | None = None
+    client: str | None = None
+    stream: int | None = None
+    decision_path: str | None = None
+    decision: Any = None  # JSON: the Decision's log_doc() (ranked boxes and tiers, refused)
+    attempts: Any = None  # JSON: [{box, status, refusal, ms}, ...]
+    box: str | None = None
+    status: int | None = None
+    error: str | None = None
+    received_at: float | None = None
+    first_byte_at: float | None = None
+    done_at: float | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+
+
+COLUMNS = Row._fields
+_JSON_COLUMNS = tuple(COLUMNS.index(name) for name in ("decision", "attempts"))
+_ONE_ROW = "(" + ", ".join("?" * len(COLUMNS)) + ")"
+
+
+@functools.cache
+def insert_sql(rows: int) -> str:
+    """INSERT of `rows` rows in one statement (rule 10); APSW caches each distinct text."""
+    return f"INSERT INTO route_log ({', '.join(COLUMNS)}) VALUES " + ", ".join([_ONE_ROW] * rows)
+
+
+# What one bad row can raise: SQLite refusing it, or a value neither SQLite nor orjson can take
+# (orjson.JSONEncodeError is a TypeError).
+_ROW_ERRORS = (apsw.Error, TypeError)
 _STOP = object()
 
 
-def _values(row: dict[str, Any]) -> tuple:
-    """The row as a tuple in COLUMNS order (rules 3-4). Raises UsageError for unknown columns."""
-    unknown = row.keys() - COLUMN_SET
-    if unknown:
-        raise UsageError(f"unknown route_log columns {sorted(unknown)}")
-    return tuple(
-        orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS).decode() if isinstance(v, _JSON_TYPES) else v
-        for v in map(row.get, COLUMNS)
-    )
+def _json_default(value: Any) -> Any:
+    log_doc = getattr(value, "log_doc", None)
+    if log_doc is None:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+    return log_doc()
+
+
+def _values(row: Row) -> list:
+    """The row's values for binding, its JSON columns encoded (rule 4)."""
+    values = list(row)
+    for index in _JSON_COLUMNS:
+        value = values[index]
+        if value is not None:
+            values[index] = orjson.dumps(
+                value, default=_json_default, option=orjson.OPT_PASSTHROUGH_DATACLASS
+            ).decode()
+    return values
 
 
 class RouteLogWriter:
-    """Writes route_log rows from a background thread (rules 1-9)."""
+    """Writes route_log rows from a background thread (rules 1-10)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -118,7 +160,7 @@ class RouteLogWriter:
         self._thread = threading.Thread(target=self._run, name="route-log-writer", daemon=True)
         self._thread.start()
 
-    def record(self, row: dict[str, Any]) -> None:
+    def record(self, row: Row) -> None:
         """Queues one row for writing (rule 1). Never blocks, never raises for a bad row (the
         writer drops it, rule 5)."""
         if self.queued - self.written - self.dropped >= MAX_BACKLOG_ROWS:
@@ -169,20 +211,16 @@ class RouteLogWriter:
         finally:
             self._conn.close()
 
-    def _write(self, batch: list[tuple[float, dict]]) -> None:
-        conn = self._conn
+    def _write(self, batch: list[tuple[float, Row]]) -> None:
         try:
-            # Each row is converted just before SQLite steps it, and APSW lets go of the GIL
-            # for every step, so the writer never holds the GIL for a whole batch: a thread
-            # that does can stall the event loop for up to the 5 ms switch interval.
-            self._commit(conn.executemany, (_values(row) for _, row in batch))
+            self._commit([_values(row) for _, row in batch])
             written = len(batch)
         except _ROW_ERRORS as exc:
             log.warning("route_log: batch failed (%s); writing its %d rows one by one", exc, len(batch))
             written = 0
             for _, row in batch:
                 try:
-                    self._commit(conn.execute, _values(row))
+                    self._commit([_values(row)])
                     written += 1
                 except _ROW_ERRORS as row_exc:
                     self.dropped += 1
@@ -192,13 +230,15 @@ class RouteLogWriter:
             self.max_batch = len(batch)
         self.last_flush_lag_s = time.monotonic() - batch[0][0]
 
-    def _commit(self, run, values) -> None:
+    def _commit(self, rows: list[list]) -> None:
         # IMMEDIATE takes the write lock up front, so a busy store waits in the busy handler
         # instead of failing halfway through the batch.
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            run(UPSERT_SQL, values)
+            for start in range(0, len(rows), ROWS_PER_STATEMENT):
+                part = rows[start : start + ROWS_PER_STATEMENT]
+                conn.execute(insert_sql(len(part)), [value for row in part for value in row])
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
