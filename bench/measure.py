@@ -46,6 +46,7 @@ SETTLE_WINDOW_S = 5.0  # --wait-quiet: a longer window, so one quiet second betw
 
 SIM_READY = re.compile(r"sim fleet ready: (\d+) boxes")
 ROUTER_READY = re.compile(r"router listening on (http://\S+)")
+FLOOR_READY = re.compile(r"floor listening on (http://\S+)")
 WRK_JSON = re.compile(r"^BENCH_JSON (\{.*\})$", re.M)
 
 
@@ -175,6 +176,7 @@ class CpuSnapshot:
     wall: float
     machine: float
     router: float
+    floor: float
     sim: float
     reaped: float  # our finished children (wrk, locust, py-spy), from RUSAGE_CHILDREN
     runner: float  # this Python process
@@ -185,6 +187,7 @@ class CpuSnapshot:
 class CpuDelta:
     wall_s: float
     router_s: float
+    floor_s: float
     sim_s: float
     loadgen_s: float
     background_pct: float  # other tenants, % of one core (the machine has 200 %)
@@ -195,10 +198,12 @@ class CpuDelta:
 
 
 class CpuMeter:
-    """CPU of the router, the sim fleet, our load generators, and everything else on the box."""
+    """CPU of the router, the floor proxy, the sim fleet, our load generators, and everything
+    else on the box."""
 
     def __init__(self) -> None:
         self.router_pid: int | None = None
+        self.floor_pid: int | None = None
         self.sim_pid: int | None = None
 
     def snapshot(self) -> CpuSnapshot:
@@ -208,6 +213,7 @@ class CpuMeter:
             wall=time.monotonic(),
             machine=machine_busy_s(),
             router=process_cpu_s(self.router_pid),
+            floor=process_cpu_s(self.floor_pid),
             sim=process_cpu_s(self.sim_pid),
             reaped=children.ru_utime + children.ru_stime,
             runner=me.ru_utime + me.ru_stime,
@@ -217,11 +223,13 @@ class CpuMeter:
     @staticmethod
     def delta(a: CpuSnapshot, b: CpuSnapshot) -> CpuDelta:
         wall = b.wall - a.wall
-        ours = (b.router - a.router) + (b.sim - a.sim) + (b.reaped - a.reaped) + (b.runner - a.runner)
+        ours = ((b.router - a.router) + (b.floor - a.floor) + (b.sim - a.sim) + (b.reaped - a.reaped)
+                + (b.runner - a.runner))
         other = max(0.0, (b.machine - a.machine) - ours)
         return CpuDelta(
             wall_s=wall,
             router_s=b.router - a.router,
+            floor_s=b.floor - a.floor,
             sim_s=b.sim - a.sim,
             loadgen_s=b.reaped - a.reaped,
             background_pct=100.0 * other / wall if wall > 0 else 0.0,

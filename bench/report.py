@@ -50,13 +50,14 @@ class Stat:
 # -- summaries ---------------------------------------------------------------------------------
 
 
-def pairs(records: list[dict], interface: str, figure: str) -> list[tuple[dict, dict]]:
-    """(router, direct) records of one figure, matched by repeat (measured back to back)."""
+def pairs(records: list[dict], interface: str, figure: str) -> list[dict[str, dict]]:
+    """{target: record} of one figure per repeat (measured back to back): router and direct,
+    and the floor proxy where it ran; repeats missing router or direct are left out."""
     by_repeat: dict[int, dict[str, dict]] = {}
     for r in records:
         if r["interface"] == interface and r["figure"] == figure:
             by_repeat.setdefault(r["repeat"], {})[r["target"]] = r
-    return [(d["router"], d["direct"]) for _, d in sorted(by_repeat.items()) if len(d) == 2]
+    return [d for _, d in sorted(by_repeat.items()) if "router" in d and "direct" in d]
 
 
 # (row name, record figure, record key, router CPU key, router vs direct as "ratio" or "added")
@@ -79,13 +80,14 @@ def summarize(records: list[dict], interfaces: list[str]) -> list[dict]:
             matched = pairs(records, interface, figure)
             if not matched:
                 continue
-            router = [r[key] for r, _ in matched]
-            direct = [d[key] for _, d in matched]
+            router = [m["router"][key] for m in matched]
+            direct = [m["direct"][key] for m in matched]
+            floors = [m["floor"] for m in matched if "floor" in m]
             if mode == "ratio":
                 relation = [r / d for r, d in zip(router, direct) if d]
             else:
                 relation = [r - d for r, d in zip(router, direct)]
-            everything = [x for pair in matched for x in pair]
+            everything = [x for m in matched for x in m.values()]
             rows.append({
                 "interface": interface,
                 "figure": name,
@@ -94,7 +96,10 @@ def summarize(records: list[dict], interfaces: list[str]) -> list[dict]:
                 "router": Stat.of(router),
                 "direct": Stat.of(direct),
                 "relation": Stat.of(relation),
-                "cpu": Stat.of([r[cpu_key] for r, _ in matched]) if cpu_key else None,
+                "cpu": Stat.of([m["router"][cpu_key] for m in matched]) if cpu_key else None,
+                # the bare proxy on the same stack (bench/floor_proxy.py): what is not the router's
+                "floor": Stat.of([f[key] for f in floors]),
+                "floor_cpu": Stat.of([f[cpu_key] for f in floors]) if cpu_key else None,
                 "cpu_unit": CPU_UNITS.get(cpu_key, ""),
                 "background": Stat.of([x["background_pct"] for x in everything]),
                 "errors": sum(x["errors"] for x in everything),
@@ -110,8 +115,9 @@ def row_value_format(row: dict) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| figure | router | direct | ratio / added | router CPU | spread (min–max: router; direct; CPU) "
-            "| other tenants' CPU % (max) | flags |\n|---|---|---|---|---|---|---|---|\n")
+    head = ("| figure | router | direct | ratio / added | router CPU | bare proxy (CPU) "
+            "| spread (min–max: router; direct; CPU) "
+            "| other tenants' CPU % (max) | flags |\n|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for row in rows:
         fmt = row_value_format(row)
@@ -132,8 +138,12 @@ def markdown_table(rows: list[dict]) -> str:
         if row["noisy"]:
             flags.append(f"{row['noisy']} noisy runs")
         bg = row["background"]
+        floor, floor_cpu = row.get("floor"), row.get("floor_cpu")
+        floor_text = fmt.format(floor.median) if floor else "–"
+        if floor_cpu:
+            floor_text += f" ({floor_cpu.median:.1f} {row['cpu_unit']}, {floor_cpu.span('{:.1f}')})"
         lines.append(f"| {row['interface']} · {row['title']} | {fmt.format(row['router'].median)} | "
-                     f"{fmt.format(row['direct'].median)} | {relation} | {cpu_text} | {spread} | "
+                     f"{fmt.format(row['direct'].median)} | {relation} | {cpu_text} | {floor_text} | {spread} | "
                      f"{bg.median:.0f} ({bg.hi:.0f}) | {', '.join(flags) or '–'} |")
     return head + "\n".join(lines) + "\n"
 

@@ -14,6 +14,10 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   `[DONE]` terminator is not counted as a frame);
 * added latency at c=1: `wrk -t1 -c1 -d5s`, p50 and p99 router minus direct, in µs (exact
   percentiles printed by bench/wrk_report.lua, not wrk's rounded summary);
+* the floor, beside the three figures above: the same wrk runs against bench/floor_proxy.py, a
+  bare proxy on the router's own stack (Granian with the router's settings, router.upstream.pool)
+  in front of the same box, with its CPU: what any proxy on this stack costs here, so the router's
+  CPU above it is the router's own (access, decision, reservation, hold, route-log row, metrics);
 * with `--locust`: time to first token at 64 users against a fleet with a 20 ms token cadence
   (bench/locustfile.py, FastHttpUser, headless, `--csv`), added TTFT p50/p99 router vs direct;
 * once per interface, each with a fleet and router of its own (`--figures` picks, e.g.
@@ -153,12 +157,13 @@ class Rig:
     a store grown by earlier rigs into the next measurement."""
 
     def __init__(self, procs: Procs, meter: CpuMeter, interface: str, cadence_ms: float = 0.0,
-                 chunks: int = CHUNKS, tag: str = "") -> None:
+                 chunks: int = CHUNKS, tag: str = "", floor: bool = False) -> None:
         self.procs, self.meter, self.interface, self.cadence_ms = procs, meter, interface, cadence_ms
         self.chunks = chunks
         self.name = f"{interface}{'-' + tag if tag else ''}"  # logs, boxes file and store of this rig
-        self.sim = self.router = None
-        self.router_url = self.direct_url = self.box = ""
+        self.with_floor = floor  # also start bench/floor_proxy.py in front of the same box
+        self.sim = self.router = self.floor = None
+        self.router_url = self.direct_url = self.floor_url = self.box = ""
         self.store = procs.workdir / f"store-{self.name}"
 
     def __enter__(self) -> "Rig":
@@ -179,23 +184,35 @@ class Rig:
         self.box = measure.wait_routable(self.router_url)
         urls = {b["name"]: b["url"] for b in json.loads(boxes_file.read_text())["boxes"]}
         self.direct_url = urls[self.box]  # "direct" = the box the router picks
+        if self.with_floor:
+            self.floor, match = self.procs.start(f"floor-{self.name}", [
+                measure.PYTHON, str(measure.BENCH / "floor_proxy.py"), "--interface", self.interface,
+                "--box", self.direct_url,
+            ], measure.FLOOR_READY)
+            self.meter.floor_pid = self.floor.pid
+            self.floor_url = match.group(1)
         return self
 
     def __exit__(self, *_exc) -> None:
-        self.meter.sim_pid = self.meter.router_pid = None
-        for started in (self.router, self.sim):
+        self.meter.sim_pid = self.meter.router_pid = self.meter.floor_pid = None
+        for started in (self.floor, self.router, self.sim):
             if started is not None:
                 self.procs.stop(started)
         shutil.rmtree(self.store, ignore_errors=True)
 
+    def targets(self) -> tuple[str, ...]:
+        return ("router", "floor", "direct") if self.floor else ("router", "direct")
+
     def url(self, target: str) -> str:
-        return (self.router_url if target == "router" else self.direct_url) + "/v1/chat/completions"
+        base = {"router": self.router_url, "floor": self.floor_url, "direct": self.direct_url}[target]
+        return base + "/v1/chat/completions"
 
     def warm_up(self, seconds: int) -> None:
-        """Fills the router's box pool and both sides' caches; nothing is recorded."""
-        measure.wrk(self.url("router"), "post", CONNECTIONS, seconds, "router")
-        measure.wrk(self.url("router"), "stream", CONNECTIONS, seconds, "router")
-        measure.wrk(self.url("direct"), "post", CONNECTIONS, seconds, "direct")
+        """Fills the proxies' box pools and every side's caches; nothing is recorded."""
+        for target in self.targets():
+            measure.wrk(self.url(target), "post", CONNECTIONS, seconds, target)
+            if target != "direct":
+                measure.wrk(self.url(target), "stream", CONNECTIONS, seconds, target)
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -212,10 +229,11 @@ def wrk_record(rig: Rig, figure: str, target: str, d: Durations) -> dict:
     cpu = CpuMeter.delta(before, rig.meter.snapshot())
     record = {k: v for k, v in asdict(run).items() if k != "raw"}
     record.update(wrk=run.raw, **cpu_fields(cpu, run.requests))
-    if target == "router" and run.requests:
-        record["cpu_us_per_call"] = 1e6 * cpu.router_s / run.requests
+    proxy_s = {"router": cpu.router_s, "floor": cpu.floor_s}.get(target)
+    if proxy_s is not None and run.requests:  # the proxy's own CPU: the router's, or the floor's
+        record["cpu_us_per_call"] = 1e6 * proxy_s / run.requests
         if script == "stream":
-            record["cpu_us_per_chunk"] = 1e6 * cpu.router_s / (run.requests * FRAMES_PER_STREAM)
+            record["cpu_us_per_chunk"] = 1e6 * proxy_s / (run.requests * FRAMES_PER_STREAM)
     return record
 
 
@@ -276,15 +294,16 @@ def locust_failures(stats_csv: Path) -> int:
 
 
 def measure_pair(rig: Rig, figure: str, repeat: int, d: Durations, log) -> list[dict]:
-    """Router then direct, after the quiet gate. A pair that started quiet but turned noisy is
-    measured once more, and the quieter of the two attempts is kept."""
+    """Router then direct (and the floor between them when the rig has one), after the quiet
+    gate. A pair that started quiet but turned noisy is measured once more, and the quieter of
+    the two attempts is kept."""
     attempts = []
     for attempt in (1, 2):
         gate = measure.wait_quiet(rig.meter)
         if figure == "ttft":
             pair = [ttft_record(rig, target, d, repeat) for target in ("router", "direct")]
         else:
-            pair = [wrk_record(rig, figure, target, d) for target in ("router", "direct")]
+            pair = [wrk_record(rig, figure, target, d) for target in rig.targets()]
         for record in pair:
             record.update(interface=rig.interface, repeat=repeat, figure=figure, attempt=attempt,
                           gate=asdict(gate))
@@ -307,9 +326,9 @@ def progress_line(r: dict) -> str:
         body = f"{r['rate']:>9,.0f}/s p50 {r['p50_us'] / 1000:.2f} ms p99 {r['p99_us'] / 1000:.2f} ms"
     cpu = ""
     if "cpu_us_per_chunk" in r:
-        cpu = f", router {r['cpu_us_per_call']:.0f} µs/stream = {r['cpu_us_per_chunk']:.1f} µs/frame"
+        cpu = f", {r['target']} {r['cpu_us_per_call']:.0f} µs/stream = {r['cpu_us_per_chunk']:.1f} µs/frame"
     elif "cpu_us_per_call" in r:
-        cpu = f", router {r['cpu_us_per_call']:.1f} µs/call"
+        cpu = f", {r['target']} {r['cpu_us_per_call']:.1f} µs/call"
     return (f"{head} {body}{cpu}; router {r['router_cpu_pct']:.0f} % sim {r['sim_cpu_pct']:.0f} % "
             f"others {r['background_pct']:.0f} % (gate {r['gate']['background_pct']:.0f} %)"
             f"{'; ' + str(r['errors']) + ' errors' if r['errors'] else ''}")
@@ -536,7 +555,7 @@ def measure_all(args: argparse.Namespace, d: Durations, procs: Procs, meter: Cpu
     pair_figures = [f for f in args.figures if f in PAIR_FIGURES]
     for repeat in range(d.repeats if pair_figures else 0):
         for interface in args.interfaces:  # interleaved, so drift hits both interfaces alike
-            with Rig(procs, meter, interface) as rig:
+            with Rig(procs, meter, interface, floor=True) as rig:
                 rig.warm_up(d.warmup_s)
                 for figure in pair_figures:
                     records += measure_pair(rig, figure, repeat, d, log)

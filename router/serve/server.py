@@ -102,13 +102,13 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     servers = []
     for name, port, mount in listeners:
         port = port or free_port(config.host)
-        servers.append((name, port, _server(RouterApp(shared, mount), config, port)))
+        servers.append((name, port, granian_server(RouterApp(shared, mount), config, port)))
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     serving = [loop.create_task(server.serve()) for _, _, server in servers]
     for (name, port, _), task in zip(servers, serving):
-        await _wait_listening(config.host, port, task)
+        await wait_listening(config.host, port, task)
         url = f"http://{config.host}:{port}"
         log.info("%s listening on %s (%s)", name, url, config.interface)
         if ready is not None:
@@ -136,7 +136,8 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     return 0
 
 
-def _server(app: RouterApp, config: ServeConfig, port: int) -> Server:
+def granian_server(app, config: ServeConfig, port: int) -> Server:
+    """Granian embedded, as every router listener runs it (bench/floor_proxy.py reuses it)."""
     return Server(
         app,
         address=config.host,
@@ -164,7 +165,7 @@ async def _key_upkeep(keys: KeyStore) -> None:
         await loop.run_in_executor(None, keys.flush_last_used, time.time())
 
 
-async def _wait_listening(host: str, port: int, serving: asyncio.Task) -> None:
+async def wait_listening(host: str, port: int, serving: asyncio.Task) -> None:
     """Returns once the port accepts connections; raises if the server task died first."""
     for _ in range(200):
         if serving.done():
