@@ -23,7 +23,7 @@ from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.edge import AsgiEdge, RsgiEdge
 from router.serve.metrics import Metrics
-from router.serve.proxy import ProxyCall, RelayAborted
+from router.serve.proxy import CallClock, ProxyCall, RelayAborted
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -35,7 +35,8 @@ JSON = b"application/json"
 
 class Shared:
     """What every listener of the process shares: the fleet, the reservation table, the
-    scheduler, the store (route log, keys), the access gate, the metrics, the limits."""
+    scheduler, the store (route log, keys), the access gate, the metrics, the limits, and the
+    clock that keeps the deadlines of the calls in flight (started and stopped by the server)."""
 
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
@@ -48,6 +49,7 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
+        self.clock = CallClock()
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
         self.in_flight = 0
@@ -66,6 +68,7 @@ class RouterApp:
         # The proxy reads these per call; bound here once.
         self.fleet = shared.fleet
         self.reservations = shared.reservations
+        self.clock = shared.clock
         self.scheduler = shared.scheduler
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s

@@ -94,6 +94,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         first_byte_timeout_s=config.first_byte_timeout_s,
     )
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
+    shared.clock.start()
     listeners = [("router", config.port, mounts.main)]
     if config.ollama_port is not None:
         listeners.append(("ollama", config.ollama_port, mounts.ollama_port))
@@ -123,6 +124,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     except asyncio.TimeoutError:
         log.warning("grace period over with %d calls in flight", shared.in_flight)
     await asyncio.wait(serving, timeout=config.grace_s)
+    await shared.clock.stop()
     stop_wait.cancel()
     key_upkeep.cancel()
     loop_watch.cancel()

@@ -88,6 +88,8 @@ class Exchange:
         "error",
         "bytes_in",
         "timer",
+        "deadline",
+        "deadline_error",
         "reused",
         "sent_s",
     )
@@ -110,6 +112,8 @@ class Exchange:
         self.error: BaseException | None = None
         self.bytes_in = 0
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # loop time past which expire() fails the exchange; 0 = none
+        self.deadline_error: BaseException | None = None
 
     # -- fed by Conn --------------------------------------------------------------------------
     def _feed(self, chunk: bytes) -> None:
@@ -194,7 +198,19 @@ class Exchange:
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(seconds, self.abort, exc)
 
+    def arm_deadline(self, seconds: float, exc: BaseException) -> None:
+        """As arm_timeout, but with no timer: whoever calls `expire(now)` now and then (the
+        proxy's CallClock) ends the exchange once `seconds` have passed."""
+        self.deadline = asyncio.get_running_loop().time() + seconds
+        self.deadline_error = exc
+
+    def expire(self, now: float) -> None:
+        """Fails the exchange with its deadline's error when `now` (loop time) is past it."""
+        if self.deadline and now >= self.deadline:
+            self.abort(self.deadline_error)  # type: ignore[arg-type]
+
     def disarm(self) -> None:
+        self.deadline = 0.0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
