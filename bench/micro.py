@@ -45,7 +45,11 @@ def main() -> int:
     rows = []
     for n in (8, 100):
         boxes = fleet(n)
-        rows.append((f"decide over {n} boxes", per_op_us(lambda: decide(call, boxes), 20000 if n == 8 else 2000)))
+        count = 20000 if n == 8 else 2000
+        rows.append((f"decide over {n} boxes, facts unchanged since the last call",
+                     per_op_us(lambda: decide(call, boxes), count)))
+        rows.append((f"decide over {n} boxes, nothing remembered (a failover)",
+                     per_op_us(lambda: decide(call, boxes, ("none",)), count)))
     table = Reservations()
     rows.append(("reservation reserve + release", per_op_us(lambda: table.release(table.reserve(3, 0)), 200000)))
     chunk = b'data: {"id":"fe-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'

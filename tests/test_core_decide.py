@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -571,3 +573,32 @@ def test_failover_retry_stays_inside_the_first_ranking(scenario):
     assert retry.boxes == first.boxes[1:]
     if c.pin is not None:
         assert retry.boxes == ()  # a pin is never rerouted
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenario=scenarios(), data=st.data())
+def test_remembered_verdicts_follow_every_change_of_facts(scenario, data):
+    """decide() reuses a box's verdict while the box's facts are the same object (`_verdicts`):
+    across a run of decisions for one call, where each step swaps some boxes' facts for other
+    facts under the same name and keeps the rest, every decision still equals the reference."""
+    c, boxes, _, _ = scenario
+    other = data.draw(fleets(c.model, c.settings, c.pool))
+    for _ in range(data.draw(st.integers(1, 6))):
+        swap = data.draw(st.lists(st.booleans(), min_size=len(boxes), max_size=len(boxes)))
+        boxes = [other[i] if flip and i < len(other) else b for i, (flip, b) in enumerate(zip(swap, boxes))]
+        d = decide(c, boxes)
+        ref = reference_decide(c, boxes, frozenset(), None)
+        assert d.boxes == ref.boxes
+        assert {b: w.tier for b, w in d.why.items()} == ref.tiers
+        assert {b: r.code for b, r in d.refused.items()} == ref.refused
+        other, boxes = boxes, other  # the next step swaps back and forth between both
+
+
+def test_a_box_whose_facts_changed_is_judged_again():
+    c = call()
+    a, b = box("a", 0), box("b", 1)
+    assert decide(c, [a, b]).boxes == ("a", "b")
+    second = decide(c, [a, dataclasses.replace(b, online=False)])
+    assert second.boxes == ("a",) and second.refused["b"].code is ReasonCode.OFFLINE
+    # a's load moved (a new facts object): a is ranked again, b's first verdict is reused
+    assert decide(c, [dataclasses.replace(a, pending=5), b]).boxes == ("b", "a")
