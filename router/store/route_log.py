@@ -26,8 +26,8 @@ Rules:
 9. A killed process loses only rows not yet committed: the open batch window plus any backlog.
    WAL keeps the file consistent, and it reopens clean.
 10. The writer holds the GIL as little and as seldom as it can: every time it takes the GIL back
-   from the event loop costs the loop a thread switch. So rows go in `ROWS_PER_STATEMENT` at a
-   time (one multi-row INSERT: one binding pass with the GIL, one SQLite step without it).
+   from the event loop costs the loop a thread switch. So a batch goes in as one multi-row
+   INSERT (`ROWS_PER_STATEMENT`): one binding pass with the GIL, one SQLite step without it.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ FLUSH_INTERVAL_S = 0.050
 # command waiting on the lock is never noticeably delayed; past ~256 the per-row cost no
 # longer falls.
 MAX_BATCH_ROWS = 256
-# Rule 10: 32 rows × 20 columns = 640 bound values per statement, far under SQLite's 32,766;
-# one GIL round trip per 32 rows instead of one per row.
-ROWS_PER_STATEMENT = 32
+# Rule 10: a whole batch in one statement: 256 rows × 20 columns = 5,120 bound values, under
+# SQLite's 32,766; one GIL round trip per batch instead of one per row.
+ROWS_PER_STATEMENT = MAX_BATCH_ROWS
 # A typical row with its decision and attempts holds ~1.3 KB (tracemalloc), so the backlog
 # stays under ~70 MB: 10 s of a stalled disk at 5k calls/s.
 MAX_BACKLOG_ROWS = 50_000
