@@ -32,7 +32,7 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   - stalled reader: a box writes a 200,000-frame stream (~43 MB) at once; a client with a
     16 KiB receive buffer reads the head, then nothing for 10 s: the router's RSS growth over
     those 10 s (from the head's arrival), sampled every 200 ms, and 2 s after the client closed.
-    Under ASGI a write waits for the client, so the router pauses reading the box (1 MiB
+    Under ASGI a write waits for the client, so the router pauses reading the box (256 KiB
     buffered); under RSGI nothing waits and the whole answer lands in the router's memory;
   - latency against concurrency: non-stream `wrk -t1 -cN -d3s` at N = 1, 4, 16, 64, 128, router
     then direct back to back after the quiet gate; p50 and p99 in a table and in a plot

@@ -358,7 +358,8 @@ def test_sigterm_stops_cleanly(start_fleet):
 
 def test_the_rsgi_interface_serves_the_same_calls(start_fleet):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    b = SimBox("b", catalog=["tiny"], chunks=4)
+    # 4 chunks 40 ms apart: a stream that lives through CallClock ticks
+    b = SimBox("b", catalog=["tiny"], chunks=4, cadence_s=0.04)
     a.script("tiny", Behavior.in_band("load_error", "load failed"))
     router = start_fleet(a, b, extra_args=("--interface", "rsgi"))
     raw = client(router).chat.completions.with_raw_response.create(
@@ -367,6 +368,17 @@ def test_the_rsgi_interface_serves_the_same_calls(start_fleet):
     assert raw.headers["x-hugpy-box"] == "b"
     assert len([c for c in raw.parse() if c.choices and c.choices[0].delta.content]) == 4
     assert chat(router, "tiny").parse().choices[0].message.content
+    # The openai client stops at `data: [DONE]`; a plain HTTP client reads to the end of the
+    # chunked body, which Granian sends only once the router lets go of the stream.
+    host, port = router.url.removeprefix("http://").split(":")
+    for _ in range(2):
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(
+            {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}),
+            headers={"Content-Type": "application/json", "X-Router-Box": "b"})
+        answer = conn.getresponse()
+        assert answer.read().endswith(b"data: [DONE]\n\n")  # times out if the stream never ends
+        conn.close()
 
 
 def test_the_pool_gate_routes_by_alloc_pool_or_header(start_fleet):

@@ -6,9 +6,9 @@ import asyncio
 
 import uvloop
 
-from router.upstream.pool import FirstByteTimeout, Origin, request_head
+from router.upstream.pool import HIGH_WATER_BYTES, FirstByteTimeout, Origin, request_head
 
-BODY = b"y" * 1_150_000  # its last read crosses the 1 MiB pause mark and ends the answer
+BODY = b"y" * (HIGH_WATER_BYTES * 9 // 8)  # its last read crosses the pause mark and ends the answer
 
 
 async def _box(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

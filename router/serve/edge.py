@@ -12,6 +12,7 @@ Invariants:
 2. Header names given to `respond`/`start` are lower-case bytes; values bytes.
 3. `watch_disconnect(callback)` calls `callback()` at most once, when the client goes away; the
    returned task is cancelled by the caller when the call ends.
+4. `finish()` ends a streamed answer; after it, the edge holds nothing that keeps the answer open.
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ class RsgiEdge:
             raise ClientLeft() from None
 
     async def finish(self) -> None:
-        return None
+        # Granian ends an RSGI stream when its transport object is released, not when the app
+        # returns: drop ours now, so that nothing which outlives the answer can hold it open.
+        self.stream = None
 
     def watch_disconnect(self, callback: Callable[[], None]) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._watch(callback))

@@ -33,8 +33,11 @@ CONNECT_TIMEOUT_S = 10.0
 # connection before the box does and the close race stays rare.
 KEEPALIVE_IDLE_S = 4.0
 MAX_IDLE_PER_ORIGIN = 128
-# Issue #2: at most 1 MiB buffered per stream before the box socket stops being read.
-HIGH_WATER_BYTES = 1 << 20
+# Issue #2 bounds what waits per stream for a slow client at 1 MiB; the socket stops being read
+# at a quarter of that. A box's burst still flows unpaused (nginx buffers 32-64 KiB per proxied
+# answer by default), and a stalled client holds the router's RSS within its 2 MiB budget
+# (bench: stalled reader) with room for Granian's and the allocator's share.
+HIGH_WATER_BYTES = 256 << 10
 NO_BODY_STATUSES = frozenset({204, 304})
 # A box's idle close and our reuse cross within a round trip on loopback or a LAN; a box that
 # took the request and then died does so later than this.
