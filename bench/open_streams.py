@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 import uvloop
 
+import report  # bench/ is this script's directory, first on sys.path
+
 FRAME = b"data: "
 CHUNKED_END = b"\r\n0\r\n\r\n"
 
@@ -131,16 +133,6 @@ class StreamCall(asyncio.Protocol):
             self.transport.close()
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def raise_fd_limit(needed: int) -> tuple[int, int]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
@@ -211,10 +203,10 @@ async def run(args: argparse.Namespace) -> dict:
         "failures": dict(causes), "peak_open": tally.peak_open, "frames_expected": args.frames,
         "frames_received": sum(c.frames for c in calls),
         "stall_threshold_ms": 1000 * threshold_s,
-        "max_gap_ms": max(gaps) if gaps else None, "gap_p99_ms": percentile(gaps, 99),
-        "first_frame_p50_ms": percentile(firsts, 50), "first_frame_p99_ms": percentile(firsts, 99),
+        "max_gap_ms": max(gaps) if gaps else None, "gap_p99_ms": report.percentile(gaps, 99),
+        "first_frame_p50_ms": report.percentile(firsts, 50), "first_frame_p99_ms": report.percentile(firsts, 99),
         "first_frame_max_ms": max(firsts) if firsts else None,
-        "duration_p50_ms": percentile(durations, 50), "duration_max_ms": max(durations) if durations else None,
+        "duration_p50_ms": report.percentile(durations, 50), "duration_max_ms": max(durations) if durations else None,
         "ramp_s": round(ramp_s, 3), "elapsed_s": round(elapsed, 3),
     }
 

@@ -47,6 +47,17 @@ class Stat:
         return f"{fmt.format(self.lo)}–{fmt.format(self.hi)}" if self.n > 1 else fmt.format(self.median)
 
 
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 # -- summaries ---------------------------------------------------------------------------------
 
 

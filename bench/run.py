@@ -267,23 +267,12 @@ def ttft_record(rig: Rig, target: str, d: Durations, repeat: int) -> dict:
         if target == "router" and streams else {}
     return {
         "target": target, "streams": streams, "rate": streams / d.locust_s,
-        "ttft_p50_ms": percentile(samples["ttft_ms"], 50), "ttft_p99_ms": percentile(samples["ttft_ms"], 99),
-        "first_byte_p50_ms": percentile(samples["first_byte_ms"], 50),
-        "total_p50_ms": percentile(samples["total_ms"], 50), "total_p99_ms": percentile(samples["total_ms"], 99),
+        "ttft_p50_ms": report.percentile(samples["ttft_ms"], 50), "ttft_p99_ms": report.percentile(samples["ttft_ms"], 99),
+        "first_byte_p50_ms": report.percentile(samples["first_byte_ms"], 50),
+        "total_p50_ms": report.percentile(samples["total_ms"], 50), "total_p99_ms": report.percentile(samples["total_ms"], 99),
         "errors": locust_failures(Path(f"{csv_prefix}_stats.csv")), "csv": f"{csv_prefix}_stats.csv",
         **cpu_fields(cpu, streams), **per_stream,
     }
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def locust_failures(stats_csv: Path) -> int:
