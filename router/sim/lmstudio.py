@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 from urllib.parse import unquote
 
 from router.sim.server import (
+    ANSWERED,
     STREAM_TOKEN,
     Behavior,
     Connection,
@@ -261,14 +262,8 @@ class SimLMStudio(SimServer):
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         stream = body.get("stream") is True
         rec.model, rec.stream = model, stream
-        behavior = self._next_behavior(model)
-        limit = None
-        if behavior is not None and behavior.kind == "hang":
-            yield behavior.seconds
-        elif behavior is not None and behavior.kind == "die_after" and stream:
-            limit = behavior.chunks
-        elif behavior is not None:
-            self._misbehave(conn, ex, behavior, stream, route.events)
+        limit = yield from self._apply_script(conn, ex, model, stream, route.events)
+        if limit is ANSWERED:
             return
         if model not in self.models:
             self._unknown_model(conn, ex, model)

@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable
 
 from router.core.names import ollama_key
 from router.sim.server import (
+    ANSWERED,
     STREAM_TOKEN,
     Behavior,
     Connection,
@@ -392,14 +393,8 @@ class SimOllama(SimServer):
         if key is None:
             self._error(conn, ex, 400, "invalid model name", route.openai)
             return
-        behavior = self._next_behavior(key)
-        limit = None
-        if behavior is not None and behavior.kind == "hang":
-            yield behavior.seconds
-        elif behavior is not None and behavior.kind == "die_after" and stream:
-            limit = behavior.chunks
-        elif behavior is not None:
-            self._misbehave(conn, ex, behavior, stream, route.openai)
+        limit = yield from self._apply_script(conn, ex, key, stream, route.openai)
+        if limit is ANSWERED:
             return
         name = self._installed(key)
         if name is None and route.not_found is not None:

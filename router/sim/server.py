@@ -95,6 +95,7 @@ _LAST_CHUNK = b"0\r\n\r\n"
 BAD_HEAD = b"HTTP/1.1 2OO OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 Steps = Iterator[Any]  # a handler's generator: yields a float (sleep) or an awaitable (rule 2)
+ANSWERED = object()  # _apply_script's result when a scripted behaviour answered the call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -718,12 +719,32 @@ class SimServer:
         """The 500 body when a handler raises (a bug in the sim)."""
         raise NotImplementedError
 
+    def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, shape: bool) -> None:
+        """Answers a scripted refusal in the engine's own shape (`shape`: its variant flag)."""
+        raise NotImplementedError
+
     def _queue_behaviors(self, key: str, behaviors: Iterable[Behavior]) -> None:
         self._scripts.setdefault(key, deque()).extend(behaviors)
 
     def _next_behavior(self, key: str) -> Behavior | None:
         queue = self._scripts.get(key)
         return queue.popleft() if queue else None
+
+    def _apply_script(self, conn: Connection, ex: Exchange, key: str, stream: bool, shape: bool) -> Steps:
+        """Generator: the next scripted behaviour for `key`, if any. `hang` waits it out and a
+        streamed `die_after` returns its chunk limit, both for the call to go on; any other
+        behaviour is answered by the subclass's `_misbehave(conn, ex, behavior, stream, shape)`
+        and returns ANSWERED. No behaviour (or a hang) returns None."""
+        behavior = self._next_behavior(key)
+        if behavior is None:
+            return None
+        if behavior.kind == "hang":
+            yield behavior.seconds
+            return None
+        if behavior.kind == "die_after" and stream:
+            return behavior.chunks
+        self._misbehave(conn, ex, behavior, stream, shape)
+        return ANSWERED
 
     def _record(self, ex: Exchange, rid: str = "", parent_id: str | None = None) -> CallRecord:
         """Opens the call record for `ex` (model and stream are filled in once read)."""
