@@ -148,6 +148,16 @@ def request_bytes(path: str, body: bytes, headers: dict | None = None, method: s
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+def refused_at_the_server(door, route, data: bytes) -> None:
+    """Raw bytes the HTTP server itself may refuse: a clean refusal in shape, or a closed
+    connection (clean enough, and nothing reached a box)."""
+    try:
+        status, headers, answer = send_raw(door, data)
+    except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+        return
+    refused_in_shape(route.facade, status, headers, answer, server_level=True)
+
+
 def refused_in_shape(facade: str, status: int, headers: dict, body: bytes, *, server_level: bool = False) -> None:
     """A clean refusal: 4xx (or the 502/503 of an empty owner set), never 500, in the facade's
     shape. `server_level`: the HTTP server may refuse before the app with an empty body."""
@@ -334,11 +344,7 @@ def test_headers_or_paths_past_the_server_limits_are_refused_cleanly(door, route
         data = request_bytes(route.path, body, {f"X-H{i}": "v" for i in range(500)})
     else:
         data = request_bytes(route.path + "/" + "a" * 100_000, body)
-    try:
-        status, headers, answer = send_raw(door, data)
-    except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
-        return  # refused by closing: clean enough, and nothing reached a box
-    refused_in_shape(route.facade, status, headers, answer, server_level=True)
+    refused_at_the_server(door, route, data)
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
@@ -348,11 +354,7 @@ def test_headers_or_paths_past_the_server_limits_are_refused_cleanly(door, route
 ], ids=["negative-length", "two-lengths", "float-length", "huge-length", "gzip-only"])
 def test_broken_framing_headers_are_refused_cleanly(door, route, framing):
     data = f"POST {route.path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n".encode() + framing + b"\r\n{}"
-    try:
-        status, headers, answer = send_raw(door, data)
-    except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
-        return
-    refused_in_shape(route.facade, status, headers, answer, server_level=True)
+    refused_at_the_server(door, route, data)
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
@@ -364,11 +366,7 @@ def test_broken_framing_headers_are_refused_cleanly(door, route, framing):
 ], ids=["bad-size", "data-past-size", "missing-crlf", "te-and-length"])
 def test_a_malformed_chunked_body_is_refused_never_a_500(door, route, chunks):
     data = f"POST {route.path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n".encode() + chunks
-    try:
-        status, headers, answer = send_raw(door, data)
-    except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
-        return
-    refused_in_shape(route.facade, status, headers, answer, server_level=True)
+    refused_at_the_server(door, route, data)
 
 
 # ---------------------------------------------------------------------------------------------

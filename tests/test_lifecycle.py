@@ -47,29 +47,20 @@ def test_boxes_file_edits_take_effect_without_a_restart(start_fleet, tmp_path):
     router = start_fleet(a, b)
     path = router.boxes_path
     write_boxes(path, [a])  # b removed
-    def refused_other():
+    def refusal(model: str) -> openai.APIStatusError | None:
+        """The router's refusal of a call for `model`, or None when a box served it."""
         try:
-            client(router).chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+            client(router).chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
         except openai.APIStatusError as exc:
-            return exc.status_code == 503
-        return False
-    assert wait_for(refused_other, 4, 0.2)
+            return exc
+        return None
+
+    assert wait_for(lambda: (r := refusal("other")) is not None and r.status_code == 503, 4, 0.2)
     write_boxes(path, [a, b], b={"pool": None})
-    def served_other():
-        try:
-            client(router).chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
-        except openai.APIStatusError:
-            return False
-        return True
-    assert wait_for(served_other, 4, 0.2)
+    assert wait_for(lambda: refusal("other") is None, 4, 0.2)
     write_boxes(path, [a, b], a={"blocked": True})
-    def blocked_a():
-        try:
-            client(router).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
-        except openai.APIStatusError as exc:
-            return exc.body.get("boxes", {}).get("a") == "blocked"
-        return False
-    assert wait_for(blocked_a, 4, 0.2)
+    assert wait_for(lambda: (r := refusal("tiny")) is not None and r.body.get("boxes", {}).get("a") == "blocked",
+                    4, 0.2)
 
 
 def test_a_box_restart_is_seen_and_the_view_resyncs(start_fleet):
