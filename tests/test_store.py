@@ -23,7 +23,7 @@ from router.store import db, keys as keys_mod, paths
 from router.store.keys import KeyStore
 from router.core.decide import decide
 from router.core.types import BoxFacts, BoxKind, Call, Resident
-from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, ROWS_PER_STATEMENT, Row, RouteLogWriter
+from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, Row, RouteLogWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,7 +207,7 @@ def test_bad_rows_are_dropped_alone(tmp_path):
     writer.record(row(1, box="b"))  # the same call twice: the first row stands
     writer.record(row(3, attempts=[object()]))  # not JSON
     writer.record(row(2))
-    extra = ROWS_PER_STATEMENT + 3  # good rows beside the bad ones in the failed batch: all kept
+    extra = MAX_BATCH_ROWS + 3  # good rows beside the bad ones, in the failed batch and the next: all kept
     for i in range(10, 10 + extra):
         writer.record(row(i))
     writer.stop()
