@@ -111,7 +111,8 @@ class CallClock:
     of its disconnect watcher), and arming and cancelling three uvloop timers cost ~8 µs of
     every call's CPU, while joining and leaving this set costs well under one. The price is
     precision: a deadline fires up to one tick late, nothing beside 60 s or 900 s, and a
-    watcher starts 50-100 ms into a call instead of at 50 ms.
+    watcher starts 50-100 ms into a call instead of at 50 ms. A sweep costs ~0.08 µs per call
+    in flight (timeit: 0.16 ms for 2,000 open streams, 0.3 % of a core at 20 sweeps a second).
     """
 
     def __init__(self) -> None:
