@@ -26,6 +26,7 @@ from router.core.errors import ConfigError
 from router.core.types import BoxKind
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_INFLIGHT_LIMIT = 100_000
 KEY_LINE_RE = re.compile(r"""^\s*(?:export\s+)?FITEVICT_TOKEN\s*=\s*["']?([^"'\s]+)["']?\s*$""")
 
 
@@ -39,6 +40,7 @@ class BoxConfig:
     pool: str | None = None
     blocked: bool = False
     agent: str | None = None  # a `router agent` on the box's host: its GPU telemetry
+    max_inflight: int | None = None  # calls at once, from every facade (None: no limit)
 
     @property
     def link_fields(self) -> tuple:
@@ -88,6 +90,9 @@ def validate(box: BoxConfig) -> BoxConfig:
         raise ConfigError(f"box {box.name}: url must not have a path (got {box.url!r})")
     if box.agent is not None and urlsplit(box.agent).scheme != "http":
         raise ConfigError(f"box {box.name}: agent must be http://host:port (got {box.agent!r})")
+    limit = box.max_inflight
+    if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_INFLIGHT_LIMIT):
+        raise ConfigError(f"box {box.name}: max_inflight must be an integer 1-{MAX_INFLIGHT_LIMIT}")
     return box
 
 
@@ -108,6 +113,7 @@ def parse(doc: object, path: Path) -> BoxesFile:
                 pool=entry.get("pool"),
                 blocked=bool(entry.get("blocked", False)),
                 agent=entry.get("agent"),
+                max_inflight=entry.get("max_inflight"),
             )
         except ValueError as exc:
             raise ConfigError(f"{path}: box {entry['name']}: {exc}") from None

@@ -92,6 +92,7 @@ class Link:
         now = asyncio.get_running_loop().time()
         if ok:
             box.last_ok_s = now
+            box.reachable()
         was_online = box.online
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
         if was_online != box.online:

@@ -7,6 +7,14 @@ Invariants:
    decision reads bumps `version`, so `facts()` rebuilds the immutable BoxFacts only then.
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them.
+3. Refusal memory (router.core.admission rule 7): `refusals[key]` counts placement refusals in a
+   row and `cooling[key]` is when the back-off they set ends. The back-off's end
+   (`expire_cooling`, run by the CallClock's sweep) lifts the cooling and keeps the count, so a
+   box that refuses again backs off longer; a success for the key, or more free GPU memory in
+   the inventory, clears both. A connect failure
+   marks the box `unreachable` (offline for the decision) until its health probe succeeds.
+4. `in_flight` counts this router's calls on the box from every facade; for a box with a
+   limit it is part of the facts (fullness), so the facts are rebuilt when it moves.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.boxes.config import BoxConfig
+from router.core.admission import backoff_s, is_full
 from router.core.types import BoxFacts, Resident
 from router.upstream.pool import Origin
 
@@ -50,9 +59,12 @@ class BoxState:
         self.in_flight = 0
         self.pending = 0
         self.pressure = 1
+        self.refusals: dict[str, int] = {}
+        self.cooling: dict[str, float] = {}
+        self.unreachable = False
         self.version = 0
         self._facts: BoxFacts | None = None
-        self._facts_key: tuple[int, int] = (-1, -1)
+        self._facts_key: tuple[int, int, int] = (-1, -1, -1)
 
     @property
     def name(self) -> str:
@@ -73,6 +85,9 @@ class BoxState:
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
         self.inventory = inventory
+        if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
+            self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
+            self.changed()
         if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes) != (
             old.catalog,
             old.residents,
@@ -98,16 +113,48 @@ class BoxState:
             self.contracts[key] = settings
         self.changed()
 
+    def placement_refused(self, key: str, now_s: float) -> None:
+        """The box refused to place `key`: full for it for the next back-off step."""
+        consecutive = self.refusals[key] = self.refusals.get(key, 0) + 1
+        self.cooling[key] = now_s + backoff_s(consecutive)
+        self.changed()
+
+    def placement_ok(self, key: str) -> None:
+        if self.refusals.pop(key, None) is not None:
+            self.cooling.pop(key, None)
+            self.changed()
+
+    def expire_cooling(self, now_s: float) -> None:
+        """Lifts the back-offs that are over (their refusal counts stay until a success)."""
+        if any(until <= now_s for until in self.cooling.values()):
+            self.cooling = {k: until for k, until in self.cooling.items() if until > now_s}
+            self.changed()
+
+    def mark_unreachable(self) -> None:
+        if not self.unreachable:
+            self.unreachable = True
+            self.changed()
+
+    def reachable(self) -> None:
+        if self.unreachable:
+            self.unreachable = False
+            self.changed()
+
+    @property
+    def full(self) -> bool:
+        return is_full(self.in_flight, self.config.max_inflight)
+
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
-        key = (self.version, reservations)
+        limit = self.config.max_inflight
+        key = (self.version, reservations, self.in_flight if limit is not None else 0)
         if key != self._facts_key:
             config = self.config
             self._facts = BoxFacts(
                 id=config.name,
                 kind=config.kind,
                 order=self.order,
-                online=self.online,
+                online=self.online and not self.unreachable,
                 pool=config.pool,
                 blocked=config.blocked,
                 catalog=self.catalog,
@@ -118,6 +165,10 @@ class BoxState:
                 pressure=self.pressure,
                 reservations=reservations,
                 last_picked_s=self.last_picked_s,
+                in_flight=self.in_flight,
+                max_inflight=limit,
+                cooling=frozenset(self.cooling),
+                recent_refusals=sum(self.refusals[k] for k in self.cooling),
             )
             self._facts_key = key
         return self._facts  # type: ignore[return-value]

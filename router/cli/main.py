@@ -68,6 +68,10 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="also listen here as an Ollama server (every path is Ollama's; 'auto' picks one)")
     parser.add_argument("--lmstudio-port", type=_port, default=None,
                         help="also listen here as an LM Studio server (every path is LM Studio's)")
+    parser.add_argument("--queue-size", type=int, default=1024,
+                        help="calls that may wait for a full box, in all (default 1024; more get 429)")
+    parser.add_argument("--queue-timeout", type=float, default=120.0,
+                        help="seconds a call may wait for a full box before a 503 (default 120)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -95,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--store", help="the box's store file, when readable on this machine")
     add.add_argument("--pool")
     add.add_argument("--agent", help="http://host:port of a `router agent` on the box's host (GPU telemetry)")
+    add.add_argument("--max-inflight", type=int, default=None,
+                     help="calls the box takes at once, from every facade; more wait in the router's queue")
     bsub.add_parser("list", help="list boxes (keys are never shown)")
     for name in ("remove", "block", "unblock"):
         cmd = bsub.add_parser(name, help=f"{name} a box")
@@ -119,7 +125,7 @@ def boxes_command(args: argparse.Namespace) -> int:
         new = boxes_config.validate(
             boxes_config.BoxConfig(
                 name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
-                store=args.store, pool=args.pool, agent=args.agent,
+                store=args.store, pool=args.pool, agent=args.agent, max_inflight=args.max_inflight,
             )
         )
         index = next((i for i, b in enumerate(boxes.boxes) if b.name == new.name), None)

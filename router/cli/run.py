@@ -26,6 +26,8 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         grace_s=args.grace,
         ollama_port=args.ollama_port,
         lmstudio_port=args.lmstudio_port,
+        queue_size=args.queue_size,
+        queue_timeout_s=args.queue_timeout,
     )
 
 

@@ -4,7 +4,8 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
 1. Gate. `why_not` returns the first disqualifying reason, in this order: pinned elsewhere,
    kind not served by the facade, name invalid under the box kind's rule, offline, other pool,
    blocked, already tried for this call, model not advertised (neither resident nor in the
-   catalog). Failover passes `eligible` (the first decision's ranked set) so that a retry never
+   catalog), cooling for this model (a recent placement refusal), full (at its in-flight limit,
+   router.core.admission). A call refused only for the last two waits for room. Failover passes `eligible` (the first decision's ranked set) so that a retry never
    broadens past it.
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
@@ -13,7 +14,7 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    for equal the settings this router last sent that box for that model (unknown = default).
    Every other eligible box is LOAD (catalog, or resident under other settings).
 4. Rank inside a tier, ascending by the tuple of the small key functions below:
-   load (pending + pressure + reservations), then pressure, then the tier's tie-break
+   load (pending + pressure + reservations + recent placement refusals), then pressure, then the tier's tie-break
    (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
    picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from router.core.admission import is_full
 from router.core.names import call_key
 from router.core.types import (
     BoxFacts,
@@ -70,6 +72,10 @@ def _why_not(
     key = named[0]
     if key not in box.residents and key not in box.catalog:
         return Reason(ReasonCode.NO_MODEL, key)
+    if key in box.cooling:
+        return Reason(ReasonCode.COOLING, key)
+    if is_full(box.in_flight, box.max_inflight):
+        return Reason(ReasonCode.FULL, f"{box.in_flight}/{box.max_inflight}")
     return None
 
 
@@ -87,8 +93,10 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None]) -> Tier:
 
 
 def load_of(box: BoxFacts) -> int:
-    """pending + pressure + reservations: what the box is already carrying (lower is better)."""
-    return box.pending + box.pressure + box.reservations
+    """pending + pressure + reservations + recent placement refusals: what the box is already
+    carrying (lower is better). A refusal counts as load until its back-off ends, so a box that
+    fails fast does not look idle and draw more calls."""
+    return box.pending + box.pressure + box.reservations + box.recent_refusals
 
 
 def serving_tiebreak(resident: Resident) -> tuple:

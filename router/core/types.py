@@ -35,7 +35,13 @@ class ReasonCode(str, Enum):
     ALREADY_TRIED = "already_tried"
     NOT_ELIGIBLE = "not_eligible"  # failover never broadens past the first decision's set
     NO_MODEL = "no_model"  # the box's inventory does not advertise the model
+    COOLING = "cooling"  # it refused this model's placement lately: full for it a while
+    FULL = "full"  # at its in-flight limit (router.core.admission rule 1)
     UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
+
+
+# A box refused for one of these can take the call later: the call waits for it (admission).
+WAIT_REASONS = frozenset({ReasonCode.COOLING, ReasonCode.FULL})
 
 
 class Reason(NamedTuple):
@@ -78,6 +84,10 @@ class BoxFacts:
     (absent = default settings). `order` is the box's position in the boxes file, its stable
     identity for tie-breaks. `pending` and `pressure` come from the scheduler snapshot (until
     one exists: 0 and the neutral pressure 1); `reservations` is the router's own live count.
+    `in_flight` is every call the router has on the box now and `max_inflight` its limit (None:
+    none); `cooling` the model keys it refused to place lately, and `recent_refusals` how many
+    placement refusals it gave lately (they count as load: a box that fails fast never looks
+    idle).
     """
 
     id: str
@@ -94,6 +104,10 @@ class BoxFacts:
     pressure: int = 1
     reservations: int = 0
     last_picked_s: float = 0.0
+    in_flight: int = 0
+    max_inflight: int | None = None
+    cooling: frozenset[str] = frozenset()
+    recent_refusals: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +142,11 @@ class Decision:
     boxes: tuple[str, ...]
     why: Mapping[str, Why]
     refused: Mapping[str, Reason]
+
+    @property
+    def waits_for(self) -> frozenset[str]:
+        """When nothing is ranked: the boxes that could take the call once they have room."""
+        return frozenset(box for box, reason in self.refused.items() if reason.code in WAIT_REASONS)
 
     def reasons_text(self) -> dict[str, str]:
         return {box: reason.text() for box, reason in self.refused.items()}

@@ -58,6 +58,7 @@ def _query(edge) -> dict[str, str]:
 
 async def state(app, edge) -> None:
     shared = app.shared
+    now_s = asyncio.get_running_loop().time()
     boxes = []
     for box in shared.fleet.ordered():
         cfg = box.config
@@ -76,10 +77,19 @@ async def state(app, edge) -> None:
             "pressure": box.pressure,
             "pending": box.pending,
             "in_flight": box.in_flight,
+            "max_inflight": cfg.max_inflight,
+            "full": box.full,
+            "unreachable": box.unreachable,
+            "cooling": {key: round(max(until - now_s, 0.0), 3) for key, until in box.cooling.items()},
+            "placement_refusals": box.refusals,
             "reservations": shared.reservations.count(box.index),
             "contracts": box.contracts,
         })
-    await _json(edge, 200, {"generation": shared.scheduler.generation, "boxes": boxes})
+    await _json(edge, 200, {
+        "generation": shared.scheduler.generation,
+        "boxes": boxes,
+        "queue": shared.admission.snapshot(),
+    })
 
 
 async def schedule(app, edge) -> None:
@@ -209,7 +219,7 @@ async def relay(app, edge) -> None:
 
 async def metrics(app, edge) -> None:
     shared = app.shared
-    body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log)
+    body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log, shared.admission)
     await edge.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
 
 

@@ -14,9 +14,11 @@ Rules:
    whatever the end.
 5. A client that leaves ends the call at once: the box connection is closed (never reused)
    and a hugpy box also gets `POST /v1/requests/<call id>/cancel`.
-   Its deadlines (the body's, the box's first byte) and the start of the disconnect watcher are
-   kept by the process's CallClock, not by timers of its own.
-6. No body, chunk, prompt or key is logged; per-call lines are debug level.
+   Its deadlines (the body's, the box's first byte, the queue's) and the start of the disconnect
+   watcher are kept by the process's CallClock, not by timers of its own.
+6. A call whose owners are all full or cooling waits in the queue (router.serve.admission)
+   until one hands it a slot; a client that leaves the queue is never sent to a box.
+7. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Callable
 
 import orjson
 
@@ -34,7 +37,14 @@ from router.boxes.state import BoxState
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.names import call_key
-from router.core.refusal import CONNECTION_LOST, classify_first_frame, classify_reply
+from router.core.admission import Priority, Waiter, parse_priority
+from router.core.refusal import (
+    CONNECTION_LOST,
+    PLACEMENT_REFUSALS,
+    UNREACHABLE,
+    classify_first_frame,
+    classify_reply,
+)
 from router.core.types import BoxKind, Call, Decision, Path
 from router.facades.body import (
     alloc_pool,
@@ -115,8 +125,9 @@ class CallClock:
     in flight (timeit: 0.16 ms for 2,000 open streams, 0.3 % of a core at 20 sweeps a second).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sweep: Callable[[float], None] = lambda now: None) -> None:
         self.calls: set[ProxyCall] = set()
+        self.sweep = sweep  # the wait queue's look at back-offs and free slots, each tick
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -137,6 +148,7 @@ class CallClock:
         # A function of its own, so that no local of the sleeping sweep keeps an ended call alive.
         for call in list(self.calls):  # a tick may end a call, which leaves the set
             call.tick(now)
+        self.sweep(now)
 
 
 class Answer:
@@ -211,6 +223,11 @@ class ProxyCall:
         "started_s",
         "phase",
         "watch",
+        # the wait queue's view (rule 6)
+        "waiter",
+        "turn",
+        "queued_s",
+        "waited_ms",
     )
 
     def __init__(self, app, edge, facade: Facade, route: Route) -> None:
@@ -244,10 +261,15 @@ class ProxyCall:
         self.started_s = 0.0  # loop time when the call began
         self.phase = "body"  # body | expired (the body's deadline passed) | deciding | boxes
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
+        self.waiter: Waiter | None = None  # its place in the wait queue, while it waits
+        self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
+        self.queued_s = 0.0  # loop time when it joined the queue
+        self.waited_ms: float | None = None
 
     # -- the client's side ---------------------------------------------------------------------
     async def error(
-        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed"
+        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed",
+        retry_after_s: int | None = None,
     ) -> None:
         """The router's own answer, in the facade's shape."""
         body = self.facade.shape_error(status, code, message, extra)
@@ -255,6 +277,8 @@ class ProxyCall:
             (b"content-type", b"application/json"),
             (b"x-hugpy-router-request-id", self.call_id.encode()),
         ]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", b"%d" % retry_after_s))
         self.answered(status, state, code)
         await self.respond(status, headers, body)
 
@@ -270,6 +294,10 @@ class ProxyCall:
     def client_left(self) -> None:
         """The client went away: end the box's work now. Safe to call more than once."""
         self.gone = True
+        if self.waiter is not None and self.app.admission.leave(self.waiter, "left"):
+            self.state, self.failure = "cancelled", "client_left"
+            self.turn.set_result(None)  # type: ignore[union-attr]
+            return
         exchange, self.exchange = self.exchange, None
         if self.delivered:  # the answer is whole: a client hanging up now cancels nothing
             if exchange is not None:
@@ -328,6 +356,9 @@ class ProxyCall:
             clock.calls.discard(self)
             if self.watch is not None:
                 self.watch.cancel()
+            if self.token:
+                self.app.reservations.release(self.token)
+            self.load_on(None)
             self.app.observe(self)
 
     def tick(self, now: float) -> None:
@@ -337,6 +368,12 @@ class ProxyCall:
             if age > BODY_TIMEOUT_S:
                 self.phase = "expired"
                 self.task.cancel()  # type: ignore[union-attr]
+        elif self.phase == "queued":
+            if now - self.queued_s > self.app.admission.timeout_s and self.app.admission.leave(
+                self.waiter, "queue_timeout"  # type: ignore[arg-type]
+            ):
+                self.phase = "queue_timeout"
+                self.turn.set_result(None)  # type: ignore[union-attr]
         elif self.phase == "boxes":
             # Only once the body is in: until then receive() belongs to the body.
             if self.watch is None and age >= WATCH_AFTER_S:
@@ -373,26 +410,82 @@ class ProxyCall:
         fleet = self.app.fleet
         self.decision = decision = decide(call, fleet.facts())
         if decision.path is Path.REFUSED:
-            await self.refuse(decision)
-            return
+            if not decision.waits_for:
+                await self.refuse(decision)
+                return
+            decision = await self.wait_turn(decision)
+            if decision is None or self.gone:
+                return
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
         self.phase = "boxes"
-        try:
-            await self.attempt_all(decision)
-        finally:
-            if self.token:
-                self.app.reservations.release(self.token)
-            self.load_on(None)
+        await self.attempt_all(decision)
 
     def load_on(self, box: BoxState | None) -> None:
-        """Moves this call's in-flight count to `box` (None: the call ended); pokes the scheduler."""
-        if self.loaded is not None:
-            self.loaded.in_flight -= 1
+        """Moves this call's in-flight count to `box` (None: the call ended); pokes the scheduler
+        and offers the slot it left to the wait queue."""
+        left = self.loaded
+        if box is left:
+            return
+        if left is not None:
+            left.in_flight -= 1
         if box is not None:
             box.in_flight += 1
         self.loaded = box
         self.app.scheduler.poke()
+        if left is not None:
+            self.app.admission.freed(left)
+
+    # -- the wait queue (rule 6) ---------------------------------------------------------------
+    async def wait_turn(self, decision: Decision) -> Decision | None:
+        """Every owner left is full or cooling: wait for a slot. Returns the decision that
+        dispatches the call, or None when it was answered instead (429, 503, or it left)."""
+        admission = self.app.admission
+        caller, priority = self.app.access.caller_of(self.edge, self.priority_asked())
+        self.waiter = admission.join(self, caller, priority, decision.waits_for)
+        if self.waiter is None:
+            await self.error(
+                429, "queue_full", "every box for this model is full and the queue is full",
+                {"boxes": decision.reasons_text()}, state="refused",
+                retry_after_s=admission.retry_after_s(),
+            )
+            return None
+        loop = asyncio.get_running_loop()
+        self.turn = loop.create_future()
+        self.queued_s = loop.time()
+        self.phase = "queued"
+        if self.watch is None:  # a client that leaves the queue must leave it at once
+            self.watch = self.edge.watch_disconnect(self.client_left)
+        try:
+            turn = await self.turn
+        finally:  # cancelled (the server stops): out of the queue, never handed out later
+            if not self.turn.done():
+                admission.leave(self.waiter, "left")
+        self.waited_ms = round((loop.time() - self.queued_s) * 1000, 3)
+        self.waiter = None
+        if turn is None and self.phase == "queue_timeout":
+            await self.error(
+                503, "queue_timeout",
+                f"no box for this model had room within {admission.timeout_s:g} s",
+                {"boxes": decision.reasons_text()}, retry_after_s=admission.retry_after_s(),
+            )
+        return turn
+
+    def admit(self, decision: Decision) -> None:
+        """The queue hands this call a slot: count it on its box now, before anything else
+        runs, then wake the call."""
+        self.decision = decision
+        self.load_on(self.app.fleet.get(decision.boxes[0]))
+        self.phase = "deciding"
+        self.turn.set_result(decision)  # type: ignore[union-attr]
+
+    def priority_asked(self) -> Priority | None:
+        """What the call asks for itself (`X-Router-Priority`, else `alloc.priority`)."""
+        asked = self.edge.header("x-router-priority")
+        if asked is None and self.route.body is Body.JSON:
+            alloc = parse_json_object(self.body).get("alloc")
+            asked = alloc.get("priority") if isinstance(alloc, dict) else None
+        return parse_priority(asked if isinstance(asked, str) else None)
 
     def row(self) -> Row:
         """This call's route_log row: metadata only, never a body or a key."""
@@ -406,6 +499,7 @@ class ProxyCall:
             settings=call.settings if call else None,
             pin=call.pin if call else None,
             client=self.edge.client,
+            waited_ms=self.waited_ms,
             stream=int(self.stream),
             decision_path=decision.path.value if decision else None,
             decision=decision,  # encoded by the writer thread, off the loop
@@ -472,6 +566,7 @@ class ProxyCall:
                         "ms": _ms_since(started),
                     })
                     log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refused.code)
+                    self.remember_refusal(box, refused.code)
             if self.gone:
                 return
             if call.pin is not None or len(tried) >= MAX_BOXES_PER_CALL:  # type: ignore[union-attr]
@@ -480,6 +575,16 @@ class ProxyCall:
             if decision.path is Path.REFUSED:
                 break
         await self.give_up(last)
+
+    def remember_refusal(self, box: BoxState, code: str) -> None:
+        """A placement refusal makes the box full for the model for a back-off; a box that
+        cannot be reached is out of the decision until its health probe sees it again."""
+        if code == UNREACHABLE:
+            box.mark_unreachable()
+        elif code in PLACEMENT_REFUSALS:
+            named = call_key(box.config.kind, self.call.model, self.call.settings)  # type: ignore[union-attr]
+            if named is not None:
+                box.placement_refused(named[0], asyncio.get_running_loop().time())
 
     async def give_up(self, last: Refused | None) -> None:
         """Every box refused: the last box's answer as sent, or a 502 for a transport failure."""
@@ -636,6 +741,7 @@ class ProxyCall:
         named = call_key(box.config.kind, call.model, call.settings)  # type: ignore[union-attr]
         if named is not None:
             box.record_dispatch(named[0], named[1], asyncio.get_running_loop().time())
+            box.placement_ok(named[0])
 
     async def relay(self, exchange: Exchange, scanner: FrameScanner | None, first: bytes) -> None:
         """Writes `first` (what was held), then passes chunks through as they arrive; the write

@@ -54,6 +54,8 @@ class ServeConfig:
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
+    queue_size: int = 1024  # calls waiting for a full box, in all
+    queue_timeout_s: float = 120.0
 
 
 def free_port(host: str) -> int:
@@ -92,6 +94,8 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         keys=keys,
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
+        queue_size=config.queue_size,
+        queue_timeout_s=config.queue_timeout_s,
     )
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
     shared.clock.start()
