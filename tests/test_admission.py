@@ -282,3 +282,55 @@ def test_a_box_that_cannot_be_reached_is_out_until_its_probe_sees_it(start_fleet
     for _ in range(3):
         assert call(router)[1]["x-hugpy-box"] == "b"
     assert chat_calls(dead) == before
+
+
+def test_a_keys_class_orders_the_queue_and_is_changeable_through_the_keys_api(start_fleet):
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", *[Behavior.hang(0.3)] * 4)
+    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, env={"HUGPY_ROUTER_REQUIRE_KEY": "always"})
+    host, port = router.url.removeprefix("http://").split(":")
+
+    def admin(method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request(method, path, body=json.dumps(doc) if doc is not None else None,
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    status, low = admin("POST", "/v1/keys", {"name": "batch", "priority": "low"})
+    assert status == 201 and low["priority"] == "low"
+    status, vip = admin("POST", "/v1/keys", {"name": "vip"})
+    assert status == 201 and vip["priority"] == "normal"
+    assert admin("POST", f"/v1/keys/{vip['id']}/priority", {"priority": "high"}) == (
+        200, {"id": vip["id"], "priority": "high"})
+    assert admin("POST", f"/v1/keys/{vip['id']}/priority", {"priority": "urgent"})[0] == 400
+    assert admin("POST", "/v1/keys/nope/priority", {"priority": "low"})[0] == 404
+    listed = {k["id"]: k["priority"] for k in admin("GET", "/v1/keys")[1]["keys"]}
+    assert listed == {low["id"]: "low", vip["id"]: "high"}
+
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def send(name: str, key: str) -> None:
+        status, _, _ = call(router, headers={"Authorization": f"Bearer {key}"})
+        assert status == 200
+        with lock:
+            done.append(name)
+
+    first = threading.Thread(target=send, args=("first", low["key"]))
+    first.start()
+    assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["full"], 5)
+    batch = threading.Thread(target=send, args=("batch", low["key"]))
+    batch.start()
+    assert wait_for(lambda: in_queue(router) == 1, 5)
+    urgent = threading.Thread(target=send, args=("vip", vip["key"]))
+    urgent.start()
+    assert wait_for(lambda: in_queue(router) == 2, 5)
+    waiting = get_json(router, "/v1/router/state")["queue"]["waiting"]
+    assert [(w["class"], w["caller"]) for w in waiting] == [("high", f"key:{vip['id']}"), ("low", f"key:{low['id']}")]
+    for thread in (first, batch, urgent):
+        thread.join(30)
+    assert done == ["first", "vip", "batch"]

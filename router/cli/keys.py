@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from router.core.errors import BadRequest
 from router.store import paths
-from router.store.keys import SCOPES, KeyStore
+from router.store.keys import PRIORITIES, SCOPES, KeyStore
 
 NOTE = "store this key now; it is not shown again"
 
@@ -42,6 +42,9 @@ def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     create.add_argument("--scope", choices=SCOPES, default="use",
                         help="use: call models; admin: also manage the router (default use)")
     create.add_argument("--expires-days", type=float, default=None, help="days until it expires (default never)")
+    create.add_argument("--priority", choices=PRIORITIES, default="normal",
+                        help="the class its calls wait in when boxes are full; a call may ask for "
+                        "lower (X-Router-Priority), never higher (default normal)")
     listing = ksub.add_parser("list", help="list keys (hashes are never shown)")
     listing.add_argument("--all", action="store_true", help="include revoked keys")
     revoke = ksub.add_parser("revoke", help="revoke a key by id")
@@ -56,7 +59,8 @@ def keys_command(args: argparse.Namespace) -> int:
     try:
         if args.keys_command == "create":
             try:
-                key_id, key = store.create(args.name, args.scope, args.expires_days, created_by="cli")
+                key_id, key = store.create(args.name, args.scope, args.expires_days, created_by="cli",
+                                           priority=args.priority)
             except BadRequest as exc:
                 print(f"router keys: {exc}", file=sys.stderr)
                 return 2
@@ -65,10 +69,10 @@ def keys_command(args: argparse.Namespace) -> int:
             print(NOTE, file=sys.stderr)
             return 0
         if args.keys_command == "list":
-            print("id\tname\tscope\tcreated\texpires\tlast_used\trevoked")
+            print("id\tname\tscope\tpriority\tcreated\texpires\tlast_used\trevoked")
             for row in store.list(include_revoked=args.all):
                 print("\t".join((
-                    row["id"], row["name"], row["scope"], _when(row["created_at"]),
+                    row["id"], row["name"], row["scope"], row["priority"], _when(row["created_at"]),
                     _when(row["expires_at"]), _when(row["last_used_at"]), _when(row["revoked_at"]),
                 )))
             return 0

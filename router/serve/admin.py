@@ -164,7 +164,8 @@ async def keys(app, edge) -> None:
         if not isinstance(doc, dict):
             raise BadRequest("body must be a JSON object")
         key_id, key = await loop.run_in_executor(
-            None, store.create, doc.get("name", ""), doc.get("scope", "use"), doc.get("expires_days"), "api"
+            None, store.create, doc.get("name", ""), doc.get("scope", "use"), doc.get("expires_days"), "api",
+            doc.get("priority", "normal"),
         )
     except (BadRequest, orjson.JSONDecodeError) as exc:
         await _error(app, edge, 400, getattr(exc, "code", "invalid_request"), str(exc))
@@ -172,6 +173,26 @@ async def keys(app, edge) -> None:
     rows = await loop.run_in_executor(None, store.list, True)
     row = next(r for r in rows if r["id"] == key_id)
     await _json(edge, 201, {**row, "key": key, "note": "store this key now; it is not shown again"})
+
+
+async def priority(app, edge) -> None:
+    """POST /v1/keys/<id>/priority {"priority": "high"|"normal"|"low"}: the key's class."""
+    key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/priority")
+    try:
+        doc = orjson.loads(await edge.read_body(4096) or b"{}")
+        wanted = doc.get("priority") if isinstance(doc, dict) else None
+        if not isinstance(wanted, str):
+            raise BadRequest("body must be {\"priority\": \"high\" | \"normal\" | \"low\"}")
+        found = await asyncio.get_running_loop().run_in_executor(
+            None, app.shared.keys.set_priority, key_id, wanted
+        )
+    except (BadRequest, orjson.JSONDecodeError) as exc:
+        await _error(app, edge, 400, getattr(exc, "code", "invalid_request"), str(exc))
+        return
+    if not found:
+        await _error(app, edge, 404, "not_found", f"no key {key_id}")
+        return
+    await _json(edge, 200, {"id": key_id, "priority": wanted})
 
 
 async def revoke(app, edge) -> None:
@@ -242,6 +263,8 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
         return handler, ("use" if handler is metrics else "admin")
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/revoke"):
         return revoke, "admin"
+    if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/priority"):
+        return priority, "admin"
     if path.startswith("/v1/boxes/"):
         return relay, "admin"
     return None
