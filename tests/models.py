@@ -244,7 +244,8 @@ def reference_gate(
         ReasonCode.NOT_ELIGIBLE: eligible is not None and box.id not in eligible,
         ReasonCode.NO_MODEL: named is None
         or (named[0] not in box.residents and named[0] not in box.catalog),
-        ReasonCode.COOLING: named is not None and named[0] in box.cooling,
+        ReasonCode.COOLING: named is not None and named[0] in box.cooling
+        and box.in_flight >= box.cooling[named[0]],
         ReasonCode.FULL: box.max_inflight is not None and box.in_flight >= box.max_inflight,
     }
     for code in GATE_ORDER:

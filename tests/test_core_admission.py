@@ -157,15 +157,17 @@ def test_full_and_cooling_boxes_are_waited_for_others_are_not():
     call = Call(model="m", kinds=frozenset({HUGPY}))
     boxes = [
         box("full", 0, in_flight=2, max_inflight=2),
-        box("cool", 1, cooling=frozenset({"m"})),
+        box("cool", 1, cooling={"m": 0}),
+        box("busy", 4, cooling={"m": 2}, in_flight=2),
         box("blocked", 2, blocked=True),
     ]
     d = decide(call, boxes)
     assert d.path is Path.REFUSED
     assert d.refused["full"].code is ReasonCode.FULL and d.refused["full"].detail == "2/2"
-    assert d.waits_for == frozenset({"full", "cool"})
+    assert d.waits_for == frozenset({"full", "cool", "busy"})
     boxes.append(box("free", 3, in_flight=5, max_inflight=6))
-    assert decide(call, boxes).boxes == ("free",)
+    boxes.append(box("below-its-ceiling", 5, cooling={"m": 2}, in_flight=1))
+    assert set(decide(call, boxes).boxes) == {"below-its-ceiling", "free"}
 
 
 def test_a_box_that_fails_fast_does_not_look_idle():

@@ -87,7 +87,7 @@ def failing(gates: set[ReasonCode]):
     if ReasonCode.NO_MODEL in gates:
         b["catalog"] = frozenset({"mistral:latest"})
     if ReasonCode.COOLING in gates:
-        b["cooling"] = frozenset({"llama3:latest"})
+        b["cooling"] = {"llama3:latest": 0}
     if ReasonCode.FULL in gates:
         b["in_flight"], b["max_inflight"] = 2, 2
     the_box = BoxFacts(id="x", kind=OLLAMA, order=0, **b)
@@ -512,7 +512,7 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
                 last_picked_s=float(draw(_INDEX[3])),
                 in_flight=pick(draw, [0, 1, 2]),
                 max_inflight=pick(draw, [None, None, 1, 2]),
-                cooling=frozenset(subset(draw, sorted(resident_keys | catalog), 6)),
+                cooling={k: pick(draw, [0, 1, 2]) for k in subset(draw, sorted(resident_keys | catalog), 6)},
                 recent_refusals=pick(draw, [0, 0, 0, 1]),
             )
         )

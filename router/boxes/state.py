@@ -8,7 +8,8 @@ Invariants:
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them.
 3. Refusal memory (router.core.admission rule 7): `refusals[key]` counts placement refusals in a
-   row and `cooling[key]` is when the back-off they set ends. The back-off's end
+   row and `cooling[key] = (until_s, ceiling)` is when the back-off they set ends and the calls
+   the box had in flight besides the refused one (its ceiling for the model). The back-off's end
    (`expire_cooling`, run by the CallClock's sweep) lifts the cooling and keeps the count, so a
    box that refuses again backs off longer; a success for the key, or more free GPU memory in
    the inventory, clears both. A connect failure
@@ -60,7 +61,7 @@ class BoxState:
         self.pending = 0
         self.pressure = 1
         self.refusals: dict[str, int] = {}
-        self.cooling: dict[str, float] = {}
+        self.cooling: dict[str, tuple[float, int]] = {}
         self.unreachable = False
         self.version = 0
         self._facts: BoxFacts | None = None
@@ -114,9 +115,10 @@ class BoxState:
         self.changed()
 
     def placement_refused(self, key: str, now_s: float) -> None:
-        """The box refused to place `key`: full for it for the next back-off step."""
+        """The box refused to place `key` (the refused call still counted in `in_flight`): full
+        for it at the load it had besides, for the next back-off step."""
         consecutive = self.refusals[key] = self.refusals.get(key, 0) + 1
-        self.cooling[key] = now_s + backoff_s(consecutive)
+        self.cooling[key] = (now_s + backoff_s(consecutive), max(self.in_flight - 1, 0))
         self.changed()
 
     def placement_ok(self, key: str) -> None:
@@ -126,8 +128,8 @@ class BoxState:
 
     def expire_cooling(self, now_s: float) -> None:
         """Lifts the back-offs that are over (their refusal counts stay until a success)."""
-        if any(until <= now_s for until in self.cooling.values()):
-            self.cooling = {k: until for k, until in self.cooling.items() if until > now_s}
+        if any(until <= now_s for until, _ in self.cooling.values()):
+            self.cooling = {k: v for k, v in self.cooling.items() if v[0] > now_s}
             self.changed()
 
     def mark_unreachable(self) -> None:
@@ -147,7 +149,8 @@ class BoxState:
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
         limit = self.config.max_inflight
-        key = (self.version, reservations, self.in_flight if limit is not None else 0)
+        # fullness, and a cooling model's ceiling, depend on the calls in flight
+        key = (self.version, reservations, self.in_flight if limit is not None or self.cooling else 0)
         if key != self._facts_key:
             config = self.config
             self._facts = BoxFacts(
@@ -167,7 +170,7 @@ class BoxState:
                 last_picked_s=self.last_picked_s,
                 in_flight=self.in_flight,
                 max_inflight=limit,
-                cooling=frozenset(self.cooling),
+                cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
                 recent_refusals=sum(self.refusals[k] for k in self.cooling),
             )
             self._facts_key = key

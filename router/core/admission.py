@@ -13,9 +13,12 @@ Rules (tests/test_core_admission.py pins each against the plain model in tests/m
 5. A waiter leaves the queue exactly once: handed out (`next_for`), or removed (`remove`: its
    client left or its wait timed out). A removed waiter is never handed out.
 6. The queue holds at most `capacity` waiters; `push` past that is refused (429 queue_full).
-7. Back-off. A box that refused a model with a placement refusal counts as full for that model
-   for `backoff_s(consecutive refusals)`: doubling from BACKOFF_BASE_S, capped at BACKOFF_CAP_S.
-   A success resets the count (the serve layer keeps the counts; this is the formula).
+7. Back-off. A box that refused a model with a placement refusal while it had n other calls in
+   flight counts as full for that model at n calls (n = 0: full for it) for
+   `backoff_s(consecutive refusals)`: doubling from BACKOFF_BASE_S, capped at BACKOFF_CAP_S. So
+   a box that is busy, not broken, keeps the load it proved it takes and no more, and one that
+   cannot place the model at all is left alone. A success resets the count (the serve layer
+   keeps the counts and ceilings; this is the formula).
 """
 
 from __future__ import annotations

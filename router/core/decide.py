@@ -4,8 +4,9 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
 1. Gate. `why_not` returns the first disqualifying reason, in this order: pinned elsewhere,
    kind not served by the facade, name invalid under the box kind's rule, offline, other pool,
    blocked, already tried for this call, model not advertised (neither resident nor in the
-   catalog), cooling for this model (a recent placement refusal), full (at its in-flight limit,
-   router.core.admission). A call refused only for the last two waits for room. Failover passes `eligible` (the first decision's ranked set) so that a retry never
+   catalog), cooling for this model (it refused to place it lately with this many calls in
+   flight or fewer: admission rule 7), full (at its in-flight limit, admission rule 1). A call
+   refused only for the last two waits for room. Failover passes `eligible` (the first decision's ranked set) so that a retry never
    broadens past it.
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
@@ -72,8 +73,9 @@ def _why_not(
     key = named[0]
     if key not in box.residents and key not in box.catalog:
         return Reason(ReasonCode.NO_MODEL, key)
-    if key in box.cooling:
-        return Reason(ReasonCode.COOLING, key)
+    ceiling = box.cooling.get(key)
+    if ceiling is not None and box.in_flight >= ceiling:
+        return Reason(ReasonCode.COOLING, f"{key} at {ceiling} in flight")
     if is_full(box.in_flight, box.max_inflight):
         return Reason(ReasonCode.FULL, f"{box.in_flight}/{box.max_inflight}")
     return None

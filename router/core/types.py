@@ -35,7 +35,7 @@ class ReasonCode(str, Enum):
     ALREADY_TRIED = "already_tried"
     NOT_ELIGIBLE = "not_eligible"  # failover never broadens past the first decision's set
     NO_MODEL = "no_model"  # the box's inventory does not advertise the model
-    COOLING = "cooling"  # it refused this model's placement lately: full for it a while
+    COOLING = "cooling"  # it refused this model lately: full for it at that load, a while
     FULL = "full"  # at its in-flight limit (router.core.admission rule 1)
     UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
 
@@ -85,9 +85,10 @@ class BoxFacts:
     identity for tie-breaks. `pending` and `pressure` come from the scheduler snapshot (until
     one exists: 0 and the neutral pressure 1); `reservations` is the router's own live count.
     `in_flight` is every call the router has on the box now and `max_inflight` its limit (None:
-    none); `cooling` the model keys it refused to place lately, and `recent_refusals` how many
-    placement refusals it gave lately (they count as load: a box that fails fast never looks
-    idle).
+    none); `cooling` maps each model key it refused to place lately to the calls it had in
+    flight then (its learned ceiling for that model while the back-off lasts), and
+    `recent_refusals` counts those refusals (they count as load: a box that fails fast never
+    looks idle).
     """
 
     id: str
@@ -106,7 +107,7 @@ class BoxFacts:
     last_picked_s: float = 0.0
     in_flight: int = 0
     max_inflight: int | None = None
-    cooling: frozenset[str] = frozenset()
+    cooling: Mapping[str, int] = field(default_factory=dict)
     recent_refusals: int = 0
 
 

@@ -80,7 +80,8 @@ async def state(app, edge) -> None:
             "max_inflight": cfg.max_inflight,
             "full": box.full,
             "unreachable": box.unreachable,
-            "cooling": {key: round(max(until - now_s, 0.0), 3) for key, until in box.cooling.items()},
+            "cooling": {key: {"seconds_left": round(max(until - now_s, 0.0), 3), "ceiling": ceiling}
+                        for key, (until, ceiling) in box.cooling.items()},
             "placement_refusals": box.refusals,
             "reservations": shared.reservations.count(box.index),
             "contracts": box.contracts,

@@ -24,8 +24,7 @@ from typing import Protocol
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
 from router.core.admission import Priority, Waiter, WaitQueue
-from router.core.decide import decide
-from router.core.types import Call, Decision
+from router.core.types import BoxFacts, Call, Decision
 
 # The drain rate is measured over the last hand-outs, at most this many seconds back.
 DRAIN_WINDOW_S = 30.0
@@ -37,6 +36,8 @@ class Waiting(Protocol):
     call: Call | None
     call_id: str
     queued_s: float
+
+    def decide_now(self, facts: list[BoxFacts]) -> Decision: ...
 
     def admit(self, decision: Decision) -> None: ...
 
@@ -71,7 +72,7 @@ class Admission:
 
         def fits(waiter: Waiter) -> bool:
             """The usual decision, over the facts as they are now, ranks a box for it."""
-            decision = decide(waiter.ticket.call, self.fleet.facts())
+            decision = waiter.ticket.decide_now(self.fleet.facts())
             if decision.boxes:
                 offered.append(decision)
             return bool(decision.boxes)

@@ -45,7 +45,7 @@ from router.core.refusal import (
     classify_first_frame,
     classify_reply,
 )
-from router.core.types import BoxKind, Call, Decision, Path
+from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
 from router.facades.body import (
     alloc_pool,
     model_and_pin,
@@ -224,6 +224,8 @@ class ProxyCall:
         "phase",
         "watch",
         # the wait queue's view (rule 6)
+        "tried",
+        "eligible",
         "waiter",
         "turn",
         "queued_s",
@@ -261,6 +263,8 @@ class ProxyCall:
         self.started_s = 0.0  # loop time when the call began
         self.phase = "body"  # body | expired (the body's deadline passed) | deciding | boxes
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
+        self.tried: list[str] = []  # boxes that refused it (failover never returns to them)
+        self.eligible: frozenset[str] | None = None  # the first decision's boxes, once decided
         self.waiter: Waiter | None = None  # its place in the wait queue, while it waits
         self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
         self.queued_s = 0.0  # loop time when it joined the queue
@@ -356,9 +360,7 @@ class ProxyCall:
             clock.calls.discard(self)
             if self.watch is not None:
                 self.watch.cancel()
-            if self.token:
-                self.app.reservations.release(self.token)
-            self.load_on(None)
+            self.unload()
             self.app.observe(self)
 
     def tick(self, now: float) -> None:
@@ -408,7 +410,7 @@ class ProxyCall:
             await self.error(exc.status_hint, exc.code, str(exc))
             return
         fleet = self.app.fleet
-        self.decision = decision = decide(call, fleet.facts())
+        self.decision = decision = self.decide_now(fleet.facts())
         if decision.path is Path.REFUSED:
             if not decision.waits_for:
                 await self.refuse(decision)
@@ -532,8 +534,8 @@ class ProxyCall:
         fleet = self.app.fleet
         reservations = self.app.reservations
         call = self.call
-        eligible = frozenset(decision.boxes)
-        tried: list[str] = []
+        self.eligible = frozenset(decision.boxes)
+        tried = self.tried
         last: Refused | None = None
         scheduler = self.app.scheduler
         while True:
@@ -571,10 +573,26 @@ class ProxyCall:
                 return
             if call.pin is not None or len(tried) >= MAX_BOXES_PER_CALL:  # type: ignore[union-attr]
                 break
-            decision = decide(call, fleet.facts(), tried, eligible)  # type: ignore[arg-type]
+            decision = self.decide_now(fleet.facts())
             if decision.path is Path.REFUSED:
-                break
+                if not decision.waits_for:
+                    break
+                self.unload()  # it waits holding no slot, least of all the refusing box's
+                decision = await self.wait_turn(decision)
+                if decision is None or self.gone:
+                    return
         await self.give_up(last)
+
+    def decide_now(self, facts: list[BoxFacts]) -> Decision:
+        """The call's decision over `facts`, never broadening past its first one (failover)."""
+        return decide(self.call, facts, self.tried, self.eligible)  # type: ignore[arg-type]
+
+    def unload(self) -> None:
+        """Releases the call's reservation and its in-flight count."""
+        if self.token:
+            self.app.reservations.release(self.token)
+            self.token = 0
+        self.load_on(None)
 
     def remember_refusal(self, box: BoxState, code: str) -> None:
         """A placement refusal makes the box full for the model for a back-off; a box that
