@@ -18,7 +18,7 @@ import ollama
 import openai
 import pytest
 
-from router.sim import SimOllama
+from router.sim import SimLlamaCpp, SimOllama
 from router.sim.hugpy import Behavior, SimBox
 
 from conftest import wait_for
@@ -335,3 +335,22 @@ def test_a_keys_class_orders_the_queue_and_is_changeable_through_the_keys_api(st
     for thread in (first, batch, urgent):
         thread.join(30)
     assert done == ["first", "vip", "batch"]
+
+
+def test_a_llama_cpp_box_reports_its_own_capacity_and_the_router_keeps_to_it(start_fleet):
+    box = SimLlamaCpp("lc", alias="qwen", total_slots=2)
+    box.script("qwen", *[Behavior.hang(0.15)] * 6)
+    router = start_fleet(box)
+    assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["max_inflight"] == 2, 5)
+    assert get_json(router, "/v1/router/state")["boxes"][0]["limit_source"] == "box (llama.cpp total_slots)"
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: call(router, model="qwen"), range(6)))
+    assert [status for status, _, _ in results] == [200] * 6
+    assert max_concurrency(box) == 2
+
+
+def test_the_boxes_file_limit_wins_over_the_reported_one(start_fleet):
+    box = SimLlamaCpp("lc", alias="qwen", total_slots=4)
+    router = start_fleet(box, boxes_extra={"lc": {"max_inflight": 1}})
+    state = get_json(router, "/v1/router/state")["boxes"][0]
+    assert (state["max_inflight"], state["limit_source"]) == (1, "boxes file")

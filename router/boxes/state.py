@@ -38,6 +38,7 @@ class Inventory:
     residents: dict[str, Resident] = field(default_factory=dict)
     free_gpu_bytes: int | None = None
     listing: dict[str, Any] = field(default_factory=dict)
+    capacity: int | None = None  # calls at once, as the box itself reports it (llama.cpp's slots)
 
 
 class BoxState:
@@ -89,10 +90,11 @@ class BoxState:
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
-        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes) != (
+        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity) != (
             old.catalog,
             old.residents,
             old.free_gpu_bytes,
+            old.capacity,
         ):
             self.catalog = frozenset(inventory.catalog)
             self.changed()
@@ -143,12 +145,23 @@ class BoxState:
             self.changed()
 
     @property
+    def limit(self) -> int | None:
+        """Calls at once: the boxes file's `max_inflight`, else what the box reports."""
+        return self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
+
+    @property
+    def limit_source(self) -> str | None:
+        if self.config.max_inflight is not None:
+            return "boxes file"
+        return "box (llama.cpp total_slots)" if self.inventory.capacity is not None else None
+
+    @property
     def full(self) -> bool:
-        return is_full(self.in_flight, self.config.max_inflight)
+        return is_full(self.in_flight, self.limit)
 
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
-        limit = self.config.max_inflight
+        limit = self.limit
         # fullness, and a cooling model's ceiling, depend on the calls in flight
         key = (self.version, reservations, self.in_flight if limit is not None or self.cooling else 0)
         if key != self._facts_key:

@@ -77,7 +77,8 @@ async def state(app, edge) -> None:
             "pressure": box.pressure,
             "pending": box.pending,
             "in_flight": box.in_flight,
-            "max_inflight": cfg.max_inflight,
+            "max_inflight": box.limit,
+            "limit_source": box.limit_source,
             "full": box.full,
             "unreachable": box.unreachable,
             "cooling": {key: {"seconds_left": round(max(until - now_s, 0.0), 3), "ceiling": ceiling}
