@@ -7,7 +7,9 @@ Rules:
    is decided again among the first decision's boxes only, at most MAX_BOXES_PER_CALL boxes.
    A pinned call is never rerouted.
 2. When no box is left, the last box's own answer goes back as it was sent; a transport
-   failure (unreachable, lost, timeout) becomes a 502 in the facade's shape.
+   failure (unreachable, lost, timeout) becomes a 502 in the facade's shape; a stream refused
+   by its first frame gets the status that refusal stands for (router.core.refusal rule 7)
+   with the box's error object in the facade's shape, never a 200 that carries an error.
 3. After the first byte reaches the client nothing is rerouted; a box failing mid-stream
    ends the stream with an in-band error frame in the stream's own format.
 4. The reservation is taken before the first send, moved on failover, released at the end,
@@ -34,7 +36,7 @@ from router.boxes.state import BoxState
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.names import call_key
-from router.core.refusal import CONNECTION_LOST, classify_first_frame, classify_reply
+from router.core.refusal import CONNECTION_LOST, classify_first_frame, classify_reply, in_band_status
 from router.core.types import BoxKind, Call, Decision, Path
 from router.facades.body import (
     alloc_pool,
@@ -155,10 +157,11 @@ class RelayAborted(Exception):
 
 
 class Refused(Exception):
-    def __init__(self, code: str, answer: Answer | None = None) -> None:
+    def __init__(self, code: str, answer: Answer | None = None, frame: object = None) -> None:
         super().__init__(code)
         self.code = code
         self.answer = answer
+        self.frame = frame  # an in-band refusal's first frame, parsed (bounded by the hold limit)
 
 
 _CANCELS: set[asyncio.Task] = set()  # cancel posts in flight (a task needs a reference)
@@ -485,6 +488,9 @@ class ProxyCall:
         """Every box refused: the last box's answer as sent, or a 502 for a transport failure."""
         if self.gone:
             return
+        if last is not None and last.answer is not None and last.answer.status < 400:
+            await self.refused_in_band(last)
+            return
         if last is not None and last.answer is not None:
             answer = last.answer
             self.answered(answer.status, "failed", last.code)
@@ -498,6 +504,24 @@ class ProxyCall:
             "no box could take the call",
             {"attempts": [{"box": a["box"], "refusal": a.get("refusal")} for a in self.attempts]},
         )
+
+    async def refused_in_band(self, last: Refused) -> None:
+        """The last box refused in its stream's first frame: the status that stands for, with
+        the box's error (`type`, `code` and its other fields kept) in the facade's shape."""
+        status = in_band_status(last.code, last.frame)
+        error = last.frame.get("error") if isinstance(last.frame, dict) else None
+        fields = dict(error) if isinstance(error, dict) else {}
+        message = fields.pop("message", error if isinstance(error, str) else None)
+        if not isinstance(message, str):
+            message = "the box refused the call"
+        body = self.facade.shape_error(status, last.code, message, fields)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-hugpy-box", self.box.name.encode()),  # type: ignore[union-attr]
+            (b"x-hugpy-router-request-id", self.call_id.encode()),
+        ]
+        self.answered(status, "failed", last.code)
+        await self.respond(status, headers, body)
 
     def client_headers(self, box_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers = [
@@ -619,7 +643,7 @@ class ProxyCall:
                 frame = None
             refusal = classify_first_frame(box.config.kind, frame)
             if refusal is not None:
-                raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after))
+                raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after), frame)
         exchange.disarm()
         for chunk in after:
             scanner.feed(chunk)
