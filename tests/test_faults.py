@@ -708,3 +708,65 @@ def test_an_ollama_stream_whose_only_owner_errs_in_its_first_line_is_a_502(start
     assert info.value.error == "an error was encountered while running the model"
     (row,) = wait_for(lambda: rows(router), 3)
     assert (row["state"], row["status"], row["error"]) == ("failed", 502, "stream_error")
+
+
+# ---------------------------------------------------------------------------------------------
+# A box silent after the first byte (--stream-idle-timeout)
+
+IDLE_TIMEOUT = ("--stream-idle-timeout", "0.4")
+
+
+def test_a_box_silent_mid_stream_ends_it_with_an_error_frame_and_is_cancelled(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=5)
+    a.script("tiny", Behavior.stall_after(2, 20))
+    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
+    call_id = raw.headers["x-hugpy-router-request-id"]
+    pieces = []
+    started = time.monotonic()
+    with pytest.raises(openai.APIError) as info:  # the in-band error frame, never a clean end
+        for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+    assert 0.3 < time.monotonic() - started < 2.0
+    assert len(pieces) == 2 and info.value.body["code"] == "stream_idle_timeout"
+    (call,) = box_calls(a)
+    assert wait_for(lambda: call.finished_at is not None, 2)  # the box connection was closed
+    assert wait_for(lambda: call_id in a.cancels, 2)  # and the box was told
+    row = row_of(router, call_id)
+    assert (row["state"], row["error"], row["box"]) == ("failed", "stream_idle_timeout", "a")
+    assert not error_lines(router)
+
+
+def test_an_ollama_box_silent_mid_stream_ends_the_ndjson_stream_with_an_error_line(start_fleet):
+    ol = SimOllama("ol", tags=["llama3"], loaded=["llama3"], chunks=5)
+    ol.script("llama3", Behavior.stall_after(2, 20))
+    router = start_fleet(ol, extra_args=IDLE_TIMEOUT)
+    pieces = []
+    with pytest.raises(ollama.ResponseError) as info:
+        for part in ollama.Client(host=router.url, timeout=15).chat(model="llama3", messages=MESSAGES, stream=True):
+            pieces.append(part.message.content)
+    assert len(pieces) == 2 and "silent mid-stream" in str(info.value)
+    (row,) = wait_for(lambda: rows(router), 3)
+    assert (row["facade"], row["state"], row["error"]) == ("ollama", "failed", "stream_idle_timeout")
+    (call,) = [c for c in ol.calls if c.path == "/api/chat"]
+    assert wait_for(lambda: call.finished_at is not None, 2)
+
+
+def test_a_box_silent_mid_body_cuts_the_sized_answer(start_fleet):
+    a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
+    a.script("kokoro", Behavior.stall_body(200, [("Content-Type", "audio/wav")], BIG, len(BIG) // 2, 20))
+    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    status, data, call_id = _speech_through(router)
+    assert status == 200 and data is None  # the client can tell the answer was cut
+    row = row_of(router, call_id)
+    assert (row["state"], row["error"]) == ("failed", "stream_idle_timeout")
+    assert wait_for(lambda: call_id in a.cancels, 2)
+
+
+def test_a_slow_but_steady_stream_is_not_taken_for_a_silent_one(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=6, cadence_s=0.25)  # 1.5 s in all
+    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
+    assert len([c for c in raw.parse() if c.choices and c.choices[0].delta.content]) == 6
+    assert row_of(router, raw.headers["x-hugpy-router-request-id"])["state"] == "done"

@@ -11,13 +11,15 @@ Rules:
    by its first frame gets the status that refusal stands for (router.core.refusal rule 7)
    with the box's error object in the facade's shape, never a 200 that carries an error.
 3. After the first byte reaches the client nothing is rerouted; a box failing mid-stream
-   ends the stream with an in-band error frame in the stream's own format.
+   ends the stream with an in-band error frame in the stream's own format (a body with no
+   frames is cut instead, so it never looks complete). A box silent mid-answer for longer than
+   the stream idle timeout has failed too, and a hugpy box also gets its cancel (rule 5).
 4. The reservation is taken before the first send, moved on failover, released at the end,
    whatever the end.
 5. A client that leaves ends the call at once: the box connection is closed (never reused)
    and a hugpy box also gets `POST /v1/requests/<call id>/cancel`.
-   Its deadlines (the body's, the box's first byte) and the start of the disconnect watcher are
-   kept by the process's CallClock, not by timers of its own.
+   Its deadlines (the body's, the box's first byte, the box's silence after it) and the start
+   of the disconnect watcher are kept by the process's CallClock, not by timers of its own.
 6. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
@@ -55,6 +57,7 @@ from router.upstream.pool import (
     ConnectionLost,
     Exchange,
     FirstByteTimeout,
+    StreamIdle,
     UpstreamError,
     request_head,
 )
@@ -99,10 +102,15 @@ FORWARDED_HEADERS = ("content-type", "accept", "x-task", "x-hugpy-root-request-i
 SSE_TYPE = b"text/event-stream"
 SSE_DONE = b"data: [DONE]"
 NDJSON_TYPE = b"application/x-ndjson"
+MID_STREAM_FAILED = "box_failed_mid_stream"
+# (framing, the call's failure) -> the in-band frame that ends a stream whose box failed.
 MID_STREAM_ERROR = {
-    SSE: b'data: {"error": {"message": "the box failed mid-stream", "type": "upstream_error", '
-    b'"code": "box_failed"}}\n\n',
-    NDJSON: b'{"error": "the box failed mid-stream"}\n',
+    (SSE, MID_STREAM_FAILED): b'data: {"error": {"message": "the box failed mid-stream", '
+    b'"type": "upstream_error", "code": "box_failed"}}\n\n',
+    (NDJSON, MID_STREAM_FAILED): b'{"error": "the box failed mid-stream"}\n',
+    (SSE, StreamIdle.refusal): b'data: {"error": {"message": "the box went silent mid-stream", '
+    b'"type": "upstream_error", "code": "stream_idle_timeout"}}\n\n',
+    (NDJSON, StreamIdle.refusal): b'{"error": "the box went silent mid-stream"}\n',
 }
 
 
@@ -281,14 +289,19 @@ class ProxyCall:
         self.state, self.failure = "cancelled", "client_left"
         if exchange is not None:
             exchange.abort(ClientGone("client left"))
-            box = self.box
-            if box is not None and box.config.kind is BoxKind.HUGPY:
-                task = asyncio.get_running_loop().create_task(self._cancel_on_box(box))
-                _CANCELS.add(task)
-                task.add_done_callback(_CANCELS.discard)
+            self.cancel_on_box()
+
+    def cancel_on_box(self) -> None:
+        """Posts the cancel for this call to its box when that is a hugpy box (in the background)."""
+        box = self.box
+        if box is not None and box.config.kind is BoxKind.HUGPY:
+            task = asyncio.get_running_loop().create_task(self._cancel_on_box(box))
+            _CANCELS.add(task)
+            task.add_done_callback(_CANCELS.discard)
 
     async def _cancel_on_box(self, box: BoxState) -> None:
-        """A box in the middle of a cold load may not notice a closed socket: tell it."""
+        """A box in the middle of a cold load, or stuck mid-answer, may not notice a closed
+        socket: tell it."""
         try:
             await fetch(
                 box.origin,
@@ -604,7 +617,7 @@ class ProxyCall:
             self.commit(box, status)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
-        exchange.disarm()
+        self.watch_silence(exchange)
         self.commit(box, status)
         await self.edge.start(status, self.client_headers(exchange.headers))
         await self.relay(exchange, None, b"")
@@ -630,7 +643,7 @@ class ProxyCall:
         if verdict == TOO_BIG:
             # No frame ended within the hold limit: a first event this large (a base64 image)
             # cannot be judged cheaply, and a refusal frame is small, so pass it through unjudged.
-            exchange.disarm()
+            self.watch_silence(exchange)
             self.stream = True
             self.commit(box, exchange.status)
             await self.edge.start(exchange.status, self.client_headers(exchange.headers))
@@ -644,7 +657,7 @@ class ProxyCall:
             refusal = classify_first_frame(box.config.kind, frame)
             if refusal is not None:
                 raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after), frame)
-        exchange.disarm()
+        self.watch_silence(exchange)
         for chunk in after:
             scanner.feed(chunk)
         self.stream = True
@@ -652,6 +665,11 @@ class ProxyCall:
         await self.edge.start(exchange.status, self.client_headers(exchange.headers))
         first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
         await self.relay(exchange, scanner, first)
+
+    def watch_silence(self, exchange: Exchange) -> None:
+        """The first byte is in: from now the box may be silent for the stream idle timeout."""
+        timeout_s = self.app.stream_idle_timeout_s
+        exchange.arm_idle(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"))
 
     def commit(self, box: BoxState, status: int) -> None:
         """The box took the call: remember the settings it now runs for this model."""
@@ -688,17 +706,20 @@ class ProxyCall:
             await edge.finish()
         except ClientLeft:
             self.client_left()
-        except UpstreamError:
+        except UpstreamError as exc:
             if self.gone:
                 return
-            log.debug("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
-            self.state, self.failure = "failed", "box_failed_mid_stream"
+            failure = StreamIdle.refusal if isinstance(exc, StreamIdle) else MID_STREAM_FAILED
+            log.debug("call %s: box %s %s", self.call_id, self.box.name, failure)  # type: ignore[union-attr]
+            self.state, self.failure = "failed", failure
+            if failure is StreamIdle.refusal:
+                self.cancel_on_box()  # its connection is closed; a stuck box may not notice
             if scanner is None:
                 # A body with no frames has no way to say "error": cut the connection, so the
                 # client sees a truncated answer as truncated, never as complete.
                 raise RelayAborted("the box failed mid-body")
             try:
-                await edge.write(MID_STREAM_ERROR[scanner.framing])
+                await edge.write(MID_STREAM_ERROR[scanner.framing, failure])
                 await edge.finish()
             except ClientLeft:
                 self.client_left()

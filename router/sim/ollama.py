@@ -192,7 +192,7 @@ class _Call:
     name: str | None  # the installed tag's display name; None when not installed
     stream: bool
     keep_alive_s: float
-    limit: int | None  # die_after: content pieces before the stream is cut
+    fault: Behavior | None  # a streamed die_after or stall_after, applied by _stream
 
 
 Answer = Callable[["SimOllama", Connection, Exchange, _Call], "Steps | None"]
@@ -393,8 +393,8 @@ class SimOllama(SimServer):
         if key is None:
             self._error(conn, ex, 400, "invalid model name", route.openai)
             return
-        limit = yield from self._apply_script(conn, ex, key, stream, route.openai)
-        if limit is ANSWERED:
+        fault = yield from self._apply_script(conn, ex, key, stream, route.openai)
+        if fault is ANSWERED:
             return
         name = self._installed(key)
         if name is None and route.not_found is not None:
@@ -403,7 +403,7 @@ class SimOllama(SimServer):
         if route.loads:
             self._load(name, key, keep_alive)
         try:
-            steps = route.answer(self, conn, ex, _Call(body, model, key, name, stream, keep_alive, limit))
+            steps = route.answer(self, conn, ex, _Call(body, model, key, name, stream, keep_alive, fault))
             if steps is not None:
                 yield from steps
         finally:
@@ -453,7 +453,7 @@ class SimOllama(SimServer):
             self._json(conn, ex, {**final, field: whole})
             return None
         line = _line({**head, field: piece, "done": False})
-        return self._stream(conn, ex, CT_NDJSON, (), [line] * self.chunks, [_line(final)], call.limit)
+        return self._stream(conn, ex, CT_NDJSON, (), [line] * self.chunks, [_line(final)], call.fault)
 
     def _embed(self, conn: Connection, ex: Exchange, call: _Call) -> None:
         given = call.body.get("input")
@@ -487,7 +487,7 @@ class SimOllama(SimServer):
                            "completed": total * (i + 1) // self.chunks}) for i in range(self.chunks)]
         tail = [_line({"status": s}) for s in ("verifying sha256 digest", "writing manifest", "success")]
         if (yield from self._stream(conn, ex, CT_NDJSON, [_line({"status": "pulling manifest"})], progress,
-                                    tail, call.limit)):
+                                    tail, call.fault)):
             self._install(name)
 
     def _delete(self, conn: Connection, ex: Exchange, call: _Call) -> None:
@@ -524,7 +524,7 @@ class SimOllama(SimServer):
         if isinstance(options, dict) and options.get("include_usage"):
             tail.append(sse_frame({**head, "choices": [], "usage": usage}, compact=True))
         tail.append(_DONE)
-        return self._stream(conn, ex, CT_SSE, (), [piece] * self.chunks, tail, call.limit)
+        return self._stream(conn, ex, CT_SSE, (), [piece] * self.chunks, tail, call.fault)
 
     def _v1_embeddings(self, conn: Connection, ex: Exchange, call: _Call) -> None:
         encoding = call.body.get("encoding_format") or "float"

@@ -66,6 +66,12 @@ class FirstByteTimeout(UpstreamError):
     refusal = "first_byte_timeout"
 
 
+class StreamIdle(UpstreamError):
+    """The box went silent after the first byte for longer than the stream idle timeout."""
+
+    refusal = "stream_idle_timeout"
+
+
 class ClientGone(UpstreamError):
     refusal = "cancelled"
 
@@ -93,6 +99,8 @@ class Exchange:
         "timer",
         "deadline",
         "deadline_error",
+        "idle_s",
+        "idle_mark",
         "reused",
         "sent_s",
     )
@@ -117,6 +125,8 @@ class Exchange:
         self.timer: asyncio.TimerHandle | None = None
         self.deadline = 0.0  # loop time past which expire() fails the exchange; 0 = none
         self.deadline_error: BaseException | None = None
+        self.idle_s = 0.0  # arm_idle: the deadline moves on while the box sends; 0 = fixed deadline
+        self.idle_mark = 0  # bytes_in when expire() last saw the box send
 
     # -- fed by Conn --------------------------------------------------------------------------
     def _feed(self, chunk: bytes) -> None:
@@ -207,13 +217,29 @@ class Exchange:
         self.deadline = asyncio.get_running_loop().time() + seconds
         self.deadline_error = exc
 
+    def arm_idle(self, seconds: float, exc: BaseException) -> None:
+        """As arm_deadline, for the body after the first byte: the deadline moves on at each
+        `expire(now)` that finds new bytes, or finds the reader busy elsewhere (writing to a slow
+        client), so the exchange fails only once the box has been silent for `seconds` (up to
+        one expire() interval more) while the reader waited for it."""
+        self.disarm()
+        self.arm_deadline(seconds, exc)
+        self.idle_s = seconds
+        self.idle_mark = self.bytes_in
+
     def expire(self, now: float) -> None:
         """Fails the exchange with its deadline's error when `now` (loop time) is past it."""
-        if self.deadline and now >= self.deadline:
+        if not self.deadline:
+            return
+        if self.idle_s and (self.bytes_in != self.idle_mark or self.waiter is None):
+            self.idle_mark = self.bytes_in
+            self.deadline = now + self.idle_s
+        elif now >= self.deadline:
             self.abort(self.deadline_error)  # type: ignore[arg-type]
 
     def disarm(self) -> None:
         self.deadline = 0.0
+        self.idle_s = 0.0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
