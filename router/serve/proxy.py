@@ -82,7 +82,10 @@ WATCH_AFTER_S = 0.05
 # How often the CallClock looks at the calls in flight: a deadline fires up to this late.
 CLOCK_TICK_S = 0.05
 
-# Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself.
+# Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
+# those about the box itself: `Server` and `Via` name its software and path (nothing a client of
+# the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
+# with one box that the next call, on another box, does not have.
 HOP_HEADERS = frozenset(
     {
         b"connection",
@@ -93,6 +96,9 @@ HOP_HEADERS = frozenset(
         b"trailer",
         b"upgrade",
         b"content-length",
+        b"server",
+        b"set-cookie",
+        b"via",
     }
 )
 # Request headers passed from the client to the box; everything else (Authorization, Host,
@@ -617,10 +623,13 @@ class ProxyCall:
             self.commit(box, status)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
+        # The first body bytes are in before the head goes out: a box that breaks its framing
+        # (a bad chunk size) before them is refused like a bad head, not cut after a 200.
+        first = await exchange.next_chunks()
         self.watch_silence(exchange)
         self.commit(box, status)
         await self.edge.start(status, self.client_headers(exchange.headers))
-        await self.relay(exchange, None, b"")
+        await self.relay(exchange, None, first[0] if len(first) == 1 else b"".join(first))
 
     async def carry_stream(self, box: BoxState, exchange: Exchange, framing: int) -> None:
         """Holds the stream until its first data frame is judged, then relays it."""
