@@ -124,7 +124,8 @@ class CallClock:
     """The deadlines of every call in flight, checked by one sweep each CLOCK_TICK_S.
 
     Why not a timer per deadline: a call has three (its body, the box's first byte, the start
-    of its disconnect watcher), and arming and cancelling three uvloop timers cost ~8 µs of
+    of its disconnect watcher; the box's silence after the first byte reuses the first byte's
+    slot, `Exchange.arm_idle`), and arming and cancelling three uvloop timers cost ~8 µs of
     every call's CPU, while joining and leaving this set costs well under one. The price is
     precision: a deadline fires up to one tick late, nothing beside 60 s or 900 s, and a
     watcher starts 50-100 ms into a call instead of at 50 ms. A sweep costs ~0.08 µs per call
@@ -504,7 +505,8 @@ class ProxyCall:
         await self.give_up(last)
 
     async def give_up(self, last: Refused | None) -> None:
-        """Every box refused: the last box's answer as sent, or a 502 for a transport failure."""
+        """Every box refused: the last box's answer as sent, the status an in-band refusal
+        stands for, or a 502 for a transport failure (rule 2)."""
         if self.gone:
             return
         if last is not None and last.answer is not None and last.answer.status < 400:
@@ -721,7 +723,7 @@ class ProxyCall:
             failure = StreamIdle.refusal if isinstance(exc, StreamIdle) else MID_STREAM_FAILED
             log.debug("call %s: box %s %s", self.call_id, self.box.name, failure)  # type: ignore[union-attr]
             self.state, self.failure = "failed", failure
-            if failure is StreamIdle.refusal:
+            if isinstance(exc, StreamIdle):
                 self.cancel_on_box()  # its connection is closed; a stuck box may not notice
             if scanner is None:
                 # A body with no frames has no way to say "error": cut the connection, so the
