@@ -165,3 +165,33 @@ def test_an_agent_link_rides_out_thousands_of_failures_and_recovers_at_once():
             await server.stop()
 
     assert uvloop.run(main()) < 0.5
+
+
+def test_a_box_back_from_an_outage_is_read_at_the_next_probe_not_after_the_back_off(monkeypatch):
+    """With the real cap, the inventory loop may be asleep for seconds when the box comes back;
+    the first good health probe wakes it."""
+    monkeypatch.setattr(link_mod, "HEALTH_INTERVAL_S", 0.05)
+    a = SimBox("a", catalog=["tiny"])
+    fleet = SimFleet([a])
+    fleet.start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        box = BoxState(BoxConfig("a", a.url), 0, 0)
+        link = HugpyLink(box)
+        link.streak = Streak(base_s=1.0, cap_s=BACKOFF_CAP_S)  # waits of 0.5-1 s, 1-2 s, then 2-4 s
+        link.start()
+        try:
+            await link.first_read()
+            await loop.run_in_executor(None, fleet.stop_box, a)
+            await wait_until(lambda: link.streak.failures >= 3, timeout_s=6)  # asleep for 2-4 s now
+            a.catalog.add("big")
+            await loop.run_in_executor(None, fleet.start_box, a)
+            return await wait_until(lambda: "big" in box.catalog, timeout_s=5)
+        finally:
+            await link.stop()
+
+    try:
+        assert uvloop.run(main()) < 1.0
+    finally:
+        fleet.stop()

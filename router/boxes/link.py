@@ -8,6 +8,8 @@ Rules:
    is a failure, retried after `router.core.backoff` (capped, reset by the next published
    inventory) and logged when the streak starts and then rarely. A health probe that raises
    is a missed probe, so a broken box goes offline within `HEALTH_TTL_S` however it breaks.
+   A good probe ends the inventory loop's wait at once: a box back from a long outage is read
+   at the next probe, not at the end of a capped back-off.
 3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
    jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
 """
@@ -48,6 +50,7 @@ class Link:
         self.first_inventory = asyncio.Event()  # set once the first inventory is in
         self.streak = Streak()  # the inventory loop's failures in a row (rule 2)
         self.probe_error = ""  # why the last probe failed, for the offline line
+        self.answering = asyncio.Event()  # set by a good probe; wakes the inventory loop's wait
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
@@ -98,6 +101,7 @@ class Link:
         now = asyncio.get_running_loop().time()
         if ok:
             box.last_ok_s = now
+            self.answering.set()
         was_online = box.online
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
         if was_online != box.online:
@@ -126,7 +130,16 @@ class Link:
                         "box %s inventory link failing (%d in a row, retrying every %.1f s at most): %s",
                         self.box.name, streak.failures, streak.cap_s, type(exc).__name__,
                     )
-                await asyncio.sleep(wait_s)
+                await self._retry_after(wait_s)
+
+    async def _retry_after(self, wait_s: float) -> None:
+        """Waits `wait_s`, or until a health probe finds the box answering (rule 2)."""
+        self.answering.clear()
+        try:
+            async with asyncio.timeout(wait_s):
+                await self.answering.wait()
+        except TimeoutError:
+            pass
 
     def publish(self, inventory: Inventory) -> None:
         self.box.set_inventory(inventory)
