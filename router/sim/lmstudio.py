@@ -25,7 +25,8 @@ Rules:
 7. Behaviours: `refuse`/`busy`/`in_band` without a stream → that status with the OpenAI-shaped
    error (`type` and `code` from the behaviour); `in_band` on a stream → a 200 stream with
    one error frame (`data: {"error": …}`, or an `error` event on `/api/v1/chat`), then its
-   end; `die_after(n)` → n content frames, then the connection closes without the last chunk.
+   end; `die_after(n)` → n content frames, then the connection closes without the last chunk;
+   `stall_after(n, s)` → n content frames, then s seconds of silence.
 8. Threads. The test thread may change `models`, `loaded`, `token`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
 9. Privacy. Bodies are read only for `model`, `stream`, `stream_options`, `input`, `store`
@@ -276,7 +277,8 @@ class SimLMStudio(SimServer):
             yield from steps
 
     def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, events: bool) -> None:
-        """Answers a scripted refusal (rule 7); `hang` and a streamed `die_after` never get here."""
+        """Answers a scripted refusal (rule 7); `hang` and a streamed `die_after` or `stall_after`
+        never get here."""
         match behavior.kind:
             case "in_band" if stream:
                 conn.stream_head(ex, CT_SSE)

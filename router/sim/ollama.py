@@ -30,7 +30,8 @@ Rules:
 6. Behaviours are written in Ollama's dialect: `refuse`/`busy` → that status with
    `{"error": message}`; `in_band` on a stream → a 200 stream whose first line (or SSE frame)
    is the error, then its end; `die_after(n)` → n content lines, then the connection closes
-   without the last chunk; `hang`, `reset` and `raw` as for every box.
+   without the last chunk; `stall_after(n, s)` → n content lines, then s seconds of silence;
+   `hang`, `reset` and `raw` as for every box.
 7. Threads. The test thread may change `tags`, `loaded`, `version`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
 8. Privacy. Bodies are read only for the fields that steer the answer (`model`, `stream`,
@@ -281,7 +282,8 @@ class SimOllama(SimServer):
         self._json(conn, ex, _openai_error(status, message, type) if openai else {"error": message}, status)
 
     def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, openai: bool) -> None:
-        """Answers a scripted refusal (rule 6); `hang` and a streamed `die_after` never get here."""
+        """Answers a scripted refusal (rule 6); `hang` and a streamed `die_after` or `stall_after`
+        never get here."""
         match behavior.kind:
             case "in_band" if stream and openai:
                 conn.stream_head(ex, CT_SSE)

@@ -30,6 +30,7 @@ Rules and invariants:
    connections that stay idle too long, like every real server's idle timeout, and can also
    stage the race where that close meets the client's next request (`timer=False`).
    `Behavior.cut` is a `raw` answer cut mid-body, so every kind can be scripted with it.
+   `Behavior.stall_after` goes silent mid-stream (`_stream` applies it, as it does `die_after`).
 """
 
 from __future__ import annotations
