@@ -40,7 +40,7 @@ class Shared:
 
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
-                 max_body_bytes: int, first_byte_timeout_s: float) -> None:
+                 max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -52,6 +52,7 @@ class Shared:
         self.clock = CallClock()
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
+        self.stream_idle_timeout_s = stream_idle_timeout_s
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -72,6 +73,7 @@ class RouterApp:
         self.scheduler = shared.scheduler
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
+        self.stream_idle_timeout_s = shared.stream_idle_timeout_s
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:
