@@ -12,6 +12,7 @@ from router.core.refusal import (
     STREAM_ERROR,
     classify_first_frame,
     classify_reply,
+    in_band_status,
 )
 from router.core.types import BoxKind
 
@@ -368,3 +369,22 @@ def test_classify_first_frame(kind, frame, expected):
 def test_first_frame_odd_shapes():
     for frame in (None, [], "error", 3, {"choices": "x"}, {"choices": [1]}):
         assert classify_first_frame(OPENAI, frame) is None
+
+
+# -- rule 7: the status an in-band refusal stands for, when no box is left ----------------------
+
+
+@pytest.mark.parametrize(("refusal", "frame", "status"), [
+    ("load_error", {"error": {"type": "load_error", "code": 503}}, 503),
+    ("not_found_error", {"error": {"type": "not_found_error", "code": 404}}, 404),
+    ("worker_reserved", {"error": {"type": "worker_reserved", "code": 423}}, 423),
+    ("first_call_exclusive", {"error": {"type": "first_call_exclusive", "code": "first_call_exclusive"}}, 503),
+    ("not_found_error", {"error": {"type": "not_found_error"}}, 404),
+    ("model_not_found", {"error": {"code": "model_not_found"}}, 404),
+    ("stream_error", {"error": "runner crashed"}, 502),
+    ("stream_error", {"error": {"message": "boom", "code": 500}}, 502),  # a box's 500 is a bad gateway
+    ("stream_error", {"error": {"code": True}}, 502),
+    ("stream_error", {"choices": [{"finish_reason": "error"}]}, 502),
+])
+def test_in_band_status(refusal, frame, status):
+    assert in_band_status(refusal, frame) == status

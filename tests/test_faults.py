@@ -655,3 +655,118 @@ def test_a_close_delimited_answer_ended_by_fin_is_complete(start_fleet):
     status, data, call_id = _speech_through(router)
     assert (status, data) == (200, BIG[: len(BIG) // 2])
     assert row_of(router, call_id)["state"] == "done"
+
+
+# ---------------------------------------------------------------------------------------------
+# Every owner refused: the status the last refusal stands for, never a 200 carrying an error
+
+
+@pytest.mark.parametrize(("type_", "code", "status"), [
+    pytest.param("load_error", 503, 503, id="load-error"),  # hugpy-wrapper 0.1.182, a model that fails to load
+    pytest.param("not_found_error", 404, 404, id="not-found"),
+    pytest.param("worker_reserved", 423, 423, id="reserved"),
+    pytest.param("insufficient_resources", "won't fit", 503, id="no-numeric-code"),
+])
+def test_a_stream_whose_only_owner_refuses_in_band_gets_that_status(start_fleet, type_, code, status):
+    a = SimBox("a", catalog=["tiny"])
+    a.script("tiny", Behavior.in_band(type_, "load failed: child exited rc=1", code=code))
+    router = start_fleet(a)
+    with pytest.raises(openai.APIStatusError) as info:
+        client(router).chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
+    error = info.value
+    assert error.status_code == status
+    assert (error.body["type"], error.body["code"]) == (type_, code)  # the box's error object, kept
+    assert error.code == str(code)  # (the openai client reads `code` as a string)
+    assert error.message.endswith("load failed: child exited rc=1")
+    assert error.response.headers["content-type"] == "application/json"
+    assert error.response.headers["x-hugpy-box"] == "a"
+    row = row_of(router, error.response.headers["x-hugpy-router-request-id"])
+    assert (row["state"], row["status"], row["error"]) == ("failed", status, type_)
+
+
+def test_every_owner_refusing_in_band_answers_the_last_refusal(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])  # serving: tried first
+    b = SimBox("b", catalog=["tiny"])
+    a.script("tiny", Behavior.in_band("insufficient_resources", "won't fit"))
+    b.script("tiny", Behavior.in_band("load_error", "load failed"))
+    router = start_fleet(a, b)
+    status, headers, data = post_chat(router, stream=True)
+    error = assert_openai_error(status, data)
+    assert (status, error["type"], error["code"], headers["x-hugpy-box"]) == (503, "load_error", 503, "b")
+    row = row_of(router, headers["x-hugpy-router-request-id"])
+    assert [(att["box"], att["refusal"]) for att in row["attempts"]] == [
+        ("a", "insufficient_resources"), ("b", "load_error")]
+
+
+def test_an_ollama_stream_whose_only_owner_errs_in_its_first_line_is_a_502(start_fleet):
+    ol = SimOllama("ol", tags=["llama3"], loaded=["llama3"])
+    ol.script("llama3", Behavior.in_band(message="an error was encountered while running the model"))
+    router = start_fleet(ol)
+    with pytest.raises(ollama.ResponseError) as info:
+        list(ollama.Client(host=router.url, timeout=15).chat(model="llama3", messages=MESSAGES, stream=True))
+    assert info.value.status_code == 502
+    assert info.value.error == "an error was encountered while running the model"
+    (row,) = wait_for(lambda: rows(router), 3)
+    assert (row["state"], row["status"], row["error"]) == ("failed", 502, "stream_error")
+
+
+# ---------------------------------------------------------------------------------------------
+# A box silent after the first byte (--stream-idle-timeout)
+
+IDLE_TIMEOUT = ("--stream-idle-timeout", "0.4")
+
+
+def test_a_box_silent_mid_stream_ends_it_with_an_error_frame_and_is_cancelled(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=5)
+    a.script("tiny", Behavior.stall_after(2, 20))
+    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
+    call_id = raw.headers["x-hugpy-router-request-id"]
+    pieces = []
+    started = time.monotonic()
+    with pytest.raises(openai.APIError) as info:  # the in-band error frame, never a clean end
+        for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+    assert 0.3 < time.monotonic() - started < 2.0
+    assert len(pieces) == 2 and info.value.body["code"] == "stream_idle_timeout"
+    (call,) = box_calls(a)
+    assert wait_for(lambda: call.finished_at is not None, 2)  # the box connection was closed
+    assert wait_for(lambda: call_id in a.cancels, 2)  # and the box was told
+    row = row_of(router, call_id)
+    assert (row["state"], row["error"], row["box"]) == ("failed", "stream_idle_timeout", "a")
+    assert not error_lines(router)
+
+
+def test_an_ollama_box_silent_mid_stream_ends_the_ndjson_stream_with_an_error_line(start_fleet):
+    ol = SimOllama("ol", tags=["llama3"], loaded=["llama3"], chunks=5)
+    ol.script("llama3", Behavior.stall_after(2, 20))
+    router = start_fleet(ol, extra_args=IDLE_TIMEOUT)
+    pieces = []
+    with pytest.raises(ollama.ResponseError) as info:
+        for part in ollama.Client(host=router.url, timeout=15).chat(model="llama3", messages=MESSAGES, stream=True):
+            pieces.append(part.message.content)
+    assert len(pieces) == 2 and "silent mid-stream" in str(info.value)
+    (row,) = wait_for(lambda: rows(router), 3)
+    assert (row["facade"], row["state"], row["error"]) == ("ollama", "failed", "stream_idle_timeout")
+    (call,) = [c for c in ol.calls if c.path == "/api/chat"]
+    assert wait_for(lambda: call.finished_at is not None, 2)
+
+
+def test_a_box_silent_mid_body_cuts_the_sized_answer(start_fleet):
+    a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
+    a.script("kokoro", Behavior.stall_body(200, [("Content-Type", "audio/wav")], BIG, len(BIG) // 2, 20))
+    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    status, data, call_id = _speech_through(router)
+    assert status == 200 and data is None  # the client can tell the answer was cut
+    row = row_of(router, call_id)
+    assert (row["state"], row["error"]) == ("failed", "stream_idle_timeout")
+    assert wait_for(lambda: call_id in a.cancels, 2)
+
+
+def test_a_slow_but_steady_stream_is_not_taken_for_a_silent_one(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=6, cadence_s=0.25)  # 1.5 s in all
+    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
+    assert len([c for c in raw.parse() if c.choices and c.choices[0].delta.content]) == 6
+    assert row_of(router, raw.headers["x-hugpy-router-request-id"])["state"] == "done"

@@ -4,7 +4,12 @@ Rules:
 1. A box is online while its last good health answer is younger than `HEALTH_TTL_S`; the
    first probe and the first inventory read run before the router serves (bounded by
    `FIRST_READ_TIMEOUT_S`), so a fresh router knows who is up and what they hold.
-2. A link never dies: every failure is logged once per streak and retried with backoff.
+2. A link never dies: any exception from the box or from reading its answer (a bug included)
+   is a failure, retried after `router.core.backoff` (capped, reset by the next published
+   inventory) and logged when the streak starts and then rarely. A health probe that raises
+   is a missed probe, so a broken box goes offline within `HEALTH_TTL_S` however it breaks.
+   A good probe ends the inventory loop's wait at once: a box back from a long outage is read
+   at the next probe, not at the end of a capped back-off.
 3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
    jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
 """
@@ -16,8 +21,8 @@ import logging
 import random
 
 from router.boxes.state import BoxState, Inventory
+from router.core.backoff import Streak
 from router.upstream.fetch import fetch
-from router.upstream.pool import UpstreamError
 
 log = logging.getLogger("router.boxes")
 
@@ -28,7 +33,6 @@ HEALTH_TIMEOUT_S = 3.0
 HEALTH_TTL_S = 10.0
 POLL_INTERVAL_S = 2.0
 POLL_TIMEOUT_S = 5.0
-BACKOFF_MAX_S = 5.0
 FIRST_READ_TIMEOUT_S = 5.0
 
 
@@ -44,6 +48,9 @@ class Link:
         self.box = box
         self.tasks: list[asyncio.Task] = []
         self.first_inventory = asyncio.Event()  # set once the first inventory is in
+        self.streak = Streak()  # the inventory loop's failures in a row (rule 2)
+        self.probe_error = ""  # why the last probe failed, for the offline line
+        self.answering = asyncio.Event()  # set by a good probe; wakes the inventory loop's wait
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
@@ -87,16 +94,22 @@ class Link:
                 box.origin, "GET", self.health_path, headers=box.auth_header, timeout_s=HEALTH_TIMEOUT_S
             )
             ok = self.healthy(status, body)
-        except UpstreamError:
+            self.probe_error = "" if ok else f"answered {status}"
+        except Exception as exc:  # whatever broke, a missed probe (rule 2)
             ok = False
+            self.probe_error = type(exc).__name__
         now = asyncio.get_running_loop().time()
         if ok:
             box.last_ok_s = now
             box.reachable()
+            self.answering.set()
         was_online = box.online
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
         if was_online != box.online:
-            log.info("box %s is %s", box.name, "online" if box.online else "offline")
+            if box.online:
+                log.info("box %s is online", box.name)
+            else:
+                log.info("box %s is offline (%s)", box.name, self.probe_error)
         return ok
 
     async def _health_loop(self) -> None:
@@ -105,20 +118,36 @@ class Link:
             await asyncio.sleep(HEALTH_INTERVAL_S * random.uniform(0.9, 1.1))
 
     async def _inventory_guarded(self) -> None:
-        failures = 0
+        loop = asyncio.get_running_loop()
+        streak = self.streak
         while True:
             try:
                 await self.follow_inventory()
                 return
-            except (UpstreamError, InventoryError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                if failures == 0:
-                    log.warning("box %s inventory link failing: %s", self.box.name, type(exc).__name__)
-                failures += 1
-                await asyncio.sleep(min(BACKOFF_MAX_S, 0.25 * 2**failures) * random.random())
+            except Exception as exc:  # rule 2: a link task that dies leaves a frozen inventory
+                wait_s, say = streak.failed(loop.time(), random.random())
+                if say:
+                    log.warning(
+                        "box %s inventory link failing (%d in a row, retrying every %.1f s at most): %s",
+                        self.box.name, streak.failures, streak.cap_s, type(exc).__name__,
+                    )
+                await self._retry_after(wait_s)
+
+    async def _retry_after(self, wait_s: float) -> None:
+        """Waits `wait_s`, or until a health probe finds the box answering (rule 2)."""
+        self.answering.clear()
+        try:
+            async with asyncio.timeout(wait_s):
+                await self.answering.wait()
+        except TimeoutError:
+            pass
 
     def publish(self, inventory: Inventory) -> None:
         self.box.set_inventory(inventory)
         self.first_inventory.set()
+        if self.streak.failures:
+            self.streak.succeeded()
+            log.info("box %s inventory link recovered", self.box.name)
 
     async def follow_inventory(self) -> None:
         """Keeps the box's inventory current; raises on a failure (the guard retries)."""

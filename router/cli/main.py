@@ -31,6 +31,13 @@ def _size(value: str) -> int:
     return int(value)
 
 
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return seconds
+
+
 def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -> None:
     parser.add_argument(
         "--port",
@@ -63,6 +70,13 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
         type=float,
         default=900.0,
         help="seconds to wait for a box's first byte (a cold load can take minutes; default 900)",
+    )
+    parser.add_argument(
+        "--stream-idle-timeout",
+        type=_seconds,
+        default=300.0,
+        help="seconds a box may stay silent mid-answer, after its first byte (default 300); "
+        "then the stream ends with an error frame in its own format, or a sized body is cut",
     )
     parser.add_argument("--ollama-port", type=_port, default=None,
                         help="also listen here as an Ollama server (every path is Ollama's; 'auto' picks one)")

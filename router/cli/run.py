@@ -23,6 +23,7 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         interface=args.interface,
         max_body_bytes=args.max_body,
         first_byte_timeout_s=args.first_byte_timeout,
+        stream_idle_timeout_s=args.stream_idle_timeout,
         grace_s=args.grace,
         ollama_port=args.ollama_port,
         lmstudio_port=args.lmstudio_port,

@@ -11,6 +11,14 @@ Rules, for an answer that arrives before any byte reached the client:
 6. A stream's first frame with a top-level `error`, or `finish_reason: "error"` → refusal.
 Everything else (a 400, a 401, a 499 …) is the client's answer, passed back exactly.
 The returned code is a short stable string used in logs, the store and 503 bodies.
+
+When no box is left to try, the client gets the status the last refusal stands for, never a
+200 carrying an error: a refusal with a real status keeps it; an in-band one (rule 6) gets
+`in_band_status` (rule 7).
+7. An in-band error's own `code`, when it is a status a client can act on (a 4xx, or 502, 503,
+   504: hugpy writes `"code": 503` for a load error), else by the refusal: not found → 404,
+   `worker_reserved` → 423, any other placement refusal → 503 (the box is there but cannot
+   place the model now), an error we do not know → 502 (the box failed).
 """
 
 from __future__ import annotations
@@ -28,6 +36,12 @@ NO_MODEL_LOADED = "no_model_loaded"
 STREAM_ERROR = "stream_error"
 
 REFUSAL_STATUSES = frozenset({502, 503, 504})
+# Rule 7's statuses by refusal code; a code not listed and not in REFUSAL_TYPES is 502.
+IN_BAND_STATUSES = {
+    "not_found_error": 404,
+    MODEL_NOT_FOUND: 404,
+    "worker_reserved": 423,
+}
 
 # Refusals that say "no room for this model here now" (hugpy's placement failures, a 503 such
 # as Ollama's "server busy", LM Studio's failed JIT load): the box is full for the model for a
@@ -110,3 +124,17 @@ def classify_first_frame(kind: BoxKind, frame: Any) -> str | None:
         if choices[0].get("finish_reason") == "error":
             return STREAM_ERROR
     return None
+
+
+def in_band_status(refusal: str, frame: Any) -> int:
+    """The HTTP status for a stream refused by its first frame `frame` (parsed JSON) with the
+    refusal code `refusal` from classify_first_frame, when no box is left to try (rule 7)."""
+    error = frame.get("error") if isinstance(frame, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and (400 <= code < 500 or code in REFUSAL_STATUSES):
+        return code
+    if refusal in IN_BAND_STATUSES:
+        return IN_BAND_STATUSES[refusal]
+    if any(refusal in types for types in REFUSAL_TYPES.values()):
+        return 503
+    return 502

@@ -7,15 +7,20 @@ Rules:
    is decided again among the first decision's boxes only, at most MAX_BOXES_PER_CALL boxes.
    A pinned call is never rerouted.
 2. When no box is left, the last box's own answer goes back as it was sent; a transport
-   failure (unreachable, lost, timeout) becomes a 502 in the facade's shape.
+   failure (unreachable, lost, timeout) becomes a 502 in the facade's shape; a stream refused
+   by its first frame gets the status that refusal stands for (router.core.refusal rule 7)
+   with the box's error object in the facade's shape, never a 200 that carries an error.
 3. After the first byte reaches the client nothing is rerouted; a box failing mid-stream
-   ends the stream with an in-band error frame in the stream's own format.
+   ends the stream with an in-band error frame in the stream's own format (a body with no
+   frames is cut instead, so it never looks complete). A box silent mid-answer for longer than
+   the stream idle timeout has failed too, and a hugpy box also gets its cancel (rule 5).
 4. The reservation is taken before the first send, moved on failover, released at the end,
    whatever the end.
 5. A client that leaves ends the call at once: the box connection is closed (never reused)
    and a hugpy box also gets `POST /v1/requests/<call id>/cancel`.
-   Its deadlines (the body's, the box's first byte, the queue's) and the start of the disconnect
-   watcher are kept by the process's CallClock, not by timers of its own.
+   Its deadlines (the body's, the box's first byte, the box's silence after it, the queue's)
+   and the start of the disconnect watcher are kept by the process's CallClock, not by timers
+   of its own.
 6. A call whose owners are all full or cooling waits in the queue (router.serve.admission)
    until one hands it a slot; a client that leaves the queue is never sent to a box.
 7. No body, chunk, prompt or key is logged; per-call lines are debug level.
@@ -44,6 +49,7 @@ from router.core.refusal import (
     UNREACHABLE,
     classify_first_frame,
     classify_reply,
+    in_band_status,
 )
 from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
 from router.facades.body import (
@@ -63,6 +69,7 @@ from router.upstream.pool import (
     ConnectionLost,
     Exchange,
     FirstByteTimeout,
+    StreamIdle,
     UpstreamError,
     request_head,
 )
@@ -87,7 +94,10 @@ WATCH_AFTER_S = 0.05
 # How often the CallClock looks at the calls in flight: a deadline fires up to this late.
 CLOCK_TICK_S = 0.05
 
-# Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself.
+# Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
+# those about the box itself: `Server` and `Via` name its software and path (nothing a client of
+# the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
+# with one box that the next call, on another box, does not have.
 HOP_HEADERS = frozenset(
     {
         b"connection",
@@ -98,6 +108,9 @@ HOP_HEADERS = frozenset(
         b"trailer",
         b"upgrade",
         b"content-length",
+        b"server",
+        b"set-cookie",
+        b"via",
     }
 )
 # Request headers passed from the client to the box; everything else (Authorization, Host,
@@ -107,10 +120,15 @@ FORWARDED_HEADERS = ("content-type", "accept", "x-task", "x-hugpy-root-request-i
 SSE_TYPE = b"text/event-stream"
 SSE_DONE = b"data: [DONE]"
 NDJSON_TYPE = b"application/x-ndjson"
+MID_STREAM_FAILED = "box_failed_mid_stream"
+# (framing, the call's failure) -> the in-band frame that ends a stream whose box failed.
 MID_STREAM_ERROR = {
-    SSE: b'data: {"error": {"message": "the box failed mid-stream", "type": "upstream_error", '
-    b'"code": "box_failed"}}\n\n',
-    NDJSON: b'{"error": "the box failed mid-stream"}\n',
+    (SSE, MID_STREAM_FAILED): b'data: {"error": {"message": "the box failed mid-stream", '
+    b'"type": "upstream_error", "code": "box_failed"}}\n\n',
+    (NDJSON, MID_STREAM_FAILED): b'{"error": "the box failed mid-stream"}\n',
+    (SSE, StreamIdle.refusal): b'data: {"error": {"message": "the box went silent mid-stream", '
+    b'"type": "upstream_error", "code": "stream_idle_timeout"}}\n\n',
+    (NDJSON, StreamIdle.refusal): b'{"error": "the box went silent mid-stream"}\n',
 }
 
 
@@ -118,7 +136,8 @@ class CallClock:
     """The deadlines of every call in flight, checked by one sweep each CLOCK_TICK_S.
 
     Why not a timer per deadline: a call has three (its body, the box's first byte, the start
-    of its disconnect watcher), and arming and cancelling three uvloop timers cost ~8 µs of
+    of its disconnect watcher; the box's silence after the first byte reuses the first byte's
+    slot, `Exchange.arm_idle`), and arming and cancelling three uvloop timers cost ~8 µs of
     every call's CPU, while joining and leaving this set costs well under one. The price is
     precision: a deadline fires up to one tick late, nothing beside 60 s or 900 s, and a
     watcher starts 50-100 ms into a call instead of at 50 ms. A sweep costs ~0.08 µs per call
@@ -167,10 +186,11 @@ class RelayAborted(Exception):
 
 
 class Refused(Exception):
-    def __init__(self, code: str, answer: Answer | None = None) -> None:
+    def __init__(self, code: str, answer: Answer | None = None, frame: object = None) -> None:
         super().__init__(code)
         self.code = code
         self.answer = answer
+        self.frame = frame  # an in-band refusal's first frame, parsed (bounded by the hold limit)
 
 
 _CANCELS: set[asyncio.Task] = set()  # cancel posts in flight (a task needs a reference)
@@ -310,14 +330,19 @@ class ProxyCall:
         self.state, self.failure = "cancelled", "client_left"
         if exchange is not None:
             exchange.abort(ClientGone("client left"))
-            box = self.box
-            if box is not None and box.config.kind is BoxKind.HUGPY:
-                task = asyncio.get_running_loop().create_task(self._cancel_on_box(box))
-                _CANCELS.add(task)
-                task.add_done_callback(_CANCELS.discard)
+            self.cancel_on_box()
+
+    def cancel_on_box(self) -> None:
+        """Posts the cancel for this call to its box when that is a hugpy box (in the background)."""
+        box = self.box
+        if box is not None and box.config.kind is BoxKind.HUGPY:
+            task = asyncio.get_running_loop().create_task(self._cancel_on_box(box))
+            _CANCELS.add(task)
+            task.add_done_callback(_CANCELS.discard)
 
     async def _cancel_on_box(self, box: BoxState) -> None:
-        """A box in the middle of a cold load may not notice a closed socket: tell it."""
+        """A box in the middle of a cold load, or stuck mid-answer, may not notice a closed
+        socket: tell it."""
         try:
             await fetch(
                 box.origin,
@@ -478,7 +503,7 @@ class ProxyCall:
         runs, then wake the call."""
         self.decision = decision
         self.load_on(self.app.fleet.get(decision.boxes[0]))
-        self.phase = "deciding"
+        self.phase = "boxes"
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
     def priority_asked(self) -> Priority | None:
@@ -605,8 +630,12 @@ class ProxyCall:
                 box.placement_refused(named[0], asyncio.get_running_loop().time())
 
     async def give_up(self, last: Refused | None) -> None:
-        """Every box refused: the last box's answer as sent, or a 502 for a transport failure."""
+        """Every box refused: the last box's answer as sent, the status an in-band refusal
+        stands for, or a 502 for a transport failure (rule 2)."""
         if self.gone:
+            return
+        if last is not None and last.answer is not None and last.answer.status < 400:
+            await self.refused_in_band(last)
             return
         if last is not None and last.answer is not None:
             answer = last.answer
@@ -621,6 +650,24 @@ class ProxyCall:
             "no box could take the call",
             {"attempts": [{"box": a["box"], "refusal": a.get("refusal")} for a in self.attempts]},
         )
+
+    async def refused_in_band(self, last: Refused) -> None:
+        """The last box refused in its stream's first frame: the status that stands for, with
+        the box's error (`type`, `code` and its other fields kept) in the facade's shape."""
+        status = in_band_status(last.code, last.frame)
+        error = last.frame.get("error") if isinstance(last.frame, dict) else None
+        fields = dict(error) if isinstance(error, dict) else {}
+        message = fields.pop("message", error if isinstance(error, str) else None)
+        if not isinstance(message, str):
+            message = "the box refused the call"
+        body = self.facade.shape_error(status, last.code, message, fields)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-hugpy-box", self.box.name.encode()),  # type: ignore[union-attr]
+            (b"x-hugpy-router-request-id", self.call_id.encode()),
+        ]
+        self.answered(status, "failed", last.code)
+        await self.respond(status, headers, body)
 
     def client_headers(self, box_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers = [
@@ -703,10 +750,13 @@ class ProxyCall:
             self.commit(box, status)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
-        exchange.disarm()
+        # The first body bytes are in before the head goes out: a box that breaks its framing
+        # (a bad chunk size) before them is refused like a bad head, not cut after a 200.
+        first = await exchange.next_chunks()
+        self.watch_silence(exchange)
         self.commit(box, status)
         await self.edge.start(status, self.client_headers(exchange.headers))
-        await self.relay(exchange, None, b"")
+        await self.relay(exchange, None, first[0] if len(first) == 1 else b"".join(first))
 
     async def carry_stream(self, box: BoxState, exchange: Exchange, framing: int) -> None:
         """Holds the stream until its first data frame is judged, then relays it."""
@@ -729,7 +779,7 @@ class ProxyCall:
         if verdict == TOO_BIG:
             # No frame ended within the hold limit: a first event this large (a base64 image)
             # cannot be judged cheaply, and a refusal frame is small, so pass it through unjudged.
-            exchange.disarm()
+            self.watch_silence(exchange)
             self.stream = True
             self.commit(box, exchange.status)
             await self.edge.start(exchange.status, self.client_headers(exchange.headers))
@@ -742,8 +792,8 @@ class ProxyCall:
                 frame = None
             refusal = classify_first_frame(box.config.kind, frame)
             if refusal is not None:
-                raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after))
-        exchange.disarm()
+                raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after), frame)
+        self.watch_silence(exchange)
         for chunk in after:
             scanner.feed(chunk)
         self.stream = True
@@ -751,6 +801,11 @@ class ProxyCall:
         await self.edge.start(exchange.status, self.client_headers(exchange.headers))
         first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
         await self.relay(exchange, scanner, first)
+
+    def watch_silence(self, exchange: Exchange) -> None:
+        """The first byte is in: from now the box may be silent for the stream idle timeout."""
+        timeout_s = self.app.stream_idle_timeout_s
+        exchange.arm_idle(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"))
 
     def commit(self, box: BoxState, status: int) -> None:
         """The box took the call: remember the settings it now runs for this model."""
@@ -788,17 +843,20 @@ class ProxyCall:
             await edge.finish()
         except ClientLeft:
             self.client_left()
-        except UpstreamError:
+        except UpstreamError as exc:
             if self.gone:
                 return
-            log.debug("call %s: box %s failed mid-stream", self.call_id, self.box.name)  # type: ignore[union-attr]
-            self.state, self.failure = "failed", "box_failed_mid_stream"
+            failure = StreamIdle.refusal if isinstance(exc, StreamIdle) else MID_STREAM_FAILED
+            log.debug("call %s: box %s %s", self.call_id, self.box.name, failure)  # type: ignore[union-attr]
+            self.state, self.failure = "failed", failure
+            if isinstance(exc, StreamIdle):
+                self.cancel_on_box()  # its connection is closed; a stuck box may not notice
             if scanner is None:
                 # A body with no frames has no way to say "error": cut the connection, so the
                 # client sees a truncated answer as truncated, never as complete.
                 raise RelayAborted("the box failed mid-body")
             try:
-                await edge.write(MID_STREAM_ERROR[scanner.framing])
+                await edge.write(MID_STREAM_ERROR[scanner.framing, failure])
                 await edge.finish()
             except ClientLeft:
                 self.client_left()

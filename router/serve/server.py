@@ -51,6 +51,7 @@ class ServeConfig:
     interface: str = "asgi"
     max_body_bytes: int = 64 << 20
     first_byte_timeout_s: float = 900.0
+    stream_idle_timeout_s: float = 300.0
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
@@ -94,6 +95,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         keys=keys,
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
+        stream_idle_timeout_s=config.stream_idle_timeout_s,
         queue_size=config.queue_size,
         queue_timeout_s=config.queue_timeout_s,
     )

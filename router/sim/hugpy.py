@@ -28,8 +28,9 @@ steps, disconnects and threads follow `router.sim.server`; the rules of this kin
    byte; `bad_head()` breaks HTTP in the status line; `trickle(bytes, interval)` writes the
    whole normal answer, head included, a few bytes at a time; `linger(s)` keeps a finished
    stream's connection open `s` seconds after `data: [DONE]` (and writes each burst of
-   frames as one piece, so without a cadence the whole stream is one write). All are
-   recorded calls.
+   frames as one piece, so without a cadence the whole stream is one write);
+   `stall_after(n, s)` goes silent for s seconds after n content frames (connection open),
+   `stall_body(...)` likewise inside a sized body. All are recorded calls.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from router.sim.server import (
     SimServer,
     Steps,
     answer_raw,
+    answer_stalled_body,
     find_route,
     json_body as _json,
     sse_frame as _frame,
@@ -417,10 +419,18 @@ class SimBox(SimServer):
         die = False
         clean = True
         linger_s = 0.0
+        stall_at, stall_s = -1, 0.0  # stall_after: silence before this content frame
         if behavior is not None:
             match behavior.kind:
                 case "hang":
                     yield behavior.seconds  # then answer normally
+                case "stall_after" if not stream:
+                    yield behavior.seconds
+                case "stall_after":
+                    stall_at, stall_s = behavior.chunks, behavior.seconds
+                case "stall_body":
+                    yield from answer_stalled_body(conn, ex, behavior)
+                    return
                 case "reset":
                     conn.reset()
                     return
@@ -487,7 +497,9 @@ class SimBox(SimServer):
             content = _frame({**chunk, "choices": [
                 {"index": 0, "delta": {"content": STREAM_TOKEN}, "finish_reason": None}]})
             cadence_s = self.cadence_s
-            for _ in range(stream_chunks):
+            for sent in range(stream_chunks):
+                if sent == stall_at:
+                    yield stall_s
                 if cadence_s > 0:
                     yield cadence_s
                 conn.write(content)

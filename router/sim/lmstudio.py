@@ -25,7 +25,8 @@ Rules:
 7. Behaviours: `refuse`/`busy`/`in_band` without a stream → that status with the OpenAI-shaped
    error (`type` and `code` from the behaviour); `in_band` on a stream → a 200 stream with
    one error frame (`data: {"error": …}`, or an `error` event on `/api/v1/chat`), then its
-   end; `die_after(n)` → n content frames, then the connection closes without the last chunk.
+   end; `die_after(n)` → n content frames, then the connection closes without the last chunk;
+   `stall_after(n, s)` → n content frames, then s seconds of silence.
 8. Threads. The test thread may change `models`, `loaded`, `token`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
 9. Privacy. Bodies are read only for `model`, `stream`, `stream_options`, `input`, `store`
@@ -117,7 +118,7 @@ class _Call:
     stream: bool
     loading: bool  # the call JIT-loaded its model
     v0: bool  # on /api/v0: the reply carries the v0 extras
-    limit: int | None  # die_after: content frames before the stream is cut
+    fault: Behavior | None  # a streamed die_after or stall_after, applied by _stream
 
 
 Answer = Callable[["SimLMStudio", Connection, Exchange, _Call], "Steps | None"]
@@ -262,8 +263,8 @@ class SimLMStudio(SimServer):
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         stream = body.get("stream") is True
         rec.model, rec.stream = model, stream
-        limit = yield from self._apply_script(conn, ex, model, stream, route.events)
-        if limit is ANSWERED:
+        fault = yield from self._apply_script(conn, ex, model, stream, route.events)
+        if fault is ANSWERED:
             return
         if model not in self.models:
             self._unknown_model(conn, ex, model)
@@ -271,12 +272,13 @@ class SimLMStudio(SimServer):
         loading = model not in self.loaded
         if loading:
             self.loaded.append(model)
-        steps = route.answer(self, conn, ex, _Call(body, model, stream, loading, route.v0, limit))
+        steps = route.answer(self, conn, ex, _Call(body, model, stream, loading, route.v0, fault))
         if steps is not None:
             yield from steps
 
     def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, events: bool) -> None:
-        """Answers a scripted refusal (rule 7); `hang` and a streamed `die_after` never get here."""
+        """Answers a scripted refusal (rule 7); `hang` and a streamed `die_after` or `stall_after`
+        never get here."""
         match behavior.kind:
             case "in_band" if stream:
                 conn.stream_head(ex, CT_SSE)
@@ -302,7 +304,7 @@ class SimLMStudio(SimServer):
             tail.append(sse_frame({**head, "choices": [], "usage": self._usage()}, compact=True))
         tail.append(_DONE)
         frame = sse_frame({**head, "choices": [piece]}, compact=True)
-        return self._stream(conn, ex, CT_SSE, (), [frame] * self.chunks, tail, call.limit)
+        return self._stream(conn, ex, CT_SSE, (), [frame] * self.chunks, tail, call.fault)
 
     def _usage(self) -> dict[str, int]:
         return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": self.chunks,
@@ -370,7 +372,7 @@ class SimLMStudio(SimServer):
         lead.append(_event("message.start", {}))
         pieces = [_event("message.delta", {"content": STREAM_TOKEN})] * self.chunks
         tail = [_event("message.end", {}), _event("chat.end", {"result": result})]
-        return self._stream(conn, ex, CT_SSE, lead, pieces, tail, call.limit)
+        return self._stream(conn, ex, CT_SSE, lead, pieces, tail, call.fault)
 
 
 def _model_route(route: _Route) -> Handler:

@@ -30,7 +30,8 @@ Rules:
 6. Behaviours are written in Ollama's dialect: `refuse`/`busy` → that status with
    `{"error": message}`; `in_band` on a stream → a 200 stream whose first line (or SSE frame)
    is the error, then its end; `die_after(n)` → n content lines, then the connection closes
-   without the last chunk; `hang`, `reset` and `raw` as for every box.
+   without the last chunk; `stall_after(n, s)` → n content lines, then s seconds of silence;
+   `hang`, `reset` and `raw` as for every box.
 7. Threads. The test thread may change `tags`, `loaded`, `version`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
 9. Capacity. With `max_parallel` (OLLAMA_NUM_PARALLEL with OLLAMA_MAX_QUEUE=0), a
@@ -196,7 +197,7 @@ class _Call:
     name: str | None  # the installed tag's display name; None when not installed
     stream: bool
     keep_alive_s: float
-    limit: int | None  # die_after: content pieces before the stream is cut
+    fault: Behavior | None  # a streamed die_after or stall_after, applied by _stream
 
 
 Answer = Callable[["SimOllama", Connection, Exchange, _Call], "Steps | None"]
@@ -288,7 +289,8 @@ class SimOllama(SimServer):
         self._json(conn, ex, _openai_error(status, message, type) if openai else {"error": message}, status)
 
     def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, openai: bool) -> None:
-        """Answers a scripted refusal (rule 6); `hang` and a streamed `die_after` never get here."""
+        """Answers a scripted refusal (rule 6); `hang` and a streamed `die_after` or `stall_after`
+        never get here."""
         match behavior.kind:
             case "in_band" if stream and openai:
                 conn.stream_head(ex, CT_SSE)
@@ -400,8 +402,8 @@ class SimOllama(SimServer):
         if key is None:
             self._error(conn, ex, 400, "invalid model name", route.openai)
             return
-        limit = yield from self._apply_script(conn, ex, key, stream, route.openai)
-        if limit is ANSWERED:
+        fault = yield from self._apply_script(conn, ex, key, stream, route.openai)
+        if fault is ANSWERED:
             return
         name = self._installed(key)
         if name is None and route.not_found is not None:
@@ -415,7 +417,7 @@ class SimOllama(SimServer):
             self._load(name, key, keep_alive)
         self.answering += 1
         try:
-            steps = route.answer(self, conn, ex, _Call(body, model, key, name, stream, keep_alive, limit))
+            steps = route.answer(self, conn, ex, _Call(body, model, key, name, stream, keep_alive, fault))
             if steps is not None:
                 yield from steps
         finally:
@@ -466,7 +468,7 @@ class SimOllama(SimServer):
             self._json(conn, ex, {**final, field: whole})
             return None
         line = _line({**head, field: piece, "done": False})
-        return self._stream(conn, ex, CT_NDJSON, (), [line] * self.chunks, [_line(final)], call.limit)
+        return self._stream(conn, ex, CT_NDJSON, (), [line] * self.chunks, [_line(final)], call.fault)
 
     def _embed(self, conn: Connection, ex: Exchange, call: _Call) -> None:
         given = call.body.get("input")
@@ -500,7 +502,7 @@ class SimOllama(SimServer):
                            "completed": total * (i + 1) // self.chunks}) for i in range(self.chunks)]
         tail = [_line({"status": s}) for s in ("verifying sha256 digest", "writing manifest", "success")]
         if (yield from self._stream(conn, ex, CT_NDJSON, [_line({"status": "pulling manifest"})], progress,
-                                    tail, call.limit)):
+                                    tail, call.fault)):
             self._install(name)
 
     def _delete(self, conn: Connection, ex: Exchange, call: _Call) -> None:
@@ -537,7 +539,7 @@ class SimOllama(SimServer):
         if isinstance(options, dict) and options.get("include_usage"):
             tail.append(sse_frame({**head, "choices": [], "usage": usage}, compact=True))
         tail.append(_DONE)
-        return self._stream(conn, ex, CT_SSE, (), [piece] * self.chunks, tail, call.limit)
+        return self._stream(conn, ex, CT_SSE, (), [piece] * self.chunks, tail, call.fault)
 
     def _v1_embeddings(self, conn: Connection, ex: Exchange, call: _Call) -> None:
         encoding = call.body.get("encoding_format") or "float"

@@ -30,6 +30,7 @@ Rules and invariants:
    connections that stay idle too long, like every real server's idle timeout, and can also
    stage the race where that close meets the client's next request (`timer=False`).
    `Behavior.cut` is a `raw` answer cut mid-body, so every kind can be scripted with it.
+   `Behavior.stall_after` goes silent mid-stream (`_stream` applies it, as it does `die_after`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
 _LAST_CHUNK = b"0\r\n\r\n"
 # Behavior.bad_head: the letter O where the status digits belong.
 BAD_HEAD = b"HTTP/1.1 2OO OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+# The scripted behaviours a stream applies as it goes (`_stream`), rather than answered at once.
+STREAM_FAULTS = frozenset({"die_after", "stall_after"})
 
 Steps = Iterator[Any]  # a handler's generator: yields a float (sleep) or an awaitable (rule 2)
 ANSWERED = object()  # _apply_script's result when a scripted behaviour answered the call
@@ -163,6 +167,13 @@ class Behavior:
         return Behavior("die_after", chunks=chunks, clean=clean)
 
     @staticmethod
+    def stall_after(chunks: int, seconds: float) -> Behavior:
+        """Stream: head, lead-in frames, `chunks` content frames, then `seconds` of silence with
+        the connection open, then the rest as normal (a box stuck mid-answer). Non-stream: like
+        `hang(seconds)`."""
+        return Behavior("stall_after", chunks=chunks, seconds=seconds)
+
+    @staticmethod
     def drop(after_s: float = 0.0, clean: bool = True) -> Behavior:
         """The box takes the call (it is recorded), then after `after_s` closes the connection
         without sending a byte: FIN when `clean`, else RST. (hugpy boxes; the other kinds answer
@@ -198,6 +209,17 @@ class Behavior:
     def raw(status: int, headers: list[tuple[str, str]], body: bytes) -> Behavior:
         """Answer exactly this (Content-Length is added)."""
         return Behavior("raw", status=status, headers=tuple(headers), body=body)
+
+    @staticmethod
+    def stall_body(status: int, headers: list[tuple[str, str]], body: bytes, after_bytes: int,
+                   seconds: float) -> Behavior:
+        """Like `raw` with a Content-Length, but after `after_bytes` of the body the box goes
+        silent for `seconds`, connection open, then sends the rest. (hugpy boxes; the other
+        kinds answer unknown behaviours with a reset.)"""
+        if not 0 <= after_bytes <= len(body):
+            raise ValueError("after_bytes must be within the body")
+        return Behavior("stall_body", status=status, headers=tuple(headers), body=body, cut_at=after_bytes,
+                        seconds=seconds)
 
     @staticmethod
     def cut(status: int, headers: list[tuple[str, str]], body: bytes, after_bytes: int, *,
@@ -237,11 +259,17 @@ class CallRecord:
     request_id: str = ""  # the box's own id for the call, where it has one (hugpy: fe-…)
 
 
-def answer_raw(conn: Connection, ex: Exchange, behavior: Behavior) -> None:
-    """Writes a `Behavior.raw` answer: its status, headers and body as given."""
+def _raw_parts(behavior: Behavior) -> tuple[bytes, list[tuple[str, str]]]:
+    """A `raw` answer's Content-Type (defaulted) and its other headers."""
     content_type = next((v.encode("latin-1") for n, v in behavior.headers if n.lower() == "content-type"),
                         b"application/octet-stream")
     extra = [(n, v) for n, v in behavior.headers if n.lower() not in ("content-type", "content-length")]
+    return content_type, extra
+
+
+def answer_raw(conn: Connection, ex: Exchange, behavior: Behavior) -> None:
+    """Writes a `Behavior.raw` answer: its status, headers and body as given."""
+    content_type, extra = _raw_parts(behavior)
     if behavior.cut_at < 0:
         conn.respond(ex, behavior.status, behavior.body, content_type, extra)
         return
@@ -256,6 +284,17 @@ def answer_raw(conn: Connection, ex: Exchange, behavior: Behavior) -> None:
         conn.close()
     else:
         conn.reset()
+
+
+def answer_stalled_body(conn: Connection, ex: Exchange, behavior: Behavior) -> Steps:
+    """Generator: a `Behavior.stall_body` answer: head and the first bytes, silence, the rest."""
+    head = conn._head(ex, behavior.status, *_raw_parts(behavior))
+    head += (b"Content-Length: ", str(len(behavior.body)).encode(), b"\r\n\r\n", behavior.body[:behavior.cut_at])
+    conn.write(b"".join(head))
+    yield behavior.seconds
+    conn.write(behavior.body[behavior.cut_at:])
+    if not ex.keep_alive:
+        conn.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -731,18 +770,19 @@ class SimServer:
         return queue.popleft() if queue else None
 
     def _apply_script(self, conn: Connection, ex: Exchange, key: str, stream: bool, shape: bool) -> Steps:
-        """Generator: the next scripted behaviour for `key`, if any. `hang` waits it out and a
-        streamed `die_after` returns its chunk limit, both for the call to go on; any other
-        behaviour is answered by the subclass's `_misbehave(conn, ex, behavior, stream, shape)`
-        and returns ANSWERED. No behaviour (or a hang) returns None."""
+        """Generator: the next scripted behaviour for `key`, if any. `hang` (and `stall_after`
+        without a stream) waits it out and a streamed `die_after` or `stall_after` is returned
+        for `_stream` to apply, both for the call to go on; any other behaviour is answered by
+        the subclass's `_misbehave(conn, ex, behavior, stream, shape)` and returns ANSWERED. No
+        behaviour (or a hang) returns None."""
         behavior = self._next_behavior(key)
         if behavior is None:
             return None
-        if behavior.kind == "hang":
+        if behavior.kind == "hang" or (behavior.kind == "stall_after" and not stream):
             yield behavior.seconds
             return None
-        if behavior.kind == "die_after" and stream:
-            return behavior.chunks
+        if behavior.kind in STREAM_FAULTS and stream:
+            return behavior
         self._misbehave(conn, ex, behavior, stream, shape)
         return ANSWERED
 
@@ -768,20 +808,23 @@ class SimServer:
         return True
 
     def _stream(self, conn: Connection, ex: Exchange, content_type: bytes, lead: Iterable[bytes],
-                pieces: Iterable[bytes], tail: Iterable[bytes], limit: int | None) -> Iterator[Any]:
+                pieces: Iterable[bytes], tail: Iterable[bytes], fault: Behavior | None) -> Iterator[Any]:
         """Generator: a chunked stream of `lead`, then `pieces` (each after `cadence_s`), then
-        `tail`. With a `limit` (die_after) it closes after that many pieces (or all of them)
-        instead of sending the tail. Returns True when the stream ended normally."""
+        `tail`. With a `die_after` fault it closes after that many pieces (or all of them)
+        instead of sending the tail; a `stall_after` fault goes silent for its seconds after
+        that many pieces. Returns True when the stream ended normally."""
         conn.stream_head(ex, content_type)
         for data in lead:
             conn.send(data)
         for sent, data in enumerate(pieces):
-            if sent == limit:
-                break
+            if fault is not None and sent == fault.chunks:
+                if fault.kind == "die_after":
+                    break
+                yield fault.seconds
             if self.cadence_s > 0:
                 yield self.cadence_s
             conn.send(data)
-        if limit is not None:
+        if fault is not None and fault.kind == "die_after":
             conn.close()  # abrupt: no last chunk, so the client sees a cut-off body
             return False
         for data in tail:

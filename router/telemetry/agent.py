@@ -25,8 +25,9 @@ Rules of the link (`AgentLink`):
 6. It long-polls with `wait=LINK_WAIT_S`, well below `STALE_AFTER_S`, so that the reading of
    an idle card, which never changes, is still renewed long before it goes stale.
 7. Each good answer is put into the cache as source `scan` for its box.
-8. A link never dies: a failure is logged once per streak and retried after a jittered
-   exponential backoff of at most `BACKOFF_MAX_S`; the next poll then asks without `since`.
+8. A link never dies: any exception (an agent that is gone, a broken answer, a bug) is a
+   failure, retried after `router.core.backoff` (capped, reset by the next good reading) and
+   logged when the streak starts and then rarely; the next poll then asks without `since`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httptools
 import orjson
 
+from router.core.backoff import Streak
 from router.core.pressure import SOURCE_SCAN, Reading
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.task import BackgroundTask, scan_on_schedule
@@ -62,7 +64,6 @@ MAX_PIPELINED = 16
 # least twice before it would go stale.
 LINK_WAIT_S = 5
 LINK_TIMEOUT_S = LINK_WAIT_S + 5.0
-BACKOFF_MAX_S = 5.0
 
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed"}
 _HEALTH_BODY = b'{"ok":true}'
@@ -317,6 +318,7 @@ class AgentLink:
         self._cache = cache
         self._origin = Origin(parts.hostname or "127.0.0.1", parts.port or 80)
         self._task: asyncio.Task | None = None
+        self.streak = Streak()  # failures in a row (rule 8)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"agent-link:{self.box_name}")
@@ -330,7 +332,7 @@ class AgentLink:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         seq: int | None = None
-        failures = 0
+        streak = self.streak
         agent_error = None
         while True:
             target = READING_PATH if seq is None else f"{READING_PATH}?wait={LINK_WAIT_S}&since={seq}"
@@ -343,16 +345,19 @@ class AgentLink:
                 if isinstance(new_seq, bool) or not isinstance(new_seq, int):
                     raise TypeError("seq is not an integer")
                 reading = parse_reading(doc, loop.time())
-            except (UpstreamError, ValueError, KeyError, TypeError) as exc:
-                if failures == 0:
-                    log.warning("agent link %s (%s) failing: %s", self.box_name, self.url, type(exc).__name__)
-                failures += 1
+            except Exception as exc:  # rule 8: a dead link task would freeze the box's reading
+                wait_s, say = streak.failed(loop.time(), random.random())
+                if say:
+                    log.warning(
+                        "agent link %s (%s) failing (%d in a row, retrying every %.1f s at most): %s",
+                        self.box_name, self.url, streak.failures, streak.cap_s, type(exc).__name__,
+                    )
                 seq = None
-                await asyncio.sleep(min(BACKOFF_MAX_S, 0.25 * 2**failures) * random.random())
+                await asyncio.sleep(wait_s)
                 continue
-            if failures:
+            if streak.failures:
+                streak.succeeded()
                 log.info("agent link %s recovered", self.box_name)
-                failures = 0
             if doc.get("error") != agent_error:
                 agent_error = doc.get("error")
                 if agent_error:

@@ -16,6 +16,10 @@ Invariants:
    any answer byte within `STALE_RACE_S` of the write is the box's idle close meeting our request
    (the box read nothing), so the caller may send once more on a fresh connection
    (`Exchange.stale_race()`).
+7. A response head is bounded: more than `MAX_HEAD_BYTES` received before the head is complete,
+   or more than `MAX_HEADERS` header lines, fails the exchange with BadResponse and closes the
+   connection, so a box sending a header that never ends costs at most the limit plus one read.
+   This holds for every user of the pool: the proxy, the box links, the agent links.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ NO_BODY_STATUSES = frozenset({204, 304})
 # A box's idle close and our reuse cross within a round trip on loopback or a LAN; a box that
 # took the request and then died does so later than this.
 STALE_RACE_S = 0.1
+# Rule 7. nginx reads a proxied head into proxy_buffer_size (4-8 KiB) and refuses a larger one
+# as an invalid upstream answer (502); Envoy's default header limit is 60 KiB and 100 headers,
+# Node's 16 KiB. A box's head is a dozen short lines; 64 KiB and 100 headers leave room for
+# any honest one (with long cookies or CORS lists) and still bound a hostile one.
+MAX_HEAD_BYTES = 64 << 10
+MAX_HEADERS = 100
 
 
 class UpstreamError(Exception):
@@ -64,6 +74,12 @@ class ConnectionLost(UpstreamError):
 
 class FirstByteTimeout(UpstreamError):
     refusal = "first_byte_timeout"
+
+
+class StreamIdle(UpstreamError):
+    """The box went silent after the first byte for longer than the stream idle timeout."""
+
+    refusal = "stream_idle_timeout"
 
 
 class ClientGone(UpstreamError):
@@ -90,9 +106,12 @@ class Exchange:
         "complete",
         "error",
         "bytes_in",
+        "head_bytes",
         "timer",
         "deadline",
         "deadline_error",
+        "idle_s",
+        "idle_mark",
         "reused",
         "sent_s",
     )
@@ -107,6 +126,7 @@ class Exchange:
         self.keep_alive = False
         self.close_delimited = False
         self.head: asyncio.Future = loop.create_future()
+        self.head_bytes = 0  # bytes received while the head was incomplete (rule 7)
         # response body
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -117,6 +137,8 @@ class Exchange:
         self.timer: asyncio.TimerHandle | None = None
         self.deadline = 0.0  # loop time past which expire() fails the exchange; 0 = none
         self.deadline_error: BaseException | None = None
+        self.idle_s = 0.0  # arm_idle: the deadline moves on while the box sends; 0 = fixed deadline
+        self.idle_mark = 0  # bytes_in when expire() last saw the box send
 
     # -- fed by Conn --------------------------------------------------------------------------
     def _feed(self, chunk: bytes) -> None:
@@ -207,13 +229,29 @@ class Exchange:
         self.deadline = asyncio.get_running_loop().time() + seconds
         self.deadline_error = exc
 
+    def arm_idle(self, seconds: float, exc: BaseException) -> None:
+        """As arm_deadline, for the body after the first byte: the deadline moves on at each
+        `expire(now)` that finds new bytes, or finds the reader busy elsewhere (writing to a slow
+        client), so the exchange fails only once the box has been silent for `seconds` (up to
+        one expire() interval more) while the reader waited for it."""
+        self.disarm()
+        self.arm_deadline(seconds, exc)
+        self.idle_s = seconds
+        self.idle_mark = self.bytes_in
+
     def expire(self, now: float) -> None:
         """Fails the exchange with its deadline's error when `now` (loop time) is past it."""
-        if self.deadline and now >= self.deadline:
+        if not self.deadline:
+            return
+        if self.idle_s and (self.bytes_in != self.idle_mark or self.waiter is None):
+            self.idle_mark = self.bytes_in
+            self.deadline = now + self.idle_s
+        elif now >= self.deadline:
             self.abort(self.deadline_error)  # type: ignore[arg-type]
 
     def disarm(self) -> None:
         self.deadline = 0.0
+        self.idle_s = 0.0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -254,15 +292,23 @@ class Conn(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is not None and exchange.status == 0:
+            exchange.head_bytes += len(data)  # head so far, and maybe what follows it in this read
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            exchange = self.exchange
             self.close()
             if exchange is not None:
-                exchange._fail(BadResponse(f"box broke HTTP: {exc}"))
+                cause = exc.__context__  # what a callback of ours raised
+                exchange._fail(cause if isinstance(cause, BadResponse) else BadResponse(f"box broke HTTP: {exc}"))
+            return
         except httptools.HttpParserUpgrade:
             self.close()
+            return
+        if exchange is not None and exchange.status == 0 and exchange.head_bytes > MAX_HEAD_BYTES:
+            self.close()
+            exchange._fail(BadResponse(f"response head over {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool:
         return False
@@ -288,6 +334,11 @@ class Conn(asyncio.Protocol):
         exchange = self.exchange
         if exchange is None:
             return
+        if len(exchange.headers) > MAX_HEADERS:
+            raise BadResponse(f"response head with over {MAX_HEADERS} headers")
+        # The head came in within one read: measure the lines only when that read was large.
+        if exchange.head_bytes > MAX_HEAD_BYTES and _head_size(exchange.headers) > MAX_HEAD_BYTES:
+            raise BadResponse(f"response head over {MAX_HEAD_BYTES} bytes")
         exchange.status = self.parser.get_status_code()
         exchange.keep_alive = self.parser.should_keep_alive()
         _mark_close_delimited(exchange)  # now, not later: EOF may follow in the same read
@@ -336,6 +387,11 @@ class Conn(asyncio.Protocol):
         self.exchange = exchange
         self.transport.writelines(payload)  # type: ignore[union-attr]
         return exchange
+
+
+def _head_size(headers: list[tuple[bytes, bytes]]) -> int:
+    """The bytes of the header lines, as written (`name: value` and CRLF)."""
+    return sum(len(name) + len(value) + 4 for name, value in headers)
 
 
 def _mark_close_delimited(exchange: Exchange) -> None:

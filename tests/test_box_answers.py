@@ -1,0 +1,228 @@
+"""Box answers are bounded, and a box's silence is timed only while the router waits for it
+(issue 11, items 8 and 9): the upstream pool against raw asyncio servers on loopback that
+break HTTP in the ways a broken or hostile box would, and the router in front of them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+import uvloop
+
+from router.sim import SimBox
+from router.upstream.fetch import fetch
+from router.upstream.pool import MAX_HEAD_BYTES, MAX_HEADERS, BadResponse, Exchange, Origin, StreamIdle
+
+from test_faults import MESSAGES, assert_openai_error, client, error_lines, post_chat, row_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# -- the stream idle deadline (item 9) ----------------------------------------------------------
+
+
+def test_the_idle_deadline_runs_only_while_the_reader_waits_for_the_box():
+    """A reader busy writing to a slow client (no waiter) is not a silent box; new bytes push
+    the deadline on; silence while the reader waits fails the exchange."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        exchange = Exchange(None, loop, reused=False)  # type: ignore[arg-type]  # no socket: fed by hand
+        exchange.arm_idle(1.0, StreamIdle("silent"))
+        now = loop.time()
+        exchange.expire(now + 5.0)  # the reader is elsewhere (writing): the clock restarts
+        assert exchange.error is None
+        exchange.waiter = loop.create_future()  # now it waits for the box
+        exchange.expire(now + 5.9)
+        assert exchange.error is None
+        exchange._feed(b"data: 1\n\n")  # the box spoke
+        exchange.expire(now + 6.5)
+        exchange.expire(now + 7.4)
+        assert exchange.error is None
+        exchange.expire(now + 7.6)
+        assert isinstance(exchange.error, StreamIdle)
+
+    uvloop.run(main())
+
+
+# -- a box that lies in its head (item 8) ---------------------------------------------------------
+
+MODELS = b'{"object": "list", "data": [{"id": "tiny", "object": "model"}]}'
+JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+def headers_then_body(count: int) -> bytes:
+    """A whole answer with `count` header lines in all (Content-Type and Content-Length included)."""
+    lines = b"".join(b"X-Filler-%d: v\r\n" % n for n in range(count - 2))
+    return JSON_HEAD + lines + b"Content-Length: 2\r\n\r\n{}"
+
+
+async def endless_header(writer: asyncio.StreamWriter) -> None:
+    """A header value that never ends, written as fast as the peer reads it."""
+    writer.write(JSON_HEAD + b"X-Endless: ")
+    piece = b"a" * 65536
+    while True:
+        writer.write(piece)
+        await writer.drain()
+
+
+def answer_with(data: bytes):
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+    return answer
+
+
+class RawBox:
+    """An `openai`-kind box on loopback that lists `tiny` at `GET /v1/models` (its health and its
+    inventory, kept alive) and answers any other request with `answer(writer)`, then closes.
+    It has the SimServer's start/stop, so it runs in a SimFleet beside the simulated boxes."""
+
+    kind = "openai"
+
+    def __init__(self, name: str, answer) -> None:
+        self.name = name
+        self.answer = answer
+        self.port = 0
+        self.calls = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if head.startswith(b"GET /v1/models "):
+                    writer.write(JSON_HEAD + b"Content-Length: %d\r\n\r\n" % len(MODELS) + MODELS)
+                    continue
+                self.calls += 1
+                await self.answer(writer)
+                return
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def fetch_from(answer) -> tuple[int, bytes]:
+    """(status, body) of one pool request (what every link does) to a RawBox answering `answer`."""
+
+    async def main():
+        box = RawBox("raw", answer)
+        await box.start()
+        origin = Origin("127.0.0.1", box.port)
+        try:
+            status, _, body = await fetch(origin, "POST", "/v1/chat/completions", body=b"{}", timeout_s=5.0)
+            return status, body
+        finally:
+            origin.close()
+            await box.stop()
+
+    return uvloop.run(main())
+
+
+def test_a_link_read_of_a_head_that_never_ends_fails_fast():
+    with pytest.raises(BadResponse, match="head over 65536 bytes"):
+        fetch_from(endless_header)
+
+
+@pytest.mark.parametrize(("lines", "ok"), [(MAX_HEADERS, True), (MAX_HEADERS + 1, False)])
+def test_at_most_100_header_lines(lines, ok):
+    if ok:
+        assert fetch_from(answer_with(headers_then_body(lines))) == (200, b"{}")
+    else:
+        with pytest.raises(BadResponse, match="over 100 headers"):
+            fetch_from(answer_with(headers_then_body(lines)))
+
+
+def test_a_head_over_the_limit_in_one_read_is_refused_too():
+    big = JSON_HEAD + b"X-Big: " + b"b" * MAX_HEAD_BYTES + b"\r\nContent-Length: 2\r\n\r\n{}"
+    with pytest.raises(BadResponse, match="head over 65536 bytes"):
+        fetch_from(answer_with(big))
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def test_a_box_whose_head_never_ends_gets_a_502_and_router_memory_stays_flat(start_fleet):
+    raw = RawBox("raw", endless_header)
+    router = start_fleet(raw)
+    answers = []
+    for n in range(40):
+        if n == 10:
+            warm_kib = rss_kib(router.pid)
+        answers.append(post_chat(router))
+    grown_kib = rss_kib(router.pid) - warm_kib
+    for status, headers, data in answers:
+        assert status == 502 and assert_openai_error(status, data)["code"] == "bad_response"
+        assert headers["x-hugpy-router-request-id"].startswith("rt-")
+    assert raw.calls == 40
+    # 30 more calls, each reading 64 KiB and more of head before giving up: nothing kept.
+    assert grown_kib < 2048, f"router RSS grew {grown_kib} KiB over 30 endless heads"
+    assert not error_lines(router)
+
+
+@pytest.mark.parametrize("answer", [
+    pytest.param(endless_header, id="endless-header"),
+    pytest.param(answer_with(headers_then_body(200)), id="200-headers"),
+    pytest.param(answer_with(JSON_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"), id="bad-chunk-size"),
+    pytest.param(answer_with(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                             b"\r\n-5\r\ndata: {}\r\n"), id="bad-chunk-size-stream"),
+])
+def test_a_box_that_breaks_http_before_the_first_byte_is_refused_and_the_next_owner_serves(start_fleet, answer):
+    raw = RawBox("raw", answer)
+    good = SimBox("good", catalog=["tiny"])
+    router = start_fleet(raw, good)
+    status, headers, data = post_chat(router)
+    assert (status, headers["x-hugpy-box"]) == (200, "good"), data
+    row = row_of(router, headers["x-hugpy-router-request-id"])
+    assert [(att["box"], att.get("refusal")) for att in row["attempts"]] == [("raw", "bad_response"), ("good", None)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_bad_chunk_framing_from_the_only_owner_is_a_502_in_the_facades_shape(start_fleet, stream):
+    content_type = b"text/event-stream" if stream else b"application/json"
+    raw = RawBox("raw", answer_with(b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
+                                    b"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"))
+    router = start_fleet(raw)
+    with pytest.raises(openai.APIStatusError) as info:
+        client(router).chat.completions.create(model="tiny", messages=MESSAGES, stream=stream)
+    assert info.value.status_code == 502 and info.value.code == "bad_response"
+    call_id = info.value.response.headers["x-hugpy-router-request-id"]
+    row = row_of(router, call_id)
+    assert (row["state"], row["status"], row["error"]) == ("failed", 502, "bad_response")
+
+
+def test_the_boxes_server_cookie_and_via_are_not_passed_on(start_fleet):
+    body = b'{"id": "x", "object": "chat.completion", "choices": []}'
+    raw = RawBox("raw", answer_with(
+        JSON_HEAD + b"Server: BoxServer/9.9\r\nSet-Cookie: session=box-secret\r\nVia: 1.1 box-proxy\r\n"
+        b"X-Box-Own: kept\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
+    router = start_fleet(raw)
+    status, headers, data = post_chat(router)
+    assert status == 200 and data == body
+    assert headers["x-box-own"] == "kept"  # the box's other headers still go through
+    assert "set-cookie" not in headers and "via" not in headers
+    assert "BoxServer" not in headers.get("server", "")
