@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import types
+import urllib.parse
 
 import pytest
 import uvloop
@@ -372,6 +373,31 @@ def test_route_log_cursor_numbers_are_bounded(admin_router, query, status):
     assert got == status, data
     if status == 400:
         assert error_code(data) == "bad_query"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(since=st.text(max_size=30) | st.integers(-(10**25), 10**25).map(str),
+       limit=st.text(max_size=30) | st.integers(-(10**25), 10**25).map(str))
+def test_any_route_log_cursor_is_200_or_400_never_500(admin_router, since, limit):
+    query = urllib.parse.urlencode({"since": since, "limit": limit})
+    status, _, data = call(admin_router.url, "GET", f"/v1/telemetry?{query}")
+    assert status in (200, 400), data
+
+
+@given(path=st.text(max_size=40) | st.lists(st.sampled_from(["v1", "models", "telemetry", "settings", "..", ".", "",
+                                                              "%3F", "?", "#", "%", "a b", "\\", "é", "storage"]),
+                                             max_size=5).map("/".join),
+       query=st.sampled_from(["", "a=1", "a=%3F&b=2", "x\r\ny"]))
+def test_a_relay_target_is_refused_or_reaches_exactly_the_judged_segments(path, query):
+    target = admin.relay_target(path, query)
+    if target is None:
+        return
+    assert target.startswith("/") and all(0x21 <= ord(c) < 0x7F for c in target)
+    sent_path, _, sent_query = target.partition("?")
+    segments = [urllib.parse.unquote(s) for s in sent_path[1:].split("/")]  # the box decodes once
+    assert segments == path.removesuffix("/").split("/")
+    assert any(tuple(segments[:len(p)]) == p for p in admin.RELAY_PATHS)
+    assert not {".", "..", ""} & set(segments) and sent_query == query
 
 
 def test_a_revoke_of_any_id_is_404_or_200(admin_router):

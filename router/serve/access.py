@@ -51,17 +51,17 @@ class AccessGate:
         (for the route log). `json_body`: the route takes a JSON body (rule 11, admin only)."""
         if scope == "public":
             return access.ALLOW
-        caller = self.caller(edge)
-        edge.caller = caller.addr
-        if scope == "use" and (self.mode == "never" or (self.mode == "outside" and self.inside(caller.addr))):
+        addr, via_proxy = self.caller(edge)
+        edge.caller = addr
+        if scope == "use" and (self.mode == "never" or (self.mode == "outside" and self.inside(addr))):
             return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
         token = access.bearer_token(edge.header("authorization"))
         key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
         admin = scope == "admin"
         host = edge.header("host") if admin else None
         verdict = access.decide_access(
-            scope, self.mode, caller.addr, key_scope, token is not None, self.inside_nets,
-            via_proxy=caller.via_proxy,
+            scope, self.mode, addr, key_scope, token is not None, self.inside_nets,
+            via_proxy=via_proxy,
             router_host=admin and access.names_router(host, self.hosts),
             origin_ok=not admin or access.origin_allowed(edge.header("origin"), host, self.origins),
         )
