@@ -428,7 +428,7 @@ class ProxyCall:
             model=call.model if call else None,
             settings=call.settings if call else None,
             pin=call.pin if call else None,
-            client=self.edge.client,
+            client=self.edge.caller,
             stream=int(self.stream),
             decision_path=decision.path.value if decision else None,
             decision=decision,  # encoded by the writer thread, off the loop
