@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import ipaddress
 import string
 import sys
 from pathlib import Path
@@ -17,24 +18,37 @@ from router.core import access
 from router.core.access import (
     ALLOW,
     DEFAULT_TRUSTED_NETS,
+    HOST_REFUSED,
     KEY_INVALID,
     KEY_REQUIRED,
+    NOT_JSON,
+    ORIGIN_REFUSED,
     SCOPE_TOO_NARROW,
+    Caller,
+    allowed_hosts,
+    allowed_origins,
     bearer_token,
     client_address,
     decide_access,
     hash_secret,
     inside_nets,
     is_inside,
+    is_json,
     is_loopback,
+    names_router,
+    origin_allowed,
     parse_key,
+    peer_address,
     proxy_nets,
     require_key_mode,
 )
 from router.core.errors import ConfigError
+from router.serve.edge import AsgiEdge
 
 URLSAFE = string.ascii_letters + string.digits + "-_"
 NETS = inside_nets(None)
+# A direct caller whose Host names the router and who sent no foreign Origin.
+DIRECT_OK = {"via_proxy": False, "router_host": True, "origin_ok": True}
 
 
 def hdrs(**values: str):
@@ -91,38 +105,152 @@ def test_bearer_token(header, expected):
     assert bearer_token(header) == expected
 
 
-# --- the caller's address (rules 3-5) ---------------------------------------------------------
+# --- the caller (rules 3-6) -------------------------------------------------------------------
 
 PROXY = proxy_nets("127.0.0.1, 10.9.0.0/16")
+DIRECT, VIA = False, True
 
 
 @pytest.mark.parametrize(
     "peer, headers, proxies, expected",
     [
-        # No forwarding headers: the peer is the caller.
-        ("203.0.113.9", {}, (), "203.0.113.9"),
-        ("::ffff:192.168.1.4", {}, (), "192.168.1.4"),  # rule 5
-        ("::1", {}, (), "::1"),
-        ("not-an-ip", {}, (), None),
+        # No forwarding headers: the peer is the caller, as ASGI or RSGI gives it (rule 5).
+        ("203.0.113.9", {}, (), ("203.0.113.9", DIRECT)),
+        ("::ffff:192.168.1.4", {}, (), ("192.168.1.4", DIRECT)),
+        ("::1", {}, (), ("::1", DIRECT)),
+        ("not-an-ip", {}, (), (None, DIRECT)),
         # Spoofed: any forwarding header from an untrusted peer makes the caller unknown.
-        ("192.168.1.4", {"x_forwarded_for": "127.0.0.1"}, (), None),
-        ("127.0.0.1", {"x_forwarded_for": "127.0.0.1"}, (), None),
-        ("192.168.1.4", {"x_real_ip": "127.0.0.1"}, PROXY, None),
-        ("192.168.1.4", {"forwarded": "for=127.0.0.1"}, PROXY, None),
+        ("192.168.1.4", {"x_forwarded_for": "127.0.0.1"}, (), (None, DIRECT)),
+        ("127.0.0.1", {"x_forwarded_for": "127.0.0.1"}, (), (None, DIRECT)),
+        ("192.168.1.4", {"x_real_ip": "127.0.0.1"}, PROXY, (None, DIRECT)),
+        ("192.168.1.4", {"forwarded": "for=127.0.0.1"}, PROXY, (None, DIRECT)),
+        ("192.168.1.4", {"x_forwarded_for": ""}, PROXY, (None, DIRECT)),
         # Trusted proxy: XFF right to left, skipping trusted proxies (hugpy's [run] cases).
-        ("127.0.0.1", {"x_forwarded_for": "127.0.0.1"}, PROXY, "127.0.0.1"),
-        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5"}, PROXY, "203.0.113.5"),
-        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5, 127.0.0.1"}, PROXY, "203.0.113.5"),
-        ("127.0.0.1", {"x_forwarded_for": "198.51.100.1, 203.0.113.5, 10.9.3.3"}, PROXY, "203.0.113.5"),
-        ("127.0.0.1", {"x_forwarded_for": "::ffff:203.0.113.5"}, PROXY, "203.0.113.5"),
-        ("127.0.0.1", {"x_forwarded_for": "garbage, 10.9.3.3"}, PROXY, None),  # unparsable hop
-        ("127.0.0.1", {"x_forwarded_for": "10.9.1.1, 127.0.0.1"}, PROXY, "127.0.0.1"),  # all trusted
-        ("127.0.0.1", {"x_real_ip": "203.0.113.5"}, PROXY, "127.0.0.1"),  # only XFF is walked
-        ("::ffff:127.0.0.1", {"x_forwarded_for": "203.0.113.5"}, PROXY, "203.0.113.5"),
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5, 127.0.0.1"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "198.51.100.1, 203.0.113.5, 10.9.3.3"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "::ffff:203.0.113.5"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5:4711"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "[2001:db8::1]:4711"}, PROXY, ("2001:db8::1", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "2001:db8::1"}, PROXY, ("2001:db8::1", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5,,"}, PROXY, ("203.0.113.5", VIA)),  # empty elements
+        ("::ffff:127.0.0.1", {"x_forwarded_for": "203.0.113.5"}, PROXY, ("203.0.113.5", VIA)),
+        # ... and never the proxy itself: no parseable forwarded address is outside (rule 4).
+        ("127.0.0.1", {}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "127.0.0.1"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "10.9.1.1, 127.0.0.1"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "garbage, 10.9.3.3"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5, garbage"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5:99999999"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "1.2.3.4:"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "[1.2.3.4]"}, PROXY, (None, VIA)),
+        # Forwarded (RFC 7239): for=, quoted, IPv6 in brackets, ports, several elements.
+        ("127.0.0.1", {"forwarded": "for=203.0.113.5"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"forwarded": 'For="[2001:db8:cafe::17]:4711";proto=https'}, PROXY, ("2001:db8:cafe::17", VIA)),
+        ("127.0.0.1", {"forwarded": 'for="203.0.113.5:47011"'}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"forwarded": "for=198.51.100.1, for=203.0.113.5;by=10.9.0.1, for=10.9.2.2"}, PROXY,
+         ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"forwarded": 'for="a,b;c", for=203.0.113.5'}, PROXY, ("203.0.113.5", VIA)),  # quoted , and ;
+        ("127.0.0.1", {"forwarded": "for=unknown"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"forwarded": "for=_hidden"}, PROXY, (None, VIA)),
+        ("127.0.0.1", {"forwarded": "proto=https;by=10.9.0.1"}, PROXY, (None, VIA)),  # no for=
+        ("127.0.0.1", {"forwarded": 'for="203.0.113.5'}, PROXY, (None, VIA)),  # quote never closes
+        ("127.0.0.1", {"forwarded": "for=[2001:db8::1]"}, PROXY, ("2001:db8::1", VIA)),
+        # X-Real-IP, last.
+        ("127.0.0.1", {"x_real_ip": "203.0.113.5"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_real_ip": "127.0.0.1"}, PROXY, (None, VIA)),
+        # Order: the first present, non-blank header decides; a later one is not a fallback.
+        ("127.0.0.1", {"x_forwarded_for": "203.0.113.5", "forwarded": "for=198.51.100.1"}, PROXY,
+         ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"forwarded": "for=198.51.100.1", "x_real_ip": "203.0.113.5"}, PROXY, ("198.51.100.1", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": " ", "x_real_ip": "203.0.113.5"}, PROXY, ("203.0.113.5", VIA)),
+        ("127.0.0.1", {"x_forwarded_for": "garbage", "x_real_ip": "203.0.113.5"}, PROXY, (None, VIA)),
     ],
 )
 def test_client_address_table(peer, headers, proxies, expected):
-    assert client_address(peer, hdrs(**headers), proxies) == expected
+    assert client_address(peer, hdrs(**headers), proxies) == Caller(*expected)
+
+
+@pytest.mark.parametrize(
+    "peer, address",
+    [("127.0.0.1:5000", "127.0.0.1"), ("[::1]:5000", "::1"), ("[2001:db8::1]:80", "2001:db8::1"),
+     ("::1", "::1"), ("127.0.0.1", "127.0.0.1")],
+)
+def test_peer_address_takes_rsgi_and_asgi_forms_alike(peer, address):
+    assert peer_address(peer) == address
+
+
+PROXIES = proxy_nets("10.9.0.0/16, 127.0.0.1, fd00::7")
+HOP_ADDRESSES = ["127.0.0.1", "10.9.3.3", "fd00::7", "192.168.1.9", "203.0.113.5", "::1", "2001:db8::5",
+                 "::ffff:10.9.1.1", "::ffff:203.0.113.6"]
+GARBAGE = ["", " ", "unknown", "_hidden", "[", "]", '"', "\\", ";", "=", "for=", "1.2.3", "::g", "[::1",
+           "300.1.1.1", "1.2.3.4:x", "\x00", "é"]
+
+
+@st.composite
+def hop(draw) -> str:
+    """One hop as a proxy or a client might write it: an address in any form, or garbage."""
+    addr = draw(st.sampled_from(HOP_ADDRESSES))
+    form = draw(st.sampled_from(["bare", "port", "brackets", "garbage", "text"]))
+    if form == "port":
+        return f"[{addr}]:443" if ":" in addr else f"{addr}:443"
+    if form == "brackets":
+        return f"[{addr}]"
+    if form == "garbage":
+        return draw(st.sampled_from(GARBAGE))
+    if form == "text":
+        return draw(st.text(max_size=12))
+    return addr
+
+
+@st.composite
+def header_lines(draw, name: str) -> str | None:
+    """A header's value as the edge passes it: absent, or 1-3 lines joined with `,`."""
+    if draw(st.booleans()):
+        return None
+    lines = []
+    for _ in range(draw(st.integers(1, 3))):
+        hops = draw(st.lists(hop(), max_size=4))
+        if name == "forwarded":
+            sep = draw(st.sampled_from([";", ";proto=https;", ";by=10.9.0.1;"]))
+            lines.append(", ".join(f'{sep.lstrip(";")}for="{h}"' if "[" in h else f"for={h}" for h in hops))
+        else:
+            lines.append(", ".join(hops))
+    return ",".join(lines)
+
+
+@given(
+    peer=st.sampled_from(["127.0.0.1", "10.9.0.1", "fd00::7", "192.168.0.2", "203.0.113.7", "[fd00::7]:1",
+                          "127.0.0.1:9", "garbage"]),
+    xff=header_lines("x-forwarded-for"),
+    forwarded=header_lines("forwarded"),
+    real_ip=header_lines("x-real-ip"),
+)
+def test_any_forwarded_headers_never_raise_and_never_yield_the_proxy(peer, xff, forwarded, real_ip):
+    headers = {"x-forwarded-for": xff, "forwarded": forwarded, "x-real-ip": real_ip}
+    caller = client_address(peer, headers.get, PROXIES)
+    trusted_peer = peer in ("127.0.0.1", "10.9.0.1", "fd00::7", "[fd00::7]:1", "127.0.0.1:9")
+    assert caller.via_proxy is trusted_peer
+    if caller.addr is not None:
+        ip = ipaddress.ip_address(caller.addr)
+        assert not any(ip in net for net in PROXIES)  # never a trusted proxy, the peer included
+        assert ip.version == 4 or ip.ipv4_mapped is None  # mapped addresses come out as IPv4
+    if not trusted_peer and any(v is not None for v in headers.values()):
+        assert caller == Caller(None, False)  # spoofed: unknown, whatever the headers say
+    if caller.via_proxy:
+        assert not is_loopback(caller.addr) or decide_access(
+            "admin", "outside", caller.addr, None, False, NETS, via_proxy=True, router_host=True, origin_ok=True
+        ) == KEY_REQUIRED  # a forwarded loopback address is never keyless admin (rule 6)
+
+
+@given(hops=st.lists(st.sampled_from(HOP_ADDRESSES), min_size=1, max_size=6))
+def test_x_forwarded_for_is_the_right_most_untrusted_hop(hops):
+    """The reference: walk the list from the right, skip trusted proxies, take the first other."""
+    caller = client_address("10.9.0.1", {"x-forwarded-for": ", ".join(hops)}.get, PROXIES)
+    plain = [getattr(ip, "ipv4_mapped", None) or ip for ip in map(ipaddress.ip_address, hops)]
+    untrusted = [ip for ip in plain if not any(ip in net for net in PROXIES)]
+    expected = str(untrusted[-1]) if untrusted else None
+    assert caller == Caller(expected, True)
 
 
 @given(
@@ -131,14 +259,25 @@ def test_client_address_table(peer, headers, proxies, expected):
     peer=st.sampled_from(["127.0.0.1", "::1", "192.168.0.2", "10.1.2.3", "203.0.113.7"]),
 )
 def test_forwarding_headers_from_an_untrusted_peer_are_always_outside(forwarded_for, header, peer):
-    addr = client_address(peer, {header: forwarded_for}.get, proxy_nets("172.31.0.1"))
-    assert addr is None
-    assert not is_inside(addr, NETS) and not is_loopback(addr)
-    assert decide_access("use", "outside", addr, None, False, NETS) == KEY_REQUIRED
-    assert decide_access("admin", "outside", addr, None, False, NETS) == KEY_REQUIRED
+    caller = client_address(peer, {header: forwarded_for}.get, proxy_nets("172.31.0.1"))
+    assert caller == Caller(None, False)
+    assert not is_inside(caller.addr, NETS) and not is_loopback(caller.addr)
+    assert decide_access("use", "outside", caller.addr, None, False, NETS, **DIRECT_OK) == KEY_REQUIRED
+    assert decide_access("admin", "outside", caller.addr, None, False, NETS, **DIRECT_OK) == KEY_REQUIRED
 
 
-# --- settings (rules 9-10) --------------------------------------------------------------------
+def test_the_asgi_edge_joins_every_line_of_a_header_in_order():
+    scope = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "client": ("::1", "5"),
+             "headers": [(b"x-forwarded-for", b"198.51.100.1"), (b"host", b"x"), (b"x-forwarded-for", b"203.0.113.5")]}
+    edge = AsgiEdge(scope, None, None)
+    assert edge.header_lines("x-forwarded-for") == "198.51.100.1,203.0.113.5"
+    assert edge.header_lines("forwarded") is None
+    assert edge.client == "::1"
+    caller = client_address(edge.client, edge.header_lines, proxy_nets("::1"))
+    assert caller == Caller("203.0.113.5", True)  # the proxy's own line, not the client's first
+
+
+# --- settings (rules 12-13) -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -192,7 +331,7 @@ def test_loopback_includes_the_connections_own_address_but_not_unspecified():
     assert not is_loopback("0.0.0.0", local_addr="0.0.0.0")
 
 
-# --- the verdict (rules 6-8) ------------------------------------------------------------------
+# --- the verdict (rules 7-11) -----------------------------------------------------------------
 
 LOOP, LAN, OUT, UNKNOWN = "127.0.0.1", "192.168.1.9", "203.0.113.5", None
 
@@ -222,7 +361,7 @@ LOOP, LAN, OUT, UNKNOWN = "127.0.0.1", "192.168.1.9", "203.0.113.5", None
     ],
 )
 def test_use_routes(mode, addr, key_scope, presented, verdict):
-    assert decide_access("use", mode, addr, key_scope, presented, NETS) == verdict
+    assert decide_access("use", mode, addr, key_scope, presented, NETS, **DIRECT_OK) == verdict
 
 
 @pytest.mark.parametrize("mode", ["never", "outside", "always"])
@@ -241,12 +380,109 @@ def test_use_routes(mode, addr, key_scope, presented, verdict):
     ],
 )
 def test_admin_routes(mode, addr, key_scope, presented, verdict):
-    assert decide_access("admin", mode, addr, key_scope, presented, NETS) == verdict
+    assert decide_access("admin", mode, addr, key_scope, presented, NETS, **DIRECT_OK) == verdict
 
 
 def test_admin_from_the_routers_own_lan_address_needs_no_key():
-    assert decide_access("admin", "always", LAN, None, False, NETS, local_addr=LAN) == ALLOW
-    assert decide_access("admin", "always", LAN, None, False, NETS, local_addr="0.0.0.0") == KEY_REQUIRED
+    assert decide_access("admin", "always", LAN, None, False, NETS, local_addr=LAN, **DIRECT_OK) == ALLOW
+    assert decide_access("admin", "always", LAN, None, False, NETS, local_addr="0.0.0.0", **DIRECT_OK) == KEY_REQUIRED
+
+
+@pytest.mark.parametrize("mode", ["never", "outside", "always"])
+@pytest.mark.parametrize("addr", [LOOP, LAN, OUT, UNKNOWN])
+def test_public_routes_are_open_in_every_mode(mode, addr):
+    for via_proxy, router_host, origin_ok in [(False, False, False), (True, True, True)]:
+        assert decide_access("public", mode, addr, None, True, NETS, via_proxy=via_proxy,
+                             router_host=router_host, origin_ok=origin_ok) == ALLOW
+
+
+@pytest.mark.parametrize(
+    "addr, via_proxy, router_host, origin_ok, key_scope, presented, verdict",
+    [
+        # A foreign Origin is refused first, whatever the caller or key (rule 9a).
+        (LOOP, False, True, False, None, False, ORIGIN_REFUSED),
+        (OUT, False, True, False, "admin", True, ORIGIN_REFUSED),
+        # Keyless loopback needs a Host that names the router (rule 9c: DNS rebinding) ...
+        (LOOP, False, False, True, None, False, HOST_REFUSED),
+        ("::1", False, False, True, None, False, HOST_REFUSED),
+        (LOOP, False, False, True, "use", True, SCOPE_TOO_NARROW),
+        (LOOP, False, False, True, None, True, KEY_INVALID),
+        # ... which an admin key does not (rule 9b).
+        (LOOP, False, False, True, "admin", True, ALLOW),
+        (OUT, False, False, True, "admin", True, ALLOW),
+        # A loopback address named by a proxy is not loopback (rule 6).
+        (LOOP, True, True, True, None, False, KEY_REQUIRED),
+        (LOOP, True, True, True, "use", True, SCOPE_TOO_NARROW),
+        (LOOP, True, True, True, "admin", True, ALLOW),
+        (LAN, True, True, True, None, False, KEY_REQUIRED),
+    ],
+)
+def test_admin_routes_against_browsers_and_proxies(addr, via_proxy, router_host, origin_ok, key_scope, presented,
+                                                   verdict):
+    assert decide_access("admin", "outside", addr, key_scope, presented, NETS, via_proxy=via_proxy,
+                         router_host=router_host, origin_ok=origin_ok) == verdict
+
+
+def test_a_proxied_caller_is_judged_by_its_address_on_use_routes():
+    assert decide_access("use", "outside", LAN, None, False, NETS, via_proxy=True, router_host=False,
+                         origin_ok=False) == ALLOW
+    assert decide_access("use", "outside", OUT, None, False, NETS, via_proxy=True, router_host=True,
+                         origin_ok=True) == KEY_REQUIRED
+
+
+@pytest.mark.parametrize(
+    "host, allowed, names",
+    [
+        ("localhost", "", True), ("LOCALHOST:8080", "", True), ("localhost.", "", True),
+        ("127.0.0.1:8080", "", True), ("127.9.9.9", "", True), ("[::1]:8080", "", True), ("::1", "", True),
+        ("[::ffff:127.0.0.1]", "", True),
+        ("evil.example:8080", "", False), ("localhost.evil.example", "", False), ("0.0.0.0:8080", "", False),
+        ("192.168.1.5:8080", "", False), ("", "", False), (None, "", False), ("[", "", False),
+        ("router.lan:8080", "router.lan", True), ("Router.LAN", "router.lan:9", True),
+        ("192.168.1.5:8080", "192.168.1.5, router.lan", True), ("[fd00::5]:1", "[fd00::5]", True),
+    ],
+)
+def test_names_router(host, allowed, names):
+    assert names_router(host, allowed_hosts(allowed)) is names
+
+
+@pytest.mark.parametrize(
+    "origin, host, allowed, ok",
+    [
+        (None, "localhost:8080", "", True),  # not a browser, or a same-origin GET
+        ("http://localhost:8080", "localhost:8080", "", True),  # the router's own pages
+        ("https://router.lan", "router.lan:443", "", True),  # default ports
+        ("http://127.0.0.1:8080", "localhost:8080", "", False),
+        ("https://evil.example", "localhost:8080", "", False),
+        ("http://localhost:8081", "localhost:8080", "", False),
+        ("null", "localhost:8080", "", False),
+        ("file://", "localhost:8080", "", False),
+        ("http://localhost:8080", None, "", False),
+        ("https://dash.example", "localhost:8080", "https://dash.example", True),
+        ("HTTPS://Dash.Example:443", "localhost:8080", "https://dash.example/", True),
+        ("https://dash.example:8443", "localhost:8080", "https://dash.example", False),
+        ("http://[::1]:8080", "[::1]:8080", "", True),
+    ],
+)
+def test_origin_allowed(origin, host, allowed, ok):
+    assert origin_allowed(origin, host, allowed_origins(allowed)) is ok
+
+
+@pytest.mark.parametrize("value", ["dash.example", "ftp://x", "https://", "https://a/b"])
+def test_bad_allowed_origins_are_config_errors(value):
+    with pytest.raises(ConfigError, match="HUGPY_ROUTER_ALLOWED_ORIGINS"):
+        allowed_origins(value)
+
+
+@pytest.mark.parametrize(
+    "content_type, ok",
+    [("application/json", True), ("Application/JSON; charset=utf-8", True), (" application/json ", True),
+     ("text/plain", False), ("application/x-www-form-urlencoded", False), ("multipart/form-data; b=x", False),
+     ("application/jsonp", False), (None, False), ("", False)],
+)
+def test_is_json(content_type, ok):
+    assert is_json(content_type) is ok
+    assert NOT_JSON[:3] == (False, 415, "unsupported_media_type")
 
 
 def test_verdict_shapes_match_hugpy():

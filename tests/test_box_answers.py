@@ -215,14 +215,16 @@ def test_bad_chunk_framing_from_the_only_owner_is_a_502_in_the_facades_shape(sta
     assert (row["state"], row["status"], row["error"]) == ("failed", 502, "bad_response")
 
 
-def test_the_boxes_server_cookie_and_via_are_not_passed_on(start_fleet):
+def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fleet):
     body = b'{"id": "x", "object": "chat.completion", "choices": []}'
     raw = RawBox("raw", answer_with(
         JSON_HEAD + b"Server: BoxServer/9.9\r\nSet-Cookie: session=box-secret\r\nVia: 1.1 box-proxy\r\n"
+        b"Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Credentials: true\r\n"
         b"X-Box-Own: kept\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
     router = start_fleet(raw)
     status, headers, data = post_chat(router)
     assert status == 200 and data == body
     assert headers["x-box-own"] == "kept"  # the box's other headers still go through
     assert "set-cookie" not in headers and "via" not in headers
+    assert not [name for name in headers if name.startswith("access-control-")]
     assert "BoxServer" not in headers.get("server", "")

@@ -10,6 +10,8 @@ Rules:
    (METHOD /path)"}`. `/lmstudio-greeting` is not answered: the SDKs would then open
    websockets, which the router does not proxy.
 4. Errors take the OpenAI shape LM Studio uses; an empty owner set is a local 502.
+5. Engine management (`models/load`, `models/unload`, `models/download`) is admin scope: a
+   `use` key is refused before any box is contacted.
 """
 
 from __future__ import annotations
@@ -76,9 +78,9 @@ ROUTES = (
     Route("POST", "/api/v0/embeddings", Body.JSON),
     Route("GET", "/api/v1/models", answer=v1_models_answer),
     Route("POST", "/api/v1/chat", Body.JSON),
-    Route("POST", "/api/v1/models/load", Body.JSON),
-    Route("POST", "/api/v1/models/unload", Body.JSON, ("instance_id",)),
-    Route("POST", "/api/v1/models/download", Body.JSON),
+    Route("POST", "/api/v1/models/load", Body.JSON, scope="admin"),
+    Route("POST", "/api/v1/models/unload", Body.JSON, ("instance_id",), scope="admin"),
+    Route("POST", "/api/v1/models/download", Body.JSON, scope="admin"),
 )
 
 FACADE = Facade(

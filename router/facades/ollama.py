@@ -13,7 +13,9 @@ Rules:
    as Ollama wrote it, sorted as Ollama sorts them.
 4. Blob uploads (`/api/blobs/*`) need one box for the blob and the `/api/create` after it;
    the router refuses them rather than guess (send them to a box directly).
-5. Errors take Ollama's shape `{"error": "..."}`; an empty owner set is a local 502.
+5. Engine management (`pull`, `push`, `delete`, `copy`, `create`, blobs) is admin scope: it
+   changes what a box stores, so a `use` key is refused before any box is contacted.
+6. Errors take Ollama's shape `{"error": "..."}`; an empty owner set is a local 502.
 """
 
 from __future__ import annotations
@@ -119,13 +121,13 @@ ROUTES = (
     Route("POST", "/api/embed", Body.JSON),
     Route("POST", "/api/embeddings", Body.JSON),
     Route("POST", "/api/show", Body.JSON, ("model", "name")),
-    Route("POST", "/api/pull", Body.JSON, ("model", "name")),
-    Route("POST", "/api/push", Body.JSON, ("model", "name")),
-    Route("DELETE", "/api/delete", Body.JSON, ("model", "name")),
-    Route("POST", "/api/copy", Body.JSON, ("source",)),
-    Route("POST", "/api/create", Body.JSON, ("from", "model")),
-    Route("POST", "/api/blobs/", answer=blobs_answer, prefix=True),
-    Route("HEAD", "/api/blobs/", answer=blobs_answer, prefix=True),
+    Route("POST", "/api/pull", Body.JSON, ("model", "name"), scope="admin"),
+    Route("POST", "/api/push", Body.JSON, ("model", "name"), scope="admin"),
+    Route("DELETE", "/api/delete", Body.JSON, ("model", "name"), scope="admin"),
+    Route("POST", "/api/copy", Body.JSON, ("source",), scope="admin"),
+    Route("POST", "/api/create", Body.JSON, ("from", "model"), scope="admin"),
+    Route("POST", "/api/blobs/", answer=blobs_answer, prefix=True, scope="admin"),
+    Route("HEAD", "/api/blobs/", answer=blobs_answer, prefix=True, scope="admin"),
 )
 
 FACADE = Facade(

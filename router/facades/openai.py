@@ -3,6 +3,9 @@ the same paths). On the main port it serves every box kind; a dedicated Ollama o
 listener serves it over that engine's boxes only.
 
 Errors take OpenAI's shape: `{"error": {"message", "type", "code", ...extra}}`.
+
+`/health` and `/v1/health` (hugpy-router 0.0.4's pair) are public liveness probes: they answer
+in every require-key mode and say nothing about the fleet (no boxes, no models, no counts).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "upstream_error",
@@ -66,10 +70,11 @@ def model_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, JSON, orjson.dumps(entry)
 
 
+HEALTH = orjson.dumps({"status": "ok", "service": "router", "version": __version__})
+
+
 def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
-    return 200, JSON, orjson.dumps(
-        {"status": "ok", "service": "router", "version": __version__, "boxes_online": len(boxes)}
-    )
+    return 200, JSON, HEALTH
 
 
 ROUTES = (
@@ -89,7 +94,10 @@ ROUTES = (
     Route("POST", "/v1/keywords", Body.JSON),
     Route("GET", "/v1/models", answer=models_answer),
     Route("GET", "/v1/models/", answer=model_answer, prefix=True),
-    Route("GET", "/health", answer=health_answer),
+    Route("GET", "/health", answer=health_answer, scope="public"),
+    Route("HEAD", "/health", answer=health_answer, scope="public"),
+    Route("GET", "/v1/health", answer=health_answer, scope="public"),
+    Route("HEAD", "/v1/health", answer=health_answer, scope="public"),
 )
 
 FACADE = Facade(

@@ -2,7 +2,9 @@
 
 A model-bearing route names where its model is (`body` and `model_fields`, first present
 wins); a fleet route carries the function that answers from the router's own view (`answer`).
-Adding an endpoint means adding a row.
+Every row names the access scope it needs (router.core.access): `public` (liveness probes),
+`use` (inference and listings, the default) or `admin` (engine management). Adding an endpoint
+means adding a row.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Route:
     model_fields: tuple[str, ...] = ("model",)
     answer: Answer | None = None
     prefix: bool = False  # the path is a prefix (`/api/v0/models/` + a model id)
+    scope: str = "use"  # access scope: "public", "use" or "admin"
 
 
 def _no_settings(doc: dict) -> str | None:

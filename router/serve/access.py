@@ -1,8 +1,9 @@
 """Who may call: the access rules of router.core.access, applied per call with no I/O.
 
 The settings are read once at start (`HUGPY_ROUTER_KEY`, `HUGPY_ROUTER_REQUIRE_KEY`,
-`HUGPY_ROUTER_TRUSTED_NETS`, `HUGPY_ROUTER_TRUSTED_PROXIES`); keys come from the KeyStore's
-in-memory map, which a background task refreshes off the event loop.
+`HUGPY_ROUTER_TRUSTED_NETS`, `HUGPY_ROUTER_TRUSTED_PROXIES`, `HUGPY_ROUTER_ALLOWED_HOSTS`,
+`HUGPY_ROUTER_ALLOWED_ORIGINS`); keys come from the KeyStore's in-memory map, which a background
+task refreshes off the event loop.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import time
 
 from router.core import access
-from router.core.access import Verdict
+from router.core.access import Caller, Verdict
 from router.core.admission import Priority, effective_priority
 from router.store.keys import KeyStore
 
@@ -28,6 +29,8 @@ class AccessGate:
         self.mode = access.require_key_mode(environ.get("HUGPY_ROUTER_REQUIRE_KEY"))
         self.inside_nets = access.inside_nets(environ.get("HUGPY_ROUTER_TRUSTED_NETS"))
         self.proxies = access.proxy_nets(environ.get("HUGPY_ROUTER_TRUSTED_PROXIES"))
+        self.hosts = access.allowed_hosts(environ.get("HUGPY_ROUTER_ALLOWED_HOSTS"))
+        self.origins = access.allowed_origins(environ.get("HUGPY_ROUTER_ALLOWED_ORIGINS"))
         self._inside: dict[str | None, bool] = {}
 
     def inside(self, addr: str | None) -> bool:
@@ -38,28 +41,41 @@ class AccessGate:
             verdict = self._inside[addr] = access.is_inside(addr, self.inside_nets)
         return verdict
 
-    def client(self, edge) -> str | None:
-        """The address judged for this call (None: unknown, so outside)."""
+    def caller(self, edge) -> Caller:
+        """Who is calling (router.core.access rules 3-6)."""
         if self.proxies or any(edge.header(name) is not None for name in access.FORWARDED_HEADERS):
-            return access.client_address(edge.client, edge.header, self.proxies)
-        return edge.client or None  # no forwarding: the peer itself
+            return access.client_address(edge.client, edge.header_lines, self.proxies)
+        return Caller(edge.client or None, False)  # no forwarding: the peer itself
 
     def caller_of(self, edge, asked: Priority | None) -> tuple[str, Priority]:
-        """Who a waiting call waits as (its valid key, else its address) and in which class
-        (its key's, lowered by what the call asks). Only on the wait queue's path."""
+        """Who a waiting call waits as (its valid key, else its resolved address) and in which
+        class (its key's, lowered by what the call asks). Only on the wait queue's path."""
         token = access.bearer_token(edge.header("authorization"))
         if token and self.keys.scope_of(token, time.time(), self.admin_key) is not None:
             parsed = access.parse_key(token)
             key_id = parsed[0] if parsed is not None else "admin"  # HUGPY_ROUTER_KEY itself
             return f"key:{key_id}", effective_priority(self.keys.priority_of(key_id), asked)
-        return f"addr:{self.client(edge)}", effective_priority(Priority.NORMAL, asked)
+        return f"addr:{edge.caller}", effective_priority(Priority.NORMAL, asked)
 
-    def check(self, edge, scope: str) -> Verdict:
-        if scope == "use" and self.mode == "never":
+    def check(self, edge, scope: str, *, json_body: bool = False) -> Verdict:
+        """The verdict for a route of `scope`; records the caller's address as `edge.caller`
+        (for the route log). `json_body`: the route takes a JSON body (rule 11, admin only)."""
+        if scope == "public":
             return access.ALLOW
-        addr = self.client(edge)
-        if scope == "use" and self.mode == "outside" and self.inside(addr):
+        addr, via_proxy = self.caller(edge)
+        edge.caller = addr
+        if scope == "use" and (self.mode == "never" or (self.mode == "outside" and self.inside(addr))):
             return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
         token = access.bearer_token(edge.header("authorization"))
         key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
-        return access.decide_access(scope, self.mode, addr, key_scope, token is not None, self.inside_nets)
+        admin = scope == "admin"
+        host = edge.header("host") if admin else None
+        verdict = access.decide_access(
+            scope, self.mode, addr, key_scope, token is not None, self.inside_nets,
+            via_proxy=via_proxy,
+            router_host=admin and access.names_router(host, self.hosts),
+            origin_ok=not admin or access.origin_allowed(edge.header("origin"), host, self.origins),
+        )
+        if verdict.ok and admin and json_body and not access.is_json(edge.header("content-type")):
+            return access.NOT_JSON
+        return verdict

@@ -4,39 +4,58 @@ log cursor, keys, boxes, and a relay to each hugpy box's own management API.
 Rules:
 1. Every handler here is an admin route; the app checks access before calling it.
 2. SQLite work (the route-log cursor, key changes) runs in a worker thread, never on the loop.
-3. The relay reaches only the listed management prefixes of a hugpy box, with the box's key
-   (which never leaves the router); a path with `..` or `.` segments, a backslash, or anything
-   but visible ASCII once decoded (a `%0D%0A` would split the request line) is refused.
+3. Bad input is a 400 (413 for a body over its limit, 415 for a JSON body sent as anything but
+   `application/json`, 408 for a body that does not arrive within the proxied routes'
+   `BODY_TIMEOUT_S`) in the OpenAI error shape, never a 500.
+4. The relay reaches only the listed management paths of a hugpy box, with the box's key
+   (which never leaves the router). The path, as the server decoded it once, is split into
+   segments and must start with one of `RELAY_PATHS` segment for segment (`v1/telemetryX` is
+   not `v1/telemetry`); a `.` or `..` segment, a backslash, or anything but visible ASCII (a
+   `%0D%0A` would split the request line) is refused. Each segment is percent-encoded again on
+   the way out, so the box decodes exactly what was judged: a `%3F` stays in the path, never
+   becoming a query, and nothing is decoded twice. Methods: `RELAY_METHODS`; a `HEAD` answers
+   as soon as the box's head arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Awaitable, Callable
+from urllib.parse import quote
 
 import apsw
 import orjson
 
+from router.core import access
 from router.core.errors import BadRequest
 from router.core.types import BoxKind
+from router.serve import proxy
+from router.serve.edge import BodyTooLarge, ClientLeft
 from router.store import db
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
 JSON = b"application/json"
 CURSOR_LIMIT_MAX = 5000
+# route_log ids are SQLite integers: a cursor past them is a bad query, not an overflow.
+CURSOR_SINCE_MAX = (1 << 63) - 1
+# A key request is a name, a scope and an expiry: a few hundred bytes.
+KEYS_BODY_LIMIT = 64 * 1024
 RELAY_TIMEOUT_S = 60.0
-# hugpy-wrapper's management prefixes a router operator may reach (contracts §2, §6).
-RELAY_PREFIXES = (
-    "v1/telemetry",
-    "v1/settings/",
-    "v1/operator/",
-    "v1/cores",
-    "v1/models",
-    "storage",
+# hugpy-wrapper's management paths a router operator may reach (contracts §2, §6), as segments.
+RELAY_PATHS = (
+    ("v1", "telemetry"),
+    ("v1", "settings"),
+    ("v1", "operator"),
+    ("v1", "cores"),
+    ("v1", "models"),
+    ("storage",),
 )
-_UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|%2f|%2e|%5c|\\", re.IGNORECASE)
+RELAY_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+# What a relayed segment may hold once decoded: visible ASCII but the backslash.
+_VISIBLE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"\\"}
+# Percent-encoded again on the way out: everything but RFC 3986 unreserved and sub-delims.
+_SEGMENT_SAFE = "!$&'()*+,;=:@"
 
 Handler = Callable[["object", "object"], Awaitable[None]]
 
@@ -49,6 +68,42 @@ async def _error(app, edge, status: int, code: str, message: str) -> None:
     from router.facades.openai import shape_error
 
     await edge.respond(status, [(b"content-type", JSON)], shape_error(status, code, message, None))
+
+
+async def _body(app, edge, limit: int) -> bytes | None:
+    """The request body, up to `limit` bytes and within the proxied routes' body timeout; None
+    once a refusal (408, 413, 400) has been answered (rule 3)."""
+    try:
+        async with asyncio.timeout(proxy.BODY_TIMEOUT_S):
+            return await edge.read_body(limit)
+    except TimeoutError:
+        await _error(app, edge, 408, "body_timeout",
+                     f"the request body did not arrive within {proxy.BODY_TIMEOUT_S:.0f} s")
+    except BodyTooLarge:
+        await _error(app, edge, 413, "body_too_large", f"body over {limit} bytes")
+    except ClientLeft:
+        await _error(app, edge, 400, "bad_body", "the request body could not be read")
+    return None
+
+
+async def _json_object(app, edge, limit: int) -> dict | None:
+    """The request body as a JSON object (rule 3); None once a refusal has been answered."""
+    if not access.is_json(edge.header("content-type")):
+        verdict = access.NOT_JSON
+        await _error(app, edge, verdict.status, verdict.code, verdict.message)
+        return None
+    body = await _body(app, edge, limit)
+    if body is None:
+        return None
+    try:
+        doc = orjson.loads(body or b"{}")
+    except orjson.JSONDecodeError:
+        await _error(app, edge, 400, "invalid_json", "the body is not valid JSON")
+        return None
+    if not isinstance(doc, dict):
+        await _error(app, edge, 400, "invalid_request", "the body must be a JSON object")
+        return None
+    return doc
 
 
 def _query(edge) -> dict[str, str]:
@@ -145,6 +200,9 @@ async def telemetry(app, edge) -> None:
     except ValueError:
         await _error(app, edge, 400, "bad_query", "since and limit must be numbers")
         return
+    if not 0 <= since <= CURSOR_SINCE_MAX:
+        await _error(app, edge, 400, "bad_query", f"since must be 0 to {CURSOR_SINCE_MAX}")
+        return
     loop = asyncio.get_running_loop()
     try:
         doc = await loop.run_in_executor(None, _read_route_log, app.shared.store_path, since, limit)
@@ -161,16 +219,23 @@ async def keys(app, edge) -> None:
         listed = await loop.run_in_executor(None, store.list, _query(edge).get("all") == "1")
         await _json(edge, 200, {"keys": listed})
         return
+    doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
+    if doc is None:
+        return
+    name, scope, expires_days = doc.get("name", ""), doc.get("scope", "use"), doc.get("expires_days")
+    priority_class = doc.get("priority", "normal")
+    if not isinstance(name, str) or not isinstance(scope, str) or not isinstance(priority_class, str):
+        await _error(app, edge, 400, "invalid_request", "name, scope and priority must be strings")
+        return
+    if expires_days is not None and (isinstance(expires_days, bool) or not isinstance(expires_days, (int, float))):
+        await _error(app, edge, 400, "invalid_expiry", "expires_days must be a number")
+        return
     try:
-        doc = orjson.loads(await edge.read_body(64 * 1024) or b"{}")
-        if not isinstance(doc, dict):
-            raise BadRequest("body must be a JSON object")
         key_id, key = await loop.run_in_executor(
-            None, store.create, doc.get("name", ""), doc.get("scope", "use"), doc.get("expires_days"), "api",
-            doc.get("priority", "normal"),
+            None, store.create, name, scope, expires_days, "api", priority_class
         )
-    except (BadRequest, orjson.JSONDecodeError) as exc:
-        await _error(app, edge, 400, getattr(exc, "code", "invalid_request"), str(exc))
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
         return
     rows = await loop.run_in_executor(None, store.list, True)
     row = next(r for r in rows if r["id"] == key_id)
@@ -180,16 +245,17 @@ async def keys(app, edge) -> None:
 async def priority(app, edge) -> None:
     """POST /v1/keys/<id>/priority {"priority": "high"|"normal"|"low"}: the key's class."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/priority")
+    doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
+    if doc is None:
+        return
+    wanted = doc.get("priority")
+    if not isinstance(wanted, str):
+        await _error(app, edge, 400, "invalid_priority", 'the body must be {"priority": "high" | "normal" | "low"}')
+        return
     try:
-        doc = orjson.loads(await edge.read_body(4096) or b"{}")
-        wanted = doc.get("priority") if isinstance(doc, dict) else None
-        if not isinstance(wanted, str):
-            raise BadRequest("body must be {\"priority\": \"high\" | \"normal\" | \"low\"}")
-        found = await asyncio.get_running_loop().run_in_executor(
-            None, app.shared.keys.set_priority, key_id, wanted
-        )
-    except (BadRequest, orjson.JSONDecodeError) as exc:
-        await _error(app, edge, 400, getattr(exc, "code", "invalid_request"), str(exc))
+        found = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.set_priority, key_id, wanted)
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
         return
     if not found:
         await _error(app, edge, 404, "not_found", f"no key {key_id}")
@@ -214,6 +280,23 @@ async def boxes(app, edge) -> None:
     await _json(edge, 200, {"boxes": listed})
 
 
+def relay_target(path: str, query: str) -> str | None:
+    """The request target for the box for a relayed `path` (decoded once, without the leading
+    `/`) and raw `query`, or None when rule 4 refuses it."""
+    segments = path.split("/")
+    if segments[-1] == "":
+        segments.pop()  # one trailing slash is allowed, as hugpy allows it
+    if not any(tuple(segments[:len(allowed)]) == allowed for allowed in RELAY_PATHS):
+        return None
+    for segment in segments:
+        if segment in ("", ".", "..") or not _VISIBLE.issuperset(segment):
+            return None
+    target = "/" + "/".join(quote(segment, safe=_SEGMENT_SAFE) for segment in segments)
+    if query:
+        target += "?" + query
+    return target if safe_target(target) else None
+
+
 async def relay(app, edge) -> None:
     rest = edge.path.removeprefix("/v1/boxes/")
     name, _, path = rest.partition("/")
@@ -221,12 +304,16 @@ async def relay(app, edge) -> None:
     if box is None:
         await _error(app, edge, 404, "unknown_box", f"no box {name}")
         return
-    relayed = safe_target("/" + path) and not _UNSAFE_PATH.search(path) and path.startswith(RELAY_PREFIXES)
-    if box.config.kind is not BoxKind.HUGPY or not relayed:
-        await _error(app, edge, 403, "not_relayed", f"/{path} is not a relayed management path")
+    if edge.method not in RELAY_METHODS:
+        await _error(app, edge, 405, "method_not_allowed", f"{edge.method} is not relayed")
         return
-    body = await edge.read_body(app.shared.max_body_bytes)
-    target = "/" + path + ("?" + edge.query if edge.query else "")
+    target = relay_target(path, edge.query)
+    if box.config.kind is not BoxKind.HUGPY or target is None:
+        await _error(app, edge, 403, "not_relayed", "this is not a relayed management path")
+        return
+    body = await _body(app, edge, app.shared.max_body_bytes)
+    if body is None:
+        return
     content_type = edge.header("content-type")
     headers = box.auth_header + (f"Content-Type: {content_type}\r\n".encode("latin-1") if content_type else b"")
     try:

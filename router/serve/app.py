@@ -18,7 +18,7 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.facades import mounts
 from router.facades.mounts import Mount
-from router.facades.table import Facade, Route
+from router.facades.table import Body, Facade, Route
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
@@ -103,7 +103,8 @@ class RouterApp:
                     await handler(self, edge)
                 return
             route, known = facade.route(edge.method, edge.path)
-            if route is not None and not await self.allowed(edge, facade, "use"):
+            json_body = route is not None and route.body is Body.JSON
+            if route is not None and not await self.allowed(edge, facade, route.scope, json_body=json_body):
                 return
             if route is None:
                 await self.unknown(edge, facade, known)
@@ -125,9 +126,9 @@ class RouterApp:
             if shared.in_flight == 0:
                 shared.idle.set()
 
-    async def allowed(self, edge, facade: Facade, scope: str) -> bool:
-        """Checks access; answers 401/403 in the facade's shape when the caller may not."""
-        verdict = self.shared.access.check(edge, scope)
+    async def allowed(self, edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
+        """Checks access; answers 401/403/415 in the facade's shape when the caller may not."""
+        verdict = self.shared.access.check(edge, scope, json_body=json_body)
         if not verdict.ok:
             body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
             await edge.respond(verdict.status, [(b"content-type", JSON)], body)

@@ -13,12 +13,16 @@ Invariants:
 3. `watch_disconnect(callback)` calls `callback()` at most once, when the client goes away; the
    returned task is cancelled by the caller when the call ends.
 4. `finish()` ends a streamed answer; after it, the edge holds nothing that keeps the answer open.
+5. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`);
+   `caller` is who the access gate found calling (None: unknown, or not judged).
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Callable
+
+from router.core.access import peer_address
 
 
 class BodyTooLarge(Exception):
@@ -36,7 +40,7 @@ def _content_length(value: str | None) -> int | None:
 
 
 class AsgiEdge:
-    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "_headers")
+    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "caller", "_headers")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -47,6 +51,7 @@ class AsgiEdge:
         self.query: str = scope["query_string"].decode("latin-1")
         client = scope.get("client")
         self.client: str = client[0] if client else ""
+        self.caller: str | None = None
         self._headers: dict[str, str] | None = None
 
     def header(self, name: str) -> str | None:
@@ -55,6 +60,12 @@ class AsgiEdge:
                 k.decode("latin-1"): v.decode("latin-1") for k, v in self.scope["headers"]
             }
         return self._headers.get(name)
+
+    def header_lines(self, name: str) -> str | None:
+        """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
+        key = name.encode("latin-1")
+        lines = [v.decode("latin-1") for k, v in self.scope["headers"] if k == key]
+        return ",".join(lines) if lines else None
 
     async def read_body(self, limit: int) -> bytes:
         declared = _content_length(self.header("content-length"))
@@ -105,7 +116,7 @@ def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
 
 
 class RsgiEdge:
-    __slots__ = ("scope", "proto", "method", "path", "query", "client", "stream")
+    __slots__ = ("scope", "proto", "method", "path", "query", "client", "caller", "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -113,11 +124,17 @@ class RsgiEdge:
         self.method: str = scope.method
         self.path: str = scope.path
         self.query: str = scope.query_string
-        self.client: str = scope.client.rsplit(":", 1)[0] if scope.client else ""
+        self.client: str = peer_address(scope.client) if scope.client else ""
+        self.caller: str | None = None
         self.stream = None
 
     def header(self, name: str) -> str | None:
         return self.scope.headers.get(name)
+
+    def header_lines(self, name: str) -> str | None:
+        """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
+        lines = self.scope.headers.get_all(name)
+        return ",".join(lines) if lines else None
 
     async def read_body(self, limit: int) -> bytes:
         declared = _content_length(self.header("content-length"))

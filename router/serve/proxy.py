@@ -97,7 +97,9 @@ CLOCK_TICK_S = 0.05
 # Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
 # those about the box itself: `Server` and `Via` name its software and path (nothing a client of
 # the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
-# with one box that the next call, on another box, does not have.
+# with one box that the next call, on another box, does not have. A box's CORS headers
+# (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
+# answers to every web page: the router grants no cross-origin reads (README, Security model).
 HOP_HEADERS = frozenset(
     {
         b"connection",
@@ -525,7 +527,7 @@ class ProxyCall:
             model=call.model if call else None,
             settings=call.settings if call else None,
             pin=call.pin if call else None,
-            client=self.edge.client,
+            client=self.edge.caller,
             waited_ms=self.waited_ms,
             stream=int(self.stream),
             decision_path=decision.path.value if decision else None,
@@ -671,7 +673,9 @@ class ProxyCall:
 
     def client_headers(self, box_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers = [
-            (name.lower(), value) for name, value in box_headers if name.lower() not in HOP_HEADERS
+            (lower, value)
+            for name, value in box_headers
+            if (lower := name.lower()) not in HOP_HEADERS and not lower.startswith(b"access-control-")
         ]
         headers.append((b"x-hugpy-box", self.box.name.encode()))  # type: ignore[union-attr]
         headers.append((b"x-hugpy-router-request-id", self.call_id.encode()))

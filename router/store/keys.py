@@ -58,6 +58,8 @@ LAST_USED_EVERY_S = 60.0
 # failed create practically impossible without hiding a real constraint error.
 ID_ATTEMPTS = 3
 NAME_MAX = 200
+# A century: any longer is a typo, and the sum with the clock must stay a plain float.
+EXPIRES_DAYS_MAX = 36_500
 SECONDS_PER_DAY = 86_400.0
 LIST_COLUMNS = ("id", "name", "scope", "priority", "created_at", "created_by", "expires_at", "last_used_at", "revoked_at")
 
@@ -82,8 +84,8 @@ def _validate(name: str, scope: str, expires_days: float | None) -> str:
         raise BadRequest(f"a key name must be 1-{NAME_MAX} characters", code="invalid_name")
     if scope not in SCOPES:
         raise BadRequest(f"scope must be one of {', '.join(SCOPES)}", code="invalid_scope")
-    if expires_days is not None and not (math.isfinite(expires_days) and expires_days > 0):
-        raise BadRequest("expires_days must be a positive number", code="invalid_expiry")
+    if expires_days is not None and not (math.isfinite(expires_days) and 0 < expires_days <= EXPIRES_DAYS_MAX):
+        raise BadRequest(f"expires_days must be a number above 0 and at most {EXPIRES_DAYS_MAX}", code="invalid_expiry")
     return name
 
 

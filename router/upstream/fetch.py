@@ -19,7 +19,8 @@ async def fetch(
     timeout_s: float,
 ) -> tuple[int, Exchange, bytes]:
     """(status, exchange, body) of one request: the answer within `timeout_s` of the send
-    (connecting has its own `CONNECT_TIMEOUT_S`).
+    (connecting has its own `CONNECT_TIMEOUT_S`). A `HEAD` ends with the head: its answer has
+    no body whatever its Content-Length says, so the connection is closed, not reused.
 
     Raises ConnectFailed, FirstByteTimeout, ConnectionLost or BadResponse.
     """
@@ -28,7 +29,7 @@ async def fetch(
     exchange.arm_timeout(timeout_s, FirstByteTimeout(f"no answer within {timeout_s} s"))
     try:
         await exchange.head
-        data = await exchange.read_all(FETCH_LIMIT_BYTES)
+        data = b"" if method == "HEAD" else await exchange.read_all(FETCH_LIMIT_BYTES)
     finally:
         exchange.done()
     return exchange.status, exchange, data
