@@ -354,3 +354,75 @@ def test_the_boxes_file_limit_wins_over_the_reported_one(start_fleet):
     router = start_fleet(box, boxes_extra={"lc": {"max_inflight": 1}})
     state = get_json(router, "/v1/router/state")["boxes"][0]
     assert (state["max_inflight"], state["limit_source"]) == (1, "boxes file")
+
+
+def read_stream(router, body: dict, timeout: float = 15) -> tuple[int, dict, list[bytes]]:
+    """POSTs a streamed chat call; returns the status, headers and the stream's lines (blank
+    lines dropped), read as they come."""
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        lines = [line.rstrip(b"\r\n") for line in resp]
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, [line for line in lines if line]
+    finally:
+        conn.close()
+
+
+STREAM_CALL = {"model": "tiny", "messages": MESSAGES, "stream": True}
+
+
+def test_a_long_wait_for_the_first_byte_is_kept_alive_and_still_fails_over(start_fleet):
+    steady = SimBox("b", residents=["tiny"])
+    time.sleep(0.01)
+    slow = SimBox("a", residents=["tiny"])  # used more recently: ranked first
+    slow.script("tiny", Behavior.drop(after_s=1.0))  # takes the call, then dies without a byte
+    router = start_fleet(slow, steady, extra_args=("--stream-keepalive", "0.3"))
+    status, headers, lines = read_stream(router, STREAM_CALL)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    comments = [line for line in lines if line.startswith(b":")]
+    assert len(comments) >= 2 and set(comments) == {b": waiting"}
+    data = [line for line in lines if line.startswith(b"data: ")]
+    first_data = lines.index(data[0])
+    assert all(line.startswith(b":") for line in lines[:first_data])  # comments only, then data
+    assert data[-1] == b"data: [DONE]" and b'"error"' not in b"".join(data)
+    assert chat_calls(slow) == 1 and chat_calls(steady) == 1  # failed over after the comments
+
+
+def test_a_final_refusal_after_keep_alives_is_an_in_band_error_frame(start_fleet):
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", Behavior.drop(after_s=0.8))
+    router = start_fleet(box, extra_args=("--stream-keepalive", "0.25"))
+    status, _, lines = read_stream(router, STREAM_CALL)
+    assert status == 200
+    assert lines[0] == b": waiting"
+    last = json.loads(lines[-1].removeprefix(b"data: "))
+    assert last["error"]["code"] == "connection_lost"
+
+
+def test_a_stream_waiting_in_the_queue_is_kept_alive_and_the_openai_client_reads_it(start_fleet):
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", Behavior.hang(1.0))
+    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--stream-keepalive", "0.25"))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(call, router)
+        assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["full"], 5)
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=15)
+        started = time.monotonic()
+        chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
+        assert time.monotonic() - started > 0.5  # it waited for the slot, kept alive meanwhile
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert first.result()[0] == 200
+
+
+def test_ndjson_streams_are_not_kept_alive(start_fleet):
+    box = SimOllama("o", tags=["llama3"], loaded=["llama3"])
+    box.script("llama3", Behavior.hang(0.8))
+    router = start_fleet(box, extra_args=("--stream-keepalive", "0.2"))
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", "/api/chat", body=json.dumps({"model": "llama3", "messages": MESSAGES}))
+    lines = [line for line in conn.getresponse().read().split(b"\n") if line]
+    conn.close()
+    assert all(json.loads(line) for line in lines)  # every line is JSON: no comment was sent

@@ -86,6 +86,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="calls that may wait for a full box, in all (default 1024; more get 429)")
     parser.add_argument("--queue-timeout", type=float, default=120.0,
                         help="seconds a call may wait for a full box before a 503 (default 120)")
+    parser.add_argument("--stream-keepalive", type=float, default=15.0,
+                        help="a streamed OpenAI call waiting this long (queue, cold load) gets its "
+                        "stream head and an SSE comment every this many seconds (default 15; 0: never)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

@@ -29,6 +29,7 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         lmstudio_port=args.lmstudio_port,
         queue_size=args.queue_size,
         queue_timeout_s=args.queue_timeout,
+        stream_keepalive_s=args.stream_keepalive,
     )
 
 

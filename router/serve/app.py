@@ -42,7 +42,7 @@ class Shared:
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
-                 queue_size: int = 1024, queue_timeout_s: float = 120.0) -> None:
+                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -56,6 +56,7 @@ class Shared:
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
         self.stream_idle_timeout_s = stream_idle_timeout_s
+        self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -79,6 +80,7 @@ class RouterApp:
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
         self.stream_idle_timeout_s = shared.stream_idle_timeout_s
+        self.stream_keepalive_s = shared.stream_keepalive_s
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:

@@ -23,6 +23,10 @@ Rules:
    of its own.
 6. A call whose owners are all full or cooling waits in the queue (router.serve.admission)
    until one hands it a slot; a client that leaves the queue is never sent to a box.
+   A streamed call of an SSE facade that has waited `stream_keepalive_s` (in the queue or for
+   its first byte) gets a 200 stream head and then an SSE comment every `stream_keepalive_s`:
+   until its first data frame it still fails over (the client has seen only comments), and
+   any answer after the head goes out is written in the stream, as an error frame.
 7. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
@@ -124,6 +128,22 @@ SSE_DONE = b"data: [DONE]"
 NDJSON_TYPE = b"application/x-ndjson"
 MID_STREAM_FAILED = "box_failed_mid_stream"
 # (framing, the call's failure) -> the in-band frame that ends a stream whose box failed.
+KEEPALIVE_COMMENT = b": waiting\n\n"
+
+
+def in_band_frame(status: int, body: bytes) -> bytes:
+    """A whole error answer as an SSE stream's last frame: its `{"error": ...}` object when it
+    has one, else one that says the status."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not (isinstance(doc, dict) and "error" in doc):
+        doc = {"error": {"message": f"the call ended with status {status}", "type": "upstream_error",
+                         "code": status}}
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
 MID_STREAM_ERROR = {
     (SSE, MID_STREAM_FAILED): b'data: {"error": {"message": "the box failed mid-stream", '
     b'"type": "upstream_error", "code": "box_failed"}}\n\n',
@@ -252,6 +272,12 @@ class ProxyCall:
         "turn",
         "queued_s",
         "waited_ms",
+        # keep-alive of a long wait (rule 6)
+        "sse_wanted",
+        "asked_priority",
+        "headed",
+        "keepalive",
+        "keepalive_at",
     )
 
     def __init__(self, app, edge, facade: Facade, route: Route) -> None:
@@ -291,6 +317,11 @@ class ProxyCall:
         self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
         self.queued_s = 0.0  # loop time when it joined the queue
         self.waited_ms: float | None = None
+        self.sse_wanted = False  # a streamed call of an SSE facade: a long wait is kept alive
+        self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
+        self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
+        self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
+        self.keepalive_at = 0.0  # loop time of the last keep-alive
 
     # -- the client's side ---------------------------------------------------------------------
     async def error(
@@ -314,8 +345,60 @@ class ProxyCall:
         self.t_first_byte = time.perf_counter()
 
     async def respond(self, status: int, headers: list, body: bytes) -> None:
+        """A whole answer; in-band, as the stream's last frame, once a keep-alive sent a head."""
+        await self.settle_keepalive()
+        if self.headed:
+            frame = in_band_frame(status, body)
+            self.bytes_out += len(frame)
+            try:
+                await self.edge.write(frame)
+                await self.edge.finish()
+            except ClientLeft:
+                self.client_left()
+            return
         self.bytes_out += len(body)
         await self.edge.respond(status, headers, body)
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The head of a relayed answer (a keep-alive may have sent one already)."""
+        await self.settle_keepalive()
+        if not self.headed:
+            await self.edge.start(status, headers)
+
+    # -- keep-alive of a long wait (rule 6) ----------------------------------------------------
+    def keep_alive_due(self, now: float) -> None:
+        """The CallClock's look: a streamed call still without an answer gets its comment."""
+        every = self.app.stream_keepalive_s
+        if (
+            self.sse_wanted
+            and every > 0
+            and self.status == 0
+            and now - max(self.started_s, self.keepalive_at) >= every
+            and (self.keepalive is None or self.keepalive.done())
+        ):
+            self.keepalive_at = now
+            self.keepalive = asyncio.get_running_loop().create_task(self.send_keepalive())
+
+    async def send_keepalive(self) -> None:
+        try:
+            if not self.headed:
+                self.headed = True
+                await self.edge.start(200, [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-hugpy-router-request-id", self.call_id.encode()),
+                ])
+            await self.edge.write(KEEPALIVE_COMMENT)
+            self.bytes_out += len(KEEPALIVE_COMMENT)
+        except ClientLeft:
+            self.client_left()
+
+    async def settle_keepalive(self) -> None:
+        """No more keep-alives: the answer is about to go out; a write in progress ends first."""
+        self.sse_wanted = False
+        task, self.keepalive = self.keepalive, None
+        if task is not None:
+            await task
 
     def client_left(self) -> None:
         """The client went away: end the box's work now. Safe to call more than once."""
@@ -372,6 +455,10 @@ class ProxyCall:
             model, pin = model_and_pin(doc, self.route.model_fields)
             settings = self.facade.settings(doc)
             pool = alloc_pool(doc)
+            self.sse_wanted = self.facade.sse_keepalive and doc.get("stream") is True
+            alloc = doc.get("alloc")
+            asked = alloc.get("priority") if isinstance(alloc, dict) else None
+            self.asked_priority = parse_priority(asked if isinstance(asked, str) else None)
         pin = pin or edge.header("x-router-box")
         pool = pool or edge.header("x-router-pool")
         return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin, pool=pool)
@@ -387,6 +474,8 @@ class ProxyCall:
             clock.calls.discard(self)
             if self.watch is not None:
                 self.watch.cancel()
+            if self.keepalive is not None:  # the call is over: no write may follow it
+                self.keepalive.cancel()
             self.unload()
             self.app.observe(self)
 
@@ -409,6 +498,8 @@ class ProxyCall:
                 self.watch = self.edge.watch_disconnect(self.client_left)
             if self.exchange is not None:
                 self.exchange.expire(now)
+        if self.sse_wanted:
+            self.keep_alive_due(now)
 
     async def _run(self) -> None:
         edge = self.edge
@@ -470,7 +561,8 @@ class ProxyCall:
         """Every owner left is full or cooling: wait for a slot. Returns the decision that
         dispatches the call, or None when it was answered instead (429, 503, or it left)."""
         admission = self.app.admission
-        caller, priority = self.app.access.caller_of(self.edge, self.priority_asked())
+        asked = parse_priority(self.edge.header("x-router-priority")) or self.asked_priority
+        caller, priority = self.app.access.caller_of(self.edge, asked)
         self.waiter = admission.join(self, caller, priority, decision.waits_for)
         if self.waiter is None:
             await self.error(
@@ -508,13 +600,6 @@ class ProxyCall:
         self.phase = "boxes"
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
-    def priority_asked(self) -> Priority | None:
-        """What the call asks for itself (`X-Router-Priority`, else `alloc.priority`)."""
-        asked = self.edge.header("x-router-priority")
-        if asked is None and self.route.body is Body.JSON:
-            alloc = parse_json_object(self.body).get("alloc")
-            asked = alloc.get("priority") if isinstance(alloc, dict) else None
-        return parse_priority(asked if isinstance(asked, str) else None)
 
     def row(self) -> Row:
         """This call's route_log row: metadata only, never a body or a key."""
@@ -759,7 +844,7 @@ class ProxyCall:
         first = await exchange.next_chunks()
         self.watch_silence(exchange)
         self.commit(box, status)
-        await self.edge.start(status, self.client_headers(exchange.headers))
+        await self.start(status, self.client_headers(exchange.headers))
         await self.relay(exchange, None, first[0] if len(first) == 1 else b"".join(first))
 
     async def carry_stream(self, box: BoxState, exchange: Exchange, framing: int) -> None:
@@ -786,7 +871,7 @@ class ProxyCall:
             self.watch_silence(exchange)
             self.stream = True
             self.commit(box, exchange.status)
-            await self.edge.start(exchange.status, self.client_headers(exchange.headers))
+            await self.start(exchange.status, self.client_headers(exchange.headers))
             await self.relay(exchange, None, b"".join(held + after))
             return
         if verdict == FIRST_SUSPECT:
@@ -802,7 +887,7 @@ class ProxyCall:
             scanner.feed(chunk)
         self.stream = True
         self.commit(box, exchange.status)
-        await self.edge.start(exchange.status, self.client_headers(exchange.headers))
+        await self.start(exchange.status, self.client_headers(exchange.headers))
         first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
         await self.relay(exchange, scanner, first)
 

@@ -57,6 +57,7 @@ class ServeConfig:
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
+    stream_keepalive_s: float = 15.0  # 0: never
 
 
 def free_port(host: str) -> int:
@@ -98,6 +99,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         stream_idle_timeout_s=config.stream_idle_timeout_s,
         queue_size=config.queue_size,
         queue_timeout_s=config.queue_timeout_s,
+        stream_keepalive_s=config.stream_keepalive_s,
     )
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
     shared.clock.start()
