@@ -5,10 +5,16 @@ body below carries a canary that must not appear in the error text."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
-from router.facades.body import model_and_pin, multipart_field, parse_json_object
+from router.facades import ollama, openai
+from router.facades.body import model_and_pin, multipart_field, parse_json_object, read_call
 
 CANARY = "CANARY-7f3a9e"
 
@@ -211,3 +217,99 @@ def test_field_not_utf8():
         multipart_field(body, CT, b"model")
     no_echo(exc)
     assert "model" in str(exc.value)
+
+
+# --------------------------------------------------------------------------------------------
+# identifier caps (router.core.bounds rule 1) and the whole read (read_call)
+# --------------------------------------------------------------------------------------------
+
+CHAT = openai.FACADE.route("POST", "/v1/chat/completions")[0]
+TRANSCRIBE = openai.FACADE.route("POST", "/v1/audio/transcriptions")[0]
+SHOW = ollama.FACADE.route("POST", "/api/show")[0]
+
+
+def no_headers(name: str) -> None:
+    return None
+
+
+def too_long(exc: pytest.ExceptionInfo, field: str, value: str) -> None:
+    assert exc.value.status_hint == 400 and exc.value.code == "identifier_too_long"
+    text = str(exc.value)
+    assert f"'{field}'" in text and value not in text and len(text) < 200
+    assert clip(value, ECHO_CHARS) in text
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(value=st.text(min_size=1, max_size=400))
+def test_identifier_sizes_fuzzed(value):
+    """At most MAX_IDENTIFIER_BYTES of UTF-8 passes, whatever the characters; more is refused
+    without the value in full."""
+    if len(value.encode("utf-8", "surrogatepass")) <= MAX_IDENTIFIER_BYTES:
+        assert check_identifier("model", value) is value
+    else:
+        with pytest.raises(BadRequest) as exc:
+            check_identifier("model", value)
+        too_long(exc, "model", value)
+
+
+@pytest.mark.parametrize("unit", ["a", "é", "€", "😀"])
+def test_the_cap_is_in_bytes_at_the_edge(unit):
+    fits = unit * (MAX_IDENTIFIER_BYTES // len(unit.encode()))
+    assert check_identifier("model", fits) is fits
+    over = fits + "a" * (MAX_IDENTIFIER_BYTES - len(fits.encode()) + 1)
+    with pytest.raises(BadRequest) as exc:
+        check_identifier("model", over)
+    too_long(exc, "model", over)
+
+
+LONG = "x" * (MAX_IDENTIFIER_BYTES + 1)
+
+
+@pytest.mark.parametrize(
+    "route,doc,field",
+    [
+        (CHAT, {"model": LONG}, "model"),
+        (CHAT, {"model": "m", "alloc": {"worker": LONG}}, "alloc.worker"),
+        (CHAT, {"model": "m", "alloc": {"pool": LONG}}, "alloc.pool"),
+        (SHOW, {"name": LONG}, "name"),
+        (SHOW, {"model": LONG, "name": "m"}, "model"),
+    ],
+)
+def test_over_the_cap_in_the_body(route, doc, field):
+    facade = ollama.FACADE if route is SHOW else openai.FACADE
+    with pytest.raises(BadRequest) as exc:
+        read_call(orjson.dumps(doc), "application/json", route, facade, no_headers)
+    too_long(exc, field, LONG)
+
+
+@pytest.mark.parametrize("header", ["x-router-box", "x-router-pool"])
+def test_over_the_cap_in_a_header(header):
+    headers = {header: LONG}
+    with pytest.raises(BadRequest) as exc:
+        read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, headers.get)
+    too_long(exc, {"x-router-box": "X-Router-Box", "x-router-pool": "X-Router-Pool"}[header], LONG)
+    at_cap = {header: LONG[1:]}
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, at_cap.get)
+    assert LONG[1:] in (call.pin, call.pool)
+
+
+def test_over_the_cap_in_a_form_field():
+    body = multipart([FILE_PART, field(b"model", LONG.encode())])
+    with pytest.raises(BadRequest) as exc:
+        read_call(body, CT.decode(), TRANSCRIBE, openai.FACADE, no_headers)
+    too_long(exc, "model", LONG)
+
+
+def test_read_call_body_wins_over_headers():
+    headers = {"x-router-box": "h-box", "x-router-pool": "h-pool"}
+    body = b'{"model": "m", "alloc": {"worker": "b-box", "pool": "b-pool"}}'
+    call = read_call(body, "application/json", CHAT, openai.FACADE, headers.get)
+    assert (call.model, call.pin, call.pool) == ("m", "b-box", "b-pool")
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, headers.get)
+    assert (call.pin, call.pool) == ("h-box", "h-pool")
+
+
+def test_clip():
+    assert clip("abc", 3) == "abc"
+    assert clip("abcd", 3) == "abc" + CLIP_MARK % 1
+    assert len(clip("y" * 10**6)) < 1100

@@ -1,22 +1,30 @@
-"""Reading the two things routing needs from a call body: `model` and `alloc.worker`.
+"""Reading what routing needs from a call: the model, the pin and the pool.
 
 Rules:
-1. JSON bodies: one orjson parse; only the top-level `model` and `alloc.worker` are read.
-   The body must be a JSON object; `model` must be a non-empty string; `alloc`, when present,
-   must be an object whose `worker`, when present, is a string.
+1. JSON bodies: one orjson parse; only the top-level model field(s), `alloc.worker` and
+   `alloc.pool` (and the facade's settings) are read. The body must be a JSON object; the
+   model must be a non-empty string; `alloc`, when present, must be an object whose `worker`
+   and `pool`, when present, are non-empty strings.
 2. multipart/form-data bodies: the `model` form field (a text part), found by scanning part
    headers; the file parts are never decoded.
-3. Nothing here copies or keeps the body; errors name the field, never echo the content.
+3. The pin and the pool may come as headers (`X-Router-Box`, `X-Router-Pool`) instead; the
+   body wins.
+4. Every identifier read here is capped (router.core.bounds rule 1).
+5. Nothing here copies or keeps the body; errors name the field, never echo the body.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Callable
 
 import orjson
 
+from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
+from router.core.types import Call
+from router.facades.table import Body, Facade, Route
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 _NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
@@ -61,7 +69,7 @@ def alloc_pool(doc: dict) -> str | None:
     pool = alloc.get("pool") if isinstance(alloc, dict) else None
     if pool is not None and (not isinstance(pool, str) or not pool):
         raise BadRequest("'alloc.pool' must be a non-empty string")
-    return pool
+    return pool if pool is None else check_identifier("alloc.pool", pool)
 
 
 def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tuple[str, str | None]:
@@ -73,6 +81,7 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
     model = doc.get(field)
     if not isinstance(model, str) or not model.strip():
         raise BadRequest(f"'{field}' must be a non-empty string", code="model_required")
+    check_identifier(field, model)
     alloc = doc.get("alloc")
     if alloc is None:
         return model, None
@@ -81,7 +90,7 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
     worker = alloc.get("worker")
     if worker is not None and (not isinstance(worker, str) or not worker):
         raise BadRequest("'alloc.worker' must be a non-empty string")
-    return model, worker
+    return model, worker if worker is None else check_identifier("alloc.worker", worker)
 
 
 def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | None:
@@ -115,3 +124,29 @@ def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | Non
                         raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
         start = next_start + 2
     return None
+
+
+def read_call(
+    body: bytes, content_type: str, route: Route, facade: Facade, header: Callable[[str], str | None]
+) -> Call:
+    """The call as routing sees it, from the body and the routing headers (rules 1-4).
+
+    Raises BadRequest.
+    """
+    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+        model = multipart_field(body, content_type.encode("latin-1"), b"model")
+        if model is None or not model.strip():
+            raise BadRequest("form field 'model' is required", code="model_required")
+        check_identifier("model", model)
+        pin, settings, pool = None, None, None
+    else:
+        doc = parse_json_object(body)
+        reject_duplicate_fields(body, route.model_fields + ("alloc",))
+        model, pin = model_and_pin(doc, route.model_fields)
+        settings = facade.settings(doc)
+        pool = alloc_pool(doc)
+    if pin is None and (pin := header("x-router-box")) is not None:
+        check_identifier("X-Router-Box", pin)
+    if pool is None and (pool := header("x-router-pool")) is not None:
+        check_identifier("X-Router-Pool", pool)
+    return Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)

@@ -36,14 +36,8 @@ from router.core.errors import BadRequest
 from router.core.names import call_key
 from router.core.refusal import CONNECTION_LOST, classify_first_frame, classify_reply
 from router.core.types import BoxKind, Call, Decision, Path
-from router.facades.body import (
-    alloc_pool,
-    model_and_pin,
-    multipart_field,
-    parse_json_object,
-    reject_duplicate_fields,
-)
-from router.facades.table import Body, Facade, Route
+from router.facades.body import read_call
+from router.facades.table import Facade, Route
 from router.serve.edge import BodyTooLarge, ClientLeft
 from router.store.route_log import Row
 from router.upstream.fetch import fetch
@@ -299,23 +293,9 @@ class ProxyCall:
 
     # -- the call ------------------------------------------------------------------------------
     def inspect(self) -> Call:
-        """Reads model and pin from the body. Raises BadRequest."""
+        """Reads model, pin and pool from the body and headers. Raises BadRequest."""
         edge = self.edge
-        content_type = edge.header("content-type") or ""
-        if self.route.body is Body.FORM and content_type.startswith("multipart/form-data"):
-            model = multipart_field(self.body, content_type.encode("latin-1"), b"model")
-            if model is None or not model.strip():
-                raise BadRequest("form field 'model' is required", code="model_required")
-            pin, settings, pool = None, None, None
-        else:
-            doc = parse_json_object(self.body)
-            reject_duplicate_fields(self.body, self.route.model_fields + ("alloc",))
-            model, pin = model_and_pin(doc, self.route.model_fields)
-            settings = self.facade.settings(doc)
-            pool = alloc_pool(doc)
-        pin = pin or edge.header("x-router-box")
-        pool = pool or edge.header("x-router-pool")
-        return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin, pool=pool)
+        return read_call(self.body, edge.header("content-type") or "", self.route, self.facade, edge.header)
 
     async def run(self) -> None:
         clock = self.app.clock
