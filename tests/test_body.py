@@ -5,6 +5,8 @@ body below carries a canary that must not appear in the error text."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
 from router.facades import ollama, openai
-from router.facades.body import model_and_pin, multipart_field, parse_json_object, read_call
+from router._fastpath import json_members
+from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
 
 CANARY = "CANARY-7f3a9e"
 
@@ -27,15 +30,16 @@ def no_echo(exc: pytest.ExceptionInfo) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# parse_json_object
+# json_fields (and json_members, the compiled scan under it)
 # --------------------------------------------------------------------------------------------
 
+ROUTING = ("model", "alloc")
 
-def test_parse_json_object_ok():
-    assert parse_json_object(b'{"model":"m","alloc":{"worker":"b1"}}') == {
-        "model": "m",
-        "alloc": {"worker": "b1"},
-    }
+
+def test_json_fields_ok():
+    body = b'{"model":"m","messages":[{"model":"nested"}],"alloc":{"worker":"b1"}}'
+    assert json_fields(body, ROUTING) == {"model": "m", "alloc": {"worker": "b1"}}
+    assert json_fields(b' {"x": 1}\r\n', ROUTING) == {}
 
 
 @pytest.mark.parametrize(
@@ -48,17 +52,153 @@ def test_parse_json_object_ok():
         CANARY.encode(),
         b'{"model": "m"} ' + CANARY.encode(),  # trailing garbage
         b'{"model": "\xff' + CANARY.encode() + b'"}',  # not UTF-8
+        b'{"model": "m", "x": "\xed\xa0\x80' + CANARY.encode() + b'"}',  # a UTF-8 surrogate, not read
+        b'{"model": "m", "x": [1, 2,]}',  # bad JSON in a member not read
+        b'{"model": "m", "x": "tab\there"}',  # a raw control character
+        b'{"model": "m", "x": "\\q"}',  # a bad escape
         b'["' + CANARY.encode() + b'"]',  # an array
         b'"' + CANARY.encode() + b'"',  # a string
         b"42",
         b"null",
         b"   ",
+        b"\xef\xbb\xbf{}",  # a byte-order mark
     ],
 )
-def test_parse_json_object_rejects(body):
+def test_json_fields_rejects(body):
     with pytest.raises(BadRequest) as exc:
-        parse_json_object(body)
+        json_fields(body, ROUTING)
     no_echo(exc)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "model": "b"}',
+        b'{"model": "a", "mod\\u0065l": "b"}',  # escapes decoded before keys are compared
+        b'{"\\u006d\\u006F\\u0064\\u0065\\u006c": "a", "x": 1, "model": "b"}',
+        b'{"alloc": {}, "all\\u006fc": {"worker": "w"}, "model": "m"}',
+    ],
+)
+def test_a_routing_member_twice_is_400(body):
+    with pytest.raises(BadRequest) as exc:
+        json_fields(body, ROUTING)
+    assert "more than once" in str(exc.value)
+
+
+def test_keys_that_only_look_alike_are_not_duplicates():
+    body = b'{"model": "a", "model ": 1, "Model": 2, "mod\\u00e9l": 3, "x": {"model": "b"}}'
+    assert json_fields(body, ROUTING) == {"model": "a"}
+
+
+def test_nesting_up_to_1024_levels():
+    def nested(depth):
+        return b'{"model": "m", "x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    assert json_fields(nested(1024), ROUTING) == {"model": "m"}
+    with pytest.raises(BadRequest) as exc:
+        json_fields(nested(1025), ROUTING)
+    assert "nested too deeply" in str(exc.value)
+
+
+def test_a_huge_routing_value_is_refused_unparsed():
+    body = b'{"model": "m", "alloc": {"pad": "' + b"x" * MAX_FIELD_VALUE_BYTES + b'"}}'
+    with pytest.raises(BadRequest) as exc:
+        json_fields(body, ROUTING)
+    assert "'alloc' is over" in str(exc.value)
+
+
+class Pairs(list):
+    """An object as the plain model sees it: its (key, value) pairs in order."""
+
+
+def _no_constants(name):
+    raise ValueError(name)
+
+
+def model_members(body: bytes, names: tuple[str, ...]):
+    """The plain model of json_members: the stdlib parser (strict UTF-8, no NaN/Infinity),
+    keeping every pair. None for a body that is not one JSON object; else, per name, None or
+    (first value, count)."""
+    try:
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=Pairs, parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, Pairs):
+        return None
+    found = []
+    for name in names:
+        values = [v for k, v in doc if k == name]
+        found.append((values[0], len(values)) if values else None)
+    return tuple(found)
+
+
+def scanned_members(body: bytes, names: tuple[str, ...]):
+    try:
+        spans = json_members(body, tuple(n.encode() for n in names))
+    except ValueError:
+        return None
+    return tuple(
+        None if span is None
+        else (json.loads(body[span[0]:span[1]].decode(), object_pairs_hook=Pairs), span[2])
+        for span in spans
+    )
+
+
+SHORT_ESCAPES = {"/": "\\/", '"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\b": "\\b", "\f": "\\f", "\r": "\\r"}
+
+
+def escaped(text: str, draw) -> str:
+    """`text` as a JSON string body, each character written plainly or escaped at random."""
+    out = []
+    for ch in text:
+        how = draw(st.integers(0, 3))
+        if how == 3 and ch in SHORT_ESCAPES:
+            out.append(SHORT_ESCAPES[ch])
+        elif ch in '"\\' or ord(ch) < 0x20 or how == 1:
+            out.append("\\u%04x" % ord(ch) if ord(ch) < 0x10000 else json.dumps(ch)[1:-1])
+        elif how == 2:
+            out.append("\\u%04X" % ord(ch) if ord(ch) < 0x10000 else ch)
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+KEYS = st.sampled_from(["model", "alloc", "name", "Model", "model ", "modèl", "x", "", "mo\"del", "\U0001f600",
+                        "a/b\\\n\t\b\f\r"])
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20),
+                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+VALUES = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=3)), max_leaves=8)
+
+
+@st.composite
+def json_bodies(draw):
+    """A JSON object written with duplicate keys, escaped keys and random whitespace, then
+    sometimes damaged (a byte changed, cut short, or a byte put in)."""
+    pairs = draw(st.lists(st.tuples(KEYS, VALUES), max_size=6))
+    space = draw(st.sampled_from(["", " ", "\n\t", "\r\n "]))
+    members = [escaped(k, draw) + space + ":" + space + json.dumps(v, ensure_ascii=draw(st.booleans()))
+               for k, v in pairs]
+    body = ("{" + space + ("," + space).join(members) + space + "}").encode()
+    damage = draw(st.sampled_from(["none", "none", "flip", "cut", "insert"]))
+    if damage != "none" and body:
+        at = draw(st.integers(0, len(body) - 1))
+        byte = bytes([draw(st.integers(0, 255))])
+        body = {"flip": body[:at] + byte + body[at + 1:], "cut": body[:at],
+                "insert": body[:at] + byte + body[at:]}[damage]
+    return body
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(body=json_bodies())
+def test_json_members_against_the_plain_model(body):
+    names = ("model", "alloc", "name")
+    assert scanned_members(body, names) == model_members(body, names)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(body=st.binary(max_size=64))
+def test_json_members_on_arbitrary_bytes(body):
+    assert scanned_members(body, ROUTING) == model_members(body, ROUTING)
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,8 +267,8 @@ def test_alloc_and_worker_types(alloc):
     assert "alloc" in str(exc.value)
 
 
-def test_parse_then_pick():
-    doc = parse_json_object(b'{"model":"llama3","alloc":{"worker":"gpu-2"},"messages":[]}')
+def test_scan_then_pick():
+    doc = json_fields(b'{"model":"llama3","alloc":{"worker":"gpu-2"},"messages":[]}', ROUTING)
     assert model_and_pin(doc) == ("llama3", "gpu-2")
 
 
@@ -228,10 +368,6 @@ TRANSCRIBE = openai.FACADE.route("POST", "/v1/audio/transcriptions")[0]
 SHOW = ollama.FACADE.route("POST", "/api/show")[0]
 
 
-def no_headers(name: str) -> None:
-    return None
-
-
 def too_long(exc: pytest.ExceptionInfo, field: str, value: str) -> None:
     assert exc.value.status_hint == 400 and exc.value.code == "identifier_too_long"
     text = str(exc.value)
@@ -278,34 +414,34 @@ LONG = "x" * (MAX_IDENTIFIER_BYTES + 1)
 def test_over_the_cap_in_the_body(route, doc, field):
     facade = ollama.FACADE if route is SHOW else openai.FACADE
     with pytest.raises(BadRequest) as exc:
-        read_call(orjson.dumps(doc), "application/json", route, facade, no_headers)
+        read_call(orjson.dumps(doc), "application/json", route, facade, None, None)
     too_long(exc, field, LONG)
 
 
 @pytest.mark.parametrize("header", ["x-router-box", "x-router-pool"])
 def test_over_the_cap_in_a_header(header):
-    headers = {header: LONG}
+    values = (LONG, None) if header == "x-router-box" else (None, LONG)
     with pytest.raises(BadRequest) as exc:
-        read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, headers.get)
+        read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *values)
     too_long(exc, {"x-router-box": "X-Router-Box", "x-router-pool": "X-Router-Pool"}[header], LONG)
-    at_cap = {header: LONG[1:]}
-    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, at_cap.get)
-    assert LONG[1:] in (call.pin, call.pool)
+    at_cap = tuple(v and v[1:] for v in values)
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *at_cap)
+    assert (call.pin, call.pool) == at_cap
 
 
 def test_over_the_cap_in_a_form_field():
     body = multipart([FILE_PART, field(b"model", LONG.encode())])
     with pytest.raises(BadRequest) as exc:
-        read_call(body, CT.decode(), TRANSCRIBE, openai.FACADE, no_headers)
+        read_call(body, CT.decode(), TRANSCRIBE, openai.FACADE, None, None)
     too_long(exc, "model", LONG)
 
 
 def test_read_call_body_wins_over_headers():
-    headers = {"x-router-box": "h-box", "x-router-pool": "h-pool"}
+    headers = ("h-box", "h-pool")
     body = b'{"model": "m", "alloc": {"worker": "b-box", "pool": "b-pool"}}'
-    call = read_call(body, "application/json", CHAT, openai.FACADE, headers.get)
+    call = read_call(body, "application/json", CHAT, openai.FACADE, *headers)
     assert (call.model, call.pin, call.pool) == ("m", "b-box", "b-pool")
-    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, headers.get)
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *headers)
     assert (call.pin, call.pool) == ("h-box", "h-pool")
 
 
