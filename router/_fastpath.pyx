@@ -19,11 +19,18 @@
    nesting at most 1,024) and finds the byte spans of the top-level members `names`, keys
    compared as JSON decodes them, without building any object and without the GIL. The plain
    model in tests/test_body.py is the stdlib parser.
+4. `form_field(body, delimiter, name)`: the byte span of text form field `name` in a
+   multipart/form-data body, found by scanning part heads only, without the GIL. Its plain
+   model (the Python scan it replaced) is in tests/test_body.py.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memchr, memcmp, memcpy, memmove, memset
+
+
+cdef extern from "string.h" nogil:
+    void* memmem(const void* haystack, size_t haystack_len, const void* needle, size_t needle_len)
 
 IMPL = "cython"
 
@@ -656,3 +663,99 @@ def json_members(bytes body, tuple names):
     return tuple(
         (found.start[k], found.end[k], found.seen[k]) if found.seen[k] else None for k in range(found.count)
     )
+
+
+# --- 4. form_field: one text field of a multipart/form-data body --------------------------------
+
+DEF DISPOSITION_LEN = 20  # len("content-disposition:")
+
+
+cdef inline Py_ssize_t _find(const unsigned char* p, Py_ssize_t n, Py_ssize_t start,
+                             const unsigned char* needle, Py_ssize_t m) noexcept nogil:
+    """bytes.find: the first index >= start of `needle` in p[:n], or -1."""
+    if start > n:
+        return -1
+    cdef const unsigned char* hit = <const unsigned char*> memmem(p + start, n - start, needle, m)
+    return -1 if hit == NULL else hit - p
+
+
+cdef inline bint _word(unsigned char c) noexcept nogil:
+    return (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95
+
+
+cdef inline unsigned char _lower(unsigned char c) noexcept nogil:
+    return c + 32 if 65 <= c <= 90 else c
+
+
+cdef bint _line_names(const unsigned char* line, Py_ssize_t n, const unsigned char* name, Py_ssize_t m) noexcept nogil:
+    """Whether a part-head line is a `Content-Disposition:` (any case) whose first `name="..."`
+    (any case, at a word start) is `name`, with no `filename=` in the line."""
+    cdef const unsigned char* disposition = b"content-disposition:"
+    cdef const unsigned char* key = b'name="'
+    cdef Py_ssize_t k, j, value
+    if n < DISPOSITION_LEN:
+        return False
+    for k in range(DISPOSITION_LEN):
+        if _lower(line[k]) != disposition[k]:
+            return False
+    for k in range(n - 5):
+        if k > 0 and _word(line[k - 1]):
+            continue
+        for j in range(6):
+            if _lower(line[k + j]) != key[j]:
+                break
+        else:
+            value = k + 6
+            j = value
+            while j < n and line[j] != 34:
+                j += 1
+            if j == n:  # no closing quote: no later `name="` can have one either
+                return False
+            return (j - value == m and memcmp(line + value, name, m) == 0
+                    and memmem(line, n, b"filename=", 9) == NULL)
+    return False
+
+
+cdef int _form_field(const unsigned char* p, Py_ssize_t n, const unsigned char* delimiter, Py_ssize_t dl,
+                     const unsigned char* name, Py_ssize_t m, Py_ssize_t* span) noexcept nogil:
+    cdef Py_ssize_t start = _find(p, n, 0, delimiter + 2, dl - 2)  # the first has no CRLF before it
+    cdef Py_ssize_t head_start, head_end, next_start, line, line_end
+    while start != -1:
+        head_start = start + dl - 2
+        if head_start + 2 <= n and p[head_start] == 45 and p[head_start + 1] == 45:
+            return 0  # the closing delimiter
+        head_end = _find(p, n, head_start, b"\r\n\r\n", 4)
+        if head_end == -1:
+            return 0
+        next_start = _find(p, n, head_end + 4, delimiter, dl)
+        if next_start == -1:
+            return 0
+        line = head_start
+        while line <= head_end:
+            line_end = _find(p, head_end, line, b"\r\n", 2)
+            if line_end == -1:
+                line_end = head_end
+            if _line_names(p + line, line_end - line, name, m):
+                span[0] = head_end + 4
+                span[1] = next_start
+                return 1
+            line = line_end + 2
+        start = next_start + 2
+    return 0
+
+
+def form_field(bytes body, bytes delimiter, bytes name):
+    """The byte span (start, end) of text form field `name` (not a file part) in multipart body
+    `body` whose parts are separated by `delimiter` (`--` + the boundary), or None when absent
+    or the body ends first. Holds no GIL while it scans.
+    """
+    cdef bytes separator = b"\r\n" + delimiter
+    cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(body)
+    cdef const unsigned char* d = <const unsigned char*> PyBytes_AS_STRING(separator)
+    cdef const unsigned char* f = <const unsigned char*> PyBytes_AS_STRING(name)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body), dl = PyBytes_GET_SIZE(separator), m = PyBytes_GET_SIZE(name)
+    cdef Py_ssize_t span[2]
+    cdef int found
+    with nogil:
+        found = _form_field(p, n, d, dl, f, m, span)
+    return (span[0], span[1]) if found else None

@@ -6,6 +6,7 @@ body below carries a canary that must not appear in the error text."""
 from __future__ import annotations
 
 import json
+import re
 
 import orjson
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
 from router.facades import ollama, openai
-from router._fastpath import json_members
+from router._fastpath import form_field, json_members
 from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
 
 CANARY = "CANARY-7f3a9e"
@@ -449,3 +450,85 @@ def test_clip():
     assert clip("abc", 3) == "abc"
     assert clip("abcd", 3) == "abc" + CLIP_MARK % 1
     assert len(clip("y" * 10**6)) < 1100
+
+
+# --------------------------------------------------------------------------------------------
+# form_field (compiled) against its plain model: the Python scan it replaced
+# --------------------------------------------------------------------------------------------
+
+_NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+
+
+def model_form_field(body: bytes, delimiter: bytes, field: bytes) -> tuple[int, int] | None:
+    """Part by part: a part's head runs to the first blank line, its content to the next
+    CRLF + delimiter; a `Content-Disposition:` head line (any case) whose first `name="..."`
+    is `field`, without `filename=`, names the field."""
+    start = body.find(delimiter)
+    while start != -1:
+        head_start = start + len(delimiter)
+        if body.startswith(b"--", head_start):
+            return None  # closing delimiter
+        head_end = body.find(b"\r\n\r\n", head_start)
+        if head_end == -1:
+            return None
+        next_start = body.find(b"\r\n" + delimiter, head_end + 4)
+        if next_start == -1:
+            return None
+        for line in body[head_start:head_end].split(b"\r\n"):
+            if line[:20].lower().startswith(b"content-disposition:"):
+                name = _NAME_RE.search(line)
+                if name is not None and name.group(1) == field and b"filename=" not in line:
+                    return head_end + 4, next_start
+        start = next_start + 2
+    return None
+
+
+HEAD_LINES = st.sampled_from([
+    b'Content-Disposition: form-data; name="model"', b'content-disposition: form-data; NAME="model"',
+    b'Content-Disposition: form-data; name="model"; filename="m.wav"', b'Content-Disposition: form-data; filename="x"; name="model"',
+    b'Content-Disposition: form-data; xname="model"', b'Content-Disposition: form-data; name="file"; name="model"',
+    b'Content-Disposition: form-data; name="model', b'Content-Disposition:name="model"', b'Content-Type: text/plain',
+    b'X-Name: name="model"', b'Content-Disposition: form-data; name="mode"', b'Content-Disposition: form-data; name=""',
+    b"", b"\r", b'Content-Disposition: form-data; name="model"\n',
+])
+
+
+@st.composite
+def multipart_bodies(draw):
+    """Parts with heads picked to be near misses, contents that may hold the delimiter's bytes,
+    then sometimes damaged (a byte changed, cut short, or bytes put in)."""
+    boundary = draw(st.sampled_from([b"b", b"----x-42", b"--"]))
+    out = bytearray(draw(st.sampled_from([b"", b"preamble\r\n"])))
+    for _ in range(draw(st.integers(0, 4))):
+        head = b"\r\n".join(draw(st.lists(HEAD_LINES, min_size=1, max_size=3)))
+        content = draw(st.sampled_from([b"whisper-1", b"", b"a\r\n--", b"--" + boundary, b"\r\n\r\n", b"x\r\n--" + boundary]))
+        out += b"--" + boundary + b"\r\n" + head + b"\r\n\r\n" + content + b"\r\n"
+    if draw(st.booleans()):
+        out += b"--" + boundary + b"--\r\n"
+    body = bytes(out)
+    damage = draw(st.sampled_from(["none", "none", "flip", "cut", "insert"]))
+    if damage != "none" and body:
+        at = draw(st.integers(0, len(body) - 1))
+        extra = draw(st.sampled_from([b"\r\n", b"-", b'"', b"\r\n\r\n", bytes([draw(st.integers(0, 255))])]))
+        body = {"flip": body[:at] + extra + body[at + 1:], "cut": body[:at], "insert": body[:at] + extra + body[at:]}[damage]
+    return boundary, body
+
+
+@settings(max_examples=600, deadline=None, database=None)
+@given(case=multipart_bodies(), field=st.sampled_from([b"model", b"file", b"", b"mode"]))
+def test_form_field_against_the_plain_model(case, field):
+    boundary, body = case
+    assert form_field(body, b"--" + boundary, field) == model_form_field(body, b"--" + boundary, field)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(body=st.binary(max_size=80), field=st.sampled_from([b"model", b""]))
+def test_form_field_on_arbitrary_bytes(body, field):
+    assert form_field(body, b"--b", field) == model_form_field(body, b"--b", field)
+
+
+def test_a_huge_form_field_is_refused_undecoded():
+    body = multipart([field(b"model", b"m" * (MAX_FIELD_VALUE_BYTES + 1))])
+    with pytest.raises(BadRequest) as exc:
+        multipart_field(body, CT, b"model")
+    assert "over" in str(exc.value)

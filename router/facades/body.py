@@ -8,8 +8,8 @@ Rules:
    no GIL, not a parse building every object in it. A routing member twice is a 400 (keys
    compared as JSON decodes them). The model must be a non-empty string; `alloc`, when
    present, must be an object whose `worker` and `pool`, when present, are non-empty strings.
-2. multipart/form-data bodies: the `model` form field (a text part), found by scanning part
-   headers; the file parts are never decoded.
+2. multipart/form-data bodies: the `model` form field (a text part), found by a compiled,
+   GIL-free scan of the part heads (router._fastpath.form_field); file parts are never read.
 3. The pin and the pool may come as headers (`X-Router-Box`, `X-Router-Pool`) instead; the
    body wins.
 4. Every identifier read here is capped (router.core.bounds rule 1).
@@ -23,7 +23,7 @@ import re
 
 import orjson
 
-from router._fastpath import json_members
+from router._fastpath import form_field, json_members
 
 from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
@@ -31,9 +31,8 @@ from router.core.types import Call
 from router.facades.table import Body, Facade, Route
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
-_NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
-# A routing member's value (a model name, `alloc`, Ollama's `options`) is small; a larger one
-# is refused before it is parsed, so no client can make the router build a big object.
+# A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
+# a larger one is refused before it is parsed, so no client can make the router build a big object.
 MAX_FIELD_VALUE_BYTES = 64 << 10
 
 
@@ -103,36 +102,24 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
 
 
 def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | None:
-    """The value of text form field `field` in a multipart body, or None when absent.
+    """The value of text form field `field` in a multipart body, or None when absent (rule 2).
 
-    Raises BadRequest when the content type has no boundary or the field is not UTF-8.
+    Raises BadRequest when the content type has no boundary, or the value is over
+    MAX_FIELD_VALUE_BYTES or not UTF-8.
     """
     match = _BOUNDARY_RE.search(content_type)
     if match is None:
         raise BadRequest("multipart body without a boundary")
-    delimiter = b"--" + match.group(1)
-    start = body.find(delimiter)
-    while start != -1:
-        head_start = start + len(delimiter)
-        if body.startswith(b"--", head_start):
-            return None  # closing delimiter
-        head_end = body.find(b"\r\n\r\n", head_start)
-        if head_end == -1:
-            return None
-        next_start = body.find(b"\r\n" + delimiter, head_end + 4)
-        if next_start == -1:
-            return None
-        headers = body[head_start:head_end]
-        for line in headers.split(b"\r\n"):
-            if line[:20].lower().startswith(b"content-disposition:"):
-                name = _NAME_RE.search(line)
-                if name is not None and name.group(1) == field and b"filename=" not in line:
-                    try:
-                        return body[head_end + 4 : next_start].decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
-        start = next_start + 2
-    return None
+    span = form_field(body, b"--" + match.group(1), field)
+    if span is None:
+        return None
+    start, end = span
+    if end - start > MAX_FIELD_VALUE_BYTES:
+        raise BadRequest(f"form field '{field.decode()}' is over {MAX_FIELD_VALUE_BYTES} bytes")
+    try:
+        return body[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
 
 
 def read_call(
