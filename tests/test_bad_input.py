@@ -285,15 +285,45 @@ def test_huge_numbers_elsewhere_never_500(door, route):
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
-def test_duplicate_model_keys_are_400(door, route):
-    body = b'{"model": "ghost-model", "messages": [], "model": "' + route.model.encode() + b'"}'
+@pytest.mark.parametrize("key", [b"model", b"mod\\u0065l", b"\\u006dodel"])
+def test_duplicate_model_keys_are_400(door, route, key):
+    """Keys as JSON decodes them: an escaped `model` is the same key."""
+    body = b'{"model": "ghost-model", "messages": [], "' + key + b'": "' + route.model.encode() + b'"}'
     try:
         status, headers, data = send(door, "POST", route.path, body)
         assert status == 400, (status, data[:200])
         refused_in_shape(route.facade, status, headers, data)
+        assert b"more than once" in data
     finally:
         for box in door.boxes:
             box.calls.clear()  # keep the module's no-box invariant about the other tests
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_a_large_body_is_inspected_off_the_loop_alike(door, route):
+    """Over 256 KiB the body is joined and scanned on a worker thread: same answers."""
+    pad = "x" * (600 << 10)
+    cases = [
+        ({"model": route.model, "messages": MESSAGES, "pad": pad}, 200),
+        ({"model": "nobody-serves-this", "messages": MESSAGES, "pad": pad}, None),  # refused by the gate
+    ]
+    try:
+        for doc, expected in cases:
+            status, headers, data = send(door, "POST", route.path, json.dumps(doc).encode())
+            if expected == 200:
+                assert status == 200, (status, data[:200])
+            else:
+                refused_in_shape(route.facade, status, headers, data)
+                assert status in (502, 503)
+        for bad in (b'{"model": "' + route.model.encode() + b'", "pad": "' + pad.encode() + b'\xff"}',
+                    b'{"model": "' + route.model.encode() + b'", "pad": "' + pad.encode() + b'", "mod\\u0065l": "x"}',
+                    b'{"model": "' + route.model.encode() + b'", "pad": [' + b"1," * (300 << 10) + b"]}"):
+            status, headers, data = send(door, "POST", route.path, bad)
+            assert status == 400, (status, data[:200])
+            refused_in_shape(route.facade, status, headers, data)
+    finally:
+        for box in door.boxes:
+            box.calls.clear()
 
 
 LONG_ID = 257  # bytes: one past router.core.bounds.MAX_IDENTIFIER_BYTES
