@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
+from router.core.types import Reason, ReasonCode
 from router.facades import ollama, openai
 from router._fastpath import form_field, json_members
 from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
@@ -450,6 +451,9 @@ def test_clip():
     assert clip("abc", 3) == "abc"
     assert clip("abcd", 3) == "abc" + CLIP_MARK % 1
     assert len(clip("y" * 10**6)) < 1100
+    # a refusal reason's detail (a pin, a model key, a box's word) is clipped the same way
+    reason = Reason(ReasonCode.NO_MODEL, "k" * 10**6)
+    assert reason.text() == "no_model: " + clip("k" * 10**6)
 
 
 # --------------------------------------------------------------------------------------------
