@@ -24,7 +24,6 @@ import re
 import orjson
 
 from router._fastpath import form_field, json_members
-
 from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
 from router.core.types import Call
@@ -77,7 +76,9 @@ def alloc_pool(doc: dict) -> str | None:
     pool = alloc.get("pool") if isinstance(alloc, dict) else None
     if pool is not None and (not isinstance(pool, str) or not pool):
         raise BadRequest("'alloc.pool' must be a non-empty string")
-    return pool if pool is None else check_identifier("alloc.pool", pool)
+    if pool is not None:
+        check_identifier("alloc.pool", pool)
+    return pool
 
 
 def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tuple[str, str | None]:
@@ -98,7 +99,9 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
     worker = alloc.get("worker")
     if worker is not None and (not isinstance(worker, str) or not worker):
         raise BadRequest("'alloc.worker' must be a non-empty string")
-    return model, worker if worker is None else check_identifier("alloc.worker", worker)
+    if worker is not None:
+        check_identifier("alloc.worker", worker)
+    return model, worker
 
 
 def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | None:
@@ -123,14 +126,13 @@ def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | Non
 
 
 def read_call(
-    body: bytes, content_type: str, route: Route, facade: Facade, pin: str | None, pool: str | None
+    body: bytes, content_type: str, route: Route, facade: Facade, header_pin: str | None, header_pool: str | None
 ) -> Call:
-    """The call as routing sees it, from the body and the routing headers' values `pin`
-    (`X-Router-Box`) and `pool` (`X-Router-Pool`) (rules 1-4). Safe on any thread.
+    """The call as routing sees it, from the body and the routing headers' values (`X-Router-Box`,
+    `X-Router-Pool`) (rules 1-4). Safe on any thread.
 
     Raises BadRequest.
     """
-    header_pin, header_pool = pin, pool
     if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
         model = multipart_field(body, content_type.encode("latin-1"), b"model")
         if model is None or not model.strip():
