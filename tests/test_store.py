@@ -27,6 +27,8 @@ from router.core.bounds import CLIP_MARK, TEXT_CHARS, clip
 from router.store import route_log
 from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, Row, RouteLogWriter
 
+from conftest import RouterProcess, wait_for, write_boxes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -316,6 +318,33 @@ def test_retention_zero_keeps_every_row(tmp_path):
     writer.record(row(1, received_at=0.0))
     writer.stop()
     assert count(path) == 1 and writer.pruned == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("days,left", [("30", ["c1"]), ("0", ["c0", "c1"])])
+def test_router_serve_prunes_by_its_retention_flag(tmp_path, days, left):
+    """`router serve --log-retention-days N`: the store's rows stamped over N days ago go at
+    start; 0 keeps them."""
+    home = tmp_path / "home"  # RouterProcess's HUGPY_ROUTER_HOME
+    seed = RouteLogWriter(home / paths.DB_FILE)
+    seed.start()
+    seed.record(row(0, received_at=time.time() - 31 * 86_400))
+    seed.record(row(1, received_at=time.time() - 29 * 86_400))
+    seed.stop()
+    router = RouterProcess(write_boxes(tmp_path / "boxes.json", []), "--log-retention-days", days)
+    try:
+        def rows() -> list[str]:
+            conn = db.connect(home / paths.DB_FILE)
+            try:
+                return sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+            finally:
+                conn.close()
+
+        if days == "0":
+            time.sleep(0.5)
+        assert wait_for(lambda: rows() == left, timeout=10), rows()
+    finally:
+        assert router.stop() == 0
 
 
 def test_the_retention_flag(tmp_path):
