@@ -38,6 +38,13 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _days(value: str) -> float:
+    days = float(value)
+    if not 0 <= days < 1e6:
+        raise argparse.ArgumentTypeError("days must be 0 (keep forever) or more")
+    return days
+
+
 def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -> None:
     parser.add_argument(
         "--port",
@@ -83,6 +90,8 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--lmstudio-port", type=_port, default=None,
                         help="also listen here as an LM Studio server (every path is LM Studio's)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
+    parser.add_argument("--log-retention-days", type=_days, default=30.0,
+                        help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -55,6 +55,7 @@ class ServeConfig:
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
+    log_retention_days: float = 30.0  # 0 = keep every route_log row
 
 
 def free_port(host: str) -> int:
@@ -81,7 +82,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scheduler.start()
     store_path = store_paths.db_path()
     keys = KeyStore(store_path)
-    route_log = RouteLogWriter(store_path)
+    route_log = RouteLogWriter(store_path, config.log_retention_days * 86400 or None)
     route_log.start()
     key_upkeep = loop.create_task(_key_upkeep(keys), name="keys")
     shared = Shared(
