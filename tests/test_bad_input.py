@@ -285,15 +285,102 @@ def test_huge_numbers_elsewhere_never_500(door, route):
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
-def test_duplicate_model_keys_are_400(door, route):
-    body = b'{"model": "ghost-model", "messages": [], "model": "' + route.model.encode() + b'"}'
+@pytest.mark.parametrize("key", [b"model", b"mod\\u0065l", b"\\u006dodel"])
+def test_duplicate_model_keys_are_400(door, route, key):
+    """Keys as JSON decodes them: an escaped `model` is the same key."""
+    body = b'{"model": "ghost-model", "messages": [], "' + key + b'": "' + route.model.encode() + b'"}'
     try:
         status, headers, data = send(door, "POST", route.path, body)
         assert status == 400, (status, data[:200])
         refused_in_shape(route.facade, status, headers, data)
+        assert b"more than once" in data
     finally:
         for box in door.boxes:
             box.calls.clear()  # keep the module's no-box invariant about the other tests
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_a_large_body_is_inspected_off_the_loop_alike(door, route):
+    """Over 256 KiB the body is joined and scanned on a worker thread: same answers."""
+    pad = "x" * (600 << 10)
+    cases = [
+        ({"model": route.model, "messages": MESSAGES, "pad": pad}, 200),
+        ({"model": "nobody-serves-this", "messages": MESSAGES, "pad": pad}, None),  # refused by the gate
+    ]
+    try:
+        for doc, expected in cases:
+            status, headers, data = send(door, "POST", route.path, json.dumps(doc).encode())
+            if expected == 200:
+                assert status == 200, (status, data[:200])
+            else:
+                refused_in_shape(route.facade, status, headers, data)
+                assert status in (502, 503)
+        for bad in (b'{"model": "' + route.model.encode() + b'", "pad": "' + pad.encode() + b'\xff"}',
+                    b'{"model": "' + route.model.encode() + b'", "pad": "' + pad.encode() + b'", "mod\\u0065l": "x"}',
+                    b'{"model": "' + route.model.encode() + b'", "pad": [' + b"1," * (300 << 10) + b"]}"):
+            status, headers, data = send(door, "POST", route.path, bad)
+            assert status == 400, (status, data[:200])
+            refused_in_shape(route.facade, status, headers, data)
+    finally:
+        for box in door.boxes:
+            box.calls.clear()
+
+
+LONG_ID = 257  # bytes: one past router.core.bounds.MAX_IDENTIFIER_BYTES
+
+
+def too_long_in_shape(route: Route, status: int, headers: dict, data: bytes, value: str) -> None:
+    assert status == 400, (status, data[:200])
+    refused_in_shape(route.facade, status, headers, data)
+    assert value.encode() not in data and len(data) < 1024
+    if route.facade != "ollama":
+        assert json.loads(data)["error"]["code"] == "identifier_too_long"
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+@pytest.mark.parametrize("where", ["model", "alloc.worker", "alloc.pool", "X-Router-Box", "X-Router-Pool"])
+def test_identifiers_over_the_cap_are_400_never_echoed_in_full(door, route, where):
+    value = "q" * LONG_ID
+    doc, headers = {"model": route.model, "messages": MESSAGES}, {}
+    if where == "model":
+        doc["model"] = value
+    elif where.startswith("alloc."):
+        doc["alloc"] = {where.removeprefix("alloc."): value}
+    else:
+        headers[where] = value
+    status, answer_headers, data = send(door, "POST", route.path, json.dumps(doc).encode(), headers)
+    too_long_in_shape(route, status, answer_headers, data, value)
+
+
+@pytest.mark.parametrize("field", ["name", "model"])
+def test_ollama_name_over_the_cap_is_400(door, field):
+    value = "n" * LONG_ID
+    status, headers, data = send(door, "POST", "/api/show", json.dumps({field: value}).encode())
+    too_long_in_shape(Route("ollama", "/api/show", "llama3"), status, headers, data, value)
+
+
+@BOUNDED
+@given(route=st.sampled_from(ROUTES), size=st.integers(1, 600), unit=st.sampled_from(["a", "é", "€", "😀"]),
+       where=st.sampled_from(["model", "alloc.worker", "X-Router-Box"]))
+def test_identifier_sizes_fuzzed(door, route, size, unit, where):
+    """Any size: at most 256 bytes routes (or is refused by name), more is a 400 in shape; the
+    answer stays small either way."""
+    value = (unit * size)[:size]
+    doc, headers = {"model": route.model, "messages": MESSAGES}, {}
+    if where == "model":
+        doc["model"] = value
+    elif where == "alloc.worker":
+        doc["alloc"] = {"worker": value}
+    elif unit == "a":  # header values are Latin-1 on the wire
+        headers[where] = value
+    else:
+        return
+    status, answer_headers, data = send(door, "POST", route.path, json.dumps(doc).encode(), headers)
+    refused_in_shape(route.facade, status, answer_headers, data)
+    if len(value.encode()) > 256:
+        too_long_in_shape(route, status, answer_headers, data, value)
+    else:  # unknown name or unknown box: refused by the gate, every box's reason listed
+        assert status in (400, 502, 503) and len(data) < 8 * 1024, (status, len(data))
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)

@@ -5,10 +5,22 @@ body below carries a canary that must not appear in the error text."""
 
 from __future__ import annotations
 
+import json
+import re
+
+import orjson
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
-from router.facades.body import model_and_pin, multipart_field, parse_json_object
+from router.core.types import Reason, ReasonCode
+from router.facades import ollama, openai
+from router._fastpath import form_field, json_members
+from router.core.admission import Priority
+from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
 
 CANARY = "CANARY-7f3a9e"
 
@@ -21,15 +33,16 @@ def no_echo(exc: pytest.ExceptionInfo) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# parse_json_object
+# json_fields (and json_members, the compiled scan under it)
 # --------------------------------------------------------------------------------------------
 
+ROUTING = ("model", "alloc")
 
-def test_parse_json_object_ok():
-    assert parse_json_object(b'{"model":"m","alloc":{"worker":"b1"}}') == {
-        "model": "m",
-        "alloc": {"worker": "b1"},
-    }
+
+def test_json_fields_ok():
+    body = b'{"model":"m","messages":[{"model":"nested"}],"alloc":{"worker":"b1"}}'
+    assert json_fields(body, ROUTING) == {"model": "m", "alloc": {"worker": "b1"}}
+    assert json_fields(b' {"x": 1}\r\n', ROUTING) == {}
 
 
 @pytest.mark.parametrize(
@@ -42,17 +55,153 @@ def test_parse_json_object_ok():
         CANARY.encode(),
         b'{"model": "m"} ' + CANARY.encode(),  # trailing garbage
         b'{"model": "\xff' + CANARY.encode() + b'"}',  # not UTF-8
+        b'{"model": "m", "x": "\xed\xa0\x80' + CANARY.encode() + b'"}',  # a UTF-8 surrogate, not read
+        b'{"model": "m", "x": [1, 2,]}',  # bad JSON in a member not read
+        b'{"model": "m", "x": "tab\there"}',  # a raw control character
+        b'{"model": "m", "x": "\\q"}',  # a bad escape
         b'["' + CANARY.encode() + b'"]',  # an array
         b'"' + CANARY.encode() + b'"',  # a string
         b"42",
         b"null",
         b"   ",
+        b"\xef\xbb\xbf{}",  # a byte-order mark
     ],
 )
-def test_parse_json_object_rejects(body):
+def test_json_fields_rejects(body):
     with pytest.raises(BadRequest) as exc:
-        parse_json_object(body)
+        json_fields(body, ROUTING)
     no_echo(exc)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "model": "b"}',
+        b'{"model": "a", "mod\\u0065l": "b"}',  # escapes decoded before keys are compared
+        b'{"\\u006d\\u006F\\u0064\\u0065\\u006c": "a", "x": 1, "model": "b"}',
+        b'{"alloc": {}, "all\\u006fc": {"worker": "w"}, "model": "m"}',
+    ],
+)
+def test_a_routing_member_twice_is_400(body):
+    with pytest.raises(BadRequest) as exc:
+        json_fields(body, ROUTING)
+    assert "more than once" in str(exc.value)
+
+
+def test_keys_that_only_look_alike_are_not_duplicates():
+    body = b'{"model": "a", "model ": 1, "Model": 2, "mod\\u00e9l": 3, "x": {"model": "b"}}'
+    assert json_fields(body, ROUTING) == {"model": "a"}
+
+
+def test_nesting_up_to_1024_levels():
+    def nested(depth):
+        return b'{"model": "m", "x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    assert json_fields(nested(1024), ROUTING) == {"model": "m"}
+    with pytest.raises(BadRequest) as exc:
+        json_fields(nested(1025), ROUTING)
+    assert "nested too deeply" in str(exc.value)
+
+
+def test_a_huge_routing_value_is_refused_unparsed():
+    body = b'{"model": "m", "alloc": {"pad": "' + b"x" * MAX_FIELD_VALUE_BYTES + b'"}}'
+    with pytest.raises(BadRequest) as exc:
+        json_fields(body, ROUTING)
+    assert "'alloc' is over" in str(exc.value)
+
+
+class Pairs(list):
+    """An object as the plain model sees it: its (key, value) pairs in order."""
+
+
+def _no_constants(name):
+    raise ValueError(name)
+
+
+def model_members(body: bytes, names: tuple[str, ...]):
+    """The plain model of json_members: the stdlib parser (strict UTF-8, no NaN/Infinity),
+    keeping every pair. None for a body that is not one JSON object; else, per name, None or
+    (first value, count)."""
+    try:
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=Pairs, parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, Pairs):
+        return None
+    found = []
+    for name in names:
+        values = [v for k, v in doc if k == name]
+        found.append((values[0], len(values)) if values else None)
+    return tuple(found)
+
+
+def scanned_members(body: bytes, names: tuple[str, ...]):
+    try:
+        spans = json_members(body, tuple(n.encode() for n in names))
+    except ValueError:
+        return None
+    return tuple(
+        None if span is None
+        else (json.loads(body[span[0]:span[1]].decode(), object_pairs_hook=Pairs), span[2])
+        for span in spans
+    )
+
+
+SHORT_ESCAPES = {"/": "\\/", '"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\b": "\\b", "\f": "\\f", "\r": "\\r"}
+
+
+def escaped(text: str, draw) -> str:
+    """`text` as a JSON string body, each character written plainly or escaped at random."""
+    out = []
+    for ch in text:
+        how = draw(st.integers(0, 3))
+        if how == 3 and ch in SHORT_ESCAPES:
+            out.append(SHORT_ESCAPES[ch])
+        elif ch in '"\\' or ord(ch) < 0x20 or how == 1:
+            out.append("\\u%04x" % ord(ch) if ord(ch) < 0x10000 else json.dumps(ch)[1:-1])
+        elif how == 2:
+            out.append("\\u%04X" % ord(ch) if ord(ch) < 0x10000 else ch)
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+KEYS = st.sampled_from(["model", "alloc", "name", "Model", "model ", "modèl", "x", "", "mo\"del", "\U0001f600",
+                        "a/b\\\n\t\b\f\r"])
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20),
+                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+VALUES = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=3)), max_leaves=8)
+
+
+@st.composite
+def json_bodies(draw):
+    """A JSON object written with duplicate keys, escaped keys and random whitespace, then
+    sometimes damaged (a byte changed, cut short, or a byte put in)."""
+    pairs = draw(st.lists(st.tuples(KEYS, VALUES), max_size=6))
+    space = draw(st.sampled_from(["", " ", "\n\t", "\r\n "]))
+    members = [escaped(k, draw) + space + ":" + space + json.dumps(v, ensure_ascii=draw(st.booleans()))
+               for k, v in pairs]
+    body = ("{" + space + ("," + space).join(members) + space + "}").encode()
+    damage = draw(st.sampled_from(["none", "none", "flip", "cut", "insert"]))
+    if damage != "none" and body:
+        at = draw(st.integers(0, len(body) - 1))
+        byte = bytes([draw(st.integers(0, 255))])
+        body = {"flip": body[:at] + byte + body[at + 1:], "cut": body[:at],
+                "insert": body[:at] + byte + body[at:]}[damage]
+    return body
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(body=json_bodies())
+def test_json_members_against_the_plain_model(body):
+    names = ("model", "alloc", "name")
+    assert scanned_members(body, names) == model_members(body, names)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(body=st.binary(max_size=64))
+def test_json_members_on_arbitrary_bytes(body):
+    assert scanned_members(body, ROUTING) == model_members(body, ROUTING)
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,8 +270,8 @@ def test_alloc_and_worker_types(alloc):
     assert "alloc" in str(exc.value)
 
 
-def test_parse_then_pick():
-    doc = parse_json_object(b'{"model":"llama3","alloc":{"worker":"gpu-2"},"messages":[]}')
+def test_scan_then_pick():
+    doc = json_fields(b'{"model":"llama3","alloc":{"worker":"gpu-2"},"messages":[]}', ROUTING)
     assert model_and_pin(doc) == ("llama3", "gpu-2")
 
 
@@ -211,3 +360,194 @@ def test_field_not_utf8():
         multipart_field(body, CT, b"model")
     no_echo(exc)
     assert "model" in str(exc.value)
+
+
+# --------------------------------------------------------------------------------------------
+# identifier caps (router.core.bounds rule 1) and the whole read (read_call)
+# --------------------------------------------------------------------------------------------
+
+CHAT = openai.FACADE.route("POST", "/v1/chat/completions")[0]
+TRANSCRIBE = openai.FACADE.route("POST", "/v1/audio/transcriptions")[0]
+SHOW = ollama.FACADE.route("POST", "/api/show")[0]
+
+
+def too_long(exc: pytest.ExceptionInfo, field: str, value: str) -> None:
+    assert exc.value.status_hint == 400 and exc.value.code == "identifier_too_long"
+    text = str(exc.value)
+    assert f"'{field}'" in text and value not in text and len(text) < 200
+    assert clip(value, ECHO_CHARS) in text
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(value=st.text(min_size=1, max_size=400))
+def test_identifier_sizes_fuzzed(value):
+    """At most MAX_IDENTIFIER_BYTES of UTF-8 passes, whatever the characters; more is refused
+    without the value in full."""
+    if len(value.encode("utf-8", "surrogatepass")) <= MAX_IDENTIFIER_BYTES:
+        assert check_identifier("model", value) is value
+    else:
+        with pytest.raises(BadRequest) as exc:
+            check_identifier("model", value)
+        too_long(exc, "model", value)
+
+
+@pytest.mark.parametrize("unit", ["a", "é", "€", "😀"])
+def test_the_cap_is_in_bytes_at_the_edge(unit):
+    fits = unit * (MAX_IDENTIFIER_BYTES // len(unit.encode()))
+    assert check_identifier("model", fits) is fits
+    over = fits + "a" * (MAX_IDENTIFIER_BYTES - len(fits.encode()) + 1)
+    with pytest.raises(BadRequest) as exc:
+        check_identifier("model", over)
+    too_long(exc, "model", over)
+
+
+LONG = "x" * (MAX_IDENTIFIER_BYTES + 1)
+
+
+@pytest.mark.parametrize(
+    "route,doc,field",
+    [
+        (CHAT, {"model": LONG}, "model"),
+        (CHAT, {"model": "m", "alloc": {"worker": LONG}}, "alloc.worker"),
+        (CHAT, {"model": "m", "alloc": {"pool": LONG}}, "alloc.pool"),
+        (SHOW, {"name": LONG}, "name"),
+        (SHOW, {"model": LONG, "name": "m"}, "model"),
+    ],
+)
+def test_over_the_cap_in_the_body(route, doc, field):
+    facade = ollama.FACADE if route is SHOW else openai.FACADE
+    with pytest.raises(BadRequest) as exc:
+        read_call(orjson.dumps(doc), "application/json", route, facade, None, None)
+    too_long(exc, field, LONG)
+
+
+@pytest.mark.parametrize("header", ["x-router-box", "x-router-pool"])
+def test_over_the_cap_in_a_header(header):
+    values = (LONG, None) if header == "x-router-box" else (None, LONG)
+    with pytest.raises(BadRequest) as exc:
+        read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *values)
+    too_long(exc, {"x-router-box": "X-Router-Box", "x-router-pool": "X-Router-Pool"}[header], LONG)
+    at_cap = tuple(v and v[1:] for v in values)
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *at_cap).call
+    assert (call.pin, call.pool) == at_cap
+
+
+def test_over_the_cap_in_a_form_field():
+    body = multipart([FILE_PART, field(b"model", LONG.encode())])
+    with pytest.raises(BadRequest) as exc:
+        read_call(body, CT.decode(), TRANSCRIBE, openai.FACADE, None, None)
+    too_long(exc, "model", LONG)
+
+
+def test_read_call_body_wins_over_headers():
+    headers = ("h-box", "h-pool")
+    body = b'{"model": "m", "alloc": {"worker": "b-box", "pool": "b-pool"}}'
+    call = read_call(body, "application/json", CHAT, openai.FACADE, *headers).call
+    assert (call.model, call.pin, call.pool) == ("m", "b-box", "b-pool")
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *headers).call
+    assert (call.pin, call.pool) == ("h-box", "h-pool")
+
+
+def test_read_call_reads_the_stream_flag_and_the_class_asked_for():
+    read = read_call(b'{"model": "m", "stream": true, "alloc": {"priority": "low"}}', "application/json",
+                     CHAT, openai.FACADE, None, None, "high")
+    assert (read.stream, read.priority) == (True, Priority.LOW)  # the body wins over the header
+    read = read_call(b'{"model": "m", "stream": "yes"}', "application/json", CHAT, openai.FACADE, None, None, "High")
+    assert (read.stream, read.priority) == (False, Priority.HIGH)
+    for bad in ('{"model": "m", "alloc": {"priority": "urgent"}}', '{"model": "m", "alloc": {"priority": 1}}'):
+        with pytest.raises(BadRequest) as exc:
+            read_call(bad.encode(), "application/json", CHAT, openai.FACADE, None, None)
+        assert exc.value.code == "invalid_priority"
+    with pytest.raises(BadRequest):
+        read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, None, None, "urgent")
+
+
+def test_clip():
+    assert clip("abc", 3) == "abc"
+    assert clip("abcd", 3) == "abc" + CLIP_MARK % 1
+    assert len(clip("y" * 10**6)) < 1100
+    # a refusal reason's detail (a pin, a model key, a box's word) is clipped the same way
+    reason = Reason(ReasonCode.NO_MODEL, "k" * 10**6)
+    assert reason.text() == "no_model: " + clip("k" * 10**6)
+
+
+# --------------------------------------------------------------------------------------------
+# form_field (compiled) against its plain model: the Python scan it replaced
+# --------------------------------------------------------------------------------------------
+
+_NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+
+
+def model_form_field(body: bytes, delimiter: bytes, field: bytes) -> tuple[int, int] | None:
+    """Part by part: a part's head runs to the first blank line, its content to the next
+    CRLF + delimiter; a `Content-Disposition:` head line (any case) whose first `name="..."`
+    is `field`, without `filename=`, names the field."""
+    start = body.find(delimiter)
+    while start != -1:
+        head_start = start + len(delimiter)
+        if body.startswith(b"--", head_start):
+            return None  # closing delimiter
+        head_end = body.find(b"\r\n\r\n", head_start)
+        if head_end == -1:
+            return None
+        next_start = body.find(b"\r\n" + delimiter, head_end + 4)
+        if next_start == -1:
+            return None
+        for line in body[head_start:head_end].split(b"\r\n"):
+            if line[:20].lower().startswith(b"content-disposition:"):
+                name = _NAME_RE.search(line)
+                if name is not None and name.group(1) == field and b"filename=" not in line:
+                    return head_end + 4, next_start
+        start = next_start + 2
+    return None
+
+
+HEAD_LINES = st.sampled_from([
+    b'Content-Disposition: form-data; name="model"', b'content-disposition: form-data; NAME="model"',
+    b'Content-Disposition: form-data; name="model"; filename="m.wav"', b'Content-Disposition: form-data; filename="x"; name="model"',
+    b'Content-Disposition: form-data; xname="model"', b'Content-Disposition: form-data; name="file"; name="model"',
+    b'Content-Disposition: form-data; name="model', b'Content-Disposition:name="model"', b'Content-Type: text/plain',
+    b'X-Name: name="model"', b'Content-Disposition: form-data; name="mode"', b'Content-Disposition: form-data; name=""',
+    b"", b"\r", b'Content-Disposition: form-data; name="model"\n',
+])
+
+
+@st.composite
+def multipart_bodies(draw):
+    """Parts with heads picked to be near misses, contents that may hold the delimiter's bytes,
+    then sometimes damaged (a byte changed, cut short, or bytes put in)."""
+    boundary = draw(st.sampled_from([b"b", b"----x-42", b"--"]))
+    out = bytearray(draw(st.sampled_from([b"", b"preamble\r\n"])))
+    for _ in range(draw(st.integers(0, 4))):
+        head = b"\r\n".join(draw(st.lists(HEAD_LINES, min_size=1, max_size=3)))
+        content = draw(st.sampled_from([b"whisper-1", b"", b"a\r\n--", b"--" + boundary, b"\r\n\r\n", b"x\r\n--" + boundary]))
+        out += b"--" + boundary + b"\r\n" + head + b"\r\n\r\n" + content + b"\r\n"
+    if draw(st.booleans()):
+        out += b"--" + boundary + b"--\r\n"
+    body = bytes(out)
+    damage = draw(st.sampled_from(["none", "none", "flip", "cut", "insert"]))
+    if damage != "none" and body:
+        at = draw(st.integers(0, len(body) - 1))
+        extra = draw(st.sampled_from([b"\r\n", b"-", b'"', b"\r\n\r\n", bytes([draw(st.integers(0, 255))])]))
+        body = {"flip": body[:at] + extra + body[at + 1:], "cut": body[:at], "insert": body[:at] + extra + body[at:]}[damage]
+    return boundary, body
+
+
+@settings(max_examples=600, deadline=None, database=None)
+@given(case=multipart_bodies(), field=st.sampled_from([b"model", b"file", b"", b"mode"]))
+def test_form_field_against_the_plain_model(case, field):
+    boundary, body = case
+    assert form_field(body, b"--" + boundary, field) == model_form_field(body, b"--" + boundary, field)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(body=st.binary(max_size=80), field=st.sampled_from([b"model", b""]))
+def test_form_field_on_arbitrary_bytes(body, field):
+    assert form_field(body, b"--b", field) == model_form_field(body, b"--b", field)
+
+
+def test_a_huge_form_field_is_refused_undecoded():
+    body = multipart([field(b"model", b"m" * (MAX_FIELD_VALUE_BYTES + 1))])
+    with pytest.raises(BadRequest) as exc:
+        multipart_field(body, CT, b"model")
+    assert "over" in str(exc.value)

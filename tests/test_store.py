@@ -23,7 +23,11 @@ from router.store import db, keys as keys_mod, paths
 from router.store.keys import KeyStore
 from router.core.decide import decide
 from router.core.types import BoxFacts, BoxKind, Call, Resident
+from router.core.bounds import CLIP_MARK, TEXT_CHARS, clip
+from router.store import route_log
 from router.store.route_log import FLUSH_INTERVAL_S, MAX_BATCH_ROWS, Row, RouteLogWriter
+
+from conftest import RouterProcess, wait_for, write_boxes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -244,6 +248,115 @@ def test_a_decision_is_logged_as_its_ranking_and_refusals(tmp_path):
         "ranked": [["b", "serving"], ["a", "load"]],
         "refused": {"c": decision.refused["c"].text()},
     }
+
+
+def test_client_text_in_a_row_is_clipped(tmp_path):
+    """A row's text columns stay bounded whatever a client or a box sent (rule 12)."""
+    path = tmp_path / "router.sqlite3"
+    writer = RouteLogWriter(path)
+    writer.start()
+    huge = "m" * 100_000
+    writer.record(row(1, model=huge, pin="p" * 5000, client="c" * 3000, route="/" + "r" * 9000,
+                      error="e" * 2000))
+    writer.record(row(2, model="x" * TEXT_CHARS))  # at the bound: kept whole
+    writer.stop()
+    conn = db.connect(path)
+    got = dict(conn.execute("SELECT call_id, model FROM route_log").fetchall())
+    (texts,) = conn.execute("SELECT pin, client, route, error FROM route_log WHERE call_id = 'c1'").fetchall()
+    conn.close()
+    assert got["c1"] == clip(huge) and got["c1"].startswith("m" * TEXT_CHARS)
+    assert got["c1"].endswith(CLIP_MARK % (100_000 - TEXT_CHARS))
+    assert got["c2"] == "x" * TEXT_CHARS
+    assert all(len(text) <= TEXT_CHARS + 32 for text in texts)
+
+
+def test_retention_prunes_old_rows_in_bounded_batches_on_the_writer_thread(tmp_path, monkeypatch):
+    """Rows stamped in the past go, recent rows stay; each DELETE takes at most a batch, and
+    rows recorded meanwhile are written at once (rule 11)."""
+    monkeypatch.setattr(route_log, "PRUNE_BATCH_ROWS", 100)
+    path = tmp_path / "router.sqlite3"
+    now = time.time()
+    day = 86_400.0
+    seed = RouteLogWriter(path)  # no retention: writes every row, old or not
+    seed.start()
+    for i in range(1050):
+        seed.record(row(i, received_at=now - 40 * day - i))
+    for i in range(1050, 1060):
+        seed.record(row(i, received_at=now - 29 * day))
+    seed.stop()
+    assert count(path) == 1060 and seed.pruned == 0
+    batches: list[int] = []
+    prune = RouteLogWriter._prune
+
+    def counted(self, before):
+        full = prune(self, before)
+        batches.append(self._conn.changes())
+        return full
+
+    monkeypatch.setattr(RouteLogWriter, "_prune", counted)
+    writer = RouteLogWriter(path, retention_s=30 * day)
+    writer.start()
+    writer.record(row(2000, received_at=now))
+    deadline = time.monotonic() + 10
+    while writer.pruned < 1050 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(FLUSH_INTERVAL_S * 2)
+    assert writer.written == 1, "a row recorded during the prune was not written"
+    writer.stop()
+    assert writer.pruned == 1050
+    assert max(batches) == 100 and len(batches) >= 11
+    conn = db.connect(path)
+    left = sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+    conn.close()
+    assert left == sorted([f"c{i}" for i in range(1050, 1060)] + ["c2000"])
+
+
+def test_retention_zero_keeps_every_row(tmp_path):
+    path = tmp_path / "router.sqlite3"
+    writer = RouteLogWriter(path, retention_s=None)
+    writer.start()
+    writer.record(row(1, received_at=0.0))
+    writer.stop()
+    assert count(path) == 1 and writer.pruned == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("days,left", [("30", ["c1"]), ("0", ["c0", "c1"])])
+def test_router_serve_prunes_by_its_retention_flag(tmp_path, days, left):
+    """`router serve --log-retention-days N`: the store's rows stamped over N days ago go at
+    start; 0 keeps them."""
+    home = tmp_path / "home"  # RouterProcess's HUGPY_ROUTER_HOME
+    seed = RouteLogWriter(home / paths.DB_FILE)
+    seed.start()
+    seed.record(row(0, received_at=time.time() - 31 * 86_400))
+    seed.record(row(1, received_at=time.time() - 29 * 86_400))
+    seed.stop()
+    router = RouterProcess(write_boxes(tmp_path / "boxes.json", []), "--log-retention-days", days)
+    try:
+        def rows() -> list[str]:
+            conn = db.connect(home / paths.DB_FILE)
+            try:
+                return sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+            finally:
+                conn.close()
+
+        if days == "0":
+            time.sleep(0.5)
+        assert wait_for(lambda: rows() == left, timeout=10), rows()
+    finally:
+        assert router.stop() == 0
+
+
+def test_the_retention_flag(tmp_path):
+    from router.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--port", "1"]).log_retention_days == 30
+    assert parser.parse_args(["serve", "--port", "1", "--log-retention-days", "0"]).log_retention_days == 0
+    assert parser.parse_args(["serve", "--port", "1", "--log-retention-days", "0.5"]).log_retention_days == 0.5
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--port", "1", "--log-retention-days", bad])
 
 
 KILLED_WRITER = textwrap.dedent(

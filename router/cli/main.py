@@ -38,6 +38,13 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _days(value: str) -> float:
+    days = float(value)
+    if not 0 <= days < 1e6:
+        raise argparse.ArgumentTypeError("days must be 0 (keep forever) or more")
+    return days
+
+
 def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -> None:
     parser.add_argument(
         "--port",
@@ -90,6 +97,8 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="a streamed OpenAI call waiting this long (queue, cold load) gets its "
                         "stream head and an SSE comment every this many seconds (default 15; 0: never)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
+    parser.add_argument("--log-retention-days", type=_days, default=30.0,
+                        help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -30,6 +30,7 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         queue_size=args.queue_size,
         queue_timeout_s=args.queue_timeout,
         stream_keepalive_s=args.stream_keepalive,
+        log_retention_days=args.log_retention_days,
     )
 
 

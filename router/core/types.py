@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, NamedTuple
 
+from router.core.bounds import clip
+
 
 class BoxKind(str, Enum):
     HUGPY = "hugpy"
@@ -51,7 +53,8 @@ class Reason(NamedTuple):
     detail: str = ""
 
     def text(self) -> str:
-        return f"{self.code.value}: {self.detail}" if self.detail else self.code.value
+        """The reason as a refusal body and the route log show it: bounded (bounds rule 2)."""
+        return f"{self.code.value}: {clip(self.detail)}" if self.detail else self.code.value
 
 
 class Tier(str, Enum):

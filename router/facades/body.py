@@ -1,58 +1,82 @@
-"""Reading the two things routing needs from a call body: `model` and `alloc.worker`.
+"""Reading what routing needs from a call: the model, the pin, the pool, and what admission
+needs: whether it asks for a stream and the class it asks for.
 
 Rules:
-1. JSON bodies: one orjson parse; only the top-level `model` and `alloc.worker` are read.
-   The body must be a JSON object; `model` must be a non-empty string; `alloc`, when present,
-   must be an object whose `worker`, when present, is a string.
-2. multipart/form-data bodies: the `model` form field (a text part), found by scanning part
-   headers; the file parts are never decoded.
-3. Nothing here copies or keeps the body; errors name the field, never echo the content.
+1. JSON bodies: one compiled scan (router._fastpath.json_members) checks that the body is one
+   JSON object (RFC 8259, UTF-8, nesting at most 1,024) and finds the top-level members
+   routing reads: the model field(s), `alloc`, `stream` and the facade's settings fields. Only those
+   values are parsed (orjson), so the cost of a large body is one scan at ~1 GB/s that holds
+   no GIL, not a parse building every object in it. A routing member twice is a 400 (keys
+   compared as JSON decodes them). The model must be a non-empty string; `alloc`, when
+   present, must be an object whose `worker` and `pool`, when present, are non-empty strings.
+2. multipart/form-data bodies: the `model` form field (a text part), found by a compiled,
+   GIL-free scan of the part heads (router._fastpath.form_field); file parts are never read.
+3. The pin, the pool and the class may come as headers (`X-Router-Box`, `X-Router-Pool`,
+   `X-Router-Priority`) instead; the body wins. A class is `high`, `normal` or `low`.
+4. Every identifier read here is capped (router.core.bounds rule 1).
+5. Nothing here copies or keeps the body; errors name the field, never echo the body.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import re
+from typing import NamedTuple
 
 import orjson
 
+from router._fastpath import form_field, json_members
+from router.core.admission import Priority, parse_priority
+from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
+from router.core.types import Call
+from router.facades.table import Body, Facade, Route
+
+
+class Inspected(NamedTuple):
+    call: Call
+    stream: bool  # the body asks for a stream (`"stream": true`)
+    priority: Priority | None  # the class it asks for (None: its key's)
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
-_NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+# A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
+# a larger one is refused before it is parsed, so no client can make the router build a big object.
+MAX_FIELD_VALUE_BYTES = 64 << 10
 
 
-def parse_json_object(body: bytes) -> dict:
-    """Returns the body as a dict. Raises BadRequest when it is not a JSON object."""
-    if not body:
-        raise BadRequest("request body is empty; a JSON object is required")
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc.msg}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    return doc
+@functools.cache
+def _ascii(names: tuple[str, ...]) -> tuple[bytes, ...]:
+    return tuple(name.encode("ascii") for name in names)
 
 
-def reject_duplicate_fields(body: bytes, fields: tuple[str, ...]) -> None:
-    """Raises BadRequest when a routing field appears twice at the top level of the body.
+def json_fields(body: bytes, names: tuple[str, ...]) -> dict:
+    """The top-level members `names` of a JSON object body, each value parsed; absent ones are
+    left out (rule 1).
 
-    orjson keeps the last of duplicate keys; a box whose parser keeps the first would run
-    another model than the one routed. The full check (a stdlib parse keeping every pair) runs
-    only when a field's quoted name occurs more than once in the raw bytes, which a body with
-    one `model` and no nested `model` keys never does.
+    Raises BadRequest when the body is not one JSON object, when one of `names` is a key more
+    than once (keys as JSON decodes them: `"mod\\u0065l"` is `model`), or when its value is
+    over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
-    if not any(body.count(b'"%s"' % f.encode()) > 1 for f in fields):
-        return
     try:
-        pairs = json.loads(body, object_pairs_hook=lambda items: items)
-    except (RecursionError, ValueError):  # nesting orjson takes but the stdlib parser does not
-        raise BadRequest("request body is nested too deeply to check its fields") from None
-    names = [name for name, _ in pairs]
-    for field in fields:
-        if names.count(field) > 1:
-            raise BadRequest(f"'{field}' appears more than once in the body")
+        spans = json_members(body, _ascii(names))
+    except ValueError as exc:  # the message says what and where, never the content
+        raise BadRequest(f"request body {exc}") from None
+    doc = {}
+    for name, span in zip(names, spans):
+        if span is None:
+            continue
+        start, end, count = span
+        if count > 1:
+            # orjson keeps the last of duplicate keys; a box whose parser keeps the first would
+            # run another model than the one routed.
+            raise BadRequest(f"'{name}' appears more than once in the body")
+        if end - start > MAX_FIELD_VALUE_BYTES:
+            raise BadRequest(f"'{name}' is over {MAX_FIELD_VALUE_BYTES} bytes")
+        try:
+            doc[name] = orjson.loads(body[start:end])
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"'{name}' is not valid JSON: {exc.msg}") from None
+    return doc
 
 
 def alloc_pool(doc: dict) -> str | None:
@@ -61,6 +85,8 @@ def alloc_pool(doc: dict) -> str | None:
     pool = alloc.get("pool") if isinstance(alloc, dict) else None
     if pool is not None and (not isinstance(pool, str) or not pool):
         raise BadRequest("'alloc.pool' must be a non-empty string")
+    if pool is not None:
+        check_identifier("alloc.pool", pool)
     return pool
 
 
@@ -73,6 +99,7 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
     model = doc.get(field)
     if not isinstance(model, str) or not model.strip():
         raise BadRequest(f"'{field}' must be a non-empty string", code="model_required")
+    check_identifier(field, model)
     alloc = doc.get("alloc")
     if alloc is None:
         return model, None
@@ -81,37 +108,70 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
     worker = alloc.get("worker")
     if worker is not None and (not isinstance(worker, str) or not worker):
         raise BadRequest("'alloc.worker' must be a non-empty string")
+    if worker is not None:
+        check_identifier("alloc.worker", worker)
     return model, worker
 
 
 def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | None:
-    """The value of text form field `field` in a multipart body, or None when absent.
+    """The value of text form field `field` in a multipart body, or None when absent (rule 2).
 
-    Raises BadRequest when the content type has no boundary or the field is not UTF-8.
+    Raises BadRequest when the content type has no boundary, or the value is over
+    MAX_FIELD_VALUE_BYTES or not UTF-8.
     """
     match = _BOUNDARY_RE.search(content_type)
     if match is None:
         raise BadRequest("multipart body without a boundary")
-    delimiter = b"--" + match.group(1)
-    start = body.find(delimiter)
-    while start != -1:
-        head_start = start + len(delimiter)
-        if body.startswith(b"--", head_start):
-            return None  # closing delimiter
-        head_end = body.find(b"\r\n\r\n", head_start)
-        if head_end == -1:
-            return None
-        next_start = body.find(b"\r\n" + delimiter, head_end + 4)
-        if next_start == -1:
-            return None
-        headers = body[head_start:head_end]
-        for line in headers.split(b"\r\n"):
-            if line[:20].lower().startswith(b"content-disposition:"):
-                name = _NAME_RE.search(line)
-                if name is not None and name.group(1) == field and b"filename=" not in line:
-                    try:
-                        return body[head_end + 4 : next_start].decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
-        start = next_start + 2
-    return None
+    span = form_field(body, b"--" + match.group(1), field)
+    if span is None:
+        return None
+    start, end = span
+    if end - start > MAX_FIELD_VALUE_BYTES:
+        raise BadRequest(f"form field '{field.decode()}' is over {MAX_FIELD_VALUE_BYTES} bytes")
+    try:
+        return body[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
+
+
+def asked_priority(doc: dict, header: str | None) -> Priority | None:
+    """The class a call asks for (`alloc.priority`, else `X-Router-Priority`), or None."""
+    alloc = doc.get("alloc")
+    asked = alloc.get("priority") if isinstance(alloc, dict) else None
+    if asked is None:
+        asked = header
+    if asked is None:
+        return None
+    priority = parse_priority(asked) if isinstance(asked, str) else None
+    if priority is None:
+        raise BadRequest("the priority must be 'high', 'normal' or 'low'", code="invalid_priority")
+    return priority
+
+
+def read_call(
+    body: bytes, content_type: str, route: Route, facade: Facade, header_pin: str | None, header_pool: str | None,
+    header_priority: str | None = None,
+) -> Inspected:
+    """The call as routing sees it, from the body and the routing headers' values (`X-Router-Box`,
+    `X-Router-Pool`, `X-Router-Priority`) (rules 1-4). Safe on any thread.
+
+    Raises BadRequest.
+    """
+    doc: dict = {}
+    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+        model = multipart_field(body, content_type.encode("latin-1"), b"model")
+        if model is None or not model.strip():
+            raise BadRequest("form field 'model' is required", code="model_required")
+        check_identifier("model", model)
+        pin, settings, pool = None, None, None
+    else:
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + facade.settings_fields)
+        model, pin = model_and_pin(doc, route.model_fields)
+        settings = facade.settings(doc)
+        pool = alloc_pool(doc)
+    if pin is None and header_pin is not None:
+        pin = check_identifier("X-Router-Box", header_pin)
+    if pool is None and header_pool is not None:
+        pool = check_identifier("X-Router-Pool", header_pool)
+    call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority))

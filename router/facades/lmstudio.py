@@ -20,6 +20,7 @@ from typing import Sequence
 
 import orjson
 
+from router.core.bounds import clip
 from router.core.types import BoxKind
 from router.facades.openai import shape_error
 from router.facades.table import Body, Facade, Route
@@ -49,7 +50,7 @@ def v0_model_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     model_id = path.removeprefix("/api/v0/models/")
     row = _v0_union(boxes).get(model_id)
     if row is None:
-        message = f'Model "{model_id}" not found'
+        message = f'Model "{clip(model_id)}" not found'
         return 404, JSON, shape_error(404, "model_not_found", message, {"param": "model"})
     return 200, JSON, orjson.dumps(row)
 
@@ -67,7 +68,7 @@ def v1_models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
 
 
 def unknown_route(method: str, path: str) -> tuple[int, bytes]:
-    return 200, orjson.dumps({"error": f"Unexpected endpoint or method. ({method} {path})"})
+    return 200, orjson.dumps({"error": f"Unexpected endpoint or method. ({method} {clip(path)})"})
 
 
 ROUTES = (

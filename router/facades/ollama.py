@@ -137,4 +137,5 @@ FACADE = Facade(
     no_box_status=502,
     shape_error=shape_error,
     settings=runner_settings,
+    settings_fields=("options",),
 )

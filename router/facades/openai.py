@@ -15,6 +15,7 @@ from typing import Sequence
 import orjson
 
 from router import __version__
+from router.core.bounds import clip
 from router.core.types import BoxKind
 from router.facades.table import Body, Facade, Route
 
@@ -66,7 +67,7 @@ def model_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     model_id = path.removeprefix("/v1/models/")
     entry = _models(boxes).get(model_id)
     if entry is None:
-        return 404, JSON, shape_error(404, "model_not_found", f"no box lists model {model_id!r}", None)
+        return 404, JSON, shape_error(404, "model_not_found", f"no box lists model {clip(model_id)!r}", None)
     return 200, JSON, orjson.dumps(entry)
 
 

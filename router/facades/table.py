@@ -49,8 +49,10 @@ class Facade:
     no_box_status: int
     # shape_error(status, code, message, extra) -> JSON body bytes in the facade's own shape
     shape_error: Callable[[int, str, str, dict | None], bytes]
-    # settings(body) -> the settings a call asks for beyond its model name (None = default)
+    # settings(body) -> the settings a call asks for beyond its model name (None = default),
+    # from the body's top-level `settings_fields` (the only other members the router reads)
     settings: Callable[[dict], str | None] = _no_settings
+    settings_fields: tuple[str, ...] = ()
     # what an unknown route gets: (status, body) for a method and path; None = 404/405 error
     unknown: Callable[[str, str], tuple[int, bytes]] | None = None
     # its streams are SSE, whose comments can keep a long wait alive (NDJSON has no comments)
@@ -72,5 +74,5 @@ class Facade:
 
     def serving(self, kinds: frozenset[BoxKind], no_box_status: int, name: str) -> "Facade":
         """The same routes restricted to some box kinds (a dedicated engine listener)."""
-        return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings, self.unknown,
-                      self.sse_keepalive)
+        return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings,
+                      self.settings_fields, self.unknown, self.sse_keepalive)

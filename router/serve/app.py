@@ -16,6 +16,7 @@ from pathlib import Path
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.core.bounds import clip
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route
@@ -162,7 +163,7 @@ class RouterApp:
             status, body = facade.unknown(edge.method, edge.path)
         else:
             status, code = (405, "method_not_allowed") if known else (404, "unknown_route")
-            message = f"{edge.method} {edge.path} is not a route of this router"
+            message = f"{edge.method} {clip(edge.path)} is not a route of this router"
             body = facade.shape_error(status, code, message, None)
         await edge.respond(status, [(b"content-type", JSON)], body)
 

@@ -46,7 +46,7 @@ from router.boxes.state import BoxState
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.names import call_key
-from router.core.admission import Priority, Waiter, parse_priority
+from router.core.admission import Priority, Waiter
 from router.core.refusal import (
     CONNECTION_LOST,
     PLACEMENT_REFUSALS,
@@ -56,14 +56,8 @@ from router.core.refusal import (
     in_band_status,
 )
 from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
-from router.facades.body import (
-    alloc_pool,
-    model_and_pin,
-    multipart_field,
-    parse_json_object,
-    reject_duplicate_fields,
-)
-from router.facades.table import Body, Facade, Route
+from router.facades.body import Inspected, read_call
+from router.facades.table import Facade, Route
 from router.serve.edge import BodyTooLarge, ClientLeft
 from router.store.route_log import Row
 from router.upstream.fetch import fetch
@@ -95,6 +89,10 @@ BODY_TIMEOUT_S = 60.0
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
 # plus the box's close.
 WATCH_AFTER_S = 0.05
+# A body up to this size is inspected on the loop (the JSON scan runs at ~1 GB/s: ~0.25 ms);
+# a larger one on a worker thread, where the scan holds no GIL, so the loop goes on serving
+# (bench/body_stall.py). A thread hop costs ~0.1 ms, more than scanning a small body.
+INLINE_INSPECT_BYTES = 256 << 10
 # How often the CallClock looks at the calls in flight: a deadline fires up to this late.
 CLOCK_TICK_S = 0.05
 
@@ -440,28 +438,15 @@ class ProxyCall:
             pass
 
     # -- the call ------------------------------------------------------------------------------
-    def inspect(self) -> Call:
-        """Reads model and pin from the body. Raises BadRequest."""
+    async def inspect(self) -> Inspected:
+        """Reads model, pin, pool, stream and class from the body and headers; a large body on a
+        worker thread (INLINE_INSPECT_BYTES). Raises BadRequest."""
         edge = self.edge
-        content_type = edge.header("content-type") or ""
-        if self.route.body is Body.FORM and content_type.startswith("multipart/form-data"):
-            model = multipart_field(self.body, content_type.encode("latin-1"), b"model")
-            if model is None or not model.strip():
-                raise BadRequest("form field 'model' is required", code="model_required")
-            pin, settings, pool = None, None, None
-        else:
-            doc = parse_json_object(self.body)
-            reject_duplicate_fields(self.body, self.route.model_fields + ("alloc",))
-            model, pin = model_and_pin(doc, self.route.model_fields)
-            settings = self.facade.settings(doc)
-            pool = alloc_pool(doc)
-            self.sse_wanted = self.facade.sse_keepalive and doc.get("stream") is True
-            alloc = doc.get("alloc")
-            asked = alloc.get("priority") if isinstance(alloc, dict) else None
-            self.asked_priority = parse_priority(asked if isinstance(asked, str) else None)
-        pin = pin or edge.header("x-router-box")
-        pool = pool or edge.header("x-router-pool")
-        return Call(model=model, kinds=self.facade.kinds, settings=settings, pin=pin, pool=pool)
+        args = (self.body, edge.header("content-type") or "", self.route, self.facade,
+                edge.header("x-router-box"), edge.header("x-router-pool"), edge.header("x-router-priority"))
+        if len(self.body) <= INLINE_INSPECT_BYTES:
+            return read_call(*args)
+        return await asyncio.get_running_loop().run_in_executor(None, read_call, *args)
 
     async def run(self) -> None:
         clock = self.app.clock
@@ -523,10 +508,12 @@ class ProxyCall:
         self.t_body = time.perf_counter()
         self.phase = "deciding"
         try:
-            self.call = call = self.inspect()
+            self.call, stream, self.asked_priority = inspected = await self.inspect()
         except BadRequest as exc:
             await self.error(exc.status_hint, exc.code, str(exc))
             return
+        call = inspected.call
+        self.sse_wanted = stream and self.facade.sse_keepalive
         fleet = self.app.fleet
         self.decision = decision = self.decide_now(fleet.facts())
         if decision.path is Path.REFUSED:
@@ -561,8 +548,7 @@ class ProxyCall:
         """Every owner left is full or cooling: wait for a slot. Returns the decision that
         dispatches the call, or None when it was answered instead (429, 503, or it left)."""
         admission = self.app.admission
-        asked = parse_priority(self.edge.header("x-router-priority")) or self.asked_priority
-        caller, priority = self.app.access.caller_of(self.edge, asked)
+        caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
         self.waiter = admission.join(self, caller, priority, decision.waits_for)
         if self.waiter is None:
             await self.error(

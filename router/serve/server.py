@@ -58,6 +58,7 @@ class ServeConfig:
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
     stream_keepalive_s: float = 15.0  # 0: never
+    log_retention_days: float = 30.0  # 0 = keep every route_log row
 
 
 def free_port(host: str) -> int:
@@ -84,7 +85,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scheduler.start()
     store_path = store_paths.db_path()
     keys = KeyStore(store_path)
-    route_log = RouteLogWriter(store_path)
+    route_log = RouteLogWriter(store_path, config.log_retention_days * 86400 or None)
     route_log.start()
     key_upkeep = loop.create_task(_key_upkeep(keys), name="keys")
     shared = Shared(
