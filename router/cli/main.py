@@ -1,17 +1,47 @@
-"""The command line: `router serve`, `router boxes ...`, `router demo`, `router agent`."""
+"""The command line: `router serve`, `router boxes ...`, `router demo`, `router agent`.
+
+`router` and `hugpy-router` are the same entry point.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
+from router import __version__
 from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
+
+
+# A token that may be a secret: a hugpy key anywhere, or any value argparse did not expect.
+_KEY_RE = re.compile(r"hpk_[A-Za-z0-9_-]+")
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+class Parser(argparse.ArgumentParser):
+    """Every parser of the command line (subparsers inherit the class).
+
+    1. No prefix matching (`allow_abbrev=False`): `--key` must never be taken for `--key-file`,
+       and a flag added later must not change what an old abbreviation meant.
+    2. No secret in an error: a key-shaped token is masked, and of arguments argparse did not
+       recognise only the option names are shown (a mistyped `--kye K` must not print K).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        if message.startswith(_UNRECOGNIZED):
+            shown = (t if t.startswith("-") else "…" for t in message[len(_UNRECOGNIZED):].split())
+            message = _UNRECOGNIZED + " ".join(shown)
+        super().error(_KEY_RE.sub("hpk_…", message))
 
 
 def _port(value: str) -> int:
@@ -73,7 +103,8 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="router", description=__doc__)
+    parser = Parser(description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the router")
