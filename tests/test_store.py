@@ -57,15 +57,48 @@ def count(path: Path) -> int:
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ({"HUGPY_ROUTER_HOME": "/h", "STATE_DIRECTORY": "/s", "XDG_DATA_HOME": "/x"}, "/h"),
-        ({"STATE_DIRECTORY": "/var/lib/router:/var/lib/other", "XDG_DATA_HOME": "/x"}, "/var/lib/router"),
-        ({"HUGPY_ROUTER_HOME": "", "STATE_DIRECTORY": "", "XDG_DATA_HOME": "/x"}, "/x/router"),
-        ({}, os.path.expanduser("~/.local/share/router")),
+        ({"HUGPY_ROUTER_HOME": "/h", "STATE_DIRECTORY": "/s", "HUGPY_DATA_DIR": "/d"}, "/h"),
+        ({"HUGPY_ROUTER_HOME": "~/r"}, os.path.expanduser("~/r")),
+        ({"STATE_DIRECTORY": "/var/lib/hugpy-router:/var/lib/other", "HUGPY_DATA_DIR": "/d"},
+         "/var/lib/hugpy-router"),
+        ({"HUGPY_ROUTER_HOME": "", "STATE_DIRECTORY": "", "HUGPY_DATA_DIR": "/d"}, "/d/router"),
+        ({"XDG_DATA_HOME": "/x"}, "/x/hugpy/router"),
+        ({}, os.path.expanduser("~/.local/share/hugpy/router")),
     ],
 )
-def test_store_path_rules(env, expected):
+def test_store_path_rules(env, expected, monkeypatch):
+    for name in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "HUGPY_DATA_DIR", "HUGPY_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    if "XDG_DATA_HOME" in env:  # platformdirs reads XDG from the process environment
+        monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])
     assert paths.store_dir(env) == Path(expected)
     assert paths.db_path(env) == Path(expected) / "router.sqlite3"
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"HUGPY_ROUTER_BOXES": "/b.json", "HUGPY_CONFIG_DIR": "/c"}, "/b.json"),
+        ({"HUGPY_CONFIG_DIR": "/c"}, "/c/router/boxes.json"),
+        ({"XDG_CONFIG_HOME": "/x"}, "/x/hugpy/router/boxes.json"),
+        ({}, os.path.expanduser("~/.config/hugpy/router/boxes.json")),
+    ],
+)
+def test_boxes_path_rules_are_0_0_4s(env, expected, monkeypatch):
+    for name in ("XDG_CONFIG_HOME", "HUGPY_CONFIG_DIR", "HUGPY_ROUTER_BOXES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert paths.boxes_path() == Path(expected)
+
+
+def test_group_mode_shares_the_store_with_group_hugpy(tmp_path, monkeypatch):
+    monkeypatch.setenv("HUGPY_ROUTER_STORE_MODE", "group")
+    path = tmp_path / "home" / "router.sqlite3"
+    db.open_store(path).close()
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    assert (mode(path.parent), mode(path)) == (0o750, 0o640)
+    assert paths.store_modes({"HUGPY_ROUTER_STORE_MODE": "bogus"}) == paths.PRIVATE
 
 
 # --- opening and migrations -------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The boxes file: which boxes exist, how to reach them, and their keys.
 
 Rules:
-1. Location: `$HUGPY_ROUTER_BOXES`, else `<config dir>/router/boxes.json` where the config
-   dir is `$XDG_CONFIG_HOME` or `~/.config`.
+1. Location: `$HUGPY_ROUTER_BOXES`, else `<hugpy config dir>/router/boxes.json`, as 0.0.4
+   (`router.store.paths`: `$HUGPY_CONFIG_DIR`, else `$XDG_CONFIG_HOME/hugpy` or
+   `~/.config/hugpy`).
 2. The file holds box keys, so it is written 0600, atomically (temp file in the same folder,
    fsync, rename): a reader never sees half a file.
 3. Box names are unique and match the hugpy request-id alphabet, so that they can travel in
@@ -24,6 +25,7 @@ import orjson
 
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
+from router.store import paths
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 KEY_LINE_RE = re.compile(r"""^\s*(?:export\s+)?FITEVICT_TOKEN\s*=\s*["']?([^"'\s]+)["']?\s*$""")
@@ -70,11 +72,8 @@ class BoxesFile:
 
 
 def default_path() -> Path:
-    explicit = os.environ.get("HUGPY_ROUTER_BOXES")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "router" / "boxes.json"
+    """Returns the boxes file's path (rule 1)."""
+    return paths.boxes_path()
 
 
 def validate(box: BoxConfig) -> BoxConfig:

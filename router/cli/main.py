@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -62,14 +63,17 @@ def _size(value: str) -> int:
 
 
 def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -> None:
+    """`port_required`: no port is assumed; `$HUGPY_ROUTER_PORT` (as 0.0.4) stands in for --port."""
+    env_port = os.environ.get("HUGPY_ROUTER_PORT", "").strip() if port_required else ""
     parser.add_argument(
         "--port",
         type=_port,
-        required=port_required,
-        default=None if port_required else 0,
-        help="port to listen on, or 'auto' to pick a free one (printed at start)",
+        required=port_required and not env_port,
+        default=(env_port or None) if port_required else 0,  # a string default goes through `type`
+        help="port to listen on, or 'auto' to pick a free one (printed at start); default $HUGPY_ROUTER_PORT",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", default=os.environ.get("HUGPY_ROUTER_HOST", "").strip() or "127.0.0.1",
+                        help="address to bind (default $HUGPY_ROUTER_HOST, else 127.0.0.1)")
     parser.add_argument(
         "--workers",
         type=int,

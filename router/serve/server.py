@@ -54,6 +54,7 @@ class ServeConfig:
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
+    store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
 
 
 def free_port(host: str) -> int:
@@ -78,7 +79,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scanner.start()
     scheduler = Scheduler(fleet, reservations, telemetry)
     scheduler.start()
-    store_path = store_paths.db_path()
+    store_path = config.store_path or store_paths.db_path()
     keys = KeyStore(store_path)
     route_log = RouteLogWriter(store_path)
     route_log.start()
