@@ -82,7 +82,7 @@ def rows(router) -> list[dict]:
 
 def row_of(router, call_id: str, timeout: float = 3.0) -> dict:
     """The route_log row of `call_id`, once the batched writer has it."""
-    found = wait_for(lambda: next((r for r in rows(router) if r["call_id"] == call_id), None), timeout, 0.05)
+    found = wait_for(lambda: next((r for r in rows(router) if r["request_id"] == call_id), None), timeout, 0.05)
     assert found is not None, f"no route_log row for {call_id}"
     return found
 
@@ -594,7 +594,7 @@ def test_sigterm_under_load_finishes_calls_in_flight_and_records_every_one(start
     assert late is None, f"a call after SIGTERM was answered {late}"
     assert [n for _, n, is_stream in answers if not is_stream] == [200] * 3
     assert [n for _, n, is_stream in answers if is_stream] == [20] * 3
-    recorded = {row["call_id"]: row for row in store_rows(router)}
+    recorded = {row["request_id"]: row for row in store_rows(router)}
     for call_id, _, _ in answers:
         assert recorded[call_id]["state"] == "done"
     assert not error_lines(router)

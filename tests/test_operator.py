@@ -67,12 +67,12 @@ def test_every_call_is_one_row_with_its_decision_and_attempts(start_fleet):
     assert request(router.url, "POST", "/v1/chat/completions", b"{bad")[0] == 400
     rows = wait_for(lambda: (r := route_rows(router)) and len(r) == 3 and r, 3)
     done, refused, bad = rows
-    assert done["state"] == "done" and done["box"] == "b" and done["status"] == 200
+    assert done["state"] == "done" and done["box"] == "b" and done["http_status"] == 200
     assert [att.get("refusal") for att in done["attempts"]] == ["insufficient_resources", None]
     assert done["decision"]["ranked"][0] == ["a", "serving"]
     assert done["first_byte_at"] >= done["received_at"] and done["bytes_out"] > 0
     assert refused["state"] == "refused" and refused["decision"]["refused"]["a"].startswith("no_model")
-    assert bad["state"] == "failed" and bad["status"] == 400
+    assert bad["state"] == "failed" and bad["http_status"] == 400
     router.stop()
     store = (router.boxes_path.parent / "home" / "router.sqlite3").read_bytes()
     assert CANARY.encode() not in store

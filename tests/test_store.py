@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def row(i: int, **extra) -> Row:
     """A finished call's row, as the proxy records it."""
     fields = {
-        "call_id": f"c{i}", "facade": "openai", "route": "/v1/chat/completions",
-        "model": "llama3:latest", "settings": None, "pin": None, "client": "127.0.0.1",
-        "stream": True, "decision_path": "serving",
+        "request_id": f"c{i}", "facade": "openai", "route": "/v1/chat/completions",
+        "model": "llama3:latest", "options": None, "pin": None, "client": "127.0.0.1",
+        "stream": True, "path": "serving",
         "decision": {"ranked": [["a", "serving"], ["b", "load"]], "refused": {}},
         "attempts": [{"box": "a", "status": 200, "refusal": None, "ms": 12.5}],
-        "box": "a", "status": 200, "state": "done", "error": None,
-        "received_at": 1000.0 + i, "first_byte_at": 1000.1 + i, "done_at": 1000.2 + i,
+        "box": "a", "http_status": 200, "state": "done", "error": None,
+        "received_at": 1000.0 + i, "first_byte_at": 1000.1 + i, "responded_at": 1000.2 + i,
         "bytes_in": 120, "bytes_out": 4096, **extra,
     }
     return Row(**fields)
@@ -108,7 +108,7 @@ def test_open_store_creates_a_private_file_and_applies_every_migration(tmp_path)
     path = tmp_path / "home" / "router.sqlite3"
     conn = db.open_store(path)
     steps = db.migrations()
-    assert [name for _, name, _ in steps] == ["route_log", "api_keys"]
+    assert [name for _, name, _ in steps] == ["router", "route_log_facades"]
     assert conn.pragma("user_version") == len(steps)
     assert conn.pragma("journal_mode") == "wal"
     assert conn.pragma("synchronous") == 1  # NORMAL
@@ -225,7 +225,7 @@ def test_ten_thousand_rows_without_blocking_and_stop_flushes_them_all(tmp_path):
     assert writer.last_flush_lag_s > 0
     assert count(path) == 10_000
     conn = db.connect(path)
-    got = conn.execute("SELECT call_id, stream, decision, attempts FROM route_log WHERE call_id = 'c7'").fetchall()
+    got = conn.execute("SELECT request_id, stream, decision, attempts FROM route_log WHERE request_id = 'c7'").fetchall()
     assert got == [("c7", 1, orjson.dumps(rows[7].decision).decode(), orjson.dumps(rows[7].attempts).decode())]
     conn.close()
 
@@ -235,8 +235,8 @@ def test_bad_rows_are_dropped_alone(tmp_path):
     writer = RouteLogWriter(path)
     writer.start()
     writer.record(row(1))
-    writer.record(Row(None, "done"))  # no call_id
-    writer.record(Row("bad-state", "exploded"))
+    writer.record(Row(None, "done", received_at=1.0))  # no request_id
+    writer.record(Row("bad-state", "exploded", received_at=1.0))
     writer.record(row(1, box="b"))  # the same call twice: the first row stands
     writer.record(row(3, attempts=[object()]))  # not JSON
     writer.record(row(2))
@@ -251,10 +251,10 @@ def test_bad_rows_are_dropped_alone(tmp_path):
     assert (writer.written, writer.dropped) == (2 + extra, 4)
     assert (writer2.written, writer2.dropped) == (1, 0)
     conn = db.connect(path)
-    assert sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log")) == sorted(
+    assert sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log")) == sorted(
         ["c1", "c2", "c4"] + [f"c{i}" for i in range(10, 10 + extra)]
     )
-    assert conn.execute("SELECT box FROM route_log WHERE call_id = 'c1'").fetchall() == [("a",)]
+    assert conn.execute("SELECT box FROM route_log WHERE request_id = 'c1'").fetchall() == [("a",)]
     conn.close()
 
 

@@ -398,24 +398,24 @@ class ProxyCall:
         """This call's route_log row: metadata only, never a body or a key."""
         call, decision = self.call, self.decision
         return Row(
-            call_id=self.call_id,
+            request_id=self.call_id,
             state=self.state if self.state != "pending" else "failed",
             facade=self.facade.name,
             route=self.route.path,
             model=call.model if call else None,
-            settings=call.settings if call else None,
+            options=call.settings if call else None,
             pin=call.pin if call else None,
             client=self.edge.client,
             stream=int(self.stream),
-            decision_path=decision.path.value if decision else None,
+            path=decision.path.value if decision else None,
             decision=decision,  # encoded by the writer thread, off the loop
             attempts=self.attempts,
             box=self.box.name if self.box else None,
-            status=self.status or None,
+            http_status=self.status or None,
             error=self.failure,
             received_at=self.received_at,
             first_byte_at=self.first_byte_at,
-            done_at=time.time(),
+            responded_at=time.time(),
             bytes_in=len(self.body),
             bytes_out=self.bytes_out,
         )
