@@ -109,6 +109,8 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--boxes", type=Path, default=None, dest="boxes_top",
+                        help="boxes file for serve and boxes (0.0.4's option; as their --boxes-file)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the router")
@@ -126,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--name", required=True)
     add.add_argument("--url", required=True, help="http://host:port of the box's front door")
     add.add_argument("--kind", choices=[k.value for k in BoxKind], default=BoxKind.HUGPY.value)
-    add.add_argument("--key-file", help="env file with the box key (FITEVICT_TOKEN=...)")
+    key = add.add_mutually_exclusive_group()
+    key.add_argument("--key", help="the box key itself (hpk_box_...)")
+    key.add_argument("--key-file", help="env file with the box key (FITEVICT_TOKEN=...)")
     add.add_argument("--store", help="the box's store file, when readable on this machine")
     add.add_argument("--pool")
     add.add_argument("--agent", help="http://host:port of a `router agent` on the box's host (GPU telemetry)")
@@ -150,7 +154,7 @@ def boxes_command(args: argparse.Namespace) -> int:
             print(f"{box.name}\t{box.kind.value}\t{box.url}\t{flags}")
         return 0
     if args.boxes_command == "add":
-        key = boxes_config.read_key_file(args.key_file) if args.key_file else None
+        key = boxes_config.read_key_file(args.key_file) if args.key_file else args.key
         new = boxes_config.validate(
             boxes_config.BoxConfig(
                 name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
@@ -183,6 +187,8 @@ def boxes_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(args, "boxes_file") and args.boxes_file is None:
+        args.boxes_file = args.boxes_top
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
