@@ -274,7 +274,7 @@ def test_a_decision_is_logged_as_its_ranking_and_refusals(tmp_path):
     (text,) = conn.execute("SELECT decision FROM route_log").fetchall()[0]
     conn.close()
     assert orjson.loads(text) == {
-        "ranked": [["b", "serving"], ["a", "load"]],
+        "boxes": ["b", "a"], "why": {"b": "serving", "a": "load"},
         "refused": {"c": decision.refused["c"].text()},
     }
 

@@ -26,6 +26,7 @@ from router.upstream.pool import UpstreamError, safe_target
 
 JSON = b"application/json"
 CURSOR_LIMIT_MAX = 5000
+CURSOR_LIMIT_DEFAULT = 500  # 0.0.4's
 RELAY_TIMEOUT_S = 60.0
 # hugpy-wrapper's management prefixes a router operator may reach (contracts §2, §6).
 RELAY_PREFIXES = (
@@ -56,21 +57,40 @@ def _query(edge) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
+def _resident(resident) -> dict:
+    """A resident as 0.0.4 shows one (key, state, healthy, busy, last_used), plus `loading`."""
+    if resident.loading:
+        state = "loading"
+    elif not resident.healthy:
+        state = "error"
+    else:
+        state = "serving" if resident.busy else "idle"
+    return {"key": resident.key, "state": state, "healthy": resident.healthy, "busy": resident.busy,
+            "loading": resident.loading, "last_used": resident.last_used_s}
+
+
+def _box_view(shared, box) -> dict:
+    """A box as GET /v1/boxes shows it: 0.0.4's fields (name, url, online, pool, blocked, with
+    "" for no pool) always present, then this router's. Never the key."""
+    cfg = box.config
+    return {"name": cfg.name, "url": cfg.url, "online": box.online, "pool": cfg.pool or "",
+            "blocked": cfg.blocked, "kind": cfg.kind.value, "store": cfg.store, "agent": cfg.agent,
+            "has_key": cfg.key is not None}
+
+
 async def state(app, edge) -> None:
     shared = app.shared
     boxes = []
+    contracts = []
     for box in shared.fleet.ordered():
         cfg = box.config
+        link = shared.fleet.links.get(cfg.name)
         boxes.append({
-            "name": cfg.name,
-            "kind": cfg.kind.value,
-            "url": cfg.url,
-            "link": shared.fleet.links[cfg.name].mode if cfg.name in shared.fleet.links else None,
-            "agent": cfg.agent,
-            "online": box.online,
-            "pool": cfg.pool,
-            "blocked": cfg.blocked,
-            "residents": sorted(box.residents),
+            **_box_view(shared, box),
+            "link": link.mode if link is not None else None,
+            "room_gpu": box.inventory.free_gpu_bytes,
+            "models": len(box.catalog),
+            "residents": [_resident(r) for _, r in sorted(box.residents.items())],
             "catalog_size": len(box.catalog),
             "free_gpu_bytes": box.inventory.free_gpu_bytes,
             "pressure": box.pressure,
@@ -79,7 +99,9 @@ async def state(app, edge) -> None:
             "reservations": shared.reservations.count(box.index),
             "contracts": box.contracts,
         })
-    await _json(edge, 200, {"generation": shared.scheduler.generation, "boxes": boxes})
+        contracts.extend({"box": cfg.name, "model": model, "options": options}
+                         for model, options in box.contracts.items())
+    await _json(edge, 200, {"generation": shared.scheduler.generation, "boxes": boxes, "contracts": contracts})
 
 
 async def schedule(app, edge) -> None:
@@ -129,7 +151,7 @@ async def telemetry(app, edge) -> None:
     query = _query(edge)
     try:
         since = int(query.get("since", "0"))
-        limit = max(1, min(CURSOR_LIMIT_MAX, int(query.get("limit", "100"))))
+        limit = max(1, min(CURSOR_LIMIT_MAX, int(query.get("limit", str(CURSOR_LIMIT_DEFAULT)))))
     except ValueError:
         await _error(app, edge, 400, "bad_query", "since and limit must be numbers")
         return
@@ -174,11 +196,8 @@ async def revoke(app, edge) -> None:
 
 
 async def boxes(app, edge) -> None:
-    listed = [
-        {k: v for k, v in box.config.to_json().items() if k != "key"} | {"has_key": box.config.key is not None}
-        for box in app.shared.fleet.ordered()
-    ]
-    await _json(edge, 200, {"boxes": listed})
+    shared = app.shared
+    await _json(edge, 200, {"boxes": [_box_view(shared, box) for box in shared.fleet.ordered()]})
 
 
 async def relay(app, edge) -> None:

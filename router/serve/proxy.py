@@ -224,7 +224,7 @@ class ProxyCall:
         self.exchange: Exchange | None = None
         self.gone = False
         self.box: BoxState | None = None
-        self.attempts: list[dict] = []  # {box, status, refusal, ms} per box tried
+        self.attempts: list[dict] = []  # {box, status, refusal, ms, error, at} per box tried
         self.token = 0  # reservation token; 0 = none held
         self.loaded: BoxState | None = None  # the box whose in-flight count holds this call
         self.status = 0
@@ -428,7 +428,8 @@ class ProxyCall:
             self.facade.no_box_status,
             "no_box",
             f"{what} can serve model {call.model!r}",  # type: ignore[union-attr]
-            {"boxes": decision.reasons_text()},
+            # 0.0.4's no_box fields, which hugpy-core reads: every box's reason and the call's id
+            {"type": "no_box", "reasons": decision.reasons_text(), "request_id": self.call_id},
             state="refused",
         )
         if log.isEnabledFor(logging.DEBUG):
@@ -459,7 +460,7 @@ class ProxyCall:
                 try:
                     await self.attempt(box)
                     self.attempts.append(
-                        {"box": box.name, "status": self.status, "ms": _ms_since(started)}
+                        {"box": box.name, "status": self.status, "ms": _ms_since(started), "at": time.time()}
                     )
                     return
                 except Refused as refused:
@@ -470,6 +471,8 @@ class ProxyCall:
                         "status": refused.answer.status if refused.answer else None,
                         "refusal": refused.code,
                         "ms": _ms_since(started),
+                        "error": refused.code,  # 0.0.4's name for why the box was left
+                        "at": time.time(),  # 0.0.4's: when the attempt ended (epoch s)
                     })
                     log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refused.code)
             if self.gone:
