@@ -144,9 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def boxes_command(args: argparse.Namespace) -> int:
-    boxes = boxes_config.load(args.boxes_file)
+    """`boxes list | add | remove | block | unblock`; every change is one `boxes_config.edit`,
+    the code path the admin API's box routes take too."""
+    path = args.boxes_file or boxes_config.default_path()
     if args.boxes_command == "list":
-        for box in boxes.boxes:
+        for box in boxes_config.load(path).boxes:
             flags = " ".join(
                 f for f in (f"pool={box.pool}" if box.pool else "", "blocked" if box.blocked else "",
                             "key" if box.key else "no-key", f"store={box.store}" if box.store else "") if f
@@ -155,32 +157,22 @@ def boxes_command(args: argparse.Namespace) -> int:
         return 0
     if args.boxes_command == "add":
         key = boxes_config.read_key_file(args.key_file) if args.key_file else args.key
-        new = boxes_config.validate(
-            boxes_config.BoxConfig(
-                name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
-                store=args.store, pool=args.pool, agent=args.agent,
-            )
+        new = boxes_config.BoxConfig(
+            name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
+            store=args.store, pool=args.pool or None, agent=args.agent,
         )
-        index = next((i for i, b in enumerate(boxes.boxes) if b.name == new.name), None)
-        if index is None:
-            boxes.boxes.append(new)
-        else:
-            boxes.boxes[index] = new
-        boxes_config.save(boxes)
-        print(f"box {new.name} {'added' if index is None else 'replaced'} in {boxes.path}")
+        added = boxes_config.edit(path, lambda boxes: boxes.put(new))
+        print(f"box {new.name} {'added' if added else 'replaced'} in {path}")
         return 0
-    box = boxes.find(args.name)
-    if box is None:
-        print(f"no box named {args.name} in {boxes.path}", file=sys.stderr)
+    try:
+        if args.boxes_command == "remove":
+            boxes_config.edit(path, lambda boxes: boxes.remove(args.name))
+        else:
+            blocked = args.boxes_command == "block"
+            boxes_config.edit(path, lambda boxes: boxes.update(args.name, blocked=blocked))
+    except boxes_config.UnknownBox:
+        print(f"no box named {args.name} in {path}", file=sys.stderr)
         return 1
-    if args.boxes_command == "remove":
-        boxes.boxes.remove(box)
-    else:
-        blocked = args.boxes_command == "block"
-        boxes.boxes[boxes.boxes.index(box)] = boxes_config.BoxConfig(
-            **{**box.__dict__, "blocked": blocked}
-        )
-    boxes_config.save(boxes)
     print(f"box {args.name}: {args.boxes_command} done")
     return 0
 

@@ -18,13 +18,17 @@ from typing import Awaitable, Callable
 import apsw
 import orjson
 
-from router.core.errors import BadRequest
+from router.boxes import config as boxes_config
+from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
 from router.store import db
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
 JSON = b"application/json"
+BOX_BODY_MAX_BYTES = 64 * 1024
+# The fields of a box that POST /v1/boxes takes (the boxes file's, router.boxes.config).
+BOX_FIELDS = ("name", "url", "kind", "key", "store", "pool", "agent", "blocked")
 CURSOR_LIMIT_MAX = 5000
 CURSOR_LIMIT_DEFAULT = 500  # 0.0.4's
 RELAY_TIMEOUT_S = 60.0
@@ -200,6 +204,94 @@ async def boxes(app, edge) -> None:
     await _json(edge, 200, {"boxes": [_box_view(shared, box) for box in shared.fleet.ordered()]})
 
 
+async def _box_body(edge) -> dict:
+    """The request's JSON object. Raises BadRequest (never quoting the body: it may hold a key)."""
+    try:
+        doc = orjson.loads(await edge.read_body(BOX_BODY_MAX_BYTES) or b"{}")
+    except orjson.JSONDecodeError:
+        raise BadRequest("body must be a JSON object", code="invalid_json") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("body must be a JSON object", code="invalid_json")
+    return doc
+
+
+async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
+    """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
+    off the loop; the fleet applies it before the answer, which shows the box (never its key)."""
+    shared = app.shared
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, boxes_config.edit, shared.fleet.path, change)
+    except boxes_config.UnknownBox as exc:
+        await _error(app, edge, 404, "unknown_box", str(exc))
+        return
+    except ConfigError as exc:
+        await _error(app, edge, 400, "invalid_box", str(exc))
+        return
+    await shared.fleet.reload()
+    box = shared.fleet.get(name)
+    if box is None:
+        await _json(edge, status, {"name": name, "removed": True})
+        return
+    await _json(edge, 201 if result is True else status, _box_view(shared, box))
+
+
+async def box_put(app, edge) -> None:
+    """POST /v1/boxes: add a box, or replace the one of that name (201 added, 200 replaced)."""
+    try:
+        doc = await _box_body(edge)
+        wrong = sorted(set(doc) - set(BOX_FIELDS))
+        if wrong:
+            raise BadRequest(f"unknown fields: {', '.join(wrong)} (a box has {', '.join(BOX_FIELDS)})",
+                             code="invalid_box")
+        if not isinstance(doc.get("name"), str) or not isinstance(doc.get("url"), str):
+            raise BadRequest("a box needs a string name and url", code="invalid_box")
+        try:
+            kind = BoxKind(doc.get("kind", BoxKind.HUGPY.value))
+        except ValueError:
+            raise BadRequest(f"kind must be one of {', '.join(k.value for k in BoxKind)}",
+                             code="invalid_box") from None
+        box = boxes_config.BoxConfig(
+            name=doc["name"], url=doc["url"].rstrip("/"), kind=kind, key=doc.get("key"),
+            store=doc.get("store"), pool=doc.get("pool") or None, agent=doc.get("agent"),
+            blocked=doc.get("blocked", False),
+        )
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
+        return
+    await _edit_boxes(app, edge, box.name, lambda boxes: boxes.put(box))
+
+
+def _box_name(edge) -> str:
+    return edge.path.removeprefix("/v1/boxes/").partition("/")[0]
+
+
+async def box_delete(app, edge) -> None:
+    """DELETE /v1/boxes/<name>."""
+    name = _box_name(edge)
+    await _edit_boxes(app, edge, name, lambda boxes: boxes.remove(name))
+
+
+async def box_update(app, edge) -> None:
+    """PUT /v1/boxes/<name>: change its pool, kind, store or agent (null clears one)."""
+    name = _box_name(edge)
+    try:
+        fields = await _box_body(edge)
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
+        return
+    if "pool" in fields:
+        fields["pool"] = fields["pool"] or None
+    await _edit_boxes(app, edge, name, lambda boxes: boxes.update(name, **fields))
+
+
+async def box_block(app, edge) -> None:
+    """POST /v1/boxes/<name>/block and /unblock."""
+    name = _box_name(edge)
+    blocked = edge.path.endswith("/block")
+    await _edit_boxes(app, edge, name, lambda boxes: boxes.update(name, blocked=blocked))
+
+
 async def relay(app, edge) -> None:
     rest = edge.path.removeprefix("/v1/boxes/")
     name, _, path = rest.partition("/")
@@ -239,7 +331,17 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/keys"): keys,
     ("POST", "/v1/keys"): keys,
     ("GET", "/v1/boxes"): boxes,
+    ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
+}
+
+
+# /v1/boxes/<name>[/<action>]: the box edits; every other path under a box is the relay.
+BOX_ROUTES: dict[tuple[str, str], Handler] = {
+    ("DELETE", ""): box_delete,
+    ("PUT", ""): box_update,
+    ("POST", "block"): box_block,
+    ("POST", "unblock"): box_block,
 }
 
 
@@ -252,5 +354,6 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/revoke"):
         return revoke, "admin"
     if path.startswith("/v1/boxes/"):
-        return relay, "admin"
+        action = path.removeprefix("/v1/boxes/").partition("/")[2]
+        return BOX_ROUTES.get((method, action), relay), "admin"
     return None
