@@ -1,4 +1,5 @@
-"""The command line: `router serve`, `router boxes ...`, `router demo`, `router agent`.
+"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router demo`,
+`router agent`, `router install | uninstall | status`.
 
 `router` and `hugpy-router` are the same entry point.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from router import __version__
 from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
+from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
@@ -140,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("name")
     add_agent_parser(sub)
     add_keys_parser(sub)
+    add_install_parsers(sub)
     return parser
 
 
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             return agent_command(args)
         if args.command == "keys":
             return keys_command(args)
+        if args.command in ("install", "uninstall", "status"):
+            return install_command(args)
         from router.cli.run import run_demo, run_serve
 
         if args.command == "serve":

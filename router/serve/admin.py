@@ -228,6 +228,10 @@ async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
     except ConfigError as exc:
         await _error(app, edge, 400, "invalid_box", str(exc))
         return
+    except OSError as exc:  # e.g. a system unit's read-only /etc (ProtectSystem=strict)
+        await _error(app, edge, 503, "boxes_file_unwritable",
+                     f"cannot write the boxes file {shared.fleet.path}: {exc.strerror or exc}")
+        return
     await shared.fleet.reload()
     box = shared.fleet.get(name)
     if box is None:
