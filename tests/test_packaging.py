@@ -42,7 +42,7 @@ def test_sdist_builds_and_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     assert sdist.name == f"hugpy_router-{router.__version__}.tar.gz"
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
-    assert {"router/_fastpath.pyx", "setup.py", "README.md", "router/store/schema/0001_route_log.sql"} <= members
+    assert {"router/_fastpath.pyx", "setup.py", "README.md", "router/store/schema/0001_router.sql"} <= members
     assert "router/_fastpath.c" not in members
 
     _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",

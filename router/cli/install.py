@@ -158,7 +158,8 @@ def render_unit(lay: Layout) -> str:
         f"EnvironmentFile={lay.env_file}",
         f"Environment=PATH={lay.bin_dir}:/usr/local/bin:/usr/bin:/bin",
         "Environment=PYTHONUNBUFFERED=1",
-        f"ExecStart={lay.bin_dir / 'hugpy-router'} serve --host ${{HUGPY_ROUTER_HOST}} --port ${{HUGPY_ROUTER_PORT}}",
+        f"ExecStart={lay.bin_dir / 'hugpy-router'} serve"
+        " --host ${HUGPY_ROUTER_HOST} --port ${HUGPY_ROUTER_PORT}",
         "ExecReload=/bin/kill -HUP $MAINPID",
         f"TimeoutStartSec={START_TIMEOUT_S}",
         "Restart=on-failure",
@@ -167,7 +168,8 @@ def render_unit(lay: Layout) -> str:
     if lay.mode == "system":
         lines += [f"StateDirectory={SERVICE}", "StateDirectoryMode=0750", "UMask=0027", "NoNewPrivileges=yes",
                   "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes"]
-    lines += ["", "[Install]", "WantedBy=" + ("multi-user.target" if lay.mode == "system" else "default.target"), ""]
+    wanted_by = "multi-user.target" if lay.mode == "system" else "default.target"
+    lines += ["", "[Install]", f"WantedBy={wanted_by}", ""]
     return "\n".join(lines)
 
 
@@ -278,7 +280,8 @@ class Plan:
 def _run(cmd: list[str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        raise InstallError(f"`{' '.join(cmd)}` failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-600:]}")
+        said = (done.stderr or done.stdout).strip()[-600:]
+        raise InstallError(f"`{' '.join(cmd)}` failed ({done.returncode}): {said}")
 
 
 def _blocker(lay: Layout) -> str | None:
@@ -477,12 +480,15 @@ def add_install_parsers(sub: argparse._SubParsersAction) -> None:
     mode(install)
     install.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     install.add_argument("--port", help="port, or `auto` (required unless already configured)")
-    install.add_argument("--package", help=f"pip spec for the system service's code (default {PACKAGE}=={__version__})")
-    install.add_argument("--no-local-box", action="store_true", help="do not add this machine's hugpy-wrapper as a box")
+    install.add_argument("--package",
+                         help=f"pip spec for the system service's code (default {PACKAGE}=={__version__})")
+    install.add_argument("--no-local-box", action="store_true",
+                         help="do not add this machine's hugpy-wrapper as a box")
     install.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     uninstall = sub.add_parser("uninstall", help="stop and remove the router service")
     mode(uninstall)
-    uninstall.add_argument("--purge", action="store_true", help="also remove config, boxes file, store (and the user)")
+    uninstall.add_argument("--purge", action="store_true",
+                           help="also remove config, boxes file, store (and the user)")
     uninstall.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     state = sub.add_parser("status", help="what is installed and whether it answers")
     mode(state)

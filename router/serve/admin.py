@@ -73,7 +73,7 @@ def _resident(resident) -> dict:
             "loading": resident.loading, "last_used": resident.last_used_s}
 
 
-def _box_view(shared, box) -> dict:
+def _box_view(box) -> dict:
     """A box as GET /v1/boxes shows it: 0.0.4's fields (name, url, online, pool, blocked, with
     "" for no pool) always present, then this router's. Never the key."""
     cfg = box.config
@@ -90,7 +90,7 @@ async def state(app, edge) -> None:
         cfg = box.config
         link = shared.fleet.links.get(cfg.name)
         boxes.append({
-            **_box_view(shared, box),
+            **_box_view(box),
             "link": link.mode if link is not None else None,
             "room_gpu": box.inventory.free_gpu_bytes,
             "models": len(box.catalog),
@@ -201,7 +201,7 @@ async def revoke(app, edge) -> None:
 
 async def boxes(app, edge) -> None:
     shared = app.shared
-    await _json(edge, 200, {"boxes": [_box_view(shared, box) for box in shared.fleet.ordered()]})
+    await _json(edge, 200, {"boxes": [_box_view(box) for box in shared.fleet.ordered()]})
 
 
 async def _box_body(edge) -> dict:
@@ -237,7 +237,7 @@ async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
     if box is None:
         await _json(edge, status, {"name": name, "removed": True})
         return
-    await _json(edge, 201 if result is True else status, _box_view(shared, box))
+    await _json(edge, 201 if result is True else status, _box_view(box))
 
 
 async def box_put(app, edge) -> None:
