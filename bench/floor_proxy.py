@@ -85,7 +85,7 @@ class FloorApp:
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--interface", choices=("asgi", "rsgi"), default="asgi")
     parser.add_argument("--box", required=True, help="the box's base URL")
     args = parser.parse_args()

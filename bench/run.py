@@ -502,7 +502,7 @@ def latency_curve(rig: Rig, d: Durations, log) -> list[dict]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
     p.add_argument("--repeats", type=int, help="repeats per figure (default 3, quick 1)")
     p.add_argument("--interfaces", default=",".join(INTERFACES), help="comma list of asgi,rsgi")

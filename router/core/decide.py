@@ -4,7 +4,10 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
 1. Gate. `why_not` returns the first disqualifying reason, in this order: pinned elsewhere,
    kind not served by the facade, name invalid under the box kind's rule, offline, other pool,
    blocked, already tried for this call, model not advertised (neither resident nor in the
-   catalog). Failover passes `eligible` (the first decision's ranked set) so that a retry never
+   catalog). Pools (hugpy-router's seed: "eligible: ... the call's pool"): a call without a
+   pool goes only to boxes without a pool, a call with a pool only to that pool's boxes, and
+   a pin without a pool reaches the pinned box whatever its pool. An empty pool is no pool.
+   Failover passes `eligible` (the first decision's ranked set) so that a retry never
    broadens past it.
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
@@ -59,7 +62,7 @@ def _why_not(
         return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
     if not box.online:
         return Reason(ReasonCode.OFFLINE)
-    if call.pool is not None and box.pool != call.pool:
+    if (box.pool or None) != (call.pool or None) and (call.pin is None or call.pool):
         return Reason(ReasonCode.OTHER_POOL, box.pool or "")
     if box.blocked:
         return Reason(ReasonCode.BLOCKED)

@@ -5,7 +5,8 @@ listener of the process shares them (DESIGN.md: reservations are process-wide). 
 would split that state N ways; `--workers 1` is the supported setting.
 
 Stop (SIGTERM or SIGINT): stop accepting, let calls in flight finish for up to the grace period,
-then stop the links and exit 0.
+then stop the links and exit 0. Reload (SIGHUP, a unit's ExecReload): re-read the boxes file and
+the keys now. Under systemd `Type=notify` the server says READY=1 once it serves (serve/notify.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from router.boxes.fleet import Fleet
 from router.facades import mounts
 from router.serve.app import RouterApp, Shared
 from router.serve.metrics import watch_loop
+from router.serve.notify import notify
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -56,6 +58,7 @@ class ServeConfig:
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
     log_retention_days: float = 30.0  # 0 = keep every route_log row
+    store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
 
 
 def free_port(host: str) -> int:
@@ -80,7 +83,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scanner.start()
     scheduler = Scheduler(fleet, reservations, telemetry)
     scheduler.start()
-    store_path = store_paths.db_path()
+    store_path = config.store_path or store_paths.db_path()
     keys = KeyStore(store_path)
     route_log = RouteLogWriter(store_path, config.log_retention_days * 86400 or None)
     route_log.start()
@@ -117,9 +120,19 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         log.info("%s listening on %s (%s)", name, url, config.interface)
         if ready is not None:
             ready(name, url)
+    reloads: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
+
+    def on_hup() -> None:
+        task = loop.create_task(_reload(fleet, keys), name="reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    notify(f"READY=1\nSTATUS=serving {len(fleet.ordered())} boxes")
     stop_wait = loop.create_task(stopping.wait())
     await asyncio.wait({*serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: %d calls in flight, grace %.0f s", shared.in_flight, config.grace_s)
+    notify("STOPPING=1")
     for _, _, server in servers:
         server.stop()
     try:
@@ -159,6 +172,15 @@ def granian_server(app, config: ServeConfig, port: int) -> Server:
 
 
 KEY_REFRESH_S = 1.0
+
+
+async def _reload(fleet: Fleet, keys: KeyStore) -> None:
+    """SIGHUP: the boxes file and the keys, read again now (notify.py rule 2)."""
+    notify("RELOADING=1")
+    await fleet.reload()
+    await asyncio.get_running_loop().run_in_executor(None, keys.reload)
+    log.info("reloaded: boxes file %s (%d boxes) and keys", fleet.path, len(fleet.ordered()))
+    notify("READY=1")
 
 
 async def _key_upkeep(keys: KeyStore) -> None:
