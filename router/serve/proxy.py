@@ -88,6 +88,7 @@ HOP_HEADERS = frozenset(
         b"trailer",
         b"upgrade",
         b"content-length",
+        b"server",
     }
 )
 # Request headers passed from the client to the box; everything else (Authorization, Host,
