@@ -186,13 +186,17 @@ def test_memory_per_idle_connection(start_fleet):
 def test_excess_keeps_the_oldest_per_address_and_spares_trusted_proxies():
     import ipaddress
 
-    conns = [("10.0.0.1", i) for i in (5, 1, 4, 2, 3)]
-    conns += [("::ffff:10.0.0.1", 9)]  # the same client through a dual-stack listener
-    conns += [("10.0.0.2", 7), ("10.0.0.9", 11), ("10.0.0.9", 12), ("10.0.0.9", 13)]
+    def packed(text: str) -> bytes:
+        return ipaddress.ip_address(text).packed
+
+    conns = [(packed("10.0.0.1"), i) for i in (5, 1, 4, 2, 3)]
+    conns += [(packed("::ffff:10.0.0.1"), 9)]  # the same client through a dual-stack listener
+    conns += [(packed("10.0.0.2"), 7), (packed("2001:db8::1"), 8), (packed("2001:db8::1"), 6)]
+    conns += [(packed("10.0.0.9"), i) for i in (11, 12, 13)]
     proxies = [ipaddress.ip_network("10.0.0.9/32")]
     assert sorted(excess(conns, 3, proxies)) == [4, 5, 9]
     assert excess(conns, 0, proxies) == []
-    assert sorted(excess(conns, 1, [])) == [2, 3, 4, 5, 9, 12, 13]
+    assert sorted(excess(conns, 1, [])) == [2, 3, 4, 5, 8, 9, 12, 13]
 
 
 def test_answers_name_the_router_never_granian(start_fleet):

@@ -1,7 +1,7 @@
 """The per-client connection cap: which open client connections to close. Pure, stdlib only.
 
-A connection is `(peer, id)`: the TCP peer's address as text and a number that grows with the
-connection's age (the socket's inode: the kernel numbers sockets as it makes them, in per-CPU
+A connection is `(peer, id)`: the TCP peer's packed address (4 or 16 bytes, as the kernel gives
+it: no text is made per connection) and a number that grows with the connection's age (the socket's inode: the kernel numbers sockets as it makes them, in per-CPU
 batches, so the order is close to creation order, not exact).
 
 Rules:
@@ -23,25 +23,26 @@ from typing import Iterable
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-def peer_key(peer: str) -> str:
-    """The group a peer address belongs to (rule 1); unparsable text is its own group."""
-    try:
-        ip = ipaddress.ip_address(peer)
-    except ValueError:
-        return peer
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
+# ::ffff:0:0/96, the IPv4-mapped IPv6 addresses (RFC 4291 §2.5.5.2).
+V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
 
 
-def excess(conns: Iterable[tuple[str, int]], cap: int, trusted_proxies: Iterable[Network]) -> list[int]:
-    """Returns the ids of the connections to close (rules 1-4), oldest first per group.
+def peer_key(peer: bytes) -> bytes:
+    """The group a packed peer address belongs to (rule 1)."""
+    if len(peer) == 16 and peer.startswith(V4_MAPPED_PREFIX):
+        return peer[12:]
+    return peer
 
-    Raises nothing; a negative `cap` is a bug of the caller and is treated as 0 (no cap).
+
+def excess(conns: Iterable[tuple[bytes, int]], cap: int, trusted_proxies: Iterable[Network]) -> list[int]:
+    """Returns the ids of the connections to close (rules 1-4).
+
+    Raises ValueError when a peer is not 4 or 16 bytes (a bug of the caller); a `cap` of 0 or
+    less is no cap.
     """
     if cap <= 0:
         return []
-    groups: dict[str, list[int]] = {}
+    groups: dict[bytes, list[int]] = {}
     for peer, conn_id in conns:
         groups.setdefault(peer_key(peer), []).append(conn_id)
     proxies = tuple(trusted_proxies)
@@ -54,11 +55,8 @@ def excess(conns: Iterable[tuple[str, int]], cap: int, trusted_proxies: Iterable
     return cut
 
 
-def _trusted(peer: str, proxies: tuple[Network, ...]) -> bool:
+def _trusted(peer: bytes, proxies: tuple[Network, ...]) -> bool:
     if not proxies:
         return False
-    try:
-        ip = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
+    ip = ipaddress.ip_address(peer)  # packed bytes: 4 is IPv4, 16 IPv6
     return any(ip in net for net in proxies)

@@ -5,7 +5,7 @@ connection when a whole request head has arrived and never hears that one closed
 connection that stays idle never reaches it. A cap counted per request would miss exactly the
 idle connections that take Granian's accept permits. So the cap looks at the sockets:
 
-1. Every SWEEP_S, one sock_diag (netlink) dump per listener port lists the TCP connections on it
+1. Every SWEEP_S or so, one sock_diag (netlink) dump per listener port lists the TCP connections on it
    with their peer and inode. The kernel filters by local port; no privilege is needed and no
    system call is made per connection. A connection still in the kernel's accept queue (inode
    0) is not the router's yet and is not counted.
@@ -14,8 +14,10 @@ idle connections that take Granian's accept permits. So the cap looks at the soc
    /proc/self/fd and checked by inode on the duplicate, so a descriptor number reused in the
    meantime is never hit. Granian sees the connection end, drops it and frees its accept permit;
    a call in flight on it ends as a client that left.
-4. The sweep runs in a worker thread, never on the event loop: a dump costs about a microsecond
-   per connection; the /proc/self/fd walk runs only when something is over the cap.
+4. The sweep runs in a worker thread, never on the event loop, and its period stretches with its
+   cost (SWEEP_COST_RATIO). It dumps nothing while the process holds fewer descriptors than the
+   cap, since then no client can be over it; the /proc/self/fd walk to find a descriptor runs
+   only when something is over the cap.
 
 Between sweeps one address can open more than the cap; the listener's permits (server.py rule
 1) are sized well above that, and the next sweep closes the excess. Linux only (sock_diag,
@@ -38,8 +40,14 @@ from router.core import conn_cap
 log = logging.getLogger("router.serve")
 
 # How often the cap looks: the most one address can hold over the cap is what it opens in this
-# long. 0.25 s keeps that small while idle sweeps cost ~0.1 ms each.
+# long (and never more than the listener's accept permits). Every SWEEP_S, unless a sweep took
+# more than 1/SWEEP_COST_RATIO of that, so that the cap never takes more than 5 % of a core; and
+# at least every MAX_SWEEP_S. Measured on the shared 2-core test machine: with fewer descriptors
+# than the cap a sweep only counts them (~0.1 ms); otherwise the dump costs 4-10 ms with few
+# connections (the kernel walks the whole socket table, every program's) and 25-45 ms with 8,000.
 SWEEP_S = 0.25
+SWEEP_COST_RATIO = 20
+MAX_SWEEP_S = 2.0
 # At most one log line this often while the cap is closing connections.
 LOG_EVERY_S = 10.0
 
@@ -55,9 +63,11 @@ NLMSG_HEADER = struct.Struct("=IHHII")
 DIAG_REQUEST = struct.Struct("=BBBBI")
 DIAG_SOCKID_PORTS = struct.Struct("!HH")
 DIAG_SOCKID_REST = 44
-# TCP states not dumped: TIME_WAIT (6) and the request socks of SYN_RECV (3) and NEW_SYN_RECV
-# (12) hold no descriptor; LISTEN (10) is the listener itself.
-DIAG_STATES = 0xFFFFFFFF & ~((1 << 3) | (1 << 6) | (1 << 10) | (1 << 12))
+# The TCP states of a connection that holds a descriptor (include/net/tcp_states.h):
+# ESTABLISHED 1, FIN_WAIT1 4, FIN_WAIT2 5, CLOSE_WAIT 8, LAST_ACK 9, CLOSING 11. Not asked for:
+# the listener (LISTEN 10), what holds no descriptor (SYN_RECV 3, TIME_WAIT 6, NEW_SYN_RECV 12),
+# and bound sockets never connected (CLOSE 7, BOUND_INACTIVE 13: dumped without the port filter).
+DIAG_STATES = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 8) | (1 << 9) | (1 << 11)
 # In inet_diag_msg: the peer address at 24 (16 bytes), the local address at 8, the inode at 68.
 MSG_LOCAL = 8
 MSG_PEER = 24
@@ -88,15 +98,18 @@ class ConnCap:
             return
         loop = asyncio.get_running_loop()
         closed_since_log, logged_at = 0, time.monotonic()
+        interval = SWEEP_S
         try:
             while True:
-                await asyncio.sleep(SWEEP_S)
+                await asyncio.sleep(interval)
+                started = time.monotonic()
                 try:
                     closed_since_log += await loop.run_in_executor(None, self.sweep)
                 except OSError as exc:
                     log.warning("per-client connection cap is off: sock_diag failed: %s", exc)
                     return
                 now = time.monotonic()
+                interval = min(MAX_SWEEP_S, max(SWEEP_S, (now - started) * SWEEP_COST_RATIO))
                 if closed_since_log and now - logged_at >= LOG_EVERY_S:
                     log.warning(
                         "closed %d connections over the per-client cap of %d", closed_since_log, self.cap
@@ -109,6 +122,8 @@ class ConnCap:
     def sweep(self) -> int:
         """One look (rules 1-3); returns how many connections it closed. Raises OSError when
         sock_diag is unavailable."""
+        if len(os.listdir("/proc/self/fd")) <= self.cap:
+            return 0  # no client can be over the cap: skip the dump's walk of the socket table
         conns = [conn for port in self.ports for conn in self.connections(port)]
         cut = conn_cap.excess(conns, self.cap, self.proxies)
         if not cut:
@@ -118,8 +133,8 @@ class ConnCap:
         self.closed_total += closed
         return closed
 
-    def connections(self, port: int) -> list[tuple[str, int]]:
-        """(peer address, inode) of each accepted connection on `port`."""
+    def connections(self, port: int) -> list[tuple[bytes, int]]:
+        """(packed peer address, inode) of each accepted connection on `port`."""
         if self._netlink is None:
             self._netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
         request = (
@@ -130,8 +145,8 @@ class ConnCap:
         header = NLMSG_HEADER.pack(NLMSG_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY,
                                    NLM_F_REQUEST_DUMP, 1, 0)
         self._netlink.sendto(header + request, (0, 0))
-        size = 4 if self.family == socket.AF_INET else 16
-        out: list[tuple[str, int]] = []
+        size, local = (4 if self.family == socket.AF_INET else 16), self.local
+        out: list[tuple[bytes, int]] = []
         while True:
             data = self._netlink.recv(1 << 20)
             offset = 0
@@ -144,10 +159,8 @@ class ConnCap:
                     raise OSError(errno_, os.strerror(errno_))
                 msg = offset + NLMSG_HEADER.size
                 inode = INODE.unpack_from(data, msg + MSG_INODE)[0]
-                local = data[msg + MSG_LOCAL:msg + MSG_LOCAL + size]
-                if inode and (self.local is None or local == self.local):
-                    peer = data[msg + MSG_PEER:msg + MSG_PEER + size]
-                    out.append((socket.inet_ntop(self.family, peer), inode))
+                if inode and (local is None or data[msg + MSG_LOCAL:msg + MSG_LOCAL + size] == local):
+                    out.append((data[msg + MSG_PEER:msg + MSG_PEER + size], inode))
                 offset += (length + 3) & ~3
 
 

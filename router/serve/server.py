@@ -160,12 +160,21 @@ def check_tls(config: ServeConfig) -> None:
     if config.ssl_certfile is None or config.ssl_keyfile is None:
         raise ConfigError("TLS needs both --ssl-certfile and --ssl-keyfile")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
-        raise ConfigError(
-            f"cannot use TLS certificate {config.ssl_certfile} with key {config.ssl_keyfile}: {reason}"
-        ) from None
+        # An empty password: an encrypted key fails here rather than prompt on a terminal.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            config.ssl_certfile, config.ssl_keyfile, password=b""
+        )
+    except ssl.SSLError as exc:  # before OSError: it is one
+        reason = "not a PEM certificate with its unencrypted private key" + (
+            f" ({exc.reason})" if exc.reason else ""
+        )
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    else:
+        return
+    raise ConfigError(
+        f"cannot use TLS certificate {config.ssl_certfile} with key {config.ssl_keyfile}: {reason}"
+    )
 
 
 async def serve(config: ServeConfig, *, ready=None) -> int:
