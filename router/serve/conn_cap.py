@@ -48,7 +48,7 @@ log = logging.getLogger("router.serve")
 SWEEP_S = 0.25
 SWEEP_COST_RATIO = 20
 MAX_SWEEP_S = 2.0
-# At most one log line this often while the cap is closing connections.
+# At most one log line this often while the cap is closing connections (the first at once).
 LOG_EVERY_S = 10.0
 
 # linux/netlink.h, linux/sock_diag.h, linux/inet_diag.h
@@ -97,7 +97,7 @@ class ConnCap:
             log.warning("--max-conns-per-client needs Linux (sock_diag); no per-client cap")
             return
         loop = asyncio.get_running_loop()
-        closed_since_log, logged_at = 0, time.monotonic()
+        closed_since_log, logged_at = 0, -LOG_EVERY_S  # the first close is logged at once
         interval = SWEEP_S
         try:
             while True:
