@@ -238,7 +238,8 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     serving = [loop.create_task(server.serve()) for _, _, server in servers]
     for (name, port, _), task in zip(servers, serving):
         await wait_listening(config.host, port, task)
-        url = f"{config.scheme}://{config.host}:{port}"
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        url = f"{config.scheme}://{host}:{port}"
         log.info("%s listening on %s (%s, up to %d connections)", name, url, config.interface, max_conns)
         if ready is not None:
             ready(name, url)
