@@ -221,3 +221,18 @@ def test_answers_name_the_router_never_granian(start_fleet):
         answer.read()
         assert answer.headers.get_all("server") == ["router"], (path, body)
         conn.close()
+
+
+def test_the_idle_timeout_never_cuts_a_call_in_progress(start_fleet):
+    """The timeout runs only while the router waits for a request head: a cold load longer than
+    it, and a stream longer than it, come through whole."""
+    box = SimBox("a", catalog=["tiny"], chunks=5, cadence_s=0.4, load_s=1.5)
+    router = start_fleet(box, extra_args=("--idle-timeout", "1"))
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    started = time.monotonic()
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert [c for c in stream if c.choices and c.choices[0].finish_reason == "stop"]
+    assert time.monotonic() - started > 2.5  # both outlasted the timeout
