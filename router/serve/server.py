@@ -66,9 +66,9 @@ log = logging.getLogger("router.serve")
 # links and telemetry, pipes, and the per-client cap's own look-ups.
 FD_RESERVE = 1024
 # A listener's connections whatever the descriptor budget: at least enough for a small front
-# door, at most what 64 Ki idle connections cost (~3.3 KiB each, ~10 KiB once they have sent a
-# request: measured in tests/test_edge_capacity.py), and above the 65,535 connections one IPv4
-# address can open to one port.
+# door; at most 64 Ki, whose idle connections cost the router ~160 MB (~2.5 KB each, ~14 KB once
+# each has had an answer: tests/test_edge_capacity.py), which is still more than the 65,535
+# connections one IPv4 address can open to one port.
 MIN_CONNS_PER_LISTENER = 256
 MAX_CONNS_PER_LISTENER = 65536
 
