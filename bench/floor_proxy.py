@@ -93,7 +93,8 @@ async def main() -> int:
     host = "127.0.0.1"
     port = server.free_port(host)
     config = server.ServeConfig(host=host, port=port, boxes_path=Path("/dev/null"), interface=args.interface)
-    granian = server.granian_server(FloorApp(Origin(box.hostname, box.port)), config, port)
+    max_conns = server.conns_per_listener(server.raise_fd_limit(), 1)
+    granian = server.granian_server(FloorApp(Origin(box.hostname, box.port)), config, port, max_conns=max_conns)
     serving = asyncio.get_running_loop().create_task(granian.serve())
     await server.wait_listening(host, port, serving)
     print(f"floor listening on http://{host}:{port}", flush=True)

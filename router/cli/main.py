@@ -21,6 +21,14 @@ from router.cli.keys import add_keys_parser, keys_command
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 
+# Above the idle expiry of the common pooled clients (httpx 5 s, aiohttp 15 s), so that they drop
+# an idle connection before the router does and never send into one being closed; below nginx's
+# 60 s header and 75 s keep-alive timeouts, since an idle connection is what an attacker holds.
+DEFAULT_IDLE_TIMEOUT_S = 20.0
+# Above what one busy host sends through its own pool (a browser holds 6, an eval harness a few
+# hundred concurrent streams), far below a listener's share of the descriptors (thousands).
+DEFAULT_MAX_CONNS_PER_CLIENT = 512
+
 
 # A token that may be a secret: a hugpy key anywhere, or any value argparse did not expect.
 _KEY_RE = re.compile(r"hpk_[A-Za-z0-9_-]+")
@@ -54,6 +62,20 @@ def _port(value: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError("port must be 1-65535 or 'auto'")
     return port
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return seconds
+
+
+def _count(value: str) -> int:
+    count = int(value)
+    if count < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return count
 
 
 def _size(value: str) -> int:
@@ -128,6 +150,25 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="seconds a connection may stay without a whole request head, after it opens or "
+        f"after its last answer, before it is closed (default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-conns-per-client",
+        type=_count,
+        default=DEFAULT_MAX_CONNS_PER_CLIENT,
+        help="most open connections one client address may hold; the newest over it are closed. "
+        "Trusted proxies (HUGPY_ROUTER_TRUSTED_PROXIES) are exempt; 0 = no cap "
+        f"(default {DEFAULT_MAX_CONNS_PER_CLIENT})",
+    )
+    parser.add_argument("--ssl-certfile", type=Path, default=None,
+                        help="serve HTTPS on every listener with this PEM certificate (chain)")
+    parser.add_argument("--ssl-keyfile", type=Path, default=None,
+                        help="the PEM private key of --ssl-certfile")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -34,6 +34,10 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         ollama_port=args.ollama_port,
         lmstudio_port=args.lmstudio_port,
         log_retention_days=args.log_retention_days,
+        idle_timeout_s=args.idle_timeout,
+        max_conns_per_client=args.max_conns_per_client,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
 
 
