@@ -294,8 +294,8 @@ def test_client_text_in_a_row_is_clipped(tmp_path):
     writer.record(row(2, model="x" * TEXT_CHARS))  # at the bound: kept whole
     writer.stop()
     conn = db.connect(path)
-    got = dict(conn.execute("SELECT call_id, model FROM route_log").fetchall())
-    (texts,) = conn.execute("SELECT pin, client, route, error FROM route_log WHERE call_id = 'c1'").fetchall()
+    got = dict(conn.execute("SELECT request_id, model FROM route_log").fetchall())
+    (texts,) = conn.execute("SELECT pin, client, route, error FROM route_log WHERE request_id = 'c1'").fetchall()
     conn.close()
     assert got["c1"] == clip(huge) and got["c1"].startswith("m" * TEXT_CHARS)
     assert got["c1"].endswith(CLIP_MARK % (100_000 - TEXT_CHARS))
@@ -339,7 +339,7 @@ def test_retention_prunes_old_rows_in_bounded_batches_on_the_writer_thread(tmp_p
     assert writer.pruned == 1050
     assert max(batches) == 100 and len(batches) >= 11
     conn = db.connect(path)
-    left = sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+    left = sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log"))
     conn.close()
     assert left == sorted([f"c{i}" for i in range(1050, 1060)] + ["c2000"])
 
@@ -369,7 +369,7 @@ def test_router_serve_prunes_by_its_retention_flag(tmp_path, days, left):
         def rows() -> list[str]:
             conn = db.connect(home / paths.DB_FILE)
             try:
-                return sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+                return sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log"))
             finally:
                 conn.close()
 

@@ -47,14 +47,7 @@ def _announce(name: str, url: str) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     boxes_path = args.boxes_file or boxes_config.default_path()
-    boxes = boxes_config.load(boxes_path)  # a broken file stops the start with a clear message
-    log.info("boxes file %s: %d boxes; store %s", boxes_path, len(boxes.boxes), store_paths.db_path())
-    if not boxes.boxes:
-        log.warning(
-            "the fleet is empty: no boxes in %s, so every call is refused until one is added "
-            "(`hugpy-router boxes add`, or --boxes FILE / HUGPY_ROUTER_BOXES for another file)",
-            boxes_path,
-        )
+    boxes_config.load(boxes_path)  # a broken file stops the start with a clear message
     return uvloop.run(serve(_config(args, boxes_path), ready=_announce))
 
 

@@ -204,6 +204,15 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     telemetry = TelemetryCache()
     agents = AgentLinks(fleet, telemetry)
     await fleet.start()
+    store_path = config.store_path or store_paths.db_path()
+    # After the listeners' check: a start that fails says one line and nothing else.
+    log.info("boxes file %s: %d boxes; store %s", config.boxes_path, len(fleet.ordered()), store_path)
+    if not fleet.ordered():
+        log.warning(
+            "the fleet is empty: no boxes in %s, so every call is refused until one is added "
+            "(`hugpy-router boxes add`, or --boxes FILE / HUGPY_ROUTER_BOXES for another file)",
+            config.boxes_path,
+        )
     scanner = LocalScanTask(
         telemetry,
         lambda: [box.name for box in fleet.ordered() if is_loopback_url(box.config.url)],
@@ -211,7 +220,6 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scanner.start()
     scheduler = Scheduler(fleet, reservations, telemetry)
     scheduler.start()
-    store_path = config.store_path or store_paths.db_path()
     keys = KeyStore(store_path)
     route_log = RouteLogWriter(store_path, config.log_retention_days * 86400 or None)
     route_log.start()

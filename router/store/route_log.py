@@ -110,7 +110,7 @@ COLUMNS = Row._fields
 _JSON_COLUMNS = tuple(COLUMNS.index(name) for name in ("decision", "attempts"))
 # Columns whose text may carry what a client (model, pin, route, client address) or a box sent.
 _TEXT_COLUMNS = tuple(
-    COLUMNS.index(name) for name in ("facade", "route", "model", "settings", "pin", "client", "box", "error")
+    COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error")
 )
 _ONE_ROW = "(" + ", ".join("?" * len(COLUMNS)) + ")"
 
