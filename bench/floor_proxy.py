@@ -85,7 +85,7 @@ class FloorApp:
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--interface", choices=("asgi", "rsgi"), default="asgi")
     parser.add_argument("--box", required=True, help="the box's base URL")
     args = parser.parse_args()
@@ -93,7 +93,8 @@ async def main() -> int:
     host = "127.0.0.1"
     port = server.free_port(host)
     config = server.ServeConfig(host=host, port=port, boxes_path=Path("/dev/null"), interface=args.interface)
-    granian = server.granian_server(FloorApp(Origin(box.hostname, box.port)), config, port)
+    max_conns = server.conns_per_listener(server.raise_fd_limit(), 1)
+    granian = server.granian_server(FloorApp(Origin(box.hostname, box.port)), config, port, max_conns=max_conns)
     serving = asyncio.get_running_loop().create_task(granian.serve())
     await server.wait_listening(host, port, serving)
     print(f"floor listening on http://{host}:{port}", flush=True)

@@ -212,7 +212,7 @@ async def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("url", help="the chat completions URL")
     p.add_argument("--streams", type=int, default=2000)
     p.add_argument("--frames", type=int, required=True, help="`data: ` events per stream, [DONE] included")

@@ -178,6 +178,10 @@ class Rig:
         self.router, match = self.procs.start(f"router-{self.name}", [
             measure.PYTHON, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_file),
             "--interface", self.interface, "--log-level", "warning",
+            # Every load generator here is one address: a cap above the most connections it
+            # holds (open_streams), so that the cap's sweeps run and cost what they cost, and
+            # close nothing.
+            "--max-conns-per-client", str(OPEN_STREAMS + 100),
         ], measure.ROUTER_READY, env={"HUGPY_ROUTER_HOME": str(self.store)})
         self.meter.sim_pid, self.meter.router_pid = self.sim.pid, self.router.pid
         self.router_url = match.group(1)
@@ -502,7 +506,7 @@ def latency_curve(rig: Rig, d: Durations, log) -> list[dict]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
     p.add_argument("--repeats", type=int, help="repeats per figure (default 3, quick 1)")
     p.add_argument("--interfaces", default=",".join(INTERFACES), help="comma list of asgi,rsgi")

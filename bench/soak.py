@@ -63,7 +63,8 @@ def one_call(conn: http.client.HTTPConnection, stream: bool) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--fault-rate", type=float, default=0.05, help="share of calls that meet a fault")
     parser.add_argument("--workers", type=int, default=16)

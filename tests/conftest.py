@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -16,13 +17,15 @@ import pytest
 from router.sim import SimFleet
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTENING_RE = re.compile(r"(\w+) listening on (http://\S+)")
+LISTENING_RE = re.compile(r"(\w+) listening on (https?://\S+)")
 
 
 class RouterProcess:
-    """`python -m router serve` on a free port, reading its boxes file; stopped with SIGTERM."""
+    """`python -m router serve` on a free port, reading its boxes file; stopped with SIGTERM.
+    `nofile` caps the process's descriptors (soft and hard RLIMIT_NOFILE)."""
 
-    def __init__(self, boxes_path: Path, *extra: str, env: dict | None = None) -> None:
+    def __init__(self, boxes_path: Path, *extra: str, env: dict | None = None,
+                 nofile: int | None = None) -> None:
         self.boxes_path = boxes_path
         self.log_path = boxes_path.parent / "router.log"
         self.log = open(self.log_path, "w")
@@ -34,6 +37,9 @@ class RouterProcess:
             text=True,
             cwd=ROOT,
             env={**os.environ, "HUGPY_ROUTER_HOME": str(boxes_path.parent / "home"), **(env or {})},
+            preexec_fn=None if nofile is None else lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (nofile, nofile)
+            ),
         )
         self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio
         listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port"))
@@ -85,16 +91,16 @@ def write_boxes(path: Path, boxes: list, **per_box: dict) -> Path:
 
 @pytest.fixture
 def start_fleet(tmp_path):
-    """start_fleet(*boxes, extra_args=(), boxes_extra={}) -> (router, boxes)"""
+    """start_fleet(*boxes, extra_args=(), boxes_extra={}, env=None, nofile=None) -> router"""
     fleets: list[SimFleet] = []
     routers: list[RouterProcess] = []
 
-    def start(*boxes, extra_args=(), boxes_extra=None, env=None):
+    def start(*boxes, extra_args=(), boxes_extra=None, env=None, nofile=None):
         fleet = SimFleet(list(boxes))
         fleet.start()
         fleets.append(fleet)
         path = write_boxes(tmp_path / "boxes.json", list(boxes), **(boxes_extra or {}))
-        router = RouterProcess(path, *extra_args, env=env)
+        router = RouterProcess(path, *extra_args, env=env, nofile=nofile)
         router.fleet = fleet
         routers.append(router)
         return router

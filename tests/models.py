@@ -238,7 +238,10 @@ def reference_gate(
         ReasonCode.KIND_NOT_SERVED: box.kind not in call.kinds,
         ReasonCode.BAD_MODEL_NAME: named is None,
         ReasonCode.OFFLINE: not box.online,
-        ReasonCode.OTHER_POOL: call.pool is not None and call.pool != box.pool,
+        # no pool only with no pool, a pool only with that pool; a pin without a pool reaches
+        # its box in any pool
+        ReasonCode.OTHER_POOL: (box.pool or None) != (call.pool or None)
+        and not (call.pin is not None and not call.pool),
         ReasonCode.BLOCKED: box.blocked,
         ReasonCode.ALREADY_TRIED: box.id in tried,
         ReasonCode.NOT_ELIGIBLE: eligible is not None and box.id not in eligible,

@@ -426,3 +426,26 @@ def test_ndjson_streams_are_not_kept_alive(start_fleet):
     lines = [line for line in conn.getresponse().read().split(b"\n") if line]
     conn.close()
     assert all(json.loads(line) for line in lines)  # every line is JSON: no comment was sent
+
+
+def test_a_boxs_limit_is_set_and_changed_through_the_box_admin_api(start_fleet):
+    box = SimBox("a", residents=["tiny"])
+    router = start_fleet(box)
+    host, port = router.url.removeprefix("http://").split(":")
+
+    def admin(method: str, path: str, doc: dict) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request(method, path, body=json.dumps(doc), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    status, view = admin("PUT", "/v1/boxes/a", {"max_inflight": 3})
+    assert status == 200 and view["max_inflight"] == 3
+    assert get_json(router, "/v1/router/state")["boxes"][0]["max_inflight"] == 3
+    assert admin("PUT", "/v1/boxes/a", {"max_inflight": 0})[0] == 400
+    assert admin("PUT", "/v1/boxes/a", {"max_inflight": "many"})[0] == 400
+    status, view = admin("PUT", "/v1/boxes/a", {"max_inflight": None})
+    assert status == 200 and view["max_inflight"] is None

@@ -212,7 +212,7 @@ def test_bad_chunk_framing_from_the_only_owner_is_a_502_in_the_facades_shape(sta
     assert info.value.status_code == 502 and info.value.code == "bad_response"
     call_id = info.value.response.headers["x-hugpy-router-request-id"]
     row = row_of(router, call_id)
-    assert (row["state"], row["status"], row["error"]) == ("failed", 502, "bad_response")
+    assert (row["state"], row["http_status"], row["error"]) == ("failed", 502, "bad_response")
 
 
 def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fleet):

@@ -63,3 +63,26 @@ def test_serve_without_port_refuses_clearly(tmp_path):
     result = subprocess.run([sys.executable, "-m", "router", "serve"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "--port" in result.stderr
+
+
+def test_no_option_is_prefix_matched_and_no_secret_is_echoed(tmp_path):
+    for argv in (["add", "--name", "a", "--url", "http://h:1", "--key-f", KEY],
+                 ["add", "--name", "a", "--url", "http://h:1", "--kye", "plain-secret-value"],
+                 ["add", "--name", "a", "--url", "http://h:1", "--pool", "p", KEY]):
+        result = run(tmp_path, *argv)
+        assert result.returncode == 2
+        assert "unrecognized arguments" in result.stderr
+        assert KEY not in result.stderr and "plain-secret-value" not in result.stderr
+    assert not (tmp_path / "boxes.json").exists()
+
+
+def test_version_is_single_sourced():
+    import importlib.metadata
+
+    import router
+
+    for prog in ("router", "hugpy-router"):
+        exe = os.path.join(os.path.dirname(sys.executable), prog)
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        assert out.split() == [prog, router.__version__]
+    assert importlib.metadata.version("hugpy-router") == router.__version__

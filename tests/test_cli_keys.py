@@ -16,6 +16,7 @@ from router.store.keys import KeyStore
 @pytest.fixture
 def run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HUGPY_ROUTER_HOME", str(tmp_path))
+    monkeypatch.delenv("HUGPY_ROUTER_PORT", raising=False)  # no port: the store file (rule 1)
     parser = argparse.ArgumentParser(prog="router")
     add_keys_parser(parser.add_subparsers(dest="command", required=True))
 

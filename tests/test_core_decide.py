@@ -65,7 +65,7 @@ GATES = [code for code in GATE_ORDER]
 def failing(gates: set[ReasonCode]):
     """(call, box, tried, eligible) where `box` fails exactly the named gates."""
     c = dict(model="llama3", kinds={OLLAMA}, pin=None, pool=None)
-    b = dict(online=True, pool="a", blocked=False, catalog=frozenset({"llama3:latest"}))
+    b = dict(online=True, pool=None, blocked=False, catalog=frozenset({"llama3:latest"}))
     tried: set[str] = set()
     eligible = None
     if ReasonCode.NOT_PINNED in gates:
@@ -101,6 +101,34 @@ def test_each_gate_alone(gate):
     d = decide(c, [b], tried, eligible)
     assert d.path is Path.REFUSED and d.boxes == ()
     assert d.refused["x"].code is gate
+
+
+@pytest.mark.parametrize(
+    "box_pool, call_pool, pin, eligible",
+    [
+        (None, None, None, True),
+        ("", None, None, True),  # an empty pool is no pool (0.0.4 boxes files write "")
+        ("lab", None, None, False),  # a call without a pool never lands in a pool
+        ("lab", "", None, False),
+        ("lab", "lab", None, True),
+        ("lab", "gpu", None, False),
+        (None, "lab", None, False),  # a call with a pool never leaves it
+        ("lab", None, "x", True),  # a pin without a pool reaches its box in any pool
+        ("lab", "gpu", "x", False),  # a pin with another pool is refused, not rerouted
+        (None, "lab", "x", False),
+    ],
+)
+def test_pools(box_pool, call_pool, pin, eligible):
+    """The seed's "eligible: ... the call's pool", each way it can go."""
+    b = box("x", pool=box_pool)
+    c = call(pool=call_pool, pin=pin)
+    reason = why_not(c, b, frozenset())
+    assert (reason is None) is eligible
+    if not eligible:
+        assert reason == Reason(ReasonCode.OTHER_POOL, box_pool or "")
+    d = decide(c, [b, box("free", 1)], frozenset())
+    if pin is None:
+        assert d.boxes == (("x",) if eligible else ()) + (("free",) if not call_pool else ())
 
 
 @pytest.mark.parametrize("i", range(len(GATES)), ids=[g.value for g in GATES])

@@ -68,7 +68,7 @@ def test_empty_owner_set_is_a_local_502_and_no_box_sees_a_request(start_fleet):
     status, _, body = http(router.url + "/api/chat", "POST", {"model": "nope", "messages": []})
     assert status == 502
     error = json.loads(body)
-    assert isinstance(error["error"], str) and error["boxes"]["a"].startswith("no_model")
+    assert isinstance(error["error"], str) and error["reasons"]["a"].startswith("no_model")
     assert not calls(a)
 
 

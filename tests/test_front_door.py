@@ -154,7 +154,7 @@ def test_a_pin_cannot_override_the_gate(start_fleet):
     assert info.value.status_code == 503
     error = info.value.body
     assert error["code"] == "no_box"
-    assert error["boxes"]["b"].startswith("no_model")
+    assert error["reasons"]["b"].startswith("no_model")
     assert not calls(a) and not calls(b)
 
 
@@ -214,8 +214,8 @@ def test_unknown_model_is_503_no_box_with_every_reason_and_no_box_contacted(star
     assert info.value.status_code == 503
     error = info.value.body
     assert error["code"] == "no_box"
-    assert error["boxes"]["a"].startswith("no_model")
-    assert error["boxes"]["b"] == "blocked"
+    assert error["reasons"]["a"].startswith("no_model")
+    assert error["reasons"]["b"] == "blocked"
     assert not calls(a) and not calls(b)
 
 
@@ -389,4 +389,4 @@ def test_the_pool_gate_routes_by_alloc_pool_or_header(start_fleet):
     assert chat(router, "tiny", extra_headers={"X-Router-Pool": "cpu"}).headers["x-hugpy-box"] == "cpu"
     with pytest.raises(openai.APIStatusError) as info:
         chat(router, "tiny", extra_body={"alloc": {"pool": "tpu"}})
-    assert info.value.body["boxes"] == {"gpu": "other_pool: gpu", "cpu": "other_pool: cpu"}
+    assert info.value.body["reasons"] == {"gpu": "other_pool: gpu", "cpu": "other_pool: cpu"}

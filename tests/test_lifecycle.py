@@ -59,7 +59,7 @@ def test_boxes_file_edits_take_effect_without_a_restart(start_fleet, tmp_path):
     write_boxes(path, [a, b], b={"pool": None})
     assert wait_for(lambda: refusal("other") is None, 4, 0.2)
     write_boxes(path, [a, b], a={"blocked": True})
-    assert wait_for(lambda: (r := refusal("tiny")) is not None and r.body.get("boxes", {}).get("a") == "blocked",
+    assert wait_for(lambda: (r := refusal("tiny")) is not None and r.body.get("reasons", {}).get("a") == "blocked",
                     4, 0.2)
 
 

@@ -67,12 +67,12 @@ def test_every_call_is_one_row_with_its_decision_and_attempts(start_fleet):
     assert request(router.url, "POST", "/v1/chat/completions", b"{bad")[0] == 400
     rows = wait_for(lambda: (r := route_rows(router)) and len(r) == 3 and r, 3)
     done, refused, bad = rows
-    assert done["state"] == "done" and done["box"] == "b" and done["status"] == 200
+    assert done["state"] == "done" and done["box"] == "b" and done["http_status"] == 200
     assert [att.get("refusal") for att in done["attempts"]] == ["insufficient_resources", None]
-    assert done["decision"]["ranked"][0] == ["a", "serving"]
+    assert done["decision"]["boxes"][0] == "a" and done["decision"]["why"]["a"] == "serving"
     assert done["first_byte_at"] >= done["received_at"] and done["bytes_out"] > 0
     assert refused["state"] == "refused" and refused["decision"]["refused"]["a"].startswith("no_model")
-    assert bad["state"] == "failed" and bad["status"] == 400
+    assert bad["state"] == "failed" and bad["http_status"] == 400
     router.stop()
     store = (router.boxes_path.parent / "home" / "router.sqlite3").read_bytes()
     assert CANARY.encode() not in store
@@ -175,7 +175,7 @@ def test_admin_state_schedule_and_relay(start_fleet):
     router = start_fleet(a)
     status, data = request(router.url, "GET", "/v1/router/state")
     doc = json.loads(data)
-    assert status == 200 and doc["boxes"][0]["name"] == "a" and doc["boxes"][0]["residents"] == ["tiny"]
+    assert status == 200 and doc["boxes"][0]["name"] == "a" and [r["key"] for r in doc["boxes"][0]["residents"]] == ["tiny"]
     assert "key" not in json.dumps(json.loads(request(router.url, "GET", "/v1/boxes")[1])).replace('"has_key"', "")
     status, data = request(router.url, "GET", "/v1/boxes/a/v1/telemetry/state")
     assert status == 200 and json.loads(data)["residents"][0]["key"] == "tiny"

@@ -108,7 +108,7 @@ def test_an_ipv6_loopback_peer_is_loopback_on_both_interfaces(start_fleet, inter
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     router = start_fleet(a, extra_args=("--host", "::1", "--interface", interface),
                          env={"HUGPY_ROUTER_KEY": ADMIN_KEY})
-    assert router.url.startswith("http://::1:")
+    assert router.url.startswith("http://[::1]:")
     status, _, body = call(router.url, "GET", "/v1/router/state", source="::1")  # Host: [::1]:port
     assert status == 200, body  # keyless admin: the peer parsed as loopback ([::1] on RSGI before)
     assert call(router.url, "POST", "/v1/chat/completions", CHAT, source="::1")[0] == 200

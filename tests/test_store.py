@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def row(i: int, **extra) -> Row:
     """A finished call's row, as the proxy records it."""
     fields = {
-        "call_id": f"c{i}", "facade": "openai", "route": "/v1/chat/completions",
-        "model": "llama3:latest", "settings": None, "pin": None, "client": "127.0.0.1",
-        "stream": True, "decision_path": "serving",
+        "request_id": f"c{i}", "facade": "openai", "route": "/v1/chat/completions",
+        "model": "llama3:latest", "options": None, "pin": None, "client": "127.0.0.1",
+        "stream": True, "path": "serving",
         "decision": {"ranked": [["a", "serving"], ["b", "load"]], "refused": {}},
         "attempts": [{"box": "a", "status": 200, "refusal": None, "ms": 12.5}],
-        "box": "a", "status": 200, "state": "done", "error": None,
-        "received_at": 1000.0 + i, "first_byte_at": 1000.1 + i, "done_at": 1000.2 + i,
+        "box": "a", "http_status": 200, "state": "done", "error": None,
+        "received_at": 1000.0 + i, "first_byte_at": 1000.1 + i, "responded_at": 1000.2 + i,
         "bytes_in": 120, "bytes_out": 4096, **extra,
     }
     return Row(**fields)
@@ -61,15 +61,48 @@ def count(path: Path) -> int:
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ({"HUGPY_ROUTER_HOME": "/h", "STATE_DIRECTORY": "/s", "XDG_DATA_HOME": "/x"}, "/h"),
-        ({"STATE_DIRECTORY": "/var/lib/router:/var/lib/other", "XDG_DATA_HOME": "/x"}, "/var/lib/router"),
-        ({"HUGPY_ROUTER_HOME": "", "STATE_DIRECTORY": "", "XDG_DATA_HOME": "/x"}, "/x/router"),
-        ({}, os.path.expanduser("~/.local/share/router")),
+        ({"HUGPY_ROUTER_HOME": "/h", "STATE_DIRECTORY": "/s", "HUGPY_DATA_DIR": "/d"}, "/h"),
+        ({"HUGPY_ROUTER_HOME": "~/r"}, os.path.expanduser("~/r")),
+        ({"STATE_DIRECTORY": "/var/lib/hugpy-router:/var/lib/other", "HUGPY_DATA_DIR": "/d"},
+         "/var/lib/hugpy-router"),
+        ({"HUGPY_ROUTER_HOME": "", "STATE_DIRECTORY": "", "HUGPY_DATA_DIR": "/d"}, "/d/router"),
+        ({"XDG_DATA_HOME": "/x"}, "/x/hugpy/router"),
+        ({}, os.path.expanduser("~/.local/share/hugpy/router")),
     ],
 )
-def test_store_path_rules(env, expected):
+def test_store_path_rules(env, expected, monkeypatch):
+    for name in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "HUGPY_DATA_DIR", "HUGPY_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    if "XDG_DATA_HOME" in env:  # platformdirs reads XDG from the process environment
+        monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])
     assert paths.store_dir(env) == Path(expected)
     assert paths.db_path(env) == Path(expected) / "router.sqlite3"
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"HUGPY_ROUTER_BOXES": "/b.json", "HUGPY_CONFIG_DIR": "/c"}, "/b.json"),
+        ({"HUGPY_CONFIG_DIR": "/c"}, "/c/router/boxes.json"),
+        ({"XDG_CONFIG_HOME": "/x"}, "/x/hugpy/router/boxes.json"),
+        ({}, os.path.expanduser("~/.config/hugpy/router/boxes.json")),
+    ],
+)
+def test_boxes_path_rules_are_0_0_4s(env, expected, monkeypatch):
+    for name in ("XDG_CONFIG_HOME", "HUGPY_CONFIG_DIR", "HUGPY_ROUTER_BOXES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert paths.boxes_path() == Path(expected)
+
+
+def test_group_mode_shares_the_store_with_group_hugpy(tmp_path, monkeypatch):
+    monkeypatch.setenv("HUGPY_ROUTER_STORE_MODE", "group")
+    path = tmp_path / "home" / "router.sqlite3"
+    db.open_store(path).close()
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    assert (mode(path.parent), mode(path)) == (0o750, 0o640)
+    assert paths.store_modes({"HUGPY_ROUTER_STORE_MODE": "bogus"}) == paths.PRIVATE
 
 
 # --- opening and migrations -------------------------------------------------------------------
@@ -79,7 +112,7 @@ def test_open_store_creates_a_private_file_and_applies_every_migration(tmp_path)
     path = tmp_path / "home" / "router.sqlite3"
     conn = db.open_store(path)
     steps = db.migrations()
-    assert [name for _, name, _ in steps] == ["route_log", "api_keys", "admission"]
+    assert [name for _, name, _ in steps] == ["router", "route_log_facades", "admission"]
     assert conn.pragma("user_version") == len(steps)
     assert conn.pragma("journal_mode") == "wal"
     assert conn.pragma("synchronous") == 1  # NORMAL
@@ -196,7 +229,7 @@ def test_ten_thousand_rows_without_blocking_and_stop_flushes_them_all(tmp_path):
     assert writer.last_flush_lag_s > 0
     assert count(path) == 10_000
     conn = db.connect(path)
-    got = conn.execute("SELECT call_id, stream, decision, attempts FROM route_log WHERE call_id = 'c7'").fetchall()
+    got = conn.execute("SELECT request_id, stream, decision, attempts FROM route_log WHERE request_id = 'c7'").fetchall()
     assert got == [("c7", 1, orjson.dumps(rows[7].decision).decode(), orjson.dumps(rows[7].attempts).decode())]
     conn.close()
 
@@ -206,8 +239,8 @@ def test_bad_rows_are_dropped_alone(tmp_path):
     writer = RouteLogWriter(path)
     writer.start()
     writer.record(row(1))
-    writer.record(Row(None, "done"))  # no call_id
-    writer.record(Row("bad-state", "exploded"))
+    writer.record(Row(None, "done", received_at=1.0))  # no request_id
+    writer.record(Row("bad-state", "exploded", received_at=1.0))
     writer.record(row(1, box="b"))  # the same call twice: the first row stands
     writer.record(row(3, attempts=[object()]))  # not JSON
     writer.record(row(2))
@@ -222,10 +255,10 @@ def test_bad_rows_are_dropped_alone(tmp_path):
     assert (writer.written, writer.dropped) == (2 + extra, 4)
     assert (writer2.written, writer2.dropped) == (1, 0)
     conn = db.connect(path)
-    assert sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log")) == sorted(
+    assert sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log")) == sorted(
         ["c1", "c2", "c4"] + [f"c{i}" for i in range(10, 10 + extra)]
     )
-    assert conn.execute("SELECT box FROM route_log WHERE call_id = 'c1'").fetchall() == [("a",)]
+    assert conn.execute("SELECT box FROM route_log WHERE request_id = 'c1'").fetchall() == [("a",)]
     conn.close()
 
 
@@ -245,7 +278,7 @@ def test_a_decision_is_logged_as_its_ranking_and_refusals(tmp_path):
     (text,) = conn.execute("SELECT decision FROM route_log").fetchall()[0]
     conn.close()
     assert orjson.loads(text) == {
-        "ranked": [["b", "serving"], ["a", "load"]],
+        "boxes": ["b", "a"], "why": {"b": "serving", "a": "load"},
         "refused": {"c": decision.refused["c"].text()},
     }
 
@@ -261,8 +294,8 @@ def test_client_text_in_a_row_is_clipped(tmp_path):
     writer.record(row(2, model="x" * TEXT_CHARS))  # at the bound: kept whole
     writer.stop()
     conn = db.connect(path)
-    got = dict(conn.execute("SELECT call_id, model FROM route_log").fetchall())
-    (texts,) = conn.execute("SELECT pin, client, route, error FROM route_log WHERE call_id = 'c1'").fetchall()
+    got = dict(conn.execute("SELECT request_id, model FROM route_log").fetchall())
+    (texts,) = conn.execute("SELECT pin, client, route, error FROM route_log WHERE request_id = 'c1'").fetchall()
     conn.close()
     assert got["c1"] == clip(huge) and got["c1"].startswith("m" * TEXT_CHARS)
     assert got["c1"].endswith(CLIP_MARK % (100_000 - TEXT_CHARS))
@@ -306,7 +339,7 @@ def test_retention_prunes_old_rows_in_bounded_batches_on_the_writer_thread(tmp_p
     assert writer.pruned == 1050
     assert max(batches) == 100 and len(batches) >= 11
     conn = db.connect(path)
-    left = sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+    left = sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log"))
     conn.close()
     assert left == sorted([f"c{i}" for i in range(1050, 1060)] + ["c2000"])
 
@@ -336,7 +369,7 @@ def test_router_serve_prunes_by_its_retention_flag(tmp_path, days, left):
         def rows() -> list[str]:
             conn = db.connect(home / paths.DB_FILE)
             try:
-                return sorted(r[0] for r in conn.execute("SELECT call_id FROM route_log"))
+                return sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log"))
             finally:
                 conn.close()
 

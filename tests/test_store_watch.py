@@ -233,6 +233,6 @@ def test_router_serves_a_model_resident_in_the_store_as_serving_tier(tmp_path, s
     assert request("POST", "/v1/chat/completions", body)[0] == 200
     rows = wait_for(lambda: json.loads(request("GET", "/v1/telemetry?since=0")[1])["rows"], 3)
     (row,) = rows
-    assert row["decision"]["ranked"] == [["a", "serving"], ["b", "load"]]
+    assert row["decision"]["boxes"] == ["a", "b"] and row["decision"]["why"] == {"a": "serving", "b": "load"}
     assert row["box"] == "a"
     assert "watching store" in router.log_text()

@@ -1,29 +1,42 @@
 """The boxes file: which boxes exist, how to reach them, and their keys.
 
 Rules:
-1. Location: `$HUGPY_ROUTER_BOXES`, else `<config dir>/router/boxes.json` where the config
-   dir is `$XDG_CONFIG_HOME` or `~/.config`.
+1. Location: `$HUGPY_ROUTER_BOXES`, else `<hugpy config dir>/router/boxes.json`, as 0.0.4
+   (`router.store.paths`: `$HUGPY_CONFIG_DIR`, else `$XDG_CONFIG_HOME/hugpy` or
+   `~/.config/hugpy`).
 2. The file holds box keys, so it is written 0600, atomically (temp file in the same folder,
    fsync, rename): a reader never sees half a file.
 3. Box names are unique and match the hugpy request-id alphabet, so that they can travel in
    headers and URLs as they are. Order in the file is the boxes' stable order.
 4. A key file is read as hugpy-wrapper writes it: a `FITEVICT_TOKEN=` line (quotes allowed).
+5. Every change (the CLI's `boxes add|remove|block|unblock`, the admin API's box routes) is
+   one `edit`: under an exclusive lock on `<file>.lock` (flock: other processes and other
+   threads wait), read the file, change it, validate, write it (rule 2). So two edits at once
+   never lose one, whoever makes them. A change that fails writes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
 import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
 
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
+from router.store import paths
+
+T = TypeVar("T")
+# What `PUT /v1/boxes/<name>` and `update` may change (the key and url: a new `add`).
+UPDATABLE = ("pool", "kind", "store", "agent", "max_inflight")
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_INFLIGHT_LIMIT = 100_000
@@ -70,13 +83,54 @@ class BoxesFile:
     def find(self, name: str) -> BoxConfig | None:
         return next((box for box in self.boxes if box.name == name), None)
 
+    def _index(self, name: str) -> int:
+        for index, box in enumerate(self.boxes):
+            if box.name == name:
+                return index
+        raise UnknownBox(name)
+
+    def put(self, box: BoxConfig) -> bool:
+        """Adds `box`, or replaces the box of that name in place. Returns True when added."""
+        box = validate(box)
+        try:
+            self.boxes[self._index(box.name)] = box
+            return False
+        except UnknownBox:
+            self.boxes.append(box)
+            return True
+
+    def remove(self, name: str) -> BoxConfig:
+        """Removes and returns the named box. Raises UnknownBox."""
+        return self.boxes.pop(self._index(name))
+
+    def update(self, name: str, **fields) -> BoxConfig:
+        """Changes the named box's `UPDATABLE` fields (and `blocked`). Raises UnknownBox, or
+        ConfigError for a field that may not change or a value that does not validate."""
+        index = self._index(name)
+        wrong = set(fields) - set(UPDATABLE) - {"blocked"}
+        if wrong:
+            raise ConfigError(f"box {name}: {', '.join(sorted(wrong))} cannot be changed here "
+                              f"(only {', '.join(UPDATABLE)}; add the box again to change url or key)")
+        if "kind" in fields:
+            try:
+                fields["kind"] = BoxKind(fields["kind"])
+            except ValueError:
+                raise ConfigError(f"box {name}: kind must be one of {', '.join(k.value for k in BoxKind)}") from None
+        box = self.boxes[index] = validate(dataclasses.replace(self.boxes[index], **fields))
+        return box
+
+
+class UnknownBox(ConfigError):
+    """No box of that name in the file."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no box named {name}")
+        self.name = name
+
 
 def default_path() -> Path:
-    explicit = os.environ.get("HUGPY_ROUTER_BOXES")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "router" / "boxes.json"
+    """Returns the boxes file's path (rule 1)."""
+    return paths.boxes_path()
 
 
 def validate(box: BoxConfig) -> BoxConfig:
@@ -90,6 +144,11 @@ def validate(box: BoxConfig) -> BoxConfig:
         raise ConfigError(f"box {box.name}: url must not have a path (got {box.url!r})")
     if box.agent is not None and urlsplit(box.agent).scheme != "http":
         raise ConfigError(f"box {box.name}: agent must be http://host:port (got {box.agent!r})")
+    for name in ("key", "store", "pool", "agent"):
+        if getattr(box, name) is not None and not isinstance(getattr(box, name), str):
+            raise ConfigError(f"box {box.name}: {name} must be a string")
+    if not isinstance(box.blocked, bool):
+        raise ConfigError(f"box {box.name}: blocked must be true or false")
     limit = box.max_inflight
     if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_INFLIGHT_LIMIT):
         raise ConfigError(f"box {box.name}: max_inflight must be an integer 1-{MAX_INFLIGHT_LIMIT}")
@@ -155,6 +214,29 @@ def save(boxes: BoxesFile) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Holds the exclusive lock of the boxes file at `path` (rule 5)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
+
+
+def edit(path: Path | None, change: Callable[[BoxesFile], T]) -> T:
+    """Reads the file under its lock, applies `change` to it and writes it (rule 5). Returns
+    what `change` returns. Raises ConfigError (UnknownBox included) with nothing written."""
+    path = path or default_path()
+    with locked(path):
+        boxes = load(path)
+        result = change(boxes)
+        save(boxes)
+    return result
 
 
 def read_key_file(path: str) -> str:

@@ -4,7 +4,9 @@ Rules:
 1. The boxes file is re-read when its size, mtime or inode change (checked every
    `WATCH_INTERVAL_S`): new boxes get a link, removed boxes lose theirs (calls already on them
    finish, they hold their own reference), changed boxes are rebuilt. A file that fails to
-   parse is logged and ignored: the last good fleet keeps serving.
+   parse is logged and ignored: the last good fleet keeps serving. `reload()` re-reads at once
+   (an admin API edit, a SIGHUP); re-reads never overlap, so the last one applies the newest
+   file.
 2. A box keeps its reservation-table index for the life of the process, even across removal
    and re-adding, so a late release can never land on another box.
 """
@@ -57,6 +59,7 @@ class Fleet:
         self._stamp: tuple | None = None
         self._watch: asyncio.Task | None = None
         self._ordered: list[BoxState] = []
+        self._reloading = asyncio.Lock()
         self.on_change: list = []  # callables run after the fleet changed shape
 
     def _file_stamp(self) -> tuple | None:
@@ -115,14 +118,20 @@ class Fleet:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             stamp = await loop.run_in_executor(None, self._file_stamp)  # file I/O off the loop
-            if stamp == self._stamp:
-                continue
-            self._stamp = stamp
+            if stamp != self._stamp:
+                await self.reload()
+
+    async def reload(self) -> None:
+        """Re-reads the boxes file now and applies it (rule 1). A file that does not parse is
+        logged and leaves the fleet as it is."""
+        loop = asyncio.get_running_loop()
+        async with self._reloading:
+            self._stamp = await loop.run_in_executor(None, self._file_stamp)
             try:
                 configs = (await loop.run_in_executor(None, boxes_config.load, self.path)).boxes
             except ConfigError as exc:
                 log.warning("boxes file not applied: %s", exc)
-                continue
+                return
             self._apply(configs)
 
     def facts(self) -> list[BoxFacts]:

@@ -1,27 +1,97 @@
-"""`router keys create | list | revoke`: the router's API keys, straight in its store.
+"""`router keys [--router-port N] create | list | revoke`: the router's API keys.
 
 Rules:
-1. The store is the router's own (`router.store.paths`: `$HUGPY_ROUTER_HOME`, ...). A running
-   router sees a change within a second (`KeyStore.refresh_if_changed`), so no restart and no
-   HTTP round trip are needed.
+1. With a router port (`--router-port`, else `$HUGPY_ROUTER_PORT`, as 0.0.4) the command goes
+   through that running router's admin API (`/v1/keys`) on `$HUGPY_ROUTER_HOST` (a wildcard
+   host is reached on loopback), with `$HUGPY_ROUTER_KEY` as the bearer when it is set
+   (loopback needs none). Without one it works on the store file
+   (`router.store.paths`: `$HUGPY_ROUTER_HOME`, ...); a running router sees the change within
+   a second (`KeyStore.refresh_if_changed`). Both ways print the same.
 2. `create` prints the full key once, alone on stdout (so `KEY=$(router keys create ...)`
    works), with its id and a note on stderr. It is never shown again.
-3. `list` never prints hashes (the store never returns them). `revoke` of an unknown id
-   exits 1.
-4. A bad name, scope or expiry exits 2 with the reason, as a ConfigError does in `main`.
+3. `list` never prints hashes (neither the store nor the API returns them); `--json` prints
+   the admin API's document, `{"keys": [...]}`. `revoke` of an unknown id exits 1.
+4. A bad name, scope or expiry exits 2 with the reason, as a ConfigError does in `main`. A
+   router that cannot be reached, or answers otherwise, exits 1 with its status and message
+   (never a key: the API never echoes one in an error).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import urllib.error
+import urllib.request
 from datetime import datetime, timezone
+from typing import Any
 
 from router.core.errors import BadRequest
 from router.store import paths
 from router.store.keys import PRIORITIES, SCOPES, KeyStore
 
 NOTE = "store this key now; it is not shown again"
+API_TIMEOUT_S = 15.0
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+class RouterUnreachable(Exception):
+    """The running router could not be asked, or answered with an error (rule 4)."""
+
+
+class ApiKeys:
+    """The KeyStore's create / list / revoke, through a running router's admin API (rule 1)."""
+
+    def __init__(self, host: str, port: str, admin_key: str | None) -> None:
+        host = "127.0.0.1" if host in WILDCARD_HOSTS else host
+        self.base = f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{port}"
+        self.headers = {"Content-Type": "application/json"}
+        if admin_key:
+            self.headers["Authorization"] = f"Bearer {admin_key}"
+
+    def _ask(self, method: str, path: str, doc: dict | None = None) -> tuple[int, Any]:
+        data = None if doc is None else json.dumps(doc).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            try:
+                error = json.loads(exc.read()).get("error", {})
+            except (ValueError, AttributeError):
+                error = {}
+            message = error.get("message") if isinstance(error, dict) else error
+            if exc.code == 400:
+                raise BadRequest(str(message)) from None
+            return exc.code, str(message or exc.reason)
+        except OSError as exc:
+            raise RouterUnreachable(f"no router answered at {self.base}: {exc}") from None
+
+    def create(self, name: str, scope: str, expires_days: float | None, created_by: str,
+               priority: str = "normal") -> tuple[str, str]:
+        status, doc = self._ask("POST", "/v1/keys", {"name": name, "scope": scope, "expires_days": expires_days,
+                                                     "created_by": created_by, "priority": priority})
+        if status != 201:
+            raise RouterUnreachable(f"router answered {status}: {doc}")
+        return doc["id"], doc["key"]
+
+    def list(self, include_revoked: bool = False) -> list[dict[str, Any]]:
+        status, doc = self._ask("GET", "/v1/keys" + ("?all=1" if include_revoked else ""))
+        if status != 200:
+            raise RouterUnreachable(f"router answered {status}: {doc}")
+        return doc["keys"]
+
+    def revoke(self, key_id: str) -> bool:
+        status, doc = self._ask("POST", f"/v1/keys/{key_id}/revoke", {})
+        if status == 404:
+            return False
+        if status != 200:
+            raise RouterUnreachable(f"router answered {status}: {doc}")
+        return True
+
+    def close(self) -> None:
+        pass
 
 
 def _when(epoch: float | None) -> str:
@@ -36,6 +106,9 @@ def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         "keys", help="manage API keys",
         description=f"API keys in the router's store ({paths.db_path()} here).",
     )
+    keys.add_argument("--router-port", default=None,
+                      help="go through the router running on this port (default $HUGPY_ROUTER_PORT; "
+                      "neither: work on the store file)")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     create = ksub.add_parser("create", help="mint a key (printed once)")
     create.add_argument("--name", required=True, help="who or what the key is for")
@@ -47,6 +120,7 @@ def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         "lower (X-Router-Priority), never higher (default normal)")
     listing = ksub.add_parser("list", help="list keys (hashes are never shown)")
     listing.add_argument("--all", action="store_true", help="include revoked keys")
+    listing.add_argument("--json", action="store_true", help='print {"keys": [...]} as the admin API does')
     revoke = ksub.add_parser("revoke", help="revoke a key by id")
     revoke.add_argument("id")
     return keys
@@ -55,31 +129,48 @@ def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def keys_command(args: argparse.Namespace) -> int:
     """Runs one `router keys` subcommand. Returns the exit status. Raises ConfigError when the
     store cannot be opened (main prints it and exits 2)."""
-    store = KeyStore(paths.db_path())
+    port = args.router_port or os.environ.get("HUGPY_ROUTER_PORT", "").strip()
+    if port:
+        store: KeyStore | ApiKeys = ApiKeys(os.environ.get("HUGPY_ROUTER_HOST", "").strip(), port,
+                                            os.environ.get("HUGPY_ROUTER_KEY") or None)
+    else:
+        store = KeyStore(paths.db_path())
     try:
-        if args.keys_command == "create":
-            try:
-                key_id, key = store.create(args.name, args.scope, args.expires_days, created_by="cli",
-                                           priority=args.priority)
-            except BadRequest as exc:
-                print(f"router keys: {exc}", file=sys.stderr)
-                return 2
-            print(f"key {key_id} ({args.scope}) created for {args.name.strip()}", file=sys.stderr)
-            print(key)
-            print(NOTE, file=sys.stderr)
-            return 0
-        if args.keys_command == "list":
-            print("id\tname\tscope\tpriority\tcreated\texpires\tlast_used\trevoked")
-            for row in store.list(include_revoked=args.all):
-                print("\t".join((
-                    row["id"], row["name"], row["scope"], row["priority"], _when(row["created_at"]),
-                    _when(row["expires_at"]), _when(row["last_used_at"]), _when(row["revoked_at"]),
-                )))
-            return 0
-        if store.revoke(args.id):
-            print(f"key {args.id} revoked")
-            return 0
-        print(f"router keys: no key with id {args.id}", file=sys.stderr)
+        return _run(store, args)
+    except RouterUnreachable as exc:
+        print(f"router keys: {exc}", file=sys.stderr)
         return 1
     finally:
         store.close()
+
+
+def _run(store: KeyStore | ApiKeys, args: argparse.Namespace) -> int:
+    """One subcommand on either backend; the same output both ways (rule 1)."""
+    if args.keys_command == "create":
+        try:
+            key_id, key = store.create(args.name, args.scope, args.expires_days, created_by="cli",
+                                       priority=args.priority)
+        except BadRequest as exc:
+            print(f"router keys: {exc}", file=sys.stderr)
+            return 2
+        print(f"key {key_id} ({args.scope}) created for {args.name.strip()}", file=sys.stderr)
+        print(key)
+        print(NOTE, file=sys.stderr)
+        return 0
+    if args.keys_command == "list":
+        rows = store.list(include_revoked=args.all)
+        if args.json:
+            print(json.dumps({"keys": rows}, indent=1))
+            return 0
+        print("id\tname\tscope\tcreated\texpires\tlast_used\trevoked")
+        for row in rows:
+            print("\t".join((
+                row["id"], row["name"], row["scope"], _when(row["created_at"]),
+                _when(row["expires_at"]), _when(row["last_used_at"]), _when(row["revoked_at"]),
+            )))
+        return 0
+    if store.revoke(args.id):
+        print(f"key {args.id} revoked")
+        return 0
+    print(f"router keys: no key with id {args.id}", file=sys.stderr)
+    return 1

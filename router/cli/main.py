@@ -1,17 +1,58 @@
-"""The command line: `router serve`, `router boxes ...`, `router demo`, `router agent`."""
+"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router demo`,
+`router agent`, `router install | uninstall | status`.
+
+`router` and `hugpy-router` are the same entry point.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
 from pathlib import Path
 
+from router import __version__
 from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
+from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
+
+# Above the idle expiry of the common pooled clients (httpx 5 s, aiohttp 15 s), so that they drop
+# an idle connection before the router does and never send into one being closed; below nginx's
+# 60 s header and 75 s keep-alive timeouts, since an idle connection is what an attacker holds.
+DEFAULT_IDLE_TIMEOUT_S = 20.0
+# Above what one busy host sends through its own pool (a browser holds 6, an eval harness a few
+# hundred concurrent streams), far below a listener's share of the descriptors (thousands).
+DEFAULT_MAX_CONNS_PER_CLIENT = 512
+
+
+# A token that may be a secret: a hugpy key anywhere, or any value argparse did not expect.
+_KEY_RE = re.compile(r"hpk_[A-Za-z0-9_-]+")
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+class Parser(argparse.ArgumentParser):
+    """Every parser of the command line (subparsers inherit the class).
+
+    1. No prefix matching (`allow_abbrev=False`): `--key` must never be taken for `--key-file`,
+       and a flag added later must not change what an old abbreviation meant.
+    2. No secret in an error: a key-shaped token is masked, and of arguments argparse did not
+       recognise only the option names are shown (a mistyped `--kye K` must not print K).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        if message.startswith(_UNRECOGNIZED):
+            shown = (t if t.startswith("-") else "…" for t in message[len(_UNRECOGNIZED):].split())
+            message = _UNRECOGNIZED + " ".join(shown)
+        super().error(_KEY_RE.sub("hpk_…", message))
 
 
 def _port(value: str) -> int:
@@ -21,6 +62,20 @@ def _port(value: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError("port must be 1-65535 or 'auto'")
     return port
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return seconds
+
+
+def _count(value: str) -> int:
+    count = int(value)
+    if count < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return count
 
 
 def _size(value: str) -> int:
@@ -46,14 +101,17 @@ def _days(value: str) -> float:
 
 
 def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -> None:
+    """`port_required`: no port is assumed; `$HUGPY_ROUTER_PORT` (as 0.0.4) stands in for --port."""
+    env_port = os.environ.get("HUGPY_ROUTER_PORT", "").strip() if port_required else ""
     parser.add_argument(
         "--port",
         type=_port,
-        required=port_required,
-        default=None if port_required else 0,
-        help="port to listen on, or 'auto' to pick a free one (printed at start)",
+        required=port_required and not env_port,
+        default=(env_port or None) if port_required else 0,  # a string default goes through `type`
+        help="port to listen on, or 'auto' to pick a free one (printed at start); default $HUGPY_ROUTER_PORT",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", default=os.environ.get("HUGPY_ROUTER_HOST", "").strip() or "127.0.0.1",
+                        help="address to bind (default $HUGPY_ROUTER_HOST, else 127.0.0.1)")
     parser.add_argument(
         "--workers",
         type=int,
@@ -99,11 +157,33 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="seconds a connection may stay without a whole request head, after it opens or "
+        f"after its last answer, before it is closed (default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-conns-per-client",
+        type=_count,
+        default=DEFAULT_MAX_CONNS_PER_CLIENT,
+        help="most open connections one client address may hold; the newest over it are closed. "
+        "Trusted proxies (HUGPY_ROUTER_TRUSTED_PROXIES) are exempt; 0 = no cap "
+        f"(default {DEFAULT_MAX_CONNS_PER_CLIENT})",
+    )
+    parser.add_argument("--ssl-certfile", type=Path, default=None,
+                        help="serve HTTPS on every listener with this PEM certificate (chain)")
+    parser.add_argument("--ssl-keyfile", type=Path, default=None,
+                        help="the PEM private key of --ssl-certfile")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="router", description=__doc__)
+    parser = Parser(description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--boxes", type=Path, default=None, dest="boxes_top",
+                        help="boxes file for serve and boxes (0.0.4's option; as their --boxes-file)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the router")
@@ -121,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--name", required=True)
     add.add_argument("--url", required=True, help="http://host:port of the box's front door")
     add.add_argument("--kind", choices=[k.value for k in BoxKind], default=BoxKind.HUGPY.value)
-    add.add_argument("--key-file", help="env file with the box key (FITEVICT_TOKEN=...)")
+    key = add.add_mutually_exclusive_group()
+    key.add_argument("--key", help="the box key itself (hpk_box_...)")
+    key.add_argument("--key-file", help="env file with the box key (FITEVICT_TOKEN=...)")
     add.add_argument("--store", help="the box's store file, when readable on this machine")
     add.add_argument("--pool")
     add.add_argument("--agent", help="http://host:port of a `router agent` on the box's host (GPU telemetry)")
@@ -133,13 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("name")
     add_agent_parser(sub)
     add_keys_parser(sub)
+    add_install_parsers(sub)
     return parser
 
 
 def boxes_command(args: argparse.Namespace) -> int:
-    boxes = boxes_config.load(args.boxes_file)
+    """`boxes list | add | remove | block | unblock`; every change is one `boxes_config.edit`,
+    the code path the admin API's box routes take too."""
+    path = args.boxes_file or boxes_config.default_path()
     if args.boxes_command == "list":
-        for box in boxes.boxes:
+        for box in boxes_config.load(path).boxes:
             flags = " ".join(
                 f for f in (f"pool={box.pool}" if box.pool else "", "blocked" if box.blocked else "",
                             "key" if box.key else "no-key", f"store={box.store}" if box.store else "") if f
@@ -147,39 +232,31 @@ def boxes_command(args: argparse.Namespace) -> int:
             print(f"{box.name}\t{box.kind.value}\t{box.url}\t{flags}")
         return 0
     if args.boxes_command == "add":
-        key = boxes_config.read_key_file(args.key_file) if args.key_file else None
-        new = boxes_config.validate(
-            boxes_config.BoxConfig(
-                name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
-                store=args.store, pool=args.pool, agent=args.agent, max_inflight=args.max_inflight,
-            )
+        key = boxes_config.read_key_file(args.key_file) if args.key_file else args.key
+        new = boxes_config.BoxConfig(
+            name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
+            store=args.store, pool=args.pool or None, agent=args.agent, max_inflight=args.max_inflight,
         )
-        index = next((i for i, b in enumerate(boxes.boxes) if b.name == new.name), None)
-        if index is None:
-            boxes.boxes.append(new)
-        else:
-            boxes.boxes[index] = new
-        boxes_config.save(boxes)
-        print(f"box {new.name} {'added' if index is None else 'replaced'} in {boxes.path}")
+        added = boxes_config.edit(path, lambda boxes: boxes.put(new))
+        print(f"box {new.name} {'added' if added else 'replaced'} in {path}")
         return 0
-    box = boxes.find(args.name)
-    if box is None:
-        print(f"no box named {args.name} in {boxes.path}", file=sys.stderr)
+    try:
+        if args.boxes_command == "remove":
+            boxes_config.edit(path, lambda boxes: boxes.remove(args.name))
+        else:
+            blocked = args.boxes_command == "block"
+            boxes_config.edit(path, lambda boxes: boxes.update(args.name, blocked=blocked))
+    except boxes_config.UnknownBox:
+        print(f"no box named {args.name} in {path}", file=sys.stderr)
         return 1
-    if args.boxes_command == "remove":
-        boxes.boxes.remove(box)
-    else:
-        blocked = args.boxes_command == "block"
-        boxes.boxes[boxes.boxes.index(box)] = boxes_config.BoxConfig(
-            **{**box.__dict__, "blocked": blocked}
-        )
-    boxes_config.save(boxes)
     print(f"box {args.name}: {args.boxes_command} done")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(args, "boxes_file") and args.boxes_file is None:
+        args.boxes_file = args.boxes_top
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -191,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             return agent_command(args)
         if args.command == "keys":
             return keys_command(args)
+        if args.command in ("install", "uninstall", "status"):
+            return install_command(args)
         from router.cli.run import run_demo, run_serve
 
         if args.command == "serve":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,10 +15,14 @@ import uvloop
 
 from router.boxes import config as boxes_config
 from router.serve.server import ServeConfig, serve
+from router.store import paths as store_paths
+
+log = logging.getLogger("router.cli")
 
 
-def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
+def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None = None) -> ServeConfig:
     return ServeConfig(
+        store_path=store_path,
         host=args.host,
         port=args.port,
         boxes_path=boxes_path,
@@ -31,6 +37,10 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         queue_timeout_s=args.queue_timeout,
         stream_keepalive_s=args.stream_keepalive,
         log_retention_days=args.log_retention_days,
+        idle_timeout_s=args.idle_timeout,
+        max_conns_per_client=args.max_conns_per_client,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
 
 
@@ -45,8 +55,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Starts simulated hugpy boxes in a child process, then the router in front of them."""
+    """Starts simulated hugpy boxes in a child process, then the router in front of them.
+    The demo touches none of the user's files: its boxes file (with the sim keys) and its
+    store live in a temporary folder, removed at exit."""
     workdir = Path(tempfile.mkdtemp(prefix="router-demo-"))
+    try:
+        return _demo(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _demo(args: argparse.Namespace, workdir: Path) -> int:
     boxes_path = workdir / "boxes.json"
     sim = subprocess.Popen(
         [sys.executable, "-m", "router.sim", "--boxes", str(args.sim_boxes),
@@ -72,7 +91,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-        return uvloop.run(serve(_config(args, boxes_path), ready=announce))
+        return uvloop.run(serve(_config(args, boxes_path, workdir / "store" / store_paths.DB_FILE), ready=announce))
     finally:
         sim.send_signal(signal.SIGTERM)
         try:

@@ -6,8 +6,11 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    blocked, already tried for this call, model not advertised (neither resident nor in the
    catalog), cooling for this model (it refused to place it lately with this many calls in
    flight or fewer: admission rule 7), full (at its in-flight limit, admission rule 1). A call
-   refused only for the last two waits for room. Failover passes `eligible` (the first decision's ranked set) so that a retry never
-   broadens past it.
+   refused only for the last two waits for room. Pools (hugpy-router's seed: "eligible: ... the
+   call's pool"): a call without a pool goes only to boxes without a pool, a call with a pool
+   only to that pool's boxes, and a pin without a pool reaches the pinned box whatever its pool.
+   An empty pool is no pool. Failover passes `eligible` (the first decision's ranked set) so
+   that a retry never broadens past it.
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
    over a pinned call).
@@ -15,8 +18,8 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    for equal the settings this router last sent that box for that model (unknown = default).
    Every other eligible box is LOAD (catalog, or resident under other settings).
 4. Rank inside a tier, ascending by the tuple of the small key functions below:
-   load (pending + pressure + reservations + recent placement refusals), then pressure, then the tier's tie-break
-   (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
+   load (pending + pressure + reservations + recent placement refusals), then pressure, then
+   the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
    picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
 """
 
@@ -62,7 +65,7 @@ def _why_not(
         return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
     if not box.online:
         return Reason(ReasonCode.OFFLINE)
-    if call.pool is not None and box.pool != call.pool:
+    if (box.pool or None) != (call.pool or None) and (call.pin is None or call.pool):
         return Reason(ReasonCode.OTHER_POOL, box.pool or "")
     if box.blocked:
         return Reason(ReasonCode.BLOCKED)

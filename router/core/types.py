@@ -156,7 +156,9 @@ class Decision:
         return {box: reason.text() for box, reason in self.refused.items()}
 
     def log_doc(self) -> dict:
-        """What the route log keeps: the ranked boxes with their tiers, the refused with reasons.
-        (The rank keys would double a row's size, and a row's size is most of its cost.)"""
+        """What the route log keeps, in hugpy-router 0.0.4's shape: the ranked `boxes`, `why`
+        each is there (its tier), the `refused` with reasons. (The rank keys would double a
+        row's size, and a row's size is most of its cost.)"""
         why = self.why
-        return {"ranked": [[box, why[box].tier] for box in self.boxes], "refused": self.reasons_text()}
+        return {"boxes": list(self.boxes), "why": {box: why[box].tier for box in self.boxes},
+                "refused": self.reasons_text()}

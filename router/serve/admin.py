@@ -26,8 +26,9 @@ from urllib.parse import quote
 import apsw
 import orjson
 
+from router.boxes import config as boxes_config
 from router.core import access
-from router.core.errors import BadRequest
+from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
 from router.serve import proxy
 from router.serve.edge import BodyTooLarge, ClientLeft
@@ -36,11 +37,15 @@ from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
 JSON = b"application/json"
+BOX_BODY_MAX_BYTES = 64 * 1024
+# The fields of a box that POST /v1/boxes takes (the boxes file's, router.boxes.config).
+BOX_FIELDS = ("name", "url", "kind", "key", "store", "pool", "agent", "blocked", "max_inflight")
 CURSOR_LIMIT_MAX = 5000
 # route_log ids are SQLite integers: a cursor past them is a bad query, not an overflow.
 CURSOR_SINCE_MAX = (1 << 63) - 1
 # A key request is a name, a scope and an expiry: a few hundred bytes.
 KEYS_BODY_LIMIT = 64 * 1024
+CURSOR_LIMIT_DEFAULT = 500  # 0.0.4's
 RELAY_TIMEOUT_S = 60.0
 # hugpy-wrapper's management paths a router operator may reach (contracts §2, §6), as segments.
 RELAY_PATHS = (
@@ -111,22 +116,41 @@ def _query(edge) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
+def _resident(resident) -> dict:
+    """A resident as 0.0.4 shows one (key, state, healthy, busy, last_used), plus `loading`."""
+    if resident.loading:
+        state = "loading"
+    elif not resident.healthy:
+        state = "error"
+    else:
+        state = "serving" if resident.busy else "idle"
+    return {"key": resident.key, "state": state, "healthy": resident.healthy, "busy": resident.busy,
+            "loading": resident.loading, "last_used": resident.last_used_s}
+
+
+def _box_view(box) -> dict:
+    """A box as GET /v1/boxes shows it: 0.0.4's fields (name, url, online, pool, blocked, with
+    "" for no pool) always present, then this router's. Never the key."""
+    cfg = box.config
+    return {"name": cfg.name, "url": cfg.url, "online": box.online, "pool": cfg.pool or "",
+            "blocked": cfg.blocked, "kind": cfg.kind.value, "store": cfg.store, "agent": cfg.agent,
+            "has_key": cfg.key is not None, "max_inflight": cfg.max_inflight}
+
+
 async def state(app, edge) -> None:
     shared = app.shared
     now_s = asyncio.get_running_loop().time()
     boxes = []
+    contracts = []
     for box in shared.fleet.ordered():
         cfg = box.config
+        link = shared.fleet.links.get(cfg.name)
         boxes.append({
-            "name": cfg.name,
-            "kind": cfg.kind.value,
-            "url": cfg.url,
-            "link": shared.fleet.links[cfg.name].mode if cfg.name in shared.fleet.links else None,
-            "agent": cfg.agent,
-            "online": box.online,
-            "pool": cfg.pool,
-            "blocked": cfg.blocked,
-            "residents": sorted(box.residents),
+            **_box_view(box),
+            "link": link.mode if link is not None else None,
+            "room_gpu": box.inventory.free_gpu_bytes,
+            "models": len(box.catalog),
+            "residents": [_resident(r) for _, r in sorted(box.residents.items())],
             "catalog_size": len(box.catalog),
             "free_gpu_bytes": box.inventory.free_gpu_bytes,
             "pressure": box.pressure,
@@ -142,9 +166,12 @@ async def state(app, edge) -> None:
             "reservations": shared.reservations.count(box.index),
             "contracts": box.contracts,
         })
+        contracts.extend({"box": cfg.name, "model": model, "options": options}
+                         for model, options in box.contracts.items())
     await _json(edge, 200, {
         "generation": shared.scheduler.generation,
         "boxes": boxes,
+        "contracts": contracts,
         "queue": shared.admission.snapshot(),
     })
 
@@ -196,7 +223,7 @@ async def telemetry(app, edge) -> None:
     query = _query(edge)
     try:
         since = int(query.get("since", "0"))
-        limit = max(1, min(CURSOR_LIMIT_MAX, int(query.get("limit", "100"))))
+        limit = max(1, min(CURSOR_LIMIT_MAX, int(query.get("limit", str(CURSOR_LIMIT_DEFAULT)))))
     except ValueError:
         await _error(app, edge, 400, "bad_query", "since and limit must be numbers")
         return
@@ -273,11 +300,89 @@ async def revoke(app, edge) -> None:
 
 
 async def boxes(app, edge) -> None:
-    listed = [
-        {k: v for k, v in box.config.to_json().items() if k != "key"} | {"has_key": box.config.key is not None}
-        for box in app.shared.fleet.ordered()
-    ]
-    await _json(edge, 200, {"boxes": listed})
+    shared = app.shared
+    await _json(edge, 200, {"boxes": [_box_view(box) for box in shared.fleet.ordered()]})
+
+
+async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
+    """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
+    off the loop; the fleet applies it before the answer, which shows the box (never its key)."""
+    shared = app.shared
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, boxes_config.edit, shared.fleet.path, change)
+    except boxes_config.UnknownBox as exc:
+        await _error(app, edge, 404, "unknown_box", str(exc))
+        return
+    except ConfigError as exc:
+        await _error(app, edge, 400, "invalid_box", str(exc))
+        return
+    except OSError as exc:  # e.g. a system unit's read-only /etc (ProtectSystem=strict)
+        await _error(app, edge, 503, "boxes_file_unwritable",
+                     f"cannot write the boxes file {shared.fleet.path}: {exc.strerror or exc}")
+        return
+    await shared.fleet.reload()
+    box = shared.fleet.get(name)
+    if box is None:
+        await _json(edge, status, {"name": name, "removed": True})
+        return
+    await _json(edge, 201 if result is True else status, _box_view(box))
+
+
+async def box_put(app, edge) -> None:
+    """POST /v1/boxes: add a box, or replace the one of that name (201 added, 200 replaced)."""
+    doc = await _json_object(app, edge, BOX_BODY_MAX_BYTES)  # never quoted: it may hold a key
+    if doc is None:
+        return
+    try:
+        wrong = sorted(set(doc) - set(BOX_FIELDS))
+        if wrong:
+            raise BadRequest(f"unknown fields: {', '.join(wrong)} (a box has {', '.join(BOX_FIELDS)})",
+                             code="invalid_box")
+        if not isinstance(doc.get("name"), str) or not isinstance(doc.get("url"), str):
+            raise BadRequest("a box needs a string name and url", code="invalid_box")
+        try:
+            kind = BoxKind(doc.get("kind", BoxKind.HUGPY.value))
+        except ValueError:
+            raise BadRequest(f"kind must be one of {', '.join(k.value for k in BoxKind)}",
+                             code="invalid_box") from None
+        box = boxes_config.BoxConfig(
+            name=doc["name"], url=doc["url"].rstrip("/"), kind=kind, key=doc.get("key"),
+            store=doc.get("store"), pool=doc.get("pool") or None, agent=doc.get("agent"),
+            blocked=doc.get("blocked", False), max_inflight=doc.get("max_inflight"),
+        )
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
+        return
+    await _edit_boxes(app, edge, box.name, lambda boxes: boxes.put(box))
+
+
+def _box_name(edge) -> str:
+    return edge.path.removeprefix("/v1/boxes/").partition("/")[0]
+
+
+async def box_delete(app, edge) -> None:
+    """DELETE /v1/boxes/<name>."""
+    name = _box_name(edge)
+    await _edit_boxes(app, edge, name, lambda boxes: boxes.remove(name))
+
+
+async def box_update(app, edge) -> None:
+    """PUT /v1/boxes/<name>: change its pool, kind, store, agent or max_inflight (null clears one)."""
+    name = _box_name(edge)
+    fields = await _json_object(app, edge, BOX_BODY_MAX_BYTES)
+    if fields is None:
+        return
+    if "pool" in fields:
+        fields["pool"] = fields["pool"] or None
+    await _edit_boxes(app, edge, name, lambda boxes: boxes.update(name, **fields))
+
+
+async def box_block(app, edge) -> None:
+    """POST /v1/boxes/<name>/block and /unblock."""
+    name = _box_name(edge)
+    blocked = edge.path.endswith("/block")
+    await _edit_boxes(app, edge, name, lambda boxes: boxes.update(name, blocked=blocked))
 
 
 def relay_target(path: str, query: str) -> str | None:
@@ -340,7 +445,17 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/keys"): keys,
     ("POST", "/v1/keys"): keys,
     ("GET", "/v1/boxes"): boxes,
+    ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
+}
+
+
+# /v1/boxes/<name>[/<action>]: the box edits; every other path under a box is the relay.
+BOX_ROUTES: dict[tuple[str, str], Handler] = {
+    ("DELETE", ""): box_delete,
+    ("PUT", ""): box_update,
+    ("POST", "block"): box_block,
+    ("POST", "unblock"): box_block,
 }
 
 
@@ -355,5 +470,6 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/priority"):
         return priority, "admin"
     if path.startswith("/v1/boxes/"):
-        return relay, "admin"
+        action = path.removeprefix("/v1/boxes/").partition("/")[2]
+        return BOX_ROUTES.get((method, action), relay), "admin"
     return None

@@ -26,6 +26,12 @@ from typing import Callable
 from router.core.access import peer_address
 
 
+# Every answer names the router: Granian adds `server: granian` to an answer without one (issue
+# 11 item 8: the front door does not advertise its stack). The proxy drops the box's own.
+SERVER = (b"server", b"router")
+SERVER_STR = ("server", "router")
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -101,10 +107,12 @@ class AsgiEdge:
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         headers.append((b"content-length", b"%d" % len(body)))
+        headers.append(SERVER)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        headers.append(SERVER)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def write(self, data: bytes) -> None:
@@ -125,7 +133,9 @@ class AsgiEdge:
 
 
 def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    out.append(SERVER_STR)
+    return out
 
 
 class RsgiEdge:

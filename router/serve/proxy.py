@@ -289,7 +289,7 @@ class ProxyCall:
         self.exchange: Exchange | None = None
         self.gone = False
         self.box: BoxState | None = None
-        self.attempts: list[dict] = []  # {box, status, refusal, ms} per box tried
+        self.attempts: list[dict] = []  # {box, status, refusal, ms, error, at} per box tried
         self.token = 0  # reservation token; 0 = none held
         self.loaded: BoxState | None = None  # the box whose in-flight count holds this call
         self.status = 0
@@ -591,25 +591,25 @@ class ProxyCall:
         """This call's route_log row: metadata only, never a body or a key."""
         call, decision = self.call, self.decision
         return Row(
-            call_id=self.call_id,
+            request_id=self.call_id,
             state=self.state if self.state != "pending" else "failed",
             facade=self.facade.name,
             route=self.route.path,
             model=call.model if call else None,
-            settings=call.settings if call else None,
+            options=call.settings if call else None,
             pin=call.pin if call else None,
             client=self.edge.caller,
             waited_ms=self.waited_ms,
             stream=int(self.stream),
-            decision_path=decision.path.value if decision else None,
+            path=decision.path.value if decision else None,
             decision=decision,  # encoded by the writer thread, off the loop
             attempts=self.attempts,
             box=self.box.name if self.box else None,
-            status=self.status or None,
+            http_status=self.status or None,
             error=self.failure,
             received_at=self.received_at,
             first_byte_at=self.first_byte_at,
-            done_at=time.time(),
+            responded_at=time.time(),
             bytes_in=len(self.body),
             bytes_out=self.bytes_out,
         )
@@ -622,7 +622,8 @@ class ProxyCall:
             self.facade.no_box_status,
             "no_box",
             f"{what} can serve model {call.model!r}",  # type: ignore[union-attr]
-            {"boxes": decision.reasons_text()},
+            # 0.0.4's no_box fields, which hugpy-core reads: every box's reason and the call's id
+            {"type": "no_box", "reasons": decision.reasons_text(), "request_id": self.call_id},
             state="refused",
         )
         if log.isEnabledFor(logging.DEBUG):
@@ -653,7 +654,7 @@ class ProxyCall:
                 try:
                     await self.attempt(box)
                     self.attempts.append(
-                        {"box": box.name, "status": self.status, "ms": _ms_since(started)}
+                        {"box": box.name, "status": self.status, "ms": _ms_since(started), "at": time.time()}
                     )
                     return
                 except Refused as refused:
@@ -664,6 +665,8 @@ class ProxyCall:
                         "status": refused.answer.status if refused.answer else None,
                         "refusal": refused.code,
                         "ms": _ms_since(started),
+                        "error": refused.code,  # 0.0.4's name for why the box was left
+                        "at": time.time(),  # 0.0.4's: when the attempt ended (epoch s)
                     })
                     log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refused.code)
                     self.remember_refusal(box, refused.code)

@@ -4,30 +4,56 @@ Why embedded: the fleet links, the reservation table and the app live in this on
 listener of the process shares them (DESIGN.md: reservations are process-wide). `--workers N`
 would split that state N ways; `--workers 1` is the supported setting.
 
+Start: every listener's address is checked before anything else starts, so a port in use (or any
+bind error) ends the process with one line and a non-zero status (systemd's Restart=on-failure
+relies on it), never a backtrace.
+
+Connections (issue 11 item 1):
+1. Granian's accept loop holds one permit per open connection (a semaphore of `backpressure`
+   permits); with every permit taken it stops calling accept(), and new clients wait in the
+   kernel's backlog until they give up. That, with a fixed 4,096, is what stopped a process at
+   about 4,096 idle connections. The permits now come from the file-descriptor budget: the soft
+   RLIMIT_NOFILE is raised to the hard one at start (systemd's default soft limit is 1,024), and
+   each listener gets an equal share of it, two descriptors per client connection (its own and
+   the box connection a call opens).
+2. A connection that has not sent a whole request head within `idle_timeout_s` of opening, or of
+   its last answer, is closed (hyper's header_read_timeout covers both; measured).
+3. No address holds more than `max_conns_per_client` connections: router.serve.conn_cap.
+4. TLS (`ssl_certfile`/`ssl_keyfile`) is Granian's (rustls) on every listener, HTTP/1.1 only.
+
 Stop (SIGTERM or SIGINT): stop accepting, let calls in flight finish for up to the grace period,
-then stop the links and exit 0.
+then stop the links and exit 0. Reload (SIGHUP, a unit's ExecReload): re-read the boxes file and
+the keys now. Under systemd `Type=notify` the server says READY=1 once it serves (serve/notify.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import ipaddress
 import logging
+import resource
 import signal
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from granian.constants import HTTPModes, Interfaces
+from granian.constants import HTTPModes, Interfaces, SSLProtocols
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server.embed import Server
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.core.errors import ConfigError
 from router.facades import mounts
 from router.serve.app import RouterApp, Shared
+from router.serve.conn_cap import ConnCap
 from router.serve.metrics import watch_loop
+from router.serve.notify import notify
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -38,9 +64,15 @@ from router.telemetry.scheduler import Scheduler
 
 log = logging.getLogger("router.serve")
 
-# Granian's accept loop counts connections, not requests (stack-notes §1.3): keep it well above
-# the keep-alive client connections a busy front door holds.
-BACKPRESSURE_CONNECTIONS = 4096
+# Descriptors kept out of the client connections' share (rule 1): the store, the listeners, box
+# links and telemetry, pipes, and the per-client cap's own look-ups.
+FD_RESERVE = 1024
+# A listener's connections whatever the descriptor budget: at least enough for a small front
+# door; at most 64 Ki, whose idle connections cost the router ~160 MB (~2.5 KB each, ~14 KB once
+# each has had an answer: tests/test_edge_capacity.py), which is still more than the 65,535
+# connections one IPv4 address can open to one port.
+MIN_CONNS_PER_LISTENER = 256
+MAX_CONNS_PER_LISTENER = 65536
 
 
 @dataclass(frozen=True)
@@ -59,6 +91,15 @@ class ServeConfig:
     queue_timeout_s: float = 120.0
     stream_keepalive_s: float = 15.0  # 0: never
     log_retention_days: float = 30.0  # 0 = keep every route_log row
+    store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
+    idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
+    max_conns_per_client: int = 512  # 0 = no cap
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
 
 def free_port(host: str) -> int:
@@ -68,14 +109,113 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def raise_fd_limit() -> int:
+    """Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # a sandbox may refuse: keep what we have
+            pass
+    return soft
+
+
+def conns_per_listener(fd_limit: int, listeners: int) -> int:
+    """Granian's `backpressure` per listener: an equal share of the descriptor budget (rule 1)."""
+    share = (fd_limit - FD_RESERVE) // (2 * listeners)
+    return max(MIN_CONNS_PER_LISTENER, min(MAX_CONNS_PER_LISTENER, share))
+
+
+def check_listeners(host: str, ports: list[tuple[str, int]]) -> None:
+    """Binds every (flag, port) once, all at the same time, and releases them.
+
+    Raises ConfigError with one line when one cannot be bound. Granian binds with SO_REUSEPORT,
+    so a second router on the same port (or the same port given twice) would bind too and split
+    the traffic without a word; these probes bind without it, so they fail on both.
+    """
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        raise ConfigError(f"--host must be an IP address, not {host!r}") from None
+    with contextlib.ExitStack() as probes:
+        for flag, port in ports:
+            sock = probes.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            # A previous run's connections in TIME_WAIT are no conflict.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                sock.listen(1)  # two bound, non-listening sockets may share a port
+            except OSError as exc:
+                raise ConfigError(_bind_failure(exc, host, port, flag)) from None
+
+
+def _bind_failure(exc: OSError, host: str, port: int, flag: str) -> str:
+    what = f"port {port}" if flag == "--port" else f"port {port} ({flag})"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{what} is in use"
+    if exc.errno == errno.EACCES:
+        return f"{what} needs privileges (below 1024: root or CAP_NET_BIND_SERVICE)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{host} is not an address of this machine"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+
+
+def check_tls(config: ServeConfig) -> None:
+    """Raises ConfigError with one line when the certificate or key cannot be used."""
+    if config.ssl_certfile is None and config.ssl_keyfile is None:
+        return
+    if config.ssl_certfile is None or config.ssl_keyfile is None:
+        raise ConfigError("TLS needs both --ssl-certfile and --ssl-keyfile")
+    try:
+        # An empty password: an encrypted key fails here rather than prompt on a terminal.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            config.ssl_certfile, config.ssl_keyfile, password=b""
+        )
+    except ssl.SSLError as exc:  # before OSError: it is one
+        reason = "not a PEM certificate with its unencrypted private key" + (
+            f" ({exc.reason})" if exc.reason else ""
+        )
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    else:
+        return
+    raise ConfigError(
+        f"cannot use TLS certificate {config.ssl_certfile} with key {config.ssl_keyfile}: {reason}"
+    )
+
+
 async def serve(config: ServeConfig, *, ready=None) -> int:
-    """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up."""
+    """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up.
+
+    Raises ConfigError before anything starts when a listener cannot be bound or the TLS
+    certificate cannot be used."""
+    listeners = [("router", "--port", config.port, mounts.main)]
+    if config.ollama_port is not None:
+        listeners.append(("ollama", "--ollama-port", config.ollama_port, mounts.ollama_port))
+    if config.lmstudio_port is not None:
+        listeners.append(("lmstudio", "--lmstudio-port", config.lmstudio_port, mounts.lmstudio_port))
+    listeners = [
+        (name, flag, port or free_port(config.host), mount) for name, flag, port, mount in listeners
+    ]
+    check_listeners(config.host, [(flag, port) for _, flag, port, _ in listeners])
+    check_tls(config)
+    max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
     loop = asyncio.get_running_loop()
     reservations = Reservations()
     fleet = Fleet(config.boxes_path, reservations)
     telemetry = TelemetryCache()
     agents = AgentLinks(fleet, telemetry)
     await fleet.start()
+    store_path = config.store_path or store_paths.db_path()
+    # After the listeners' check: a start that fails says one line and nothing else.
+    log.info("boxes file %s: %d boxes; store %s", config.boxes_path, len(fleet.ordered()), store_path)
+    if not fleet.ordered():
+        log.warning(
+            "the fleet is empty: no boxes in %s, so every call is refused until one is added "
+            "(`hugpy-router boxes add`, or --boxes FILE / HUGPY_ROUTER_BOXES for another file)",
+            config.boxes_path,
+        )
     scanner = LocalScanTask(
         telemetry,
         lambda: [box.name for box in fleet.ordered() if is_loopback_url(box.config.url)],
@@ -83,7 +223,6 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     scanner.start()
     scheduler = Scheduler(fleet, reservations, telemetry)
     scheduler.start()
-    store_path = store_paths.db_path()
     keys = KeyStore(store_path)
     route_log = RouteLogWriter(store_path, config.log_retention_days * 86400 or None)
     route_log.start()
@@ -104,28 +243,39 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     )
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
     shared.clock.start()
-    listeners = [("router", config.port, mounts.main)]
-    if config.ollama_port is not None:
-        listeners.append(("ollama", config.ollama_port, mounts.ollama_port))
-    if config.lmstudio_port is not None:
-        listeners.append(("lmstudio", config.lmstudio_port, mounts.lmstudio_port))
-    servers = []
-    for name, port, mount in listeners:
-        port = port or free_port(config.host)
-        servers.append((name, port, granian_server(RouterApp(shared, mount), config, port)))
+    servers = [
+        (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))
+        for name, _, port, mount in listeners
+    ]
+    conn_cap = ConnCap(
+        config.host, [port for _, port, _ in servers], config.max_conns_per_client,
+        shared.access.proxies,
+    )
+    conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     serving = [loop.create_task(server.serve()) for _, _, server in servers]
     for (name, port, _), task in zip(servers, serving):
         await wait_listening(config.host, port, task)
-        url = f"http://{config.host}:{port}"
-        log.info("%s listening on %s (%s)", name, url, config.interface)
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        url = f"{config.scheme}://{host}:{port}"
+        log.info("%s listening on %s (%s, up to %d connections)", name, url, config.interface, max_conns)
         if ready is not None:
             ready(name, url)
+    reloads: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
+
+    def on_hup() -> None:
+        task = loop.create_task(_reload(fleet, keys), name="reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    notify(f"READY=1\nSTATUS=serving {len(fleet.ordered())} boxes")
     stop_wait = loop.create_task(stopping.wait())
     await asyncio.wait({*serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: %d calls in flight, grace %.0f s", shared.in_flight, config.grace_s)
+    notify("STOPPING=1")
     for _, _, server in servers:
         server.stop()
     try:
@@ -135,6 +285,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     await asyncio.wait(serving, timeout=config.grace_s)
     await shared.clock.stop()
     stop_wait.cancel()
+    conn_cap_task.cancel()
     key_upkeep.cancel()
     loop_watch.cancel()
     await loop.run_in_executor(None, route_log.stop)  # flushes every row
@@ -147,8 +298,14 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     return 0
 
 
-def granian_server(app, config: ServeConfig, port: int) -> Server:
-    """Granian embedded, as every router listener runs it (bench/floor_proxy.py reuses it)."""
+def granian_server(app, config: ServeConfig, port: int, *, max_conns: int) -> Server:
+    """Granian embedded, as every router listener runs it (bench/floor_proxy.py reuses it).
+
+    HTTP/1.1 only, with TLS too. HTTP/2 over ALPN works with Granian 2.8 (tried with curl
+    --http2: calls and streams through the router), but the idle timeout (header_read_timeout)
+    and the slow-reader bound are HTTP/1.1's here, and one HTTP/2 connection would carry up to
+    200 calls past the per-client connection cap."""
+    tls = config.ssl_certfile is not None
     return Server(
         app,
         address=config.host,
@@ -157,14 +314,29 @@ def granian_server(app, config: ServeConfig, port: int) -> Server:
         http=HTTPModes.http1,
         websockets=False,
         backlog=1024,
-        backpressure=BACKPRESSURE_CONNECTIONS,
-        http1_settings=HTTP1Settings(header_read_timeout=30_000, keep_alive=True),
+        backpressure=max_conns,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=round(config.idle_timeout_s * 1000), keep_alive=True
+        ),
         log_enabled=False,
         log_level=LogLevels.warning,
+        ssl_cert=config.ssl_certfile if tls else None,
+        ssl_key=config.ssl_keyfile if tls else None,
+        # TLS 1.2 and up, as Mozilla's "intermediate" profile (Granian's default is 1.3 only).
+        ssl_protocol_min=SSLProtocols.tls12,
     )
 
 
 KEY_REFRESH_S = 1.0
+
+
+async def _reload(fleet: Fleet, keys: KeyStore) -> None:
+    """SIGHUP: the boxes file and the keys, read again now (notify.py rule 2)."""
+    notify("RELOADING=1")
+    await fleet.reload()
+    await asyncio.get_running_loop().run_in_executor(None, keys.reload)
+    log.info("reloaded: boxes file %s (%d boxes) and keys", fleet.path, len(fleet.ordered()))
+    notify("READY=1")
 
 
 async def _key_upkeep(keys: KeyStore) -> None:

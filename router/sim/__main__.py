@@ -25,7 +25,7 @@ DEFAULT_CHUNKS = 20  # the benchmark's 20-chunk stream (contracts/stack-notes.md
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m router.sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m router.sim", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--boxes", type=int, default=3, help="how many boxes (default 3)")
     p.add_argument("--boxes-file", required=True, help="where to write the boxes file")
     p.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS, help="content frames per stream")

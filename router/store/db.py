@@ -1,9 +1,12 @@
 """Opening the store: one SQLite file through APSW, checked and migrated at start.
 
 Rules:
-1. `connect` creates a missing folder 0700 and a missing file 0600 before SQLite opens it;
-   SQLite gives the `-wal` and `-shm` files the database file's mode. Existing folders and
-   files keep the mode their owner gave them.
+1. `connect` creates a missing folder and a missing file before SQLite opens it, with the
+   modes of `paths.store_modes()` (private: 0700 and 0600); SQLite gives the `-wal` and
+   `-shm` files the database file's mode. In private mode existing folders and files keep the
+   mode their owner gave them. In group mode `open_store` sets the folder, the file, `-wal`
+   and `-shm` to the group modes and group at every start, as hugpy-wrapper and 0.0.4 do
+   (best effort: a file this process may not change is left as it is).
 2. Every connection runs in WAL mode with `synchronous=NORMAL` (a commit survives a killed
    process; only an OS crash can lose the last commits) and a busy timeout, so the route_log
    writer, the key store and a `router keys` command in another process wait for each other
@@ -28,6 +31,7 @@ from pathlib import Path
 import apsw
 
 from router.core.errors import ConfigError, UsageError
+from router.store import paths
 
 # hugpy-wrapper's store waits 10 s (store.py:220-228); a writer batch or a key change holds
 # the lock for milliseconds, so 10 s only runs out when something is wrong.
@@ -35,24 +39,41 @@ BUSY_TIMEOUT_MS = 10_000
 # Enough lines of `integrity_check` output to tell the operator what is wrong, not a page.
 INTEGRITY_LINES = 5
 MIGRATION_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 
 
-def _ensure_file(path: Path) -> None:
-    """Creates the folder (0700) and an empty file (0600) when missing (rule 1)."""
+def _ensure_file(path: Path, modes: paths.StoreModes) -> None:
+    """Creates the folder and an empty file with `modes` when missing (rule 1)."""
     folder = path.parent
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, DIR_MODE)  # mkdir's mode is filtered by the umask; make it exact
+        os.chmod(folder, modes.folder)  # mkdir's mode is filtered by the umask; make it exact
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, modes.file)
     except FileExistsError:
         return
     try:
-        os.fchmod(fd, FILE_MODE)
+        os.fchmod(fd, modes.file)
     finally:
         os.close(fd)
+
+
+def share(path: Path, modes: paths.StoreModes) -> None:
+    """Gives the folder, the file, `-wal` and `-shm` the group modes and group (rule 1)."""
+    gid = -1
+    try:
+        import grp
+
+        gid = grp.getgrnam(modes.group).gr_gid if modes.group else -1
+    except KeyError:
+        pass
+    for target, mode in ((path.parent, modes.folder), (path, modes.file),
+                         (Path(f"{path}-wal"), modes.file), (Path(f"{path}-shm"), modes.shm)):
+        try:
+            os.chmod(target, mode)
+            if gid != -1:
+                os.chown(target, -1, gid)
+        except OSError:  # missing (-wal, -shm), or not ours to change
+            pass
 
 
 def connect(path: Path | str) -> apsw.Connection:
@@ -62,7 +83,7 @@ def connect(path: Path | str) -> apsw.Connection:
     """
     path = Path(path)
     try:
-        _ensure_file(path)
+        _ensure_file(path, paths.store_modes())
     except OSError as exc:
         raise ConfigError(f"cannot create store {path}: {exc.strerror or exc}") from exc
     conn = None
@@ -163,4 +184,7 @@ def open_store(path: Path | str) -> apsw.Connection:
     except BaseException:
         conn.close()
         raise
+    modes = paths.store_modes()
+    if modes.group is not None:
+        share(Path(path), modes)
     return conn

@@ -254,6 +254,10 @@ class KeyStore:
             self._reload()
         return found
 
+    def reload(self) -> None:
+        """Reloads the map now, whatever `data_version` says (a SIGHUP)."""
+        self._reload()
+
     # --- the map --------------------------------------------------------------------------
 
     def _reload(self) -> None:

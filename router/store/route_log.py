@@ -7,13 +7,14 @@ Rules:
 2. One writer thread owns its own connection. It waits for a row, sleeps `FLUSH_INTERVAL_S`,
    then takes every row queued by then and writes them in transactions of at most
    `MAX_BATCH_ROWS`: one wake-up per flush window, however many calls arrived in it.
-3. A row is a `Row` (the `route_log` columns, in order): one row per call, written once. A
-   second row with the same `call_id` is refused by the table's UNIQUE index (rule 5).
+3. A row is a `Row` (the `route_log` columns by name: 0.0.4's, and this router's beside them,
+   store/schema): one row per call, written once. A second row with the same `request_id` is
+   refused by the table's UNIQUE index (rule 5).
 4. The JSON columns (`decision`, `attempts`) take a dict, a list, or an object with a
    `log_doc()` method (a Decision) standing for the dict it returns; the writer thread encodes
    them as JSON text (orjson), so the caller never does.
 5. A failed batch is rolled back and written again row by row; a row that still fails (a
-   missing `call_id`, a bad `state`, a duplicate) is dropped and counted in `dropped`. The log
+   missing `request_id` or `received_at`, a duplicate) is dropped and counted in `dropped`. The log
    names the error, never the row's contents.
 6. The backlog is bounded: while `MAX_BACKLOG_ROWS` rows wait, `record` sheds new rows
    (counted in `shed`) rather than grow the router's memory behind a stalled disk.
@@ -83,24 +84,24 @@ class Row(NamedTuple):
     """One call's route_log row (rule 3). The INSERT names each column, so the field order
     need not follow the table's."""
 
-    call_id: str
+    request_id: str  # the call's id
     state: str  # pending | done | failed | refused | cancelled
     facade: str | None = None
     route: str | None = None
     model: str | None = None
-    settings: str | None = None
+    options: str | None = None  # the call's settings (model@options)
     pin: str | None = None
     client: str | None = None
     stream: int | None = None
-    decision_path: str | None = None
+    path: str | None = None  # the decision's path: pin | serving | load | refused
     decision: Any = None  # JSON: the Decision's log_doc() (ranked boxes and tiers, refused)
     attempts: Any = None  # JSON: [{box, status, refusal, ms}, ...]
     box: str | None = None
-    status: int | None = None
+    http_status: int | None = None
     error: str | None = None
     received_at: float | None = None
     first_byte_at: float | None = None
-    done_at: float | None = None
+    responded_at: float | None = None
     bytes_in: int | None = None
     bytes_out: int | None = None
     waited_ms: float | None = None  # in the wait queue (None: it did not wait)
@@ -110,7 +111,7 @@ COLUMNS = Row._fields
 _JSON_COLUMNS = tuple(COLUMNS.index(name) for name in ("decision", "attempts"))
 # Columns whose text may carry what a client (model, pin, route, client address) or a box sent.
 _TEXT_COLUMNS = tuple(
-    COLUMNS.index(name) for name in ("facade", "route", "model", "settings", "pin", "client", "box", "error")
+    COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error")
 )
 _ONE_ROW = "(" + ", ".join("?" * len(COLUMNS)) + ")"
 
