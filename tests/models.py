@@ -9,6 +9,7 @@ side by side and require equal answers.
 2. `FrameScannerModel`: `router._fastpath.FrameScanner` (rule 2), line by line.
 3. `reference_decide`: `router.core.decide` (its docstring rules 1-4), written without its
    helper functions.
+4. `WaitQueueModel`: `router.core.admission.WaitQueue` (rules 2-6), a flat list with turn stamps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "reference_decide",
     "reference_gate",
     "GATE_ORDER",
+    "WaitQueueModel",
 ]
 
 
@@ -213,6 +215,8 @@ GATE_ORDER = (
     ReasonCode.ALREADY_TRIED,
     ReasonCode.NOT_ELIGIBLE,
     ReasonCode.NO_MODEL,
+    ReasonCode.COOLING,
+    ReasonCode.FULL,
 )
 
 
@@ -243,6 +247,9 @@ def reference_gate(
         ReasonCode.NOT_ELIGIBLE: eligible is not None and box.id not in eligible,
         ReasonCode.NO_MODEL: named is None
         or (named[0] not in box.residents and named[0] not in box.catalog),
+        ReasonCode.COOLING: named is not None and named[0] in box.cooling
+        and box.in_flight >= box.cooling[named[0]],
+        ReasonCode.FULL: box.max_inflight is not None and box.in_flight >= box.max_inflight,
     }
     for code in GATE_ORDER:
         if failing[code]:
@@ -257,7 +264,7 @@ def reference_decide(
     eligible: frozenset[str] | None = None,
 ) -> RefDecision:
     """The contract, literally: gate each box, split the rest into tiers, sort each tier by
-    (pending + pressure + reservations, pressure, tie-break, boxes-file order, id), SERVING
+    (pending + pressure + reservations + recent refusals, pressure, tie-break, boxes-file order, id), SERVING
     first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the most
     free GPU bytes (unknown = 0), then the smallest last_picked_s."""
     tried = frozenset(tried)
@@ -271,7 +278,7 @@ def reference_decide(
             continue
         key, settings = call_key(box.kind, call.model, call.settings)
         resident = box.residents.get(key)
-        carried = box.pending + box.pressure + box.reservations
+        carried = box.pending + box.pressure + box.reservations + box.recent_refusals
         sent = box.contracts.get(key)  # absent = default settings (None)
         if (
             resident is not None
@@ -297,3 +304,55 @@ def reference_decide(
     if not ranked:
         return RefDecision("refused", (), {}, refused)
     return RefDecision("pinned" if call.pin is not None else "ranked", ranked, tiers, refused)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. The wait queue
+# --------------------------------------------------------------------------------------------
+
+
+class WaitQueueModel:
+    """`router.core.admission.WaitQueue` (its rules 2-6) as a flat list and turn stamps.
+
+    A caller's turn stamp is when it joined its class (nothing of its waiting there before) or
+    was last served there; the next waiter for a box is, among the waiters the box may serve:
+    the lowest class value, then the caller with the oldest stamp, then the oldest arrival.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.waiting: list[tuple[int, str, int, frozenset[str]]] = []  # (seq, caller, class, boxes)
+        self.stamps: dict[tuple[int, str], int] = {}
+        self.clock = 0
+        self.seq = 0
+
+    def _tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def push(self, caller: str, priority: int, boxes: frozenset[str]) -> int | None:
+        if len(self.waiting) >= self.capacity:
+            return None
+        if not any(w[1] == caller and w[2] == priority for w in self.waiting):
+            self.stamps[(priority, caller)] = self._tick()
+        seq = self.seq
+        self.seq += 1
+        self.waiting.append((seq, caller, priority, boxes))
+        return seq
+
+    def remove(self, seq: int) -> bool:
+        for w in self.waiting:
+            if w[0] == seq:
+                self.waiting.remove(w)
+                return True
+        return False
+
+    def next_for(self, box: str, fits) -> int | None:
+        candidates = [w for w in self.waiting if box in w[3] and fits(w[0])]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda w: (w[2], self.stamps[(w[2], w[1])], w[0]))
+        self.waiting.remove(best)
+        if any(w[1] == best[1] and w[2] == best[2] for w in self.waiting):
+            self.stamps[(best[2], best[1])] = self._tick()
+        return best[0]

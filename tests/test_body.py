@@ -19,6 +19,7 @@ from router.core.errors import BadRequest
 from router.core.types import Reason, ReasonCode
 from router.facades import ollama, openai
 from router._fastpath import form_field, json_members
+from router.core.admission import Priority
 from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
 
 CANARY = "CANARY-7f3a9e"
@@ -427,7 +428,7 @@ def test_over_the_cap_in_a_header(header):
         read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *values)
     too_long(exc, {"x-router-box": "X-Router-Box", "x-router-pool": "X-Router-Pool"}[header], LONG)
     at_cap = tuple(v and v[1:] for v in values)
-    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *at_cap)
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *at_cap).call
     assert (call.pin, call.pool) == at_cap
 
 
@@ -441,10 +442,24 @@ def test_over_the_cap_in_a_form_field():
 def test_read_call_body_wins_over_headers():
     headers = ("h-box", "h-pool")
     body = b'{"model": "m", "alloc": {"worker": "b-box", "pool": "b-pool"}}'
-    call = read_call(body, "application/json", CHAT, openai.FACADE, *headers)
+    call = read_call(body, "application/json", CHAT, openai.FACADE, *headers).call
     assert (call.model, call.pin, call.pool) == ("m", "b-box", "b-pool")
-    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *headers)
+    call = read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, *headers).call
     assert (call.pin, call.pool) == ("h-box", "h-pool")
+
+
+def test_read_call_reads_the_stream_flag_and_the_class_asked_for():
+    read = read_call(b'{"model": "m", "stream": true, "alloc": {"priority": "low"}}', "application/json",
+                     CHAT, openai.FACADE, None, None, "high")
+    assert (read.stream, read.priority) == (True, Priority.LOW)  # the body wins over the header
+    read = read_call(b'{"model": "m", "stream": "yes"}', "application/json", CHAT, openai.FACADE, None, None, "High")
+    assert (read.stream, read.priority) == (False, Priority.HIGH)
+    for bad in ('{"model": "m", "alloc": {"priority": "urgent"}}', '{"model": "m", "alloc": {"priority": 1}}'):
+        with pytest.raises(BadRequest) as exc:
+            read_call(bad.encode(), "application/json", CHAT, openai.FACADE, None, None)
+        assert exc.value.code == "invalid_priority"
+    with pytest.raises(BadRequest):
+        read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, None, None, "urgent")
 
 
 def test_clip():

@@ -86,6 +86,10 @@ def failing(gates: set[ReasonCode]):
         eligible = frozenset({"y"})
     if ReasonCode.NO_MODEL in gates:
         b["catalog"] = frozenset({"mistral:latest"})
+    if ReasonCode.COOLING in gates:
+        b["cooling"] = {"llama3:latest": 0}
+    if ReasonCode.FULL in gates:
+        b["in_flight"], b["max_inflight"] = 2, 2
     the_box = BoxFacts(id="x", kind=OLLAMA, order=0, **b)
     return call(**c), the_box, frozenset(tried), eligible
 
@@ -152,7 +156,7 @@ def test_gate_order_is_the_documented_order():
         ReasonCode.BLOCKED,
         ReasonCode.ALREADY_TRIED,
     ]
-    assert GATES[-1] is ReasonCode.NO_MODEL
+    assert GATES[-3:] == [ReasonCode.NO_MODEL, ReasonCode.COOLING, ReasonCode.FULL]
 
 
 def test_gate_details():
@@ -534,6 +538,10 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
                 pressure=pick(draw, [1, 1, 0, 2]),
                 reservations=pick(draw, [0, 0, 1]),
                 last_picked_s=float(draw(_INDEX[3])),
+                in_flight=pick(draw, [0, 1, 2]),
+                max_inflight=pick(draw, [None, None, 1, 2]),
+                cooling={k: pick(draw, [0, 1, 2]) for k in subset(draw, sorted(resident_keys | catalog), 6)},
+                recent_refusals=pick(draw, [0, 0, 0, 1]),
             )
         )
     return boxes

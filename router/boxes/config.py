@@ -36,9 +36,10 @@ from router.store import paths
 
 T = TypeVar("T")
 # What `PUT /v1/boxes/<name>` and `update` may change (the key and url: a new `add`).
-UPDATABLE = ("pool", "kind", "store", "agent")
+UPDATABLE = ("pool", "kind", "store", "agent", "max_inflight")
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_INFLIGHT_LIMIT = 100_000
 KEY_LINE_RE = re.compile(r"""^\s*(?:export\s+)?FITEVICT_TOKEN\s*=\s*["']?([^"'\s]+)["']?\s*$""")
 
 
@@ -52,6 +53,7 @@ class BoxConfig:
     pool: str | None = None
     blocked: bool = False
     agent: str | None = None  # a `router agent` on the box's host: its GPU telemetry
+    max_inflight: int | None = None  # calls at once, from every facade (None: no limit)
 
     @property
     def link_fields(self) -> tuple:
@@ -147,6 +149,9 @@ def validate(box: BoxConfig) -> BoxConfig:
             raise ConfigError(f"box {box.name}: {name} must be a string")
     if not isinstance(box.blocked, bool):
         raise ConfigError(f"box {box.name}: blocked must be true or false")
+    limit = box.max_inflight
+    if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_INFLIGHT_LIMIT):
+        raise ConfigError(f"box {box.name}: max_inflight must be an integer 1-{MAX_INFLIGHT_LIMIT}")
     return box
 
 
@@ -167,6 +172,7 @@ def parse(doc: object, path: Path) -> BoxesFile:
                 pool=entry.get("pool"),
                 blocked=bool(entry.get("blocked", False)),
                 agent=entry.get("agent"),
+                max_inflight=entry.get("max_inflight"),
             )
         except ValueError as exc:
             raise ConfigError(f"{path}: box {entry['name']}: {exc}") from None

@@ -101,6 +101,7 @@ class Link:
         now = asyncio.get_running_loop().time()
         if ok:
             box.last_ok_s = now
+            box.reachable()
             self.answering.set()
         was_online = box.online
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))

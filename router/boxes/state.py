@@ -7,6 +7,15 @@ Invariants:
    decision reads bumps `version`, so `facts()` rebuilds the immutable BoxFacts only then.
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them.
+3. Refusal memory (router.core.admission rule 7): `refusals[key]` counts placement refusals in a
+   row and `cooling[key] = (until_s, ceiling)` is when the back-off they set ends and the calls
+   the box had in flight besides the refused one (its ceiling for the model). The back-off's end
+   (`expire_cooling`, run by the CallClock's sweep) lifts the cooling and keeps the count, so a
+   box that refuses again backs off longer; a success for the key, or more free GPU memory in
+   the inventory, clears both. A connect failure
+   marks the box `unreachable` (offline for the decision) until its health probe succeeds.
+4. `in_flight` counts this router's calls on the box from every facade; for a box with a
+   limit it is part of the facts (fullness), so the facts are rebuilt when it moves.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.boxes.config import BoxConfig
+from router.core.admission import backoff_s, is_full
 from router.core.types import BoxFacts, Resident
 from router.upstream.pool import Origin
 
@@ -28,6 +38,7 @@ class Inventory:
     residents: dict[str, Resident] = field(default_factory=dict)
     free_gpu_bytes: int | None = None
     listing: dict[str, Any] = field(default_factory=dict)
+    capacity: int | None = None  # calls at once, as the box itself reports it (llama.cpp's slots)
 
 
 class BoxState:
@@ -50,9 +61,12 @@ class BoxState:
         self.in_flight = 0
         self.pending = 0
         self.pressure = 1
+        self.refusals: dict[str, int] = {}
+        self.cooling: dict[str, tuple[float, int]] = {}
+        self.unreachable = False
         self.version = 0
         self._facts: BoxFacts | None = None
-        self._facts_key: tuple[int, int] = (-1, -1)
+        self._facts_key: tuple[int, int, int] = (-1, -1, -1)
 
     @property
     def name(self) -> str:
@@ -73,10 +87,14 @@ class BoxState:
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
         self.inventory = inventory
-        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes) != (
+        if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
+            self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
+            self.changed()
+        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity) != (
             old.catalog,
             old.residents,
             old.free_gpu_bytes,
+            old.capacity,
         ):
             self.catalog = frozenset(inventory.catalog)
             self.changed()
@@ -98,16 +116,61 @@ class BoxState:
             self.contracts[key] = settings
         self.changed()
 
+    def placement_refused(self, key: str, now_s: float) -> None:
+        """The box refused to place `key` (the refused call still counted in `in_flight`): full
+        for it at the load it had besides, for the next back-off step."""
+        consecutive = self.refusals[key] = self.refusals.get(key, 0) + 1
+        self.cooling[key] = (now_s + backoff_s(consecutive), max(self.in_flight - 1, 0))
+        self.changed()
+
+    def placement_ok(self, key: str) -> None:
+        if self.refusals.pop(key, None) is not None:
+            self.cooling.pop(key, None)
+            self.changed()
+
+    def expire_cooling(self, now_s: float) -> None:
+        """Lifts the back-offs that are over (their refusal counts stay until a success)."""
+        if any(until <= now_s for until, _ in self.cooling.values()):
+            self.cooling = {k: v for k, v in self.cooling.items() if v[0] > now_s}
+            self.changed()
+
+    def mark_unreachable(self) -> None:
+        if not self.unreachable:
+            self.unreachable = True
+            self.changed()
+
+    def reachable(self) -> None:
+        if self.unreachable:
+            self.unreachable = False
+            self.changed()
+
+    @property
+    def limit(self) -> int | None:
+        """Calls at once: the boxes file's `max_inflight`, else what the box reports."""
+        return self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
+
+    @property
+    def limit_source(self) -> str | None:
+        if self.config.max_inflight is not None:
+            return "boxes file"
+        return "box (llama.cpp total_slots)" if self.inventory.capacity is not None else None
+
+    @property
+    def full(self) -> bool:
+        return is_full(self.in_flight, self.limit)
+
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
-        key = (self.version, reservations)
+        limit = self.limit
+        # fullness, and a cooling model's ceiling, depend on the calls in flight
+        key = (self.version, reservations, self.in_flight if limit is not None or self.cooling else 0)
         if key != self._facts_key:
             config = self.config
             self._facts = BoxFacts(
                 id=config.name,
                 kind=config.kind,
                 order=self.order,
-                online=self.online,
+                online=self.online and not self.unreachable,
                 pool=config.pool,
                 blocked=config.blocked,
                 catalog=self.catalog,
@@ -118,6 +181,10 @@ class BoxState:
                 pressure=self.pressure,
                 reservations=reservations,
                 last_picked_s=self.last_picked_s,
+                in_flight=self.in_flight,
+                max_inflight=limit,
+                cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
+                recent_refusals=sum(self.refusals[k] for k in self.cooling),
             )
             self._facts_key = key
         return self._facts  # type: ignore[return-value]

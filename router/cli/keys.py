@@ -29,7 +29,7 @@ from typing import Any
 
 from router.core.errors import BadRequest
 from router.store import paths
-from router.store.keys import SCOPES, KeyStore
+from router.store.keys import PRIORITIES, SCOPES, KeyStore
 
 NOTE = "store this key now; it is not shown again"
 API_TIMEOUT_S = 15.0
@@ -68,9 +68,10 @@ class ApiKeys:
         except OSError as exc:
             raise RouterUnreachable(f"no router answered at {self.base}: {exc}") from None
 
-    def create(self, name: str, scope: str, expires_days: float | None, created_by: str) -> tuple[str, str]:
+    def create(self, name: str, scope: str, expires_days: float | None, created_by: str,
+               priority: str = "normal") -> tuple[str, str]:
         status, doc = self._ask("POST", "/v1/keys", {"name": name, "scope": scope, "expires_days": expires_days,
-                                                     "created_by": created_by})
+                                                     "created_by": created_by, "priority": priority})
         if status != 201:
             raise RouterUnreachable(f"router answered {status}: {doc}")
         return doc["id"], doc["key"]
@@ -114,6 +115,9 @@ def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     create.add_argument("--scope", choices=SCOPES, default="use",
                         help="use: call models; admin: also manage the router (default use)")
     create.add_argument("--expires-days", type=float, default=None, help="days until it expires (default never)")
+    create.add_argument("--priority", choices=PRIORITIES, default="normal",
+                        help="the class its calls wait in when boxes are full; a call may ask for "
+                        "lower (X-Router-Priority), never higher (default normal)")
     listing = ksub.add_parser("list", help="list keys (hashes are never shown)")
     listing.add_argument("--all", action="store_true", help="include revoked keys")
     listing.add_argument("--json", action="store_true", help='print {"keys": [...]} as the admin API does')
@@ -144,7 +148,8 @@ def _run(store: KeyStore | ApiKeys, args: argparse.Namespace) -> int:
     """One subcommand on either backend; the same output both ways (rule 1)."""
     if args.keys_command == "create":
         try:
-            key_id, key = store.create(args.name, args.scope, args.expires_days, created_by="cli")
+            key_id, key = store.create(args.name, args.scope, args.expires_days, created_by="cli",
+                                       priority=args.priority)
         except BadRequest as exc:
             print(f"router keys: {exc}", file=sys.stderr)
             return 2

@@ -147,6 +147,13 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="also listen here as an Ollama server (every path is Ollama's; 'auto' picks one)")
     parser.add_argument("--lmstudio-port", type=_port, default=None,
                         help="also listen here as an LM Studio server (every path is LM Studio's)")
+    parser.add_argument("--queue-size", type=int, default=1024,
+                        help="calls that may wait for a full box, in all (default 1024; more get 429)")
+    parser.add_argument("--queue-timeout", type=float, default=120.0,
+                        help="seconds a call may wait for a full box before a 503 (default 120)")
+    parser.add_argument("--stream-keepalive", type=float, default=15.0,
+                        help="a streamed OpenAI call waiting this long (queue, cold load) gets its "
+                        "stream head and an SSE comment every this many seconds (default 15; 0: never)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
@@ -200,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--store", help="the box's store file, when readable on this machine")
     add.add_argument("--pool")
     add.add_argument("--agent", help="http://host:port of a `router agent` on the box's host (GPU telemetry)")
+    add.add_argument("--max-inflight", type=int, default=None,
+                     help="calls the box takes at once, from every facade; more wait in the router's queue")
     bsub.add_parser("list", help="list boxes (keys are never shown)")
     for name in ("remove", "block", "unblock"):
         cmd = bsub.add_parser(name, help=f"{name} a box")
@@ -226,7 +235,7 @@ def boxes_command(args: argparse.Namespace) -> int:
         key = boxes_config.read_key_file(args.key_file) if args.key_file else args.key
         new = boxes_config.BoxConfig(
             name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
-            store=args.store, pool=args.pool or None, agent=args.agent,
+            store=args.store, pool=args.pool or None, agent=args.agent, max_inflight=args.max_inflight,
         )
         added = boxes_config.edit(path, lambda boxes: boxes.put(new))
         print(f"box {new.name} {'added' if added else 'replaced'} in {path}")

@@ -4,11 +4,13 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
 1. Gate. `why_not` returns the first disqualifying reason, in this order: pinned elsewhere,
    kind not served by the facade, name invalid under the box kind's rule, offline, other pool,
    blocked, already tried for this call, model not advertised (neither resident nor in the
-   catalog). Pools (hugpy-router's seed: "eligible: ... the call's pool"): a call without a
-   pool goes only to boxes without a pool, a call with a pool only to that pool's boxes, and
-   a pin without a pool reaches the pinned box whatever its pool. An empty pool is no pool.
-   Failover passes `eligible` (the first decision's ranked set) so that a retry never
-   broadens past it.
+   catalog), cooling for this model (it refused to place it lately with this many calls in
+   flight or fewer: admission rule 7), full (at its in-flight limit, admission rule 1). A call
+   refused only for the last two waits for room. Pools (hugpy-router's seed: "eligible: ... the
+   call's pool"): a call without a pool goes only to boxes without a pool, a call with a pool
+   only to that pool's boxes, and a pin without a pool reaches the pinned box whatever its pool.
+   An empty pool is no pool. Failover passes `eligible` (the first decision's ranked set) so
+   that a retry never broadens past it.
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
    over a pinned call).
@@ -16,8 +18,8 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    for equal the settings this router last sent that box for that model (unknown = default).
    Every other eligible box is LOAD (catalog, or resident under other settings).
 4. Rank inside a tier, ascending by the tuple of the small key functions below:
-   load (pending + pressure + reservations), then pressure, then the tier's tie-break
-   (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
+   load (pending + pressure + reservations + recent placement refusals), then pressure, then
+   the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
    picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from router.core.admission import is_full
 from router.core.names import call_key
 from router.core.types import (
     BoxFacts,
@@ -73,6 +76,11 @@ def _why_not(
     key = named[0]
     if key not in box.residents and key not in box.catalog:
         return Reason(ReasonCode.NO_MODEL, key)
+    ceiling = box.cooling.get(key)
+    if ceiling is not None and box.in_flight >= ceiling:
+        return Reason(ReasonCode.COOLING, f"{key} at {ceiling} in flight")
+    if is_full(box.in_flight, box.max_inflight):
+        return Reason(ReasonCode.FULL, f"{box.in_flight}/{box.max_inflight}")
     return None
 
 
@@ -90,8 +98,10 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None]) -> Tier:
 
 
 def load_of(box: BoxFacts) -> int:
-    """pending + pressure + reservations: what the box is already carrying (lower is better)."""
-    return box.pending + box.pressure + box.reservations
+    """pending + pressure + reservations + recent placement refusals: what the box is already
+    carrying (lower is better). A refusal counts as load until its back-off ends, so a box that
+    fails fast does not look idle and draw more calls."""
+    return box.pending + box.pressure + box.reservations + box.recent_refusals
 
 
 def serving_tiebreak(resident: Resident) -> tuple:

@@ -43,6 +43,13 @@ IN_BAND_STATUSES = {
     "worker_reserved": 423,
 }
 
+# Refusals that say "no room for this model here now" (hugpy's placement failures, a 503 such
+# as Ollama's "server busy", LM Studio's failed JIT load): the box is full for the model for a
+# back-off (router.core.admission rule 7) instead of drawing the next call at once.
+PLACEMENT_REFUSALS = frozenset(
+    {"insufficient_resources", "worker_reserved", "http_503", NO_MODEL_LOADED}
+)
+
 REFUSAL_TYPES: dict[BoxKind, frozenset[str]] = {
     BoxKind.HUGPY: frozenset(
         {

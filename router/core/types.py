@@ -37,7 +37,13 @@ class ReasonCode(str, Enum):
     ALREADY_TRIED = "already_tried"
     NOT_ELIGIBLE = "not_eligible"  # failover never broadens past the first decision's set
     NO_MODEL = "no_model"  # the box's inventory does not advertise the model
+    COOLING = "cooling"  # it refused this model lately: full for it at that load, a while
+    FULL = "full"  # at its in-flight limit (router.core.admission rule 1)
     UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
+
+
+# A box refused for one of these can take the call later: the call waits for it (admission).
+WAIT_REASONS = frozenset({ReasonCode.COOLING, ReasonCode.FULL})
 
 
 class Reason(NamedTuple):
@@ -81,6 +87,11 @@ class BoxFacts:
     (absent = default settings). `order` is the box's position in the boxes file, its stable
     identity for tie-breaks. `pending` and `pressure` come from the scheduler snapshot (until
     one exists: 0 and the neutral pressure 1); `reservations` is the router's own live count.
+    `in_flight` is every call the router has on the box now and `max_inflight` its limit (None:
+    none); `cooling` maps each model key it refused to place lately to the calls it had in
+    flight then (its learned ceiling for that model while the back-off lasts), and
+    `recent_refusals` counts those refusals (they count as load: a box that fails fast never
+    looks idle).
     """
 
     id: str
@@ -97,6 +108,10 @@ class BoxFacts:
     pressure: int = 1
     reservations: int = 0
     last_picked_s: float = 0.0
+    in_flight: int = 0
+    max_inflight: int | None = None
+    cooling: Mapping[str, int] = field(default_factory=dict)
+    recent_refusals: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +146,11 @@ class Decision:
     boxes: tuple[str, ...]
     why: Mapping[str, Why]
     refused: Mapping[str, Reason]
+
+    @property
+    def waits_for(self) -> frozenset[str]:
+        """When nothing is ranked: the boxes that could take the call once they have room."""
+        return frozenset(box for box, reason in self.refused.items() if reason.code in WAIT_REASONS)
 
     def reasons_text(self) -> dict[str, str]:
         return {box: reason.text() for box, reason in self.refused.items()}

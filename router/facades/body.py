@@ -1,17 +1,18 @@
-"""Reading what routing needs from a call: the model, the pin and the pool.
+"""Reading what routing needs from a call: the model, the pin, the pool, and what admission
+needs: whether it asks for a stream and the class it asks for.
 
 Rules:
 1. JSON bodies: one compiled scan (router._fastpath.json_members) checks that the body is one
    JSON object (RFC 8259, UTF-8, nesting at most 1,024) and finds the top-level members
-   routing reads: the model field(s), `alloc` and the facade's settings fields. Only those
+   routing reads: the model field(s), `alloc`, `stream` and the facade's settings fields. Only those
    values are parsed (orjson), so the cost of a large body is one scan at ~1 GB/s that holds
    no GIL, not a parse building every object in it. A routing member twice is a 400 (keys
    compared as JSON decodes them). The model must be a non-empty string; `alloc`, when
    present, must be an object whose `worker` and `pool`, when present, are non-empty strings.
 2. multipart/form-data bodies: the `model` form field (a text part), found by a compiled,
    GIL-free scan of the part heads (router._fastpath.form_field); file parts are never read.
-3. The pin and the pool may come as headers (`X-Router-Box`, `X-Router-Pool`) instead; the
-   body wins.
+3. The pin, the pool and the class may come as headers (`X-Router-Box`, `X-Router-Pool`,
+   `X-Router-Priority`) instead; the body wins. A class is `high`, `normal` or `low`.
 4. Every identifier read here is capped (router.core.bounds rule 1).
 5. Nothing here copies or keeps the body; errors name the field, never echo the body.
 """
@@ -20,14 +21,22 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import NamedTuple
 
 import orjson
 
 from router._fastpath import form_field, json_members
+from router.core.admission import Priority, parse_priority
 from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
 from router.core.types import Call
 from router.facades.table import Body, Facade, Route
+
+
+class Inspected(NamedTuple):
+    call: Call
+    stream: bool  # the body asks for a stream (`"stream": true`)
+    priority: Priority | None  # the class it asks for (None: its key's)
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
@@ -125,14 +134,30 @@ def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | Non
         raise BadRequest(f"form field '{field.decode()}' is not UTF-8") from None
 
 
+def asked_priority(doc: dict, header: str | None) -> Priority | None:
+    """The class a call asks for (`alloc.priority`, else `X-Router-Priority`), or None."""
+    alloc = doc.get("alloc")
+    asked = alloc.get("priority") if isinstance(alloc, dict) else None
+    if asked is None:
+        asked = header
+    if asked is None:
+        return None
+    priority = parse_priority(asked) if isinstance(asked, str) else None
+    if priority is None:
+        raise BadRequest("the priority must be 'high', 'normal' or 'low'", code="invalid_priority")
+    return priority
+
+
 def read_call(
-    body: bytes, content_type: str, route: Route, facade: Facade, header_pin: str | None, header_pool: str | None
-) -> Call:
+    body: bytes, content_type: str, route: Route, facade: Facade, header_pin: str | None, header_pool: str | None,
+    header_priority: str | None = None,
+) -> Inspected:
     """The call as routing sees it, from the body and the routing headers' values (`X-Router-Box`,
-    `X-Router-Pool`) (rules 1-4). Safe on any thread.
+    `X-Router-Pool`, `X-Router-Priority`) (rules 1-4). Safe on any thread.
 
     Raises BadRequest.
     """
+    doc: dict = {}
     if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
         model = multipart_field(body, content_type.encode("latin-1"), b"model")
         if model is None or not model.strip():
@@ -140,7 +165,7 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc",) + facade.settings_fields)
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + facade.settings_fields)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -148,4 +173,5 @@ def read_call(
         pin = check_identifier("X-Router-Box", header_pin)
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
-    return Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
+    call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority))

@@ -107,4 +107,5 @@ FACADE = Facade(
     routes=ROUTES,
     no_box_status=503,
     shape_error=shape_error,
+    sse_keepalive=True,
 )

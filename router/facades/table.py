@@ -55,6 +55,8 @@ class Facade:
     settings_fields: tuple[str, ...] = ()
     # what an unknown route gets: (status, body) for a method and path; None = 404/405 error
     unknown: Callable[[str, str], tuple[int, bytes]] | None = None
+    # its streams are SSE, whose comments can keep a long wait alive (NDJSON has no comments)
+    sse_keepalive: bool = False
     _exact: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,4 +75,4 @@ class Facade:
     def serving(self, kinds: frozenset[BoxKind], no_box_status: int, name: str) -> "Facade":
         """The same routes restricted to some box kinds (a dedicated engine listener)."""
         return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings,
-                      self.settings_fields, self.unknown)
+                      self.settings_fields, self.unknown, self.sse_keepalive)

@@ -13,6 +13,7 @@ import time
 
 from router.core import access
 from router.core.access import Caller, Verdict
+from router.core.admission import Priority, effective_priority
 from router.store.keys import KeyStore
 
 
@@ -45,6 +46,16 @@ class AccessGate:
         if self.proxies or any(edge.header(name) is not None for name in access.FORWARDED_HEADERS):
             return access.client_address(edge.client, edge.header_lines, self.proxies)
         return Caller(edge.client or None, False)  # no forwarding: the peer itself
+
+    def caller_of(self, edge, asked: Priority | None) -> tuple[str, Priority]:
+        """Who a waiting call waits as (its valid key, else its resolved address) and in which
+        class (its key's, lowered by what the call asks). Only on the wait queue's path."""
+        token = access.bearer_token(edge.header("authorization"))
+        if token and self.keys.scope_of(token, time.time(), self.admin_key) is not None:
+            parsed = access.parse_key(token)
+            key_id = parsed[0] if parsed is not None else "admin"  # HUGPY_ROUTER_KEY itself
+            return f"key:{key_id}", effective_priority(self.keys.priority_of(key_id), asked)
+        return f"addr:{edge.caller}", effective_priority(Priority.NORMAL, asked)
 
     def check(self, edge, scope: str, *, json_body: bool = False) -> Verdict:
         """The verdict for a route of `scope`; records the caller's address as `edge.caller`

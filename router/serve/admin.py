@@ -39,7 +39,7 @@ from router.upstream.pool import UpstreamError, safe_target
 JSON = b"application/json"
 BOX_BODY_MAX_BYTES = 64 * 1024
 # The fields of a box that POST /v1/boxes takes (the boxes file's, router.boxes.config).
-BOX_FIELDS = ("name", "url", "kind", "key", "store", "pool", "agent", "blocked")
+BOX_FIELDS = ("name", "url", "kind", "key", "store", "pool", "agent", "blocked", "max_inflight")
 CURSOR_LIMIT_MAX = 5000
 # route_log ids are SQLite integers: a cursor past them is a bad query, not an overflow.
 CURSOR_SINCE_MAX = (1 << 63) - 1
@@ -134,11 +134,12 @@ def _box_view(box) -> dict:
     cfg = box.config
     return {"name": cfg.name, "url": cfg.url, "online": box.online, "pool": cfg.pool or "",
             "blocked": cfg.blocked, "kind": cfg.kind.value, "store": cfg.store, "agent": cfg.agent,
-            "has_key": cfg.key is not None}
+            "has_key": cfg.key is not None, "max_inflight": cfg.max_inflight}
 
 
 async def state(app, edge) -> None:
     shared = app.shared
+    now_s = asyncio.get_running_loop().time()
     boxes = []
     contracts = []
     for box in shared.fleet.ordered():
@@ -155,12 +156,24 @@ async def state(app, edge) -> None:
             "pressure": box.pressure,
             "pending": box.pending,
             "in_flight": box.in_flight,
+            "max_inflight": box.limit,
+            "limit_source": box.limit_source,
+            "full": box.full,
+            "unreachable": box.unreachable,
+            "cooling": {key: {"seconds_left": round(max(until - now_s, 0.0), 3), "ceiling": ceiling}
+                        for key, (until, ceiling) in box.cooling.items()},
+            "placement_refusals": box.refusals,
             "reservations": shared.reservations.count(box.index),
             "contracts": box.contracts,
         })
         contracts.extend({"box": cfg.name, "model": model, "options": options}
                          for model, options in box.contracts.items())
-    await _json(edge, 200, {"generation": shared.scheduler.generation, "boxes": boxes, "contracts": contracts})
+    await _json(edge, 200, {
+        "generation": shared.scheduler.generation,
+        "boxes": boxes,
+        "contracts": contracts,
+        "queue": shared.admission.snapshot(),
+    })
 
 
 async def schedule(app, edge) -> None:
@@ -237,20 +250,44 @@ async def keys(app, edge) -> None:
     if doc is None:
         return
     name, scope, expires_days = doc.get("name", ""), doc.get("scope", "use"), doc.get("expires_days")
-    if not isinstance(name, str) or not isinstance(scope, str):
-        await _error(app, edge, 400, "invalid_request", "name and scope must be strings")
+    priority_class = doc.get("priority", "normal")
+    if not isinstance(name, str) or not isinstance(scope, str) or not isinstance(priority_class, str):
+        await _error(app, edge, 400, "invalid_request", "name, scope and priority must be strings")
         return
     if expires_days is not None and (isinstance(expires_days, bool) or not isinstance(expires_days, (int, float))):
         await _error(app, edge, 400, "invalid_expiry", "expires_days must be a number")
         return
     try:
-        key_id, key = await loop.run_in_executor(None, store.create, name, scope, expires_days, "api")
+        key_id, key = await loop.run_in_executor(
+            None, store.create, name, scope, expires_days, "api", priority_class
+        )
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
         return
     rows = await loop.run_in_executor(None, store.list, True)
     row = next(r for r in rows if r["id"] == key_id)
     await _json(edge, 201, {**row, "key": key, "note": "store this key now; it is not shown again"})
+
+
+async def priority(app, edge) -> None:
+    """POST /v1/keys/<id>/priority {"priority": "high"|"normal"|"low"}: the key's class."""
+    key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/priority")
+    doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
+    if doc is None:
+        return
+    wanted = doc.get("priority")
+    if not isinstance(wanted, str):
+        await _error(app, edge, 400, "invalid_priority", 'the body must be {"priority": "high" | "normal" | "low"}')
+        return
+    try:
+        found = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.set_priority, key_id, wanted)
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
+        return
+    if not found:
+        await _error(app, edge, 404, "not_found", f"no key {key_id}")
+        return
+    await _json(edge, 200, {"id": key_id, "priority": wanted})
 
 
 async def revoke(app, edge) -> None:
@@ -265,17 +302,6 @@ async def revoke(app, edge) -> None:
 async def boxes(app, edge) -> None:
     shared = app.shared
     await _json(edge, 200, {"boxes": [_box_view(box) for box in shared.fleet.ordered()]})
-
-
-async def _box_body(edge) -> dict:
-    """The request's JSON object. Raises BadRequest (never quoting the body: it may hold a key)."""
-    try:
-        doc = orjson.loads(await edge.read_body(BOX_BODY_MAX_BYTES) or b"{}")
-    except orjson.JSONDecodeError:
-        raise BadRequest("body must be a JSON object", code="invalid_json") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("body must be a JSON object", code="invalid_json")
-    return doc
 
 
 async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
@@ -305,8 +331,10 @@ async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
 
 async def box_put(app, edge) -> None:
     """POST /v1/boxes: add a box, or replace the one of that name (201 added, 200 replaced)."""
+    doc = await _json_object(app, edge, BOX_BODY_MAX_BYTES)  # never quoted: it may hold a key
+    if doc is None:
+        return
     try:
-        doc = await _box_body(edge)
         wrong = sorted(set(doc) - set(BOX_FIELDS))
         if wrong:
             raise BadRequest(f"unknown fields: {', '.join(wrong)} (a box has {', '.join(BOX_FIELDS)})",
@@ -321,7 +349,7 @@ async def box_put(app, edge) -> None:
         box = boxes_config.BoxConfig(
             name=doc["name"], url=doc["url"].rstrip("/"), kind=kind, key=doc.get("key"),
             store=doc.get("store"), pool=doc.get("pool") or None, agent=doc.get("agent"),
-            blocked=doc.get("blocked", False),
+            blocked=doc.get("blocked", False), max_inflight=doc.get("max_inflight"),
         )
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
@@ -340,12 +368,10 @@ async def box_delete(app, edge) -> None:
 
 
 async def box_update(app, edge) -> None:
-    """PUT /v1/boxes/<name>: change its pool, kind, store or agent (null clears one)."""
+    """PUT /v1/boxes/<name>: change its pool, kind, store, agent or max_inflight (null clears one)."""
     name = _box_name(edge)
-    try:
-        fields = await _box_body(edge)
-    except BadRequest as exc:
-        await _error(app, edge, 400, exc.code, str(exc))
+    fields = await _json_object(app, edge, BOX_BODY_MAX_BYTES)
+    if fields is None:
         return
     if "pool" in fields:
         fields["pool"] = fields["pool"] or None
@@ -408,7 +434,7 @@ async def relay(app, edge) -> None:
 
 async def metrics(app, edge) -> None:
     shared = app.shared
-    body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log)
+    body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log, shared.admission)
     await edge.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
 
 
@@ -441,6 +467,8 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
         return handler, ("use" if handler is metrics else "admin")
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/revoke"):
         return revoke, "admin"
+    if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/priority"):
+        return priority, "admin"
     if path.startswith("/v1/boxes/"):
         action = path.removeprefix("/v1/boxes/").partition("/")[2]
         return BOX_ROUTES.get((method, action), relay), "admin"

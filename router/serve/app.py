@@ -22,6 +22,7 @@ from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route
 from router.serve import admin
 from router.serve.access import AccessGate
+from router.serve.admission import Admission
 from router.serve.edge import AsgiEdge, RsgiEdge
 from router.serve.metrics import Metrics
 from router.serve.proxy import CallClock, ProxyCall, RelayAborted
@@ -41,7 +42,8 @@ class Shared:
 
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
-                 max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float) -> None:
+                 max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
+                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -50,10 +52,12 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
-        self.clock = CallClock()
+        self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.clock = CallClock(self.admission.sweep)
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
         self.stream_idle_timeout_s = stream_idle_timeout_s
+        self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -71,10 +75,13 @@ class RouterApp:
         self.fleet = shared.fleet
         self.reservations = shared.reservations
         self.clock = shared.clock
+        self.admission = shared.admission
+        self.access = shared.access
         self.scheduler = shared.scheduler
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
         self.stream_idle_timeout_s = shared.stream_idle_timeout_s
+        self.stream_keepalive_s = shared.stream_keepalive_s
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:
@@ -148,6 +155,8 @@ class RouterApp:
             metrics.ttfb.observe(call.t_first_byte - call.t_received)
         if call.t_sent:
             metrics.overhead.observe(call.t_sent - call.t_body)
+        if call.waited_ms is not None:
+            metrics.queue_wait.observe(call.waited_ms / 1000)
 
     async def unknown(self, edge, facade: Facade, known: bool) -> None:
         if facade.unknown is not None:

@@ -70,9 +70,10 @@ class Metrics:
         self.ttfb = Histogram(LATENCY_BUCKETS_S)
         self.duration = Histogram(LATENCY_BUCKETS_S)
         self.overhead = Histogram(OVERHEAD_BUCKETS_S)
+        self.queue_wait = Histogram(LATENCY_BUCKETS_S)
         self.loop_stall_max_s = 0.0  # the longest the event loop was late (LoopWatch)
 
-    def render(self, boxes, reservations, route_log) -> bytes:
+    def render(self, boxes, reservations, route_log, admission) -> bytes:
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str, samples) -> None:
@@ -96,6 +97,18 @@ class Metrics:
                [((("box", b.name),), b.pressure) for b in boxes])
         family("router_box_online", "gauge", "1 when the box's health check passes.",
                [((("box", b.name),), int(b.online)) for b in boxes])
+        family("router_box_full", "gauge", "1 while the box is at its in-flight limit.",
+               [((("box", b.name),), int(b.full)) for b in boxes])
+        family("router_box_cooling_models", "gauge",
+               "Models the box refused to place lately (full for them during the back-off).",
+               [((("box", b.name),), len(b.cooling)) for b in boxes])
+        family("router_box_unreachable", "gauge", "1 while a connect failure keeps the box out.",
+               [((("box", b.name),), int(b.unreachable)) for b in boxes])
+        family("router_queue_depth", "gauge", "Calls waiting for a box with room, by model and class.",
+               [((("model", m), ("class", c)), n) for (m, c), n in sorted(admission.depth().items())])
+        family("router_queue_outcomes_total", "counter",
+               "Calls that waited, by outcome (admitted, queue_full: 429, queue_timeout: 503, left).",
+               [((("outcome", o),), n) for o, n in sorted(admission.outcomes.items())])
         backlog = route_log.queued - route_log.written - route_log.dropped
         family("router_route_log_queue", "gauge", "Route-log rows waiting for the writer.", [((), backlog)])
         family("router_route_log_write_lag_seconds", "gauge", "How long the last flushed row waited.",
@@ -105,5 +118,6 @@ class Metrics:
                [((), self.loop_stall_max_s)])
         lines += self.ttfb.render("router_time_to_first_byte_seconds", "From call received to first byte sent.")
         lines += self.duration.render("router_call_duration_seconds", "From call received to call end.")
+        lines += self.queue_wait.render("router_queue_wait_seconds", "Time a call waited for a box with room.")
         lines += self.overhead.render("router_overhead_seconds", "Router time from body read to the box contacted.")
         return ("\n".join(lines) + "\n").encode()

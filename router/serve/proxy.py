@@ -18,9 +18,16 @@ Rules:
    whatever the end.
 5. A client that leaves ends the call at once: the box connection is closed (never reused)
    and a hugpy box also gets `POST /v1/requests/<call id>/cancel`.
-   Its deadlines (the body's, the box's first byte, the box's silence after it) and the start
-   of the disconnect watcher are kept by the process's CallClock, not by timers of its own.
-6. No body, chunk, prompt or key is logged; per-call lines are debug level.
+   Its deadlines (the body's, the box's first byte, the box's silence after it, the queue's)
+   and the start of the disconnect watcher are kept by the process's CallClock, not by timers
+   of its own.
+6. A call whose owners are all full or cooling waits in the queue (router.serve.admission)
+   until one hands it a slot; a client that leaves the queue is never sent to a box.
+   A streamed call of an SSE facade that has waited `stream_keepalive_s` (in the queue or for
+   its first byte) gets a 200 stream head and then an SSE comment every `stream_keepalive_s`:
+   until its first data frame it still fails over (the client has seen only comments), and
+   any answer after the head goes out is written in the stream, as an error frame.
+7. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Callable
 
 import orjson
 
@@ -38,9 +46,17 @@ from router.boxes.state import BoxState
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.names import call_key
-from router.core.refusal import CONNECTION_LOST, classify_first_frame, classify_reply, in_band_status
-from router.core.types import BoxKind, Call, Decision, Path
-from router.facades.body import read_call
+from router.core.admission import Priority, Waiter
+from router.core.refusal import (
+    CONNECTION_LOST,
+    PLACEMENT_REFUSALS,
+    UNREACHABLE,
+    classify_first_frame,
+    classify_reply,
+    in_band_status,
+)
+from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
+from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
 from router.serve.edge import BodyTooLarge, ClientLeft
 from router.store.route_log import Row
@@ -110,6 +126,22 @@ SSE_DONE = b"data: [DONE]"
 NDJSON_TYPE = b"application/x-ndjson"
 MID_STREAM_FAILED = "box_failed_mid_stream"
 # (framing, the call's failure) -> the in-band frame that ends a stream whose box failed.
+KEEPALIVE_COMMENT = b": waiting\n\n"
+
+
+def in_band_frame(status: int, body: bytes) -> bytes:
+    """A whole error answer as an SSE stream's last frame: its `{"error": ...}` object when it
+    has one, else one that says the status."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not (isinstance(doc, dict) and "error" in doc):
+        doc = {"error": {"message": f"the call ended with status {status}", "type": "upstream_error",
+                         "code": status}}
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
 MID_STREAM_ERROR = {
     (SSE, MID_STREAM_FAILED): b'data: {"error": {"message": "the box failed mid-stream", '
     b'"type": "upstream_error", "code": "box_failed"}}\n\n',
@@ -132,8 +164,9 @@ class CallClock:
     in flight (timeit: 0.16 ms for 2,000 open streams, 0.3 % of a core at 20 sweeps a second).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sweep: Callable[[float], None] = lambda now: None) -> None:
         self.calls: set[ProxyCall] = set()
+        self.sweep = sweep  # the wait queue's look at back-offs and free slots, each tick
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -154,6 +187,7 @@ class CallClock:
         # A function of its own, so that no local of the sleeping sweep keeps an ended call alive.
         for call in list(self.calls):  # a tick may end a call, which leaves the set
             call.tick(now)
+        self.sweep(now)
 
 
 class Answer:
@@ -229,6 +263,19 @@ class ProxyCall:
         "started_s",
         "phase",
         "watch",
+        # the wait queue's view (rule 6)
+        "tried",
+        "eligible",
+        "waiter",
+        "turn",
+        "queued_s",
+        "waited_ms",
+        # keep-alive of a long wait (rule 6)
+        "sse_wanted",
+        "asked_priority",
+        "headed",
+        "keepalive",
+        "keepalive_at",
     )
 
     def __init__(self, app, edge, facade: Facade, route: Route) -> None:
@@ -262,10 +309,22 @@ class ProxyCall:
         self.started_s = 0.0  # loop time when the call began
         self.phase = "body"  # body | expired (the body's deadline passed) | deciding | boxes
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
+        self.tried: list[str] = []  # boxes that refused it (failover never returns to them)
+        self.eligible: frozenset[str] | None = None  # the first decision's boxes, once decided
+        self.waiter: Waiter | None = None  # its place in the wait queue, while it waits
+        self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
+        self.queued_s = 0.0  # loop time when it joined the queue
+        self.waited_ms: float | None = None
+        self.sse_wanted = False  # a streamed call of an SSE facade: a long wait is kept alive
+        self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
+        self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
+        self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
+        self.keepalive_at = 0.0  # loop time of the last keep-alive
 
     # -- the client's side ---------------------------------------------------------------------
     async def error(
-        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed"
+        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed",
+        retry_after_s: int | None = None,
     ) -> None:
         """The router's own answer, in the facade's shape."""
         body = self.facade.shape_error(status, code, message, extra)
@@ -273,6 +332,8 @@ class ProxyCall:
             (b"content-type", b"application/json"),
             (b"x-hugpy-router-request-id", self.call_id.encode()),
         ]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", b"%d" % retry_after_s))
         self.answered(status, state, code)
         await self.respond(status, headers, body)
 
@@ -282,12 +343,68 @@ class ProxyCall:
         self.t_first_byte = time.perf_counter()
 
     async def respond(self, status: int, headers: list, body: bytes) -> None:
+        """A whole answer; in-band, as the stream's last frame, once a keep-alive sent a head."""
+        await self.settle_keepalive()
+        if self.headed:
+            frame = in_band_frame(status, body)
+            self.bytes_out += len(frame)
+            try:
+                await self.edge.write(frame)
+                await self.edge.finish()
+            except ClientLeft:
+                self.client_left()
+            return
         self.bytes_out += len(body)
         await self.edge.respond(status, headers, body)
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The head of a relayed answer (a keep-alive may have sent one already)."""
+        await self.settle_keepalive()
+        if not self.headed:
+            await self.edge.start(status, headers)
+
+    # -- keep-alive of a long wait (rule 6) ----------------------------------------------------
+    def keep_alive_due(self, now: float) -> None:
+        """The CallClock's look: a streamed call still without an answer gets its comment."""
+        every = self.app.stream_keepalive_s
+        if (
+            self.sse_wanted
+            and every > 0
+            and self.status == 0
+            and now - max(self.started_s, self.keepalive_at) >= every
+            and (self.keepalive is None or self.keepalive.done())
+        ):
+            self.keepalive_at = now
+            self.keepalive = asyncio.get_running_loop().create_task(self.send_keepalive())
+
+    async def send_keepalive(self) -> None:
+        try:
+            if not self.headed:
+                self.headed = True
+                await self.edge.start(200, [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-hugpy-router-request-id", self.call_id.encode()),
+                ])
+            await self.edge.write(KEEPALIVE_COMMENT)
+            self.bytes_out += len(KEEPALIVE_COMMENT)
+        except ClientLeft:
+            self.client_left()
+
+    async def settle_keepalive(self) -> None:
+        """No more keep-alives: the answer is about to go out; a write in progress ends first."""
+        self.sse_wanted = False
+        task, self.keepalive = self.keepalive, None
+        if task is not None:
+            await task
 
     def client_left(self) -> None:
         """The client went away: end the box's work now. Safe to call more than once."""
         self.gone = True
+        if self.waiter is not None and self.app.admission.leave(self.waiter, "left"):
+            self.state, self.failure = "cancelled", "client_left"
+            self.turn.set_result(None)  # type: ignore[union-attr]
+            return
         exchange, self.exchange = self.exchange, None
         if self.delivered:  # the answer is whole: a client hanging up now cancels nothing
             if exchange is not None:
@@ -321,12 +438,12 @@ class ProxyCall:
             pass
 
     # -- the call ------------------------------------------------------------------------------
-    async def inspect(self) -> Call:
-        """Reads model, pin and pool from the body and headers; a large body on a worker thread
-        (INLINE_INSPECT_BYTES). Raises BadRequest."""
+    async def inspect(self) -> Inspected:
+        """Reads model, pin, pool, stream and class from the body and headers; a large body on a
+        worker thread (INLINE_INSPECT_BYTES). Raises BadRequest."""
         edge = self.edge
         args = (self.body, edge.header("content-type") or "", self.route, self.facade,
-                edge.header("x-router-box"), edge.header("x-router-pool"))
+                edge.header("x-router-box"), edge.header("x-router-pool"), edge.header("x-router-priority"))
         if len(self.body) <= INLINE_INSPECT_BYTES:
             return read_call(*args)
         return await asyncio.get_running_loop().run_in_executor(None, read_call, *args)
@@ -342,6 +459,9 @@ class ProxyCall:
             clock.calls.discard(self)
             if self.watch is not None:
                 self.watch.cancel()
+            if self.keepalive is not None:  # the call is over: no write may follow it
+                self.keepalive.cancel()
+            self.unload()
             self.app.observe(self)
 
     def tick(self, now: float) -> None:
@@ -351,12 +471,20 @@ class ProxyCall:
             if age > BODY_TIMEOUT_S:
                 self.phase = "expired"
                 self.task.cancel()  # type: ignore[union-attr]
+        elif self.phase == "queued":
+            if now - self.queued_s > self.app.admission.timeout_s and self.app.admission.leave(
+                self.waiter, "queue_timeout"  # type: ignore[arg-type]
+            ):
+                self.phase = "queue_timeout"
+                self.turn.set_result(None)  # type: ignore[union-attr]
         elif self.phase == "boxes":
             # Only once the body is in: until then receive() belongs to the body.
             if self.watch is None and age >= WATCH_AFTER_S:
                 self.watch = self.edge.watch_disconnect(self.client_left)
             if self.exchange is not None:
                 self.exchange.expire(now)
+        if self.sse_wanted:
+            self.keep_alive_due(now)
 
     async def _run(self) -> None:
         edge = self.edge
@@ -380,33 +508,84 @@ class ProxyCall:
         self.t_body = time.perf_counter()
         self.phase = "deciding"
         try:
-            self.call = call = await self.inspect()
+            self.call, stream, self.asked_priority = inspected = await self.inspect()
         except BadRequest as exc:
             await self.error(exc.status_hint, exc.code, str(exc))
             return
+        call = inspected.call
+        self.sse_wanted = stream and self.facade.sse_keepalive
         fleet = self.app.fleet
-        self.decision = decision = decide(call, fleet.facts())
+        self.decision = decision = self.decide_now(fleet.facts())
         if decision.path is Path.REFUSED:
-            await self.refuse(decision)
-            return
+            if not decision.waits_for:
+                await self.refuse(decision)
+                return
+            decision = await self.wait_turn(decision)
+            if decision is None or self.gone:
+                return
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
         self.phase = "boxes"
-        try:
-            await self.attempt_all(decision)
-        finally:
-            if self.token:
-                self.app.reservations.release(self.token)
-            self.load_on(None)
+        await self.attempt_all(decision)
 
     def load_on(self, box: BoxState | None) -> None:
-        """Moves this call's in-flight count to `box` (None: the call ended); pokes the scheduler."""
-        if self.loaded is not None:
-            self.loaded.in_flight -= 1
+        """Moves this call's in-flight count to `box` (None: the call ended); pokes the scheduler
+        and offers the slot it left to the wait queue."""
+        left = self.loaded
+        if box is left:
+            return
+        if left is not None:
+            left.in_flight -= 1
         if box is not None:
             box.in_flight += 1
         self.loaded = box
         self.app.scheduler.poke()
+        if left is not None:
+            self.app.admission.freed(left)
+
+    # -- the wait queue (rule 6) ---------------------------------------------------------------
+    async def wait_turn(self, decision: Decision) -> Decision | None:
+        """Every owner left is full or cooling: wait for a slot. Returns the decision that
+        dispatches the call, or None when it was answered instead (429, 503, or it left)."""
+        admission = self.app.admission
+        caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
+        self.waiter = admission.join(self, caller, priority, decision.waits_for)
+        if self.waiter is None:
+            await self.error(
+                429, "queue_full", "every box for this model is full and the queue is full",
+                {"boxes": decision.reasons_text()}, state="refused",
+                retry_after_s=admission.retry_after_s(),
+            )
+            return None
+        loop = asyncio.get_running_loop()
+        self.turn = loop.create_future()
+        self.queued_s = loop.time()
+        self.phase = "queued"
+        if self.watch is None:  # a client that leaves the queue must leave it at once
+            self.watch = self.edge.watch_disconnect(self.client_left)
+        try:
+            turn = await self.turn
+        finally:  # cancelled (the server stops): out of the queue, never handed out later
+            if not self.turn.done():
+                admission.leave(self.waiter, "left")
+        self.waited_ms = round((loop.time() - self.queued_s) * 1000, 3)
+        self.waiter = None
+        if turn is None and self.phase == "queue_timeout":
+            await self.error(
+                503, "queue_timeout",
+                f"no box for this model had room within {admission.timeout_s:g} s",
+                {"boxes": decision.reasons_text()}, retry_after_s=admission.retry_after_s(),
+            )
+        return turn
+
+    def admit(self, decision: Decision) -> None:
+        """The queue hands this call a slot: count it on its box now, before anything else
+        runs, then wake the call."""
+        self.decision = decision
+        self.load_on(self.app.fleet.get(decision.boxes[0]))
+        self.phase = "boxes"
+        self.turn.set_result(decision)  # type: ignore[union-attr]
+
 
     def row(self) -> Row:
         """This call's route_log row: metadata only, never a body or a key."""
@@ -420,6 +599,7 @@ class ProxyCall:
             options=call.settings if call else None,
             pin=call.pin if call else None,
             client=self.edge.caller,
+            waited_ms=self.waited_ms,
             stream=int(self.stream),
             path=decision.path.value if decision else None,
             decision=decision,  # encoded by the writer thread, off the loop
@@ -453,8 +633,8 @@ class ProxyCall:
         fleet = self.app.fleet
         reservations = self.app.reservations
         call = self.call
-        eligible = frozenset(decision.boxes)
-        tried: list[str] = []
+        self.eligible = frozenset(decision.boxes)
+        tried = self.tried
         last: Refused | None = None
         scheduler = self.app.scheduler
         while True:
@@ -489,14 +669,41 @@ class ProxyCall:
                         "at": time.time(),  # 0.0.4's: when the attempt ended (epoch s)
                     })
                     log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refused.code)
+                    self.remember_refusal(box, refused.code)
             if self.gone:
                 return
             if call.pin is not None or len(tried) >= MAX_BOXES_PER_CALL:  # type: ignore[union-attr]
                 break
-            decision = decide(call, fleet.facts(), tried, eligible)  # type: ignore[arg-type]
+            decision = self.decide_now(fleet.facts())
             if decision.path is Path.REFUSED:
-                break
+                if not decision.waits_for:
+                    break
+                self.unload()  # it waits holding no slot, least of all the refusing box's
+                decision = await self.wait_turn(decision)
+                if decision is None or self.gone:
+                    return
         await self.give_up(last)
+
+    def decide_now(self, facts: list[BoxFacts]) -> Decision:
+        """The call's decision over `facts`, never broadening past its first one (failover)."""
+        return decide(self.call, facts, self.tried, self.eligible)  # type: ignore[arg-type]
+
+    def unload(self) -> None:
+        """Releases the call's reservation and its in-flight count."""
+        if self.token:
+            self.app.reservations.release(self.token)
+            self.token = 0
+        self.load_on(None)
+
+    def remember_refusal(self, box: BoxState, code: str) -> None:
+        """A placement refusal makes the box full for the model for a back-off; a box that
+        cannot be reached is out of the decision until its health probe sees it again."""
+        if code == UNREACHABLE:
+            box.mark_unreachable()
+        elif code in PLACEMENT_REFUSALS:
+            named = call_key(box.config.kind, self.call.model, self.call.settings)  # type: ignore[union-attr]
+            if named is not None:
+                box.placement_refused(named[0], asyncio.get_running_loop().time())
 
     async def give_up(self, last: Refused | None) -> None:
         """Every box refused: the last box's answer as sent, the status an in-band refusal
@@ -626,7 +833,7 @@ class ProxyCall:
         first = await exchange.next_chunks()
         self.watch_silence(exchange)
         self.commit(box, status)
-        await self.edge.start(status, self.client_headers(exchange.headers))
+        await self.start(status, self.client_headers(exchange.headers))
         await self.relay(exchange, None, first[0] if len(first) == 1 else b"".join(first))
 
     async def carry_stream(self, box: BoxState, exchange: Exchange, framing: int) -> None:
@@ -653,7 +860,7 @@ class ProxyCall:
             self.watch_silence(exchange)
             self.stream = True
             self.commit(box, exchange.status)
-            await self.edge.start(exchange.status, self.client_headers(exchange.headers))
+            await self.start(exchange.status, self.client_headers(exchange.headers))
             await self.relay(exchange, None, b"".join(held + after))
             return
         if verdict == FIRST_SUSPECT:
@@ -669,7 +876,7 @@ class ProxyCall:
             scanner.feed(chunk)
         self.stream = True
         self.commit(box, exchange.status)
-        await self.edge.start(exchange.status, self.client_headers(exchange.headers))
+        await self.start(exchange.status, self.client_headers(exchange.headers))
         first = b"".join(held + after) if len(held) + len(after) > 1 else held[0]
         await self.relay(exchange, scanner, first)
 
@@ -685,6 +892,7 @@ class ProxyCall:
         named = call_key(box.config.kind, call.model, call.settings)  # type: ignore[union-attr]
         if named is not None:
             box.record_dispatch(named[0], named[1], asyncio.get_running_loop().time())
+            box.placement_ok(named[0])
 
     async def relay(self, exchange: Exchange, scanner: FrameScanner | None, first: bytes) -> None:
         """Writes `first` (what was held), then passes chunks through as they arrive; the write

@@ -87,6 +87,9 @@ class ServeConfig:
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
+    queue_size: int = 1024  # calls waiting for a full box, in all
+    queue_timeout_s: float = 120.0
+    stream_keepalive_s: float = 15.0  # 0: never
     log_retention_days: float = 30.0  # 0 = keep every route_log row
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
     idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
@@ -234,6 +237,9 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
         stream_idle_timeout_s=config.stream_idle_timeout_s,
+        queue_size=config.queue_size,
+        queue_timeout_s=config.queue_timeout_s,
+        stream_keepalive_s=config.stream_keepalive_s,
     )
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
     shared.clock.start()

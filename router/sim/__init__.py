@@ -1,10 +1,12 @@
 """Simulated boxes for the demo, the tests and the benchmark: a hugpy-wrapper box
-(`router.sim.hugpy`), an Ollama server (`router.sim.ollama`) and an LM Studio server
-(`router.sim.lmstudio`), on the shared plumbing of `router.sim.server`."""
+(`router.sim.hugpy`), an Ollama server (`router.sim.ollama`), an LM Studio server
+(`router.sim.lmstudio`) and a llama.cpp server (`router.sim.llamacpp`), on the shared plumbing
+of `router.sim.server`."""
 
 from router.sim.hugpy import SimBox
+from router.sim.llamacpp import SimLlamaCpp
 from router.sim.lmstudio import SimLMStudio
 from router.sim.ollama import SimOllama
 from router.sim.server import Behavior, CallRecord, SimFleet
 
-__all__ = ["Behavior", "CallRecord", "SimBox", "SimFleet", "SimLMStudio", "SimOllama"]
+__all__ = ["Behavior", "CallRecord", "SimBox", "SimFleet", "SimLMStudio", "SimLlamaCpp", "SimOllama"]

@@ -34,6 +34,9 @@ Rules:
    `hang`, `reset` and `raw` as for every box.
 7. Threads. The test thread may change `tags`, `loaded`, `version`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
+9. Capacity. With `max_parallel` (OLLAMA_NUM_PARALLEL with OLLAMA_MAX_QUEUE=0), a
+   model-bearing call that finds that many answers in progress gets Ollama's queue-full
+   answer, 503 `server busy, please try again.  maximum pending requests exceeded`.
 8. Privacy. Bodies are read only for the fields that steer the answer (`model`, `stream`,
    `keep_alive`, whether `prompt`/`messages`/`input` are empty); replies are fixed texts.
 """
@@ -57,6 +60,7 @@ from typing import Any, Callable, Iterable
 from router.core.names import ollama_key
 from router.sim.server import (
     ANSWERED,
+    BUSY_MESSAGE,
     STREAM_TOKEN,
     Behavior,
     Connection,
@@ -230,8 +234,11 @@ class SimOllama(SimServer):
     kind = "ollama"
 
     def __init__(self, name: str, *, tags: Iterable[str], loaded: Iterable[str] = (), chunks: int = 5,
-                 cadence_s: float = 0.0, version: str = "0.12.6") -> None:
+                 cadence_s: float = 0.0, version: str = "0.12.6", max_parallel: int | None = None) -> None:
         super().__init__(name, chunks=chunks, cadence_s=cadence_s)
+        self.max_parallel = max_parallel
+        self.answering = 0  # model-bearing answers in progress (rule 9)
+        self.busy_refusals = 0
         # public state, mutable from the test thread (rule 7)
         self.tags: list[str] = list(tags)
         self.loaded: list[str] = list(loaded)
@@ -402,13 +409,19 @@ class SimOllama(SimServer):
         if name is None and route.not_found is not None:
             self._error(conn, ex, 404, route.not_found(model), route.openai)
             return
+        if self.max_parallel is not None and self.answering >= self.max_parallel:
+            self.busy_refusals += 1
+            self._error(conn, ex, 503, BUSY_MESSAGE, route.openai)
+            return
         if route.loads:
             self._load(name, key, keep_alive)
+        self.answering += 1
         try:
             steps = route.answer(self, conn, ex, _Call(body, model, key, name, stream, keep_alive, fault))
             if steps is not None:
                 yield from steps
         finally:
+            self.answering -= 1
             if route.loads and keep_alive == 0:
                 self._unload(key)
 

@@ -40,12 +40,14 @@ from typing import Any, NamedTuple
 import apsw
 
 from router.core.access import KEY_PREFIX, hash_secret, parse_key
+from router.core.admission import Priority
 from router.core.errors import BadRequest
 from router.store import db
 
 log = logging.getLogger(__name__)
 
 SCOPES = ("use", "admin")
+PRIORITIES = tuple(p.name.lower() for p in Priority)
 # A revoked key must stop working soon, and a key made by `router keys create` in another
 # process must start working soon; once a second is "soon" at the cost of one PRAGMA.
 REFRESH_EVERY_S = 1.0
@@ -59,7 +61,7 @@ NAME_MAX = 200
 # A century: any longer is a typo, and the sum with the clock must stay a plain float.
 EXPIRES_DAYS_MAX = 36_500
 SECONDS_PER_DAY = 86_400.0
-LIST_COLUMNS = ("id", "name", "scope", "created_at", "created_by", "expires_at", "last_used_at", "revoked_at")
+LIST_COLUMNS = ("id", "name", "scope", "priority", "created_at", "created_by", "expires_at", "last_used_at", "revoked_at")
 
 
 class KeyRow(NamedTuple):
@@ -67,6 +69,13 @@ class KeyRow(NamedTuple):
     secret_hash: str
     expires_at: float | None
     revoked_at: float | None
+    priority: Priority
+
+
+def _priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise BadRequest(f"priority must be one of {', '.join(PRIORITIES)}", code="invalid_priority")
+    return priority
 
 
 def _validate(name: str, scope: str, expires_days: float | None) -> str:
@@ -175,14 +184,22 @@ class KeyStore:
             self._flushed[key_id] = (now, used)
         return len(due)
 
+    def priority_of(self, key_id: str) -> Priority:
+        """The class a key's calls wait in (normal for an unknown id). No I/O."""
+        row = self._rows.get(key_id)
+        return row.priority if row is not None else Priority.NORMAL
+
     def create(
-        self, name: str, scope: str, expires_days: float | None = None, created_by: str | None = None
+        self, name: str, scope: str, expires_days: float | None = None, created_by: str | None = None,
+        priority: str = "normal",
     ) -> tuple[str, str]:
         """Mints a key (rule 1). Returns (id, full key); the full key is not retrievable later.
 
-        Raises BadRequest for an empty or long name, an unknown scope or a non-positive expiry.
+        Raises BadRequest for an empty or long name, an unknown scope or priority, or a
+        non-positive expiry.
         """
         name = _validate(name, scope, expires_days)
+        priority = _priority(priority)
         now = time.time()
         expires_at = None if expires_days is None else now + expires_days * SECONDS_PER_DAY
         for attempt in range(ID_ATTEMPTS):
@@ -191,8 +208,8 @@ class KeyStore:
                 with self._lock:
                     self._conn.execute(
                         "INSERT INTO api_keys (id, name, scope, secret_hash, created_at, created_by,"
-                        " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (key_id, name, scope, hash_secret(secret), now, created_by, expires_at),
+                        " expires_at, priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (key_id, name, scope, hash_secret(secret), now, created_by, expires_at, priority),
                     )
                 break
             except apsw.ConstraintError:  # an id collision (rule 1's 40 bits); try another
@@ -213,6 +230,16 @@ class KeyStore:
             if noted is not None and (row["last_used_at"] is None or noted > row["last_used_at"]):
                 row["last_used_at"] = noted
         return rows
+
+    def set_priority(self, key_id: str, priority: str) -> bool:
+        """Changes a key's class. Returns False when no key has that id. Raises BadRequest."""
+        priority = _priority(priority)
+        with self._lock:
+            self._conn.execute("UPDATE api_keys SET priority = ? WHERE id = ?", (priority, key_id))
+            found = self._conn.changes() > 0
+        if found:
+            self._reload()
+        return found
 
     def revoke(self, key_id: str) -> bool:
         """Revokes a key (again: a no-op keeping the first time). Returns False when no key
@@ -239,9 +266,9 @@ class KeyStore:
                 # The version first: a commit landing between the two is seen next time.
                 version = self._conn.pragma("data_version")
                 rows = {
-                    key_id: KeyRow(scope, secret_hash, expires_at, revoked_at)
-                    for key_id, scope, secret_hash, expires_at, revoked_at in self._conn.execute(
-                        "SELECT id, scope, secret_hash, expires_at, revoked_at FROM api_keys"
+                    key_id: KeyRow(scope, secret_hash, expires_at, revoked_at, Priority[priority.upper()])
+                    for key_id, scope, secret_hash, expires_at, revoked_at, priority in self._conn.execute(
+                        "SELECT id, scope, secret_hash, expires_at, revoked_at, priority FROM api_keys"
                     )
                 }
         except apsw.Error as exc:

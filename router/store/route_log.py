@@ -104,6 +104,7 @@ class Row(NamedTuple):
     responded_at: float | None = None
     bytes_in: int | None = None
     bytes_out: int | None = None
+    waited_ms: float | None = None  # in the wait queue (None: it did not wait)
 
 
 COLUMNS = Row._fields

@@ -1,0 +1,133 @@
+"""The wait queue at work: calls whose owners are all full wait here for a slot.
+
+The rules (capacity, order, back-off) are router.core.admission's. This room feeds the queue
+its events and carries out its hand-outs:
+1. A call joins (`join`) when its decision ranked nothing but left boxes that are only full or
+   cooling (`Decision.waits_for`). A full queue refuses it (429 queue_full).
+2. A slot frees (`freed`: a call left the box) or a back-off ends (`sweep`): the box hands its
+   free slots, one by one, to the next waiters that the usual decision now dispatches. The
+   hand-out counts the call on its box before anything else runs (`Waiting.admit`), so no
+   arrival can take the slot in between and no box goes over its limit.
+3. A waiter leaves without a box when its client goes (`leave`) or its wait passes the timeout
+   (the CallClock's sweep: 503 queue_timeout); it is never handed out after that.
+4. Retry-After is the queue's length over the recent drain rate, within [1 s, the timeout].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter, deque
+from typing import Protocol
+
+from router.boxes.fleet import Fleet
+from router.boxes.state import BoxState
+from router.core.admission import Priority, Waiter, WaitQueue
+from router.core.types import BoxFacts, Call, Decision
+
+# The drain rate is measured over the last hand-outs, at most this many seconds back.
+DRAIN_WINDOW_S = 30.0
+
+
+class Waiting(Protocol):
+    """What a waiting call offers the queue (router.serve.proxy.ProxyCall)."""
+
+    call: Call | None
+    call_id: str
+    queued_s: float
+
+    def decide_now(self, facts: list[BoxFacts]) -> Decision: ...
+
+    def admit(self, decision: Decision) -> None: ...
+
+
+class Admission:
+    def __init__(self, fleet: Fleet, capacity: int, timeout_s: float) -> None:
+        self.fleet = fleet
+        self.queue = WaitQueue(capacity)
+        self.timeout_s = timeout_s
+        self.handed_out: deque[float] = deque()  # perf_counter stamps, for the drain rate
+        self.outcomes: Counter[str] = Counter()  # admitted | queue_full | queue_timeout | left
+
+    def join(self, waiting: Waiting, caller: str, priority: Priority, boxes: frozenset[str]) -> Waiter | None:
+        waiter = Waiter(caller, priority, boxes, ticket=waiting)
+        if not self.queue.push(waiter):
+            self.outcomes["queue_full"] += 1
+            return None
+        return waiter
+
+    def leave(self, waiter: Waiter, outcome: str) -> bool:
+        """Takes a waiter out without a box; False when it was already handed out."""
+        if self.queue.remove(waiter):
+            self.outcomes[outcome] += 1
+            return True
+        return False
+
+    def freed(self, box: BoxState) -> None:
+        """`box` may have room: hand it to the waiters in turn while it has."""
+        if not self.queue or box.full:
+            return
+        offered: list[Decision] = []
+
+        def fits(waiter: Waiter) -> bool:
+            """The usual decision, over the facts as they are now, ranks a box for it."""
+            decision = waiter.ticket.decide_now(self.fleet.facts())
+            if decision.boxes:
+                offered.append(decision)
+            return bool(decision.boxes)
+
+        while not box.full:
+            waiter = self.queue.next_for(box.name, fits)
+            if waiter is None:
+                return
+            self.outcomes["admitted"] += 1
+            self.handed_out.append(time.perf_counter())
+            waiter.ticket.admit(offered.pop())
+
+    def sweep(self, now_s: float) -> None:
+        """The CallClock's tick: end the back-offs that are over, then offer every box."""
+        for box in self.fleet.ordered():
+            box.expire_cooling(now_s)
+        if self.queue:
+            for box in self.fleet.ordered():
+                self.freed(box)
+
+    def depth(self) -> dict[tuple[str, str], int]:
+        """Waiting calls by (model, class)."""
+        counts: Counter[tuple[str, str]] = Counter()
+        for waiter in self.queue.waiting():
+            counts[(waiter.ticket.call.model, waiter.priority.name.lower())] += 1
+        return dict(counts)
+
+    def snapshot(self) -> dict:
+        """The queue for /v1/router/state: its limits, who waits (in turn order), outcomes."""
+        loop_now = asyncio.get_running_loop().time()
+        return {
+            "size": len(self.queue),
+            "capacity": self.queue.capacity,
+            "timeout_s": self.timeout_s,
+            "retry_after_s": self.retry_after_s(),
+            "waiting": [
+                {
+                    "call_id": w.ticket.call_id,
+                    "model": w.ticket.call.model,
+                    "class": w.priority.name.lower(),
+                    "caller": w.caller,
+                    "boxes": sorted(w.boxes),
+                    "waited_s": round(loop_now - w.ticket.queued_s, 3),
+                }
+                for w in self.queue.waiting()
+            ],
+            "outcomes": dict(self.outcomes),
+        }
+
+    def retry_after_s(self) -> int:
+        now = time.perf_counter()
+        handed = self.handed_out
+        while handed and now - handed[0] > DRAIN_WINDOW_S:
+            handed.popleft()
+        if not handed:
+            return max(1, math.ceil(self.timeout_s))
+        rate = len(handed) / max(now - handed[0], 1.0)
+        return int(min(max(1, math.ceil(len(self.queue) / rate)), max(1, math.ceil(self.timeout_s))))
