@@ -10,6 +10,7 @@ import orjson
 import uvloop
 
 from router.facades.openai import FACADE
+from router.core.lifecycle import Event, Lifecycle
 from router.serve import proxy
 from router.serve.edge import AsgiEdge
 from router.serve.proxy import CallClock, ProxyCall
@@ -66,12 +67,13 @@ def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch
 
 def test_the_watcher_starts_only_once_the_body_is_in():
     watched = []
-    call = types.SimpleNamespace(phase="body", started_s=0.0, watch=None, exchange=None,
+    call = types.SimpleNamespace(life=Lifecycle(), started_s=0.0, watch=None, exchange=None, sse_wanted=False,
                                  edge=types.SimpleNamespace(watch_disconnect=watched.append),
                                  client_left=object())
     ProxyCall.tick(call, now=10.0)  # long past WATCH_AFTER_S, but the body is still due
     assert watched == []
-    call.phase = "boxes"
+    for event in (Event.BODY_IN, Event.DECIDED, Event.SENT):
+        call.life.fire(event)
     ProxyCall.tick(call, now=proxy.WATCH_AFTER_S / 2)
     assert watched == []  # too early: most calls end before their watcher would start
     ProxyCall.tick(call, now=proxy.WATCH_AFTER_S)

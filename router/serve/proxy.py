@@ -1,5 +1,9 @@
 """The proxy hot path: inspect → decide → reserve → send → judge → commit → relay → release.
 
+The call's phase moves only through router.core.lifecycle's table (`self.life`): RECEIVING,
+DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover step is its
+`next_attempt`. The route log's `state` (done, failed, refused, cancelled) is the outcome.
+
 Rules:
 1. Nothing reaches the client before the box's answer is judged: a non-2xx head is read whole
    (it is small) and classified; a stream (SSE or NDJSON) is held until its first data frame
@@ -47,6 +51,7 @@ from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.names import call_key
 from router.core.admission import Priority, Waiter
+from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
 from router.core.refusal import (
     CONNECTION_LOST,
     PLACEMENT_REFUSALS,
@@ -95,6 +100,8 @@ WATCH_AFTER_S = 0.05
 INLINE_INSPECT_BYTES = 256 << 10
 # How often the CallClock looks at the calls in flight: a deadline fires up to this late.
 CLOCK_TICK_S = 0.05
+# The phases in which a call is at a box: its client is watched and its exchange's deadline kept.
+AT_A_BOX = frozenset({Phase.DISPATCHING, Phase.SENT, Phase.HELD, Phase.JUDGED, Phase.RELAYING})
 
 # Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
 # those about the box itself: `Server` and `Via` name its software and path (nothing a client of
@@ -238,8 +245,8 @@ class ProxyCall:
         "call_id",
         "body",
         "call",
+        "life",
         "exchange",
-        "gone",
         "box",
         "attempts",
         "token",
@@ -261,7 +268,6 @@ class ProxyCall:
         # the CallClock's view (rule 5)
         "task",
         "started_s",
-        "phase",
         "watch",
         # the wait queue's view (rule 6)
         "tried",
@@ -286,8 +292,8 @@ class ProxyCall:
         self.call_id = new_call_id()
         self.body = b""
         self.call: Call | None = None
+        self.life = Lifecycle()
         self.exchange: Exchange | None = None
-        self.gone = False
         self.box: BoxState | None = None
         self.attempts: list[dict] = []  # {box, status, refusal, ms, error, at} per box tried
         self.token = 0  # reservation token; 0 = none held
@@ -307,7 +313,6 @@ class ProxyCall:
         self.delivered = False  # the stream's end (`data: [DONE]`) reached the client
         self.task: asyncio.Task | None = None
         self.started_s = 0.0  # loop time when the call began
-        self.phase = "body"  # body | expired (the body's deadline passed) | deciding | boxes
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.tried: list[str] = []  # boxes that refused it (failover never returns to them)
         self.eligible: frozenset[str] | None = None  # the first decision's boxes, once decided
@@ -320,6 +325,11 @@ class ProxyCall:
         self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
         self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
         self.keepalive_at = 0.0  # loop time of the last keep-alive
+
+    @property
+    def gone(self) -> bool:
+        """The client left (the call ended by it)."""
+        return self.life.ended_by is Event.CLIENT_LEFT
 
     # -- the client's side ---------------------------------------------------------------------
     async def error(
@@ -400,7 +410,9 @@ class ProxyCall:
 
     def client_left(self) -> None:
         """The client went away: end the box's work now. Safe to call more than once."""
-        self.gone = True
+        if not self.life.can(Event.CLIENT_LEFT):
+            return  # the call has ended already
+        self.life.fire(Event.CLIENT_LEFT)
         if self.waiter is not None and self.app.admission.leave(self.waiter, "left"):
             self.state, self.failure = "cancelled", "client_left"
             self.turn.set_result(None)  # type: ignore[union-attr]
@@ -462,22 +474,27 @@ class ProxyCall:
             if self.keepalive is not None:  # the call is over: no write may follow it
                 self.keepalive.cancel()
             self.unload()
-            self.app.observe(self)
+            try:
+                if self.life.phase is not Phase.ENDED:
+                    self.life.fire(Event.DONE)
+            finally:
+                self.app.observe(self)
 
     def tick(self, now: float) -> None:
         """The CallClock's look at this call: a deadline passed, or time to watch the client."""
         age = now - self.started_s
-        if self.phase == "body":
+        phase = self.life.phase
+        if phase is Phase.RECEIVING:
             if age > BODY_TIMEOUT_S:
-                self.phase = "expired"
+                self.life.fire(Event.DEADLINE)
                 self.task.cancel()  # type: ignore[union-attr]
-        elif self.phase == "queued":
+        elif phase is Phase.QUEUED:
             if now - self.queued_s > self.app.admission.timeout_s and self.app.admission.leave(
                 self.waiter, "queue_timeout"  # type: ignore[arg-type]
             ):
-                self.phase = "queue_timeout"
+                self.life.fire(Event.DEADLINE)
                 self.turn.set_result(None)  # type: ignore[union-attr]
-        elif self.phase == "boxes":
+        elif phase in AT_A_BOX:
             # Only once the body is in: until then receive() belongs to the body.
             if self.watch is None and age >= WATCH_AFTER_S:
                 self.watch = self.edge.watch_disconnect(self.client_left)
@@ -491,7 +508,7 @@ class ProxyCall:
         try:
             self.body = await edge.read_body(self.app.max_body_bytes)
         except asyncio.CancelledError:
-            if self.phase != "expired":
+            if self.life.ended_by is not Event.DEADLINE:
                 raise
             self.task.uncancel()  # type: ignore[union-attr]
             await self.error(408, "body_timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s")
@@ -506,7 +523,7 @@ class ProxyCall:
             self.failure = "client_left"
             return
         self.t_body = time.perf_counter()
-        self.phase = "deciding"
+        self.life.fire(Event.BODY_IN)
         try:
             self.call, stream, self.asked_priority = inspected = await self.inspect()
         except BadRequest as exc:
@@ -525,7 +542,6 @@ class ProxyCall:
                 return
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
-        self.phase = "boxes"
         await self.attempt_all(decision)
 
     def load_on(self, box: BoxState | None) -> None:
@@ -560,7 +576,7 @@ class ProxyCall:
         loop = asyncio.get_running_loop()
         self.turn = loop.create_future()
         self.queued_s = loop.time()
-        self.phase = "queued"
+        self.life.fire(Event.QUEUED)
         if self.watch is None:  # a client that leaves the queue must leave it at once
             self.watch = self.edge.watch_disconnect(self.client_left)
         try:
@@ -570,7 +586,7 @@ class ProxyCall:
                 admission.leave(self.waiter, "left")
         self.waited_ms = round((loop.time() - self.queued_s) * 1000, 3)
         self.waiter = None
-        if turn is None and self.phase == "queue_timeout":
+        if turn is None and self.life.ended_by is Event.DEADLINE:
             await self.error(
                 503, "queue_timeout",
                 f"no box for this model had room within {admission.timeout_s:g} s",
@@ -582,8 +598,8 @@ class ProxyCall:
         """The queue hands this call a slot: count it on its box now, before anything else
         runs, then wake the call."""
         self.decision = decision
+        self.life.fire(Event.DECIDED)
         self.load_on(self.app.fleet.get(decision.boxes[0]))
-        self.phase = "boxes"
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
 
@@ -630,6 +646,8 @@ class ProxyCall:
             log.debug("call %s refused: %s", self.call_id, decision.reasons_text())
 
     async def attempt_all(self, decision: Decision) -> None:
+        """Tries the decision's boxes in turn (the failover step: router.core.lifecycle's
+        next_attempt) until one takes the call; else gives up with the last refusal."""
         fleet = self.app.fleet
         reservations = self.app.reservations
         call = self.call
@@ -638,10 +656,21 @@ class ProxyCall:
         last: Refused | None = None
         scheduler = self.app.scheduler
         while True:
-            box = fleet.get(decision.boxes[0])
+            choice = next_attempt(decision, tried, call.pin, MAX_BOXES_PER_CALL)  # type: ignore[union-attr]
+            if choice is Stop.WAIT:
+                self.unload()  # it waits holding no slot, least of all the refusing box's
+                decision = await self.wait_turn(decision)
+                if decision is None or self.gone:
+                    return
+                continue
+            if isinstance(choice, Stop):
+                break
+            box = fleet.get(choice)
             if box is None:  # removed from the boxes file since the decision
-                tried.append(decision.boxes[0])
+                tried.append(choice)
             else:
+                if self.life.phase is Phase.DECIDING:  # (a call the queue admitted is dispatched)
+                    self.life.fire(Event.DECIDED)
                 self.box = box
                 generation = scheduler.generation  # now: a snapshot may have come since
                 self.token = (
@@ -658,6 +687,7 @@ class ProxyCall:
                     )
                     return
                 except Refused as refused:
+                    self.life.fire(Event.BOX_FAILED)
                     last = refused
                     tried.append(box.name)
                     self.attempts.append({
@@ -672,16 +702,7 @@ class ProxyCall:
                     self.remember_refusal(box, refused.code)
             if self.gone:
                 return
-            if call.pin is not None or len(tried) >= MAX_BOXES_PER_CALL:  # type: ignore[union-attr]
-                break
             decision = self.decide_now(fleet.facts())
-            if decision.path is Path.REFUSED:
-                if not decision.waits_for:
-                    break
-                self.unload()  # it waits holding no slot, least of all the refusing box's
-                decision = await self.wait_turn(decision)
-                if decision is None or self.gone:
-                    return
         await self.give_up(last)
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
@@ -781,8 +802,11 @@ class ProxyCall:
                 raise Refused(exc.refusal) from None
             self.exchange = exchange
             if self.gone:  # the client left while we connected: the request is out, cancel it
-                self.client_left()
+                exchange.abort(ClientGone("client left"))
+                self.cancel_on_box()
                 return
+            if self.life.phase is Phase.DISPATCHING:  # (a resend after a stale-connection race: SENT)
+                self.life.fire(Event.SENT)
             exchange.arm_deadline(self.app.first_byte_timeout_s, FirstByteTimeout("no first byte"))
             try:
                 await self.carry(box, exchange)
@@ -800,6 +824,7 @@ class ProxyCall:
 
     async def carry(self, box: BoxState, exchange: Exchange) -> None:
         await exchange.head
+        self.life.fire(Event.HEAD)
         status = exchange.status
         length = exchange.header(b"content-length")
         sized = length is not None and length.isdigit()
@@ -812,6 +837,8 @@ class ProxyCall:
             refusal = classify_reply(box.config.kind, status, doc)
             if refusal is not None:
                 raise Refused(refusal, Answer(status, exchange.headers, [data]))
+            self.life.fire(Event.JUDGED)  # the client's own error: it goes back as sent
+            self.life.fire(Event.COMMITTED)
             self.answered(status, "failed", f"http_{status}")
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
@@ -825,6 +852,7 @@ class ProxyCall:
         if sized and int(length) <= INLINE_BODY_LIMIT:
             data = await exchange.read_all(INLINE_BODY_LIMIT)  # still under the first-byte timer
             exchange.disarm()
+            self.life.fire(Event.JUDGED)
             self.commit(box, status)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
@@ -832,6 +860,7 @@ class ProxyCall:
         # (a bad chunk size) before them is refused like a bad head, not cut after a 200.
         first = await exchange.next_chunks()
         self.watch_silence(exchange)
+        self.life.fire(Event.JUDGED)
         self.commit(box, status)
         await self.start(status, self.client_headers(exchange.headers))
         await self.relay(exchange, None, first[0] if len(first) == 1 else b"".join(first))
@@ -858,6 +887,7 @@ class ProxyCall:
             # No frame ended within the hold limit: a first event this large (a base64 image)
             # cannot be judged cheaply, and a refusal frame is small, so pass it through unjudged.
             self.watch_silence(exchange)
+            self.life.fire(Event.JUDGED)
             self.stream = True
             self.commit(box, exchange.status)
             await self.start(exchange.status, self.client_headers(exchange.headers))
@@ -872,6 +902,7 @@ class ProxyCall:
             if refusal is not None:
                 raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after), frame)
         self.watch_silence(exchange)
+        self.life.fire(Event.JUDGED)
         for chunk in after:
             scanner.feed(chunk)
         self.stream = True
@@ -887,6 +918,7 @@ class ProxyCall:
 
     def commit(self, box: BoxState, status: int) -> None:
         """The box took the call: remember the settings it now runs for this model."""
+        self.life.fire(Event.COMMITTED)
         self.answered(status, "done")
         call = self.call
         named = call_key(box.config.kind, call.model, call.settings)  # type: ignore[union-attr]
@@ -926,6 +958,7 @@ class ProxyCall:
                 return
             failure = StreamIdle.refusal if isinstance(exc, StreamIdle) else MID_STREAM_FAILED
             log.debug("call %s: box %s %s", self.call_id, self.box.name, failure)  # type: ignore[union-attr]
+            self.life.fire(Event.BOX_FAILED)
             self.state, self.failure = "failed", failure
             if isinstance(exc, StreamIdle):
                 self.cancel_on_box()  # its connection is closed; a stuck box may not notice

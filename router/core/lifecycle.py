@@ -1,0 +1,125 @@
+"""One call's lifecycle: its phases, the events that move it, and the failover step. Pure.
+
+    RECEIVING --body_in--> DECIDING --decided--> DISPATCHING --sent--> SENT --head--> HELD
+        HELD --judged--> JUDGED --committed--> RELAYING --done--> ENDED
+    DECIDING --queued--> QUEUED --decided--> DISPATCHING
+    DISPATCHING | SENT | HELD --box_failed--> DECIDING          (a refusal before the first byte)
+    RELAYING --box_failed--> ENDED                               (after it, nothing is rerouted)
+    every phase but ENDED --client_left | deadline--> ENDED
+    RECEIVING | DECIDING | QUEUED --done--> ENDED                (the router answered by itself)
+
+Rules:
+1. `TRANSITIONS` is the whole machine; `Lifecycle.fire` raises IllegalTransition (naming the
+   phase and the event) for anything else, and ENDED takes no event.
+2. Nothing of a box's answer reaches the client before it is judged: COMMITTED is only taken
+   from JUDGED, and JUDGED only from HELD (the head is in, the first frame held).
+3. A box slot (the reservation and the in-flight count) is taken on DECIDED, moved to the next
+   box by the next DECIDED after a failover, and released on QUEUED and on ENDED: a waiting
+   call holds none, an ended call holds none (the serve layer does each at its event).
+4. `next_attempt` is the failover step: the next box to try, or why none (`Stop`). A pinned
+   call is never rerouted; at most `max_boxes` boxes are tried; a decision that ranked nothing
+   but left full or cooling boxes waits for room.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Sequence
+
+from router.core.types import Decision
+
+
+class Phase(str, Enum):
+    RECEIVING = "receiving"  # the body is being read
+    DECIDING = "deciding"  # inspect and decide (again, after a refusal)
+    QUEUED = "queued"  # every owner full or cooling: waiting for a slot
+    DISPATCHING = "dispatching"  # a box is chosen and holds the call's slot; connecting
+    SENT = "sent"  # the request is out; waiting for the box's head
+    HELD = "held"  # the head is in; the answer (or a stream's first frame) is held to be judged
+    JUDGED = "judged"  # judged not a refusal: it may go to the client
+    RELAYING = "relaying"  # committed: the box's bytes flow to the client
+    ENDED = "ended"
+
+
+class Event(str, Enum):
+    BODY_IN = "body_in"
+    DECIDED = "decided"
+    QUEUED = "queued"
+    SENT = "sent"
+    HEAD = "head"
+    JUDGED = "judged"
+    COMMITTED = "committed"  # then the chunks move without an event each: none would cost less
+    BOX_FAILED = "box_failed"
+    CLIENT_LEFT = "client_left"
+    DEADLINE = "deadline"
+    DONE = "done"
+
+
+class IllegalTransition(Exception):
+    def __init__(self, phase: Phase, event: Event) -> None:
+        super().__init__(f"event {event.value} in phase {phase.value}")
+        self.phase = phase
+        self.event = event
+
+
+_ENDINGS = {Event.CLIENT_LEFT: Phase.ENDED, Event.DEADLINE: Phase.ENDED}
+
+TRANSITIONS: dict[Phase, dict[Event, Phase]] = {
+    Phase.RECEIVING: {Event.BODY_IN: Phase.DECIDING, Event.DONE: Phase.ENDED, **_ENDINGS},
+    Phase.DECIDING: {
+        Event.DECIDED: Phase.DISPATCHING,
+        Event.QUEUED: Phase.QUEUED,
+        Event.DONE: Phase.ENDED,
+        **_ENDINGS,
+    },
+    Phase.QUEUED: {Event.DECIDED: Phase.DISPATCHING, Event.DONE: Phase.ENDED, **_ENDINGS},
+    Phase.DISPATCHING: {Event.SENT: Phase.SENT, Event.BOX_FAILED: Phase.DECIDING, **_ENDINGS},
+    Phase.SENT: {Event.HEAD: Phase.HELD, Event.BOX_FAILED: Phase.DECIDING, **_ENDINGS},
+    Phase.HELD: {Event.JUDGED: Phase.JUDGED, Event.BOX_FAILED: Phase.DECIDING, **_ENDINGS},
+    Phase.JUDGED: {Event.COMMITTED: Phase.RELAYING, **_ENDINGS},
+    Phase.RELAYING: {Event.BOX_FAILED: Phase.ENDED, Event.DONE: Phase.ENDED, **_ENDINGS},
+    Phase.ENDED: {},
+}
+
+class Lifecycle:
+    """The phase of one call, moved only through TRANSITIONS."""
+
+    __slots__ = ("phase", "ended_by")
+
+    def __init__(self) -> None:
+        self.phase = Phase.RECEIVING
+        self.ended_by: Event | None = None  # the event that ended the call
+
+    def fire(self, event: Event) -> Phase:
+        phase = TRANSITIONS[self.phase].get(event)
+        if phase is None:
+            raise IllegalTransition(self.phase, event)
+        if phase is Phase.ENDED:
+            self.ended_by = event
+        self.phase = phase
+        return phase
+
+    def can(self, event: Event) -> bool:
+        return event in TRANSITIONS[self.phase]
+
+
+class Stop(str, Enum):
+    """Why a call tries no further box."""
+
+    PINNED = "pinned"  # its pinned box refused: a pin is never rerouted
+    MAX_BOXES = "max_boxes"  # it has tried as many boxes as a call may
+    NO_BOX = "no_box"  # the gate leaves no box
+    WAIT = "wait"  # the boxes left are full or cooling: wait in the queue for room
+
+
+def next_attempt(decision: Decision, tried: Sequence[str], pin: str | None, max_boxes: int) -> str | Stop:
+    """The next box for a call after `tried` refused it, or why there is none (rule 4).
+    `decision` is the call's decision over the current facts with `tried` excluded."""
+    if pin is not None and tried:
+        return Stop.PINNED
+    if len(tried) >= max_boxes:
+        return Stop.MAX_BOXES
+    for box in decision.boxes:
+        if box not in tried and (pin is None or box == pin):
+            return box
+    return Stop.WAIT if decision.waits_for else Stop.NO_BOX

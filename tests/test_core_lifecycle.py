@@ -1,0 +1,136 @@
+"""The call lifecycle table and the failover step (router/core/lifecycle.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.core.lifecycle import (
+    TRANSITIONS,
+    Event,
+    IllegalTransition,
+    Lifecycle,
+    Phase,
+    Stop,
+    next_attempt,
+)
+from router.core.types import Decision, Path, Reason, ReasonCode, Tier, Why
+
+events = st.lists(st.sampled_from(list(Event)), max_size=40)
+
+
+def walk(sequence: list[Event]) -> list[tuple[Phase, Event, Phase]]:
+    """The steps the table accepts, stopping at the first illegal event."""
+    life, steps = Lifecycle(), []
+    for event in sequence:
+        before = life.phase
+        try:
+            after = life.fire(event)
+        except IllegalTransition as exc:
+            assert (exc.phase, exc.event) == (before, event) and event not in TRANSITIONS[before]
+            assert life.phase is before  # an illegal event changes nothing
+            break
+        steps.append((before, event, after))
+    return steps
+
+
+@settings(max_examples=500, deadline=None)
+@given(events)
+def test_nothing_reaches_the_client_before_the_judge(sequence):
+    """COMMITTED only after HEAD then JUDGED, since the last box was chosen."""
+    seen: list[Event] = []
+    for _, event, _ in walk(sequence):
+        if event is Event.DECIDED:
+            seen = []
+        seen.append(event)
+        if event is Event.COMMITTED:
+            assert seen[:4] == [Event.DECIDED, Event.SENT, Event.HEAD, Event.JUDGED]
+
+
+@settings(max_examples=500, deadline=None)
+@given(events)
+def test_no_path_leaves_a_slot_held(sequence):
+    """Rule 3 played on every accepted path: taken on DECIDED, released on QUEUED and ENDED."""
+    steps = walk(sequence)
+    last = steps[-1][2] if steps else Phase.RECEIVING
+    if last is not Phase.ENDED:  # whatever the phase, the client can still leave
+        steps.append((last, Event.CLIENT_LEFT, TRANSITIONS[last][Event.CLIENT_LEFT]))
+    held = False
+    for before, event, after in steps:
+        if event is Event.DECIDED:
+            held = True  # taken, or moved to the next box
+        if after in (Phase.QUEUED, Phase.ENDED):
+            held = False
+        if after is Phase.QUEUED:
+            assert before is Phase.DECIDING  # a call waits only from a decision, never from a box
+        if after in (Phase.SENT, Phase.HELD, Phase.JUDGED, Phase.RELAYING):
+            assert held
+    assert steps[-1][2] is Phase.ENDED and not held
+
+
+def test_every_phase_can_end_and_ended_takes_nothing():
+    for phase in Phase:
+        if phase is Phase.ENDED:
+            assert TRANSITIONS[phase] == {}
+            continue
+        assert TRANSITIONS[phase][Event.CLIENT_LEFT] is Phase.ENDED
+        assert TRANSITIONS[phase][Event.DEADLINE] is Phase.ENDED
+
+
+def test_an_illegal_event_names_the_phase_and_the_event():
+    life = Lifecycle()
+    with pytest.raises(IllegalTransition, match="event committed in phase receiving"):
+        life.fire(Event.COMMITTED)
+    for event in (Event.BODY_IN, Event.DECIDED, Event.SENT, Event.HEAD, Event.JUDGED, Event.COMMITTED,
+                  Event.DONE):
+        life.fire(event)
+    assert (life.phase, life.ended_by) == (Phase.ENDED, Event.DONE)
+    with pytest.raises(IllegalTransition):
+        life.fire(Event.CLIENT_LEFT)
+
+
+def test_a_refusal_before_the_first_byte_decides_again_after_it_ends_the_call():
+    life = Lifecycle()
+    for event in (Event.BODY_IN, Event.DECIDED, Event.SENT, Event.HEAD):
+        life.fire(event)
+    assert life.fire(Event.BOX_FAILED) is Phase.DECIDING
+    for event in (Event.DECIDED, Event.SENT, Event.HEAD, Event.JUDGED, Event.COMMITTED):
+        life.fire(event)
+    assert life.fire(Event.BOX_FAILED) is Phase.ENDED
+
+
+# -- next_attempt --------------------------------------------------------------------------------
+
+BOXES = ("a", "b", "c", "d")
+
+
+def decision(ranked: tuple[str, ...], waiting: tuple[str, ...] = ()) -> Decision:
+    why = {box: Why(Tier.LOAD, (i,)) for i, box in enumerate(ranked)}
+    refused = {box: Reason(ReasonCode.FULL, "1/1") for box in waiting}
+    return Decision(Path.RANKED if ranked else Path.REFUSED, ranked, why, refused)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.sampled_from(BOXES), unique=True),
+    st.lists(st.sampled_from(BOXES), unique=True),
+    st.lists(st.sampled_from(BOXES), unique=True),
+    st.one_of(st.none(), st.sampled_from(BOXES)),
+    st.integers(1, 4),
+)
+def test_next_attempt(ranked, waiting, tried, pin, max_boxes):
+    got = next_attempt(decision(tuple(ranked), tuple(waiting)), tried, pin, max_boxes)
+    if isinstance(got, Stop):
+        if got is Stop.PINNED:
+            assert pin is not None and tried
+        elif got is Stop.MAX_BOXES:
+            assert len(tried) >= max_boxes
+        else:
+            assert not [b for b in ranked if b not in tried and (pin is None or b == pin)]
+            assert (got is Stop.WAIT) == bool(waiting)
+        return
+    assert got not in tried  # never back to a box that refused the call
+    assert pin is None or (got == pin and not tried)  # a pinned call is never rerouted
+    assert len(tried) < max_boxes
+    assert got == next(b for b in ranked if b not in tried and (pin is None or b == pin))  # in order
