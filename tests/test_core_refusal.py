@@ -7,14 +7,15 @@ import orjson
 import pytest
 
 from router.core.refusal import (
-    MODEL_NOT_FOUND,
-    NO_MODEL_LOADED,
-    STREAM_ERROR,
+    RefusalCode,
     classify_first_frame,
     classify_reply,
     in_band_status,
 )
 from router.core.types import BoxKind
+
+MODEL_NOT_FOUND, NO_MODEL_LOADED, STREAM_ERROR = (
+    RefusalCode.MODEL_NOT_FOUND, RefusalCode.NO_MODEL_LOADED, RefusalCode.STREAM_ERROR)
 
 HUGPY, OLLAMA, LMSTUDIO, OPENAI = BoxKind.HUGPY, BoxKind.OLLAMA, BoxKind.LMSTUDIO, BoxKind.OPENAI
 

@@ -23,51 +23,75 @@ When no box is left to try, the client gets the status the last refusal stands f
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from router.core.types import BoxKind
 
-UNREACHABLE = "unreachable"
-CONNECTION_LOST = "connection_lost"
-FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-BAD_HEAD = "bad_response"
-MODEL_NOT_FOUND = "model_not_found"
-NO_MODEL_LOADED = "no_model_loaded"
-STREAM_ERROR = "stream_error"
 
+class RefusalCode(StrEnum):
+    """Why a box did not take a call, or failed it: the one vocabulary of the upstream pool's
+    errors, the judge (this module), the route log's `error` and attempts, and the metrics'
+    `reason` label. A StrEnum, so a code is its stable string wherever it is written; a value is
+    never renamed."""
+
+    # the exchange itself (router.upstream.pool)
+    UPSTREAM_ERROR = "upstream_error"
+    UNREACHABLE = "unreachable"
+    CONNECTION_LOST = "connection_lost"
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
+    BAD_RESPONSE = "bad_response"
+    CANCELLED = "cancelled"
+    # a refusing status (rule 2)
+    HTTP_502 = "http_502"
+    HTTP_503 = "http_503"
+    HTTP_504 = "http_504"
+    # what the answer says (rules 3-6)
+    MODEL_NOT_FOUND = "model_not_found"
+    NO_MODEL_LOADED = "no_model_loaded"
+    STREAM_ERROR = "stream_error"
+    NOT_FOUND_ERROR = "not_found_error"
+    # hugpy's placement failures (contracts/hugpy-wrapper.md §4)
+    LOAD_ERROR = "load_error"
+    INSUFFICIENT_RESOURCES = "insufficient_resources"
+    PROFILE_MATERIALIZING = "profile_materializing"
+    PROFILE_ERROR = "profile_error"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    FIRST_CALL_EXCLUSIVE = "first_call_exclusive"
+    CENTRAL_SOURCE_CONSTRAINT = "central_source_constraint"
+    MAINTENANCE = "maintenance"
+    WORKER_RESERVED = "worker_reserved"
+
+
+R = RefusalCode
 REFUSAL_STATUSES = frozenset({502, 503, 504})
 # Rule 7's statuses by refusal code; a code not listed and not in REFUSAL_TYPES is 502.
-IN_BAND_STATUSES = {
-    "not_found_error": 404,
-    MODEL_NOT_FOUND: 404,
-    "worker_reserved": 423,
-}
+IN_BAND_STATUSES = {R.NOT_FOUND_ERROR: 404, R.MODEL_NOT_FOUND: 404, R.WORKER_RESERVED: 423}
 
 # Refusals that say "no room for this model here now" (hugpy's placement failures, a 503 such
 # as Ollama's "server busy", LM Studio's failed JIT load): the box is full for the model for a
 # back-off (router.core.admission rule 7) instead of drawing the next call at once.
-PLACEMENT_REFUSALS = frozenset(
-    {"insufficient_resources", "worker_reserved", "http_503", NO_MODEL_LOADED}
-)
+PLACEMENT_REFUSALS = frozenset({R.INSUFFICIENT_RESOURCES, R.WORKER_RESERVED, R.HTTP_503, R.NO_MODEL_LOADED})
 
-REFUSAL_TYPES: dict[BoxKind, frozenset[str]] = {
+REFUSAL_TYPES: dict[BoxKind, frozenset[RefusalCode]] = {
     BoxKind.HUGPY: frozenset(
         {
-            "load_error",
-            "insufficient_resources",
-            "profile_materializing",
-            "profile_error",
-            "engine_unavailable",
-            "first_call_exclusive",
-            "central_source_constraint",
-            "maintenance",
-            "not_found_error",
-            "worker_reserved",
+            R.LOAD_ERROR,
+            R.INSUFFICIENT_RESOURCES,
+            R.PROFILE_MATERIALIZING,
+            R.PROFILE_ERROR,
+            R.ENGINE_UNAVAILABLE,
+            R.FIRST_CALL_EXCLUSIVE,
+            R.CENTRAL_SOURCE_CONSTRAINT,
+            R.MAINTENANCE,
+            R.NOT_FOUND_ERROR,
+            R.WORKER_RESERVED,
         }
     ),
-    BoxKind.OLLAMA: frozenset({"not_found_error"}),
-    BoxKind.LMSTUDIO: frozenset({"model_not_found"}),
-    BoxKind.OPENAI: frozenset({"model_not_found", "not_found_error"}),
+    BoxKind.OLLAMA: frozenset({R.NOT_FOUND_ERROR}),
+    BoxKind.LMSTUDIO: frozenset({R.MODEL_NOT_FOUND}),
+    BoxKind.OPENAI: frozenset({R.MODEL_NOT_FOUND, R.NOT_FOUND_ERROR}),
 }
 
 HUGPY_NOT_FOUND_PREFIX = "model not found on this box"
@@ -91,25 +115,25 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str]:
     )
 
 
-def classify_reply(kind: BoxKind, status: int, body: Any) -> str | None:
+def classify_reply(kind: BoxKind, status: int, body: Any) -> RefusalCode | None:
     """Returns a refusal code for a non-2xx answer (`body` = its parsed JSON or None), or None."""
     etype, code, message = _error_fields(body)
     refusal_types = REFUSAL_TYPES[kind]
     if etype in refusal_types:
-        return etype
+        return RefusalCode(etype)
     if code in refusal_types:
-        return code
+        return RefusalCode(code)
     if status in REFUSAL_STATUSES:
-        return f"http_{status}"
+        return RefusalCode(f"http_{status}")
     if status == 404:
         if kind is BoxKind.OLLAMA or message.startswith(HUGPY_NOT_FOUND_PREFIX):
-            return MODEL_NOT_FOUND
+            return R.MODEL_NOT_FOUND
     if kind is BoxKind.LMSTUDIO and message.startswith(LMSTUDIO_NO_MODEL_PREFIX):
-        return NO_MODEL_LOADED
+        return R.NO_MODEL_LOADED
     return None
 
 
-def classify_first_frame(kind: BoxKind, frame: Any) -> str | None:
+def classify_first_frame(kind: BoxKind, frame: Any) -> RefusalCode | None:
     """Returns a refusal code when a stream's first frame reports an error, else None."""
     if not isinstance(frame, dict):
         return None
@@ -118,15 +142,15 @@ def classify_first_frame(kind: BoxKind, frame: Any) -> str | None:
         known = REFUSAL_TYPES[kind]
         # Only codes we know become the refusal's code: the box's own text never reaches a log
         # row or a metrics label.
-        return etype if etype in known else code if code in known else STREAM_ERROR
+        return RefusalCode(etype) if etype in known else RefusalCode(code) if code in known else R.STREAM_ERROR
     choices = frame.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         if choices[0].get("finish_reason") == "error":
-            return STREAM_ERROR
+            return R.STREAM_ERROR
     return None
 
 
-def in_band_status(refusal: str, frame: Any) -> int:
+def in_band_status(refusal: RefusalCode, frame: Any) -> int:
     """The HTTP status for a stream refused by its first frame `frame` (parsed JSON) with the
     refusal code `refusal` from classify_first_frame, when no box is left to try (rule 7)."""
     error = frame.get("error") if isinstance(frame, dict) else None

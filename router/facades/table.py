@@ -23,7 +23,7 @@ class Body(IntEnum):
 
 # answer(boxes, path) -> (status, content type, body); `boxes` are the online, unblocked boxes
 # of the facade's kinds in boxes-file order (router.boxes.state.BoxState).
-Answer = Callable[[Sequence, str], tuple[int, bytes, bytes]]
+FleetAnswer = Callable[[Sequence, str], tuple[int, bytes, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class Route:
     path: str
     body: Body | None = None
     model_fields: tuple[str, ...] = ("model",)
-    answer: Answer | None = None
+    answer: FleetAnswer | None = None
     prefix: bool = False  # the path is a prefix (`/api/v0/models/` + a model id)
     scope: str = "use"  # access scope: "public", "use" or "admin"
 

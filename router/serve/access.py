@@ -14,6 +14,7 @@ import time
 from router.core import access
 from router.core.access import Caller, Verdict
 from router.core.admission import Priority, effective_priority
+from router.serve.edge import Edge
 from router.store.keys import KeyStore
 
 
@@ -41,13 +42,13 @@ class AccessGate:
             verdict = self._inside[addr] = access.is_inside(addr, self.inside_nets)
         return verdict
 
-    def caller(self, edge) -> Caller:
+    def caller(self, edge: Edge) -> Caller:
         """Who is calling (router.core.access rules 3-6)."""
         if self.proxies or any(edge.header(name) is not None for name in access.FORWARDED_HEADERS):
             return access.client_address(edge.client, edge.header_lines, self.proxies)
         return Caller(edge.client or None, False)  # no forwarding: the peer itself
 
-    def caller_of(self, edge, asked: Priority | None) -> tuple[str, Priority]:
+    def caller_of(self, edge: Edge, asked: Priority | None) -> tuple[str, Priority]:
         """Who a waiting call waits as (its valid key, else its resolved address) and in which
         class (its key's, lowered by what the call asks). Only on the wait queue's path."""
         token = access.bearer_token(edge.header("authorization"))
@@ -57,7 +58,7 @@ class AccessGate:
             return f"key:{key_id}", effective_priority(self.keys.priority_of(key_id), asked)
         return f"addr:{edge.caller}", effective_priority(Priority.NORMAL, asked)
 
-    def check(self, edge, scope: str, *, json_body: bool = False) -> Verdict:
+    def check(self, edge: Edge, scope: str, *, json_body: bool = False) -> Verdict:
         """The verdict for a route of `scope`; records the caller's address as `edge.caller`
         (for the route log). `json_body`: the route takes a JSON body (rule 11, admin only)."""
         if scope == "public":

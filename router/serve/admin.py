@@ -20,7 +20,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 from urllib.parse import quote
 
 import apsw
@@ -31,10 +31,13 @@ from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
 from router.serve import proxy
-from router.serve.edge import BodyTooLarge, ClientLeft
+from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.store import db
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
+
+if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
+    from router.serve.app import RouterApp
 
 JSON = b"application/json"
 BOX_BODY_MAX_BYTES = 64 * 1024
@@ -62,20 +65,20 @@ _VISIBLE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"\\"}
 # Percent-encoded again on the way out: everything but RFC 3986 unreserved and sub-delims.
 _SEGMENT_SAFE = "!$&'()*+,;=:@"
 
-Handler = Callable[["object", "object"], Awaitable[None]]
+Handler = Callable[["RouterApp", Edge], Awaitable[None]]
 
 
 async def _json(edge, status: int, doc) -> None:
     await edge.respond(status, [(b"content-type", JSON)], orjson.dumps(doc))
 
 
-async def _error(app, edge, status: int, code: str, message: str) -> None:
+async def _error(app: RouterApp, edge: Edge, status: int, code: str, message: str) -> None:
     from router.facades.openai import shape_error
 
     await edge.respond(status, [(b"content-type", JSON)], shape_error(status, code, message, None))
 
 
-async def _body(app, edge, limit: int) -> bytes | None:
+async def _body(app: RouterApp, edge: Edge, limit: int) -> bytes | None:
     """The request body, up to `limit` bytes and within the proxied routes' body timeout; None
     once a refusal (408, 413, 400) has been answered (rule 3)."""
     try:
@@ -91,7 +94,7 @@ async def _body(app, edge, limit: int) -> bytes | None:
     return None
 
 
-async def _json_object(app, edge, limit: int) -> dict | None:
+async def _json_object(app: RouterApp, edge: Edge, limit: int) -> dict | None:
     """The request body as a JSON object (rule 3); None once a refusal has been answered."""
     if not access.is_json(edge.header("content-type")):
         verdict = access.NOT_JSON
@@ -111,7 +114,7 @@ async def _json_object(app, edge, limit: int) -> dict | None:
     return doc
 
 
-def _query(edge) -> dict[str, str]:
+def _query(edge: Edge) -> dict[str, str]:
     pairs = (part.partition("=") for part in edge.query.split("&") if part)
     return {k: v for k, _, v in pairs}
 
@@ -137,7 +140,7 @@ def _box_view(box) -> dict:
             "has_key": cfg.key is not None, "max_inflight": cfg.max_inflight}
 
 
-async def state(app, edge) -> None:
+async def state(app: RouterApp, edge: Edge) -> None:
     shared = app.shared
     now_s = asyncio.get_running_loop().time()
     boxes = []
@@ -176,7 +179,7 @@ async def state(app, edge) -> None:
     })
 
 
-async def schedule(app, edge) -> None:
+async def schedule(app: RouterApp, edge: Edge) -> None:
     """`schedule:priority` server-sent events, one per published snapshot, until the client leaves."""
     scheduler = app.shared.scheduler
     queue = scheduler.subscribe()
@@ -219,7 +222,7 @@ def _read_route_log(path, since: int, limit: int) -> dict:
     return {"table": "route_log", "rows": rows, "next": rows[-1]["id"] if rows else since, "more": more}
 
 
-async def telemetry(app, edge) -> None:
+async def telemetry(app: RouterApp, edge: Edge) -> None:
     query = _query(edge)
     try:
         since = int(query.get("since", "0"))
@@ -239,7 +242,7 @@ async def telemetry(app, edge) -> None:
     await _json(edge, 200, doc)
 
 
-async def keys(app, edge) -> None:
+async def keys(app: RouterApp, edge: Edge) -> None:
     store = app.shared.keys
     loop = asyncio.get_running_loop()
     if edge.method == "GET":
@@ -269,7 +272,7 @@ async def keys(app, edge) -> None:
     await _json(edge, 201, {**row, "key": key, "note": "store this key now; it is not shown again"})
 
 
-async def priority(app, edge) -> None:
+async def priority(app: RouterApp, edge: Edge) -> None:
     """POST /v1/keys/<id>/priority {"priority": "high"|"normal"|"low"}: the key's class."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/priority")
     doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
@@ -290,7 +293,7 @@ async def priority(app, edge) -> None:
     await _json(edge, 200, {"id": key_id, "priority": wanted})
 
 
-async def revoke(app, edge) -> None:
+async def revoke(app: RouterApp, edge: Edge) -> None:
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/revoke")
     revoked = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.revoke, key_id)
     if not revoked:
@@ -299,12 +302,12 @@ async def revoke(app, edge) -> None:
     await _json(edge, 200, {"id": key_id, "revoked": True})
 
 
-async def boxes(app, edge) -> None:
+async def boxes(app: RouterApp, edge: Edge) -> None:
     shared = app.shared
     await _json(edge, 200, {"boxes": [_box_view(box) for box in shared.fleet.ordered()]})
 
 
-async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
+async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int = 200) -> None:
     """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
     off the loop; the fleet applies it before the answer, which shows the box (never its key)."""
     shared = app.shared
@@ -329,7 +332,7 @@ async def _edit_boxes(app, edge, name: str, change, status: int = 200) -> None:
     await _json(edge, 201 if result is True else status, _box_view(box))
 
 
-async def box_put(app, edge) -> None:
+async def box_put(app: RouterApp, edge: Edge) -> None:
     """POST /v1/boxes: add a box, or replace the one of that name (201 added, 200 replaced)."""
     doc = await _json_object(app, edge, BOX_BODY_MAX_BYTES)  # never quoted: it may hold a key
     if doc is None:
@@ -361,13 +364,13 @@ def _box_name(edge) -> str:
     return edge.path.removeprefix("/v1/boxes/").partition("/")[0]
 
 
-async def box_delete(app, edge) -> None:
+async def box_delete(app: RouterApp, edge: Edge) -> None:
     """DELETE /v1/boxes/<name>."""
     name = _box_name(edge)
     await _edit_boxes(app, edge, name, lambda boxes: boxes.remove(name))
 
 
-async def box_update(app, edge) -> None:
+async def box_update(app: RouterApp, edge: Edge) -> None:
     """PUT /v1/boxes/<name>: change its pool, kind, store, agent or max_inflight (null clears one)."""
     name = _box_name(edge)
     fields = await _json_object(app, edge, BOX_BODY_MAX_BYTES)
@@ -378,7 +381,7 @@ async def box_update(app, edge) -> None:
     await _edit_boxes(app, edge, name, lambda boxes: boxes.update(name, **fields))
 
 
-async def box_block(app, edge) -> None:
+async def box_block(app: RouterApp, edge: Edge) -> None:
     """POST /v1/boxes/<name>/block and /unblock."""
     name = _box_name(edge)
     blocked = edge.path.endswith("/block")
@@ -402,7 +405,7 @@ def relay_target(path: str, query: str) -> str | None:
     return target if safe_target(target) else None
 
 
-async def relay(app, edge) -> None:
+async def relay(app: RouterApp, edge: Edge) -> None:
     rest = edge.path.removeprefix("/v1/boxes/")
     name, _, path = rest.partition("/")
     box = app.shared.fleet.get(name)
@@ -432,7 +435,7 @@ async def relay(app, edge) -> None:
     await edge.respond(status, [(b"content-type", answer_type), (b"x-hugpy-box", name.encode())], data)
 
 
-async def metrics(app, edge) -> None:
+async def metrics(app: RouterApp, edge: Edge) -> None:
     shared = app.shared
     body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log, shared.admission)
     await edge.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)

@@ -23,7 +23,7 @@ from router.facades.table import Body, Facade, Route
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
-from router.serve.edge import AsgiEdge, RsgiEdge
+from router.serve.edge import AsgiEdge, Edge, RsgiEdge
 from router.serve.metrics import Metrics
 from router.serve.proxy import CallClock, ProxyCall, RelayAborted
 from router.store.keys import KeyStore
@@ -93,7 +93,7 @@ class RouterApp:
             await self.dispatch(RsgiEdge(scope, proto))
 
     # -- dispatch ------------------------------------------------------------------------------
-    async def dispatch(self, edge) -> None:
+    async def dispatch(self, edge: Edge) -> None:
         shared = self.shared
         shared.in_flight += 1
         shared.idle.clear()
@@ -129,7 +129,7 @@ class RouterApp:
             if shared.in_flight == 0:
                 shared.idle.set()
 
-    async def allowed(self, edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
+    async def allowed(self, edge: Edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
         """Checks access; answers 401/403/415 in the facade's shape when the caller may not."""
         verdict = self.shared.access.check(edge, scope, json_body=json_body)
         if not verdict.ok:
@@ -158,7 +158,7 @@ class RouterApp:
         if call.waited_ms is not None:
             metrics.queue_wait.observe(call.waited_ms / 1000)
 
-    async def unknown(self, edge, facade: Facade, known: bool) -> None:
+    async def unknown(self, edge: Edge, facade: Facade, known: bool) -> None:
         if facade.unknown is not None:
             status, body = facade.unknown(edge.method, edge.path)
         else:
@@ -167,7 +167,7 @@ class RouterApp:
             body = facade.shape_error(status, code, message, None)
         await edge.respond(status, [(b"content-type", JSON)], body)
 
-    async def answer(self, edge, facade: Facade, route: Route) -> None:
+    async def answer(self, edge: Edge, facade: Facade, route: Route) -> None:
         boxes = [
             box
             for box in self.fleet.ordered()

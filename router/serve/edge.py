@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, Protocol
 
 from router.core.access import peer_address
 
@@ -37,7 +37,7 @@ class BodyTooLarge(Exception):
 
 
 class ClientLeft(Exception):
-    pass
+    """The client disconnected (its connection closed under a read or a write)."""
 
 
 # A body up to this size is joined on the loop (~0.1 ms). A larger one on a worker thread:
@@ -56,6 +56,33 @@ def _content_length(value: str | None) -> int | None:
     if value is None or not value.isdigit():
         return None
     return int(value)
+
+
+class Edge(Protocol):
+    """What the app, the proxy and the admin API use of a request and its answer; AsgiEdge and
+    RsgiEdge are the two implementations (tests/test_edge_protocol.py checks both)."""
+
+    method: str
+    path: str
+    query: str
+    client: str  # the TCP peer's address (invariant 5)
+    caller: str | None  # who the access gate found calling
+
+    def header(self, name: str) -> str | None: ...
+
+    def header_lines(self, name: str) -> str | None: ...
+
+    async def read_body(self, limit: int) -> bytes: ...
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def finish(self) -> None: ...
+
+    def watch_disconnect(self, callback: Callable[[], None]) -> asyncio.Task: ...
 
 
 class AsgiEdge:

@@ -4,6 +4,12 @@ The call's phase moves only through router.core.lifecycle's table (`self.life`):
 DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover step is its
 `next_attempt`. The route log's `state` (done, failed, refused, cancelled) is the outcome.
 
+Times, by suffix, on three clocks: `*_at` is the wall clock in epoch seconds (`time.time()`:
+what the route log stores: received_at, first_byte_at); `t_*` is `time.perf_counter()` (the
+metrics' durations: t_received, t_body, t_sent, t_first_byte); `*_s` is the event loop's clock
+(`loop.time()`, what the CallClock's `now` is: started_s, queued_s, last_keepalive_s), and a
+plain `*_s` constant or setting is a duration in seconds.
+
 Rules:
 1. Nothing reaches the client before the box's answer is judged: a non-2xx head is read whole
    (it is small) and classified; a stream (SSE or NDJSON) is held until its first data frame
@@ -41,7 +47,7 @@ import itertools
 import logging
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import orjson
 
@@ -53,9 +59,8 @@ from router.core.names import call_key
 from router.core.admission import Priority, Waiter
 from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
 from router.core.refusal import (
-    CONNECTION_LOST,
     PLACEMENT_REFUSALS,
-    UNREACHABLE,
+    RefusalCode,
     classify_first_frame,
     classify_reply,
     in_band_status,
@@ -63,11 +68,11 @@ from router.core.refusal import (
 from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
-from router.serve.edge import BodyTooLarge, ClientLeft
+from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.store.route_log import Row
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
-    ClientGone,
+    ExchangeAborted,
     ConnectFailed,
     ConnectionLost,
     Exchange,
@@ -76,6 +81,9 @@ from router.upstream.pool import (
     UpstreamError,
     request_head,
 )
+
+if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
+    from router.serve.app import RouterApp
 
 log = logging.getLogger("router.proxy")
 
@@ -197,8 +205,9 @@ class CallClock:
         self.sweep(now)
 
 
-class Answer:
-    """A box's answer held before commit: head plus the bytes read so far."""
+class HeldAnswer:
+    """A box's answer held before commit: head plus the bytes read so far (a refusal's, kept to
+    go back as sent when no box is left)."""
 
     __slots__ = ("status", "headers", "chunks")
 
@@ -213,7 +222,7 @@ class RelayAborted(Exception):
 
 
 class Refused(Exception):
-    def __init__(self, code: str, answer: Answer | None = None, frame: object = None) -> None:
+    def __init__(self, code: RefusalCode, answer: HeldAnswer | None = None, frame: object = None) -> None:
         super().__init__(code)
         self.code = code
         self.answer = answer
@@ -281,10 +290,10 @@ class ProxyCall:
         "asked_priority",
         "headed",
         "keepalive",
-        "keepalive_at",
+        "last_keepalive_s",
     )
 
-    def __init__(self, app, edge, facade: Facade, route: Route) -> None:
+    def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
         self.app = app
         self.edge = edge
         self.facade = facade
@@ -324,7 +333,7 @@ class ProxyCall:
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
         self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
         self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
-        self.keepalive_at = 0.0  # loop time of the last keep-alive
+        self.last_keepalive_s = 0.0  # loop time of the last keep-alive
 
     @property
     def gone(self) -> bool:
@@ -381,10 +390,10 @@ class ProxyCall:
             self.sse_wanted
             and every > 0
             and self.status == 0
-            and now - max(self.started_s, self.keepalive_at) >= every
+            and now - max(self.started_s, self.last_keepalive_s) >= every
             and (self.keepalive is None or self.keepalive.done())
         ):
-            self.keepalive_at = now
+            self.last_keepalive_s = now
             self.keepalive = asyncio.get_running_loop().create_task(self.send_keepalive())
 
     async def send_keepalive(self) -> None:
@@ -420,11 +429,11 @@ class ProxyCall:
         exchange, self.exchange = self.exchange, None
         if self.delivered:  # the answer is whole: a client hanging up now cancels nothing
             if exchange is not None:
-                exchange.abort(ClientGone("client left after the end"))
+                exchange.abort(ExchangeAborted("client left after the end"))
             return
         self.state, self.failure = "cancelled", "client_left"
         if exchange is not None:
-            exchange.abort(ClientGone("client left"))
+            exchange.abort(ExchangeAborted("client left"))
             self.cancel_on_box()
 
     def cancel_on_box(self) -> None:
@@ -716,10 +725,10 @@ class ProxyCall:
             self.token = 0
         self.load_on(None)
 
-    def remember_refusal(self, box: BoxState, code: str) -> None:
+    def remember_refusal(self, box: BoxState, code: RefusalCode) -> None:
         """A placement refusal makes the box full for the model for a back-off; a box that
         cannot be reached is out of the decision until its health probe sees it again."""
-        if code == UNREACHABLE:
+        if code is RefusalCode.UNREACHABLE:
             box.mark_unreachable()
         elif code in PLACEMENT_REFUSALS:
             named = call_key(box.config.kind, self.call.model, self.call.settings)  # type: ignore[union-attr]
@@ -802,7 +811,7 @@ class ProxyCall:
                 raise Refused(exc.refusal) from None
             self.exchange = exchange
             if self.gone:  # the client left while we connected: the request is out, cancel it
-                exchange.abort(ClientGone("client left"))
+                exchange.abort(ExchangeAborted("client left"))
                 self.cancel_on_box()
                 return
             if self.life.phase is Phase.DISPATCHING:  # (a resend after a stale-connection race: SENT)
@@ -812,7 +821,7 @@ class ProxyCall:
                 await self.carry(box, exchange)
                 return
             except UpstreamError as exc:
-                if isinstance(exc, ClientGone) or self.gone:
+                if isinstance(exc, ExchangeAborted) or self.gone:
                     return
                 if not fresh and exchange.stale_race():
                     fresh = True  # the box's idle close met our request: it read nothing
@@ -836,7 +845,7 @@ class ProxyCall:
                 doc = None
             refusal = classify_reply(box.config.kind, status, doc)
             if refusal is not None:
-                raise Refused(refusal, Answer(status, exchange.headers, [data]))
+                raise Refused(refusal, HeldAnswer(status, exchange.headers, [data]))
             self.life.fire(Event.JUDGED)  # the client's own error: it goes back as sent
             self.life.fire(Event.COMMITTED)
             self.answered(status, "failed", f"http_{status}")
@@ -872,7 +881,7 @@ class ProxyCall:
         while True:
             chunks = await exchange.next_chunks()
             if not chunks:
-                raise Refused(CONNECTION_LOST, None)  # ended before any frame
+                raise Refused(RefusalCode.CONNECTION_LOST, None)  # ended before any frame
             for index, chunk in enumerate(chunks):
                 verdict = scanner.feed(chunk)
                 if verdict == HOLD:
@@ -900,7 +909,7 @@ class ProxyCall:
                 frame = None
             refusal = classify_first_frame(box.config.kind, frame)
             if refusal is not None:
-                raise Refused(refusal, Answer(exchange.status, exchange.headers, held + after), frame)
+                raise Refused(refusal, HeldAnswer(exchange.status, exchange.headers, held + after), frame)
         self.watch_silence(exchange)
         self.life.fire(Event.JUDGED)
         for chunk in after:

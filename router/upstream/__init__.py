@@ -1,7 +1,7 @@
 """Pooled HTTP/1.1 client to boxes, on the running (uv)loop, parsing with httptools."""
 
 from router.upstream.pool import (
-    ClientGone,
+    ExchangeAborted,
     ConnectFailed,
     ConnectionLost,
     Exchange,
@@ -11,7 +11,7 @@ from router.upstream.pool import (
 )
 
 __all__ = [
-    "ClientGone",
+    "ExchangeAborted",
     "ConnectFailed",
     "ConnectionLost",
     "Exchange",

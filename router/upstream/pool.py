@@ -31,6 +31,7 @@ from collections import deque
 import httptools
 
 from router.core.errors import UpstreamProtocolError
+from router.core.refusal import RefusalCode
 
 CONNECT_TIMEOUT_S = 10.0
 # Below the 5 s idle timeout common to uvicorn, gunicorn and Go servers, so that we drop an idle
@@ -57,15 +58,15 @@ MAX_HEADERS = 100
 class UpstreamError(Exception):
     """A box exchange failed before or during the response; `refusal` is its stable code."""
 
-    refusal = "upstream_error"
+    refusal = RefusalCode.UPSTREAM_ERROR
 
 
 class ConnectFailed(UpstreamError):
-    refusal = "unreachable"
+    refusal = RefusalCode.UNREACHABLE
 
 
 class ConnectionLost(UpstreamError):
-    refusal = "connection_lost"
+    refusal = RefusalCode.CONNECTION_LOST
 
     def __init__(self, message: str, *, clean: bool = False) -> None:
         super().__init__(message)
@@ -73,21 +74,24 @@ class ConnectionLost(UpstreamError):
 
 
 class FirstByteTimeout(UpstreamError):
-    refusal = "first_byte_timeout"
+    refusal = RefusalCode.FIRST_BYTE_TIMEOUT
 
 
 class StreamIdle(UpstreamError):
     """The box went silent after the first byte for longer than the stream idle timeout."""
 
-    refusal = "stream_idle_timeout"
+    refusal = RefusalCode.STREAM_IDLE_TIMEOUT
 
 
-class ClientGone(UpstreamError):
-    refusal = "cancelled"
+class ExchangeAborted(UpstreamError):
+    """The reader gave the exchange up: its client left, or it stopped before the body's end.
+    (Not the edge's ClientLeft, which is the client's own disconnect as the server saw it.)"""
+
+    refusal = RefusalCode.CANCELLED
 
 
 class BadResponse(UpstreamError, UpstreamProtocolError):
-    refusal = "bad_response"
+    refusal = RefusalCode.BAD_RESPONSE
 
 
 class Exchange:
@@ -188,7 +192,7 @@ class Exchange:
     async def next_chunks(self) -> list[bytes]:
         """Every chunk that has arrived (at least one), or [] at the end of the body.
 
-        Raises the exchange's error (ConnectionLost, FirstByteTimeout, ClientGone, BadResponse).
+        Raises the exchange's error (ConnectionLost, FirstByteTimeout, ExchangeAborted, BadResponse).
         """
         while not self.chunks:
             if self.error is not None:
@@ -269,7 +273,7 @@ class Exchange:
         """The reader is finished with this exchange (after the body or after giving up)."""
         self.disarm()
         if not self.complete:
-            self.abort(ClientGone("reader stopped before the end of the body"))
+            self.abort(ExchangeAborted("reader stopped before the end of the body"))
 
 
 class Conn(asyncio.Protocol):
