@@ -20,6 +20,7 @@ import orjson
 
 from router.core.errors import BadRequest
 from router.core.types import BoxKind
+from router.serve.metrics import exposition
 from router.store import db
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
@@ -208,9 +209,8 @@ async def relay(app, edge) -> None:
 
 
 async def metrics(app, edge) -> None:
-    shared = app.shared
-    body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log)
-    await edge.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
+    body, content_type = exposition(app.shared.scraped, edge.header("accept"))
+    await edge.respond(200, [(b"content-type", content_type)], body)
 
 
 EXACT: dict[tuple[str, str], Handler] = {

@@ -22,7 +22,7 @@ from router.facades.table import Facade, Route
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.edge import AsgiEdge, RsgiEdge
-from router.serve.metrics import Metrics
+from router.serve.metrics import Metrics, registry as metrics_registry
 from router.serve.proxy import CallClock, ProxyCall, RelayAborted
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -49,6 +49,7 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
+        self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log)
         self.clock = CallClock()
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
@@ -131,7 +132,8 @@ class RouterApp:
         shared = self.shared
         shared.route_log.record(call.row())
         metrics = shared.metrics
-        metrics.calls[(call.facade.name, call.box.name if call.box else "", call.status)] += 1
+        facade, box = call.facade.name, call.box.name if call.box else ""
+        metrics.calls[(facade, box, call.status)] += 1
         for attempt in call.attempts:
             refusal = attempt.get("refusal")
             if refusal is not None:
@@ -139,9 +141,9 @@ class RouterApp:
         if call.state == "refused":
             metrics.refused[call.facade.name] += 1
         now = time.perf_counter()
-        metrics.duration.observe(now - call.t_received)
+        metrics.duration[(facade, box)].observe(now - call.t_received)
         if call.t_first_byte:
-            metrics.ttfb.observe(call.t_first_byte - call.t_received)
+            metrics.ttfb[(facade, box)].observe(call.t_first_byte - call.t_received)
         if call.t_sent:
             metrics.overhead.observe(call.t_sent - call.t_body)
 

@@ -27,7 +27,7 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.facades import mounts
 from router.serve.app import RouterApp, Shared
-from router.serve.metrics import watch_loop
+from router.serve.metrics import sample_calls, watch_loop
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -94,6 +94,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         first_byte_timeout_s=config.first_byte_timeout_s,
     )
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
+    call_series = loop.create_task(sample_calls(shared.metrics), name="call-series")
     shared.clock.start()
     listeners = [("router", config.port, mounts.main)]
     if config.ollama_port is not None:
@@ -128,6 +129,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     stop_wait.cancel()
     key_upkeep.cancel()
     loop_watch.cancel()
+    call_series.cancel()
     await loop.run_in_executor(None, route_log.stop)  # flushes every row
     await loop.run_in_executor(None, keys.flush_last_used, time.time())
     keys.close()
