@@ -20,6 +20,7 @@ import orjson
 
 from router.core.errors import BadRequest
 from router.core.types import BoxKind
+from router.serve import dashboard
 from router.serve.metrics import exposition
 from router.store import db
 from router.upstream.fetch import fetch
@@ -58,29 +59,7 @@ def _query(edge) -> dict[str, str]:
 
 
 async def state(app, edge) -> None:
-    shared = app.shared
-    boxes = []
-    for box in shared.fleet.ordered():
-        cfg = box.config
-        boxes.append({
-            "name": cfg.name,
-            "kind": cfg.kind.value,
-            "url": cfg.url,
-            "link": shared.fleet.links[cfg.name].mode if cfg.name in shared.fleet.links else None,
-            "agent": cfg.agent,
-            "online": box.online,
-            "pool": cfg.pool,
-            "blocked": cfg.blocked,
-            "residents": sorted(box.residents),
-            "catalog_size": len(box.catalog),
-            "free_gpu_bytes": box.inventory.free_gpu_bytes,
-            "pressure": box.pressure,
-            "pending": box.pending,
-            "in_flight": box.in_flight,
-            "reservations": shared.reservations.count(box.index),
-            "contracts": box.contracts,
-        })
-    await _json(edge, 200, {"generation": shared.scheduler.generation, "boxes": boxes})
+    await _json(edge, 200, dashboard.state_doc(app.shared))
 
 
 async def schedule(app, edge) -> None:
@@ -90,17 +69,9 @@ async def schedule(app, edge) -> None:
     gone = asyncio.Event()
     watcher = edge.watch_disconnect(gone.set)
     try:
-        await edge.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")])
-        while not gone.is_set():
-            getter = asyncio.ensure_future(queue.get())
-            left = asyncio.ensure_future(gone.wait())
-            await asyncio.wait({getter, left}, return_when=asyncio.FIRST_COMPLETED)
-            left.cancel()
-            if not getter.done():
-                getter.cancel()
-                break
-            event = orjson.dumps(getter.result().to_event())
-            await edge.write(b"event: schedule:priority\ndata: " + event + b"\n\n")
+        await edge.start(200, list(dashboard.SSE_HEADERS))
+        while (snapshot := await dashboard.next_snapshot(queue, gone, None)) is not None:
+            await edge.write(dashboard.sse_event(b"schedule:priority", snapshot.to_event()))
         await edge.finish()
     finally:
         watcher.cancel()
@@ -221,15 +192,18 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("POST", "/v1/keys"): keys,
     ("GET", "/v1/boxes"): boxes,
     ("GET", "/metrics"): metrics,
+    ("GET", "/v1/router/events"): dashboard.events,
+    **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
 
 
 def route(method: str, path: str) -> tuple[Handler, str] | None:
     """(handler, access scope) for a router-owned route, or None. `/metrics` is a use route:
-    scrapers inside the trusted nets need no key."""
+    scrapers inside the trusted nets need no key. The dashboard's files are `public`: they hold
+    no data (dashboard.py rule 1), and what they show comes from an admin route."""
     handler = EXACT.get((method, path))
     if handler is not None:
-        return handler, ("use" if handler is metrics else "admin")
+        return handler, ("use" if handler is metrics else "public" if handler is dashboard.ui else "admin")
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/revoke"):
         return revoke, "admin"
     if path.startswith("/v1/boxes/"):

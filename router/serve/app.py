@@ -93,7 +93,7 @@ class RouterApp:
             owned = admin.route(edge.method, edge.path) if self.admin else None
             if owned is not None:
                 handler, scope = owned
-                if await self.allowed(edge, facade, scope):
+                if scope == "public" or await self.allowed(edge, facade, scope):
                     await handler(self, edge)
                 return
             route, known = facade.route(edge.method, edge.path)

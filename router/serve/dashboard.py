@@ -1,0 +1,184 @@
+"""What the operator sees: the fleet's state document, the dashboard's event stream and the
+dashboard's files (`GET /ui`).
+
+Rules:
+1. The files under `ui/` are read once, at import, and served from memory: a shell of HTML, CSS
+   and JS with no data in it, so it is served to anyone (a browser cannot send a key with a
+   page load), with a Content-Security-Policy that allows only this origin and no inline script.
+2. Everything the page shows comes from `GET /v1/router/events`, an admin route: loopback
+   without a key, anyone else with an admin key that the page sends as `Authorization: Bearer`
+   (read with fetch(), since EventSource cannot send a header). It is read-only.
+3. The stream is server-sent events: `state` (the same document as `GET /v1/router/state`) and
+   `calls` (new route-log rows) every `STREAM_TICK_S`; `series` (the per-box one-second points of
+   metrics.CallSeries, the whole history first); `schedule:priority` for each scheduler snapshot
+   as it is published. A box that goes offline is shown within one tick, under the health
+   interval of its link (boxes.link.HEALTH_INTERVAL_S).
+4. A route-log row on the stream carries metadata only: ids, facade, model and settings, box,
+   status, attempts and refusals, times. The store holds no prompt or body to begin with.
+5. Reading the route log is SQLite: it runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import apsw
+import orjson
+
+from router.store import db
+
+UI_DIR = Path(__file__).parent / "ui"
+UI_FILES = {
+    "/ui": ("index.html", b"text/html; charset=utf-8"),
+    "/ui/": ("index.html", b"text/html; charset=utf-8"),
+    "/ui/app.js": ("app.js", b"text/javascript; charset=utf-8"),
+    "/ui/style.css": ("style.css", b"text/css; charset=utf-8"),
+    "/ui/favicon.svg": ("favicon.svg", b"image/svg+xml"),
+}
+_UI_BODIES = {path: (UI_DIR / name).read_bytes() for path, (name, _) in UI_FILES.items()}
+UI_HEADERS = (
+    (b"cache-control", b"no-cache"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+     b"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+)
+
+# Once a second: under a link's 2 s health interval, and what a person reads at.
+STREAM_TICK_S = 1.0
+# Route-log rows sent when the page connects, and at most per tick after (the newest win: a
+# page is a view of the recent calls, not an export; GET /v1/telemetry pages through all).
+TAIL_ROWS = 100
+TAIL_COLUMNS = (
+    "id", "call_id", "facade", "route", "model", "settings", "pin", "box", "status", "state",
+    "error", "stream", "attempts", "received_at", "first_byte_at", "done_at", "bytes_in", "bytes_out",
+)
+_TAIL_SQL = (
+    f"SELECT {', '.join(TAIL_COLUMNS)} FROM route_log WHERE id > ? ORDER BY id DESC LIMIT ?"
+)
+SSE_HEADERS = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
+
+
+async def ui(app, edge) -> None:
+    content_type = UI_FILES[edge.path][1]
+    await edge.respond(200, [(b"content-type", content_type), *UI_HEADERS], _UI_BODIES[edge.path])
+
+
+def state_doc(shared) -> dict:
+    """The fleet as the operator sees it: every box with its load and residents (and the settings
+    this router last sent for each), and the union of models with where each is resident."""
+    now = asyncio.get_running_loop().time()
+    boxes, models = [], {}
+    for box in shared.fleet.ordered():
+        cfg = box.config
+        for key in box.catalog:
+            models.setdefault(key, {"model": key, "resident_on": [], "available_on": []})["available_on"].append(cfg.name)
+        for key in box.residents:
+            models.setdefault(key, {"model": key, "resident_on": [], "available_on": []})["resident_on"].append(cfg.name)
+        boxes.append({
+            "name": cfg.name,
+            "kind": cfg.kind.value,
+            "url": cfg.url,
+            "link": shared.fleet.links[cfg.name].mode if cfg.name in shared.fleet.links else None,
+            "agent": cfg.agent,
+            "online": box.online,
+            "health_age_s": round(now - box.last_ok_s, 1) if box.last_ok_s else None,
+            "pool": cfg.pool,
+            "blocked": cfg.blocked,
+            "residents": sorted(box.residents),
+            "resident_detail": [
+                {
+                    "model": key,
+                    "settings": box.contracts.get(key),
+                    "settings_sent": key in box.contracts,
+                    "healthy": resident.healthy,
+                    "loading": resident.loading,
+                    "busy": resident.busy,
+                }
+                for key, resident in sorted(box.residents.items())
+            ],
+            "catalog_size": len(box.catalog),
+            "free_gpu_bytes": box.inventory.free_gpu_bytes,
+            "pressure": box.pressure,
+            "pending": box.pending,
+            "in_flight": box.in_flight,
+            "reservations": shared.reservations.count(box.index),
+            "contracts": box.contracts,
+        })
+    return {
+        "generation": shared.scheduler.generation,
+        "boxes": boxes,
+        "models": [models[key] for key in sorted(models)],
+    }
+
+
+def _route_log_tail(path, since: int, limit: int) -> list[dict]:
+    """The newest `limit` rows after `since`, oldest first (rule 4). Raises apsw.Error."""
+    conn = db.connect(path)
+    try:
+        rows = list(conn.execute(_TAIL_SQL, (since, limit)))
+    finally:
+        conn.close()
+    tail = []
+    for values in reversed(rows):
+        row = dict(zip(TAIL_COLUMNS, values))
+        if isinstance(row["attempts"], str):
+            row["attempts"] = orjson.loads(row["attempts"])
+        tail.append(row)
+    return tail
+
+
+def sse_event(name: bytes, doc) -> bytes:
+    return b"event: " + name + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
+
+
+async def next_snapshot(queue: asyncio.Queue, gone: asyncio.Event, timeout_s: float | None):
+    """The next scheduler snapshot from `queue`; None when the client left or `timeout_s` passed."""
+    getter = asyncio.ensure_future(queue.get())
+    left = asyncio.ensure_future(gone.wait())
+    await asyncio.wait({getter, left}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    left.cancel()
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    return None
+
+
+async def events(app, edge) -> None:
+    """The dashboard's stream (rule 3), until the client leaves."""
+    shared = app.shared
+    loop = asyncio.get_running_loop()
+    queue = shared.scheduler.subscribe()
+    gone = asyncio.Event()
+    watcher = edge.watch_disconnect(gone.set)
+    since = 0  # the last route-log id sent; the first read takes the newest TAIL_ROWS
+    series_at = 0.0  # the last series point sent
+    try:
+        await edge.start(200, list(SSE_HEADERS))
+        next_tick = loop.time()
+        while not gone.is_set():
+            if loop.time() >= next_tick:
+                next_tick = loop.time() + STREAM_TICK_S
+                points = [p for p in shared.metrics.series.points if p["at"] > series_at]
+                if points or not series_at:
+                    series_at = points[-1]["at"] if points else time.time()
+                    await edge.write(sse_event(b"series", {"points": points}))
+                await edge.write(sse_event(b"state", state_doc(shared)))
+                try:
+                    rows = await loop.run_in_executor(None, _route_log_tail, shared.store_path, since, TAIL_ROWS)
+                except apsw.Error:
+                    rows = []  # the store is busy or gone: the next tick tries again
+                if rows:
+                    since = rows[-1]["id"]
+                    await edge.write(sse_event(b"calls", {"rows": rows}))
+            snapshot = await next_snapshot(queue, gone, max(0.0, next_tick - loop.time()))
+            if snapshot is not None:
+                await edge.write(sse_event(b"schedule:priority", snapshot.to_event()))
+        await edge.finish()
+    finally:
+        watcher.cancel()
+        shared.scheduler.unsubscribe(queue)
