@@ -11,6 +11,8 @@ const STALE_MS = 3500; // the router sends the state every second
 const MAX_CALLS = 200;
 const MAX_SNAPSHOTS = 30;
 const MAX_POINTS = 300; // five minutes of one-second points, as the router keeps
+const MIN_PLOT_POINTS = 60; // a plot spans at least a minute, so a fresh page does not stretch 3 points
+const LABEL_POINTS = 10; // the numbers beside a plot: the last ten seconds
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 const view = { points: [], boxes: [], snapshots: [], snapshotTimes: [], lastEventAt: 0, connecting: false };
@@ -123,9 +125,10 @@ function sparkline(lines) {
   svg.setAttribute("preserveAspectRatio", "none");
   const all = lines.flatMap((line) => line.values.filter((v) => v !== null));
   const top = Math.max(...all, 0) || 1;
-  const step = width / (MAX_POINTS - 1);
+  const slots = Math.min(MAX_POINTS, Math.max(MIN_PLOT_POINTS, ...lines.map((line) => line.values.length)));
+  const step = width / (slots - 1);
   for (const line of lines) {
-    const offset = MAX_POINTS - line.values.length; // the newest point sits at the right edge
+    const offset = slots - line.values.length; // the newest point sits at the right edge
     let segment = [];
     const flush = () => {
       if (segment.length) {
@@ -155,21 +158,30 @@ function seriesOf(box, field) {
   });
 }
 
+function recent(values, rate) {
+  // the last LABEL_POINTS values: their mean for a rate, else the newest one there is
+  const tail = values.slice(-LABEL_POINTS);
+  if (rate) return tail.length ? tail.reduce((sum, v) => sum + v, 0) / tail.length : 0;
+  const known = tail.filter((v) => v !== null);
+  return known.length ? known[known.length - 1] : null;
+}
+
 function renderSeries() {
   const names = new Set(view.boxes.map((box) => box.name));
   for (const point of view.points) for (const name of Object.keys(point.boxes)) names.add(name);
-  const last = view.points.length ? view.points[view.points.length - 1].boxes : {};
   replaceRows(document.querySelector("#series tbody"), [...names].map((name) => {
-    const now = last[name] || {};
-    const cell = (lines, text) => el("td", {}, sparkline(lines), el("span", { class: "spark-label" }, text));
+    const plot = (fields, text) => {
+      const lines = fields.map(([field, color]) => ({ values: seriesOf(name, field), color }));
+      return el("td", {}, sparkline(lines), el("span", { class: "spark-label" }, text(lines.map((l) => l.values))));
+    };
     return el("tr", { "data-box": name },
       el("td", {}, el("strong", {}, boxLabel(name))),
-      cell([{ values: seriesOf(name, "calls"), color: "var(--calls)" }, { values: seriesOf(name, "errors"), color: "var(--errors)" }],
-        `${(now.calls || 0).toFixed(0)}/s · ${(now.errors || 0).toFixed(0)} err/s`),
-      cell([{ values: seriesOf(name, "ttfb_p50_s"), color: "var(--p50)" }, { values: seriesOf(name, "ttfb_p99_s"), color: "var(--p99)" }],
-        `${ms(now.ttfb_p50_s)} · ${ms(now.ttfb_p99_s)}`),
-      cell([{ values: seriesOf(name, "latency_p50_s"), color: "var(--p50)" }, { values: seriesOf(name, "latency_p99_s"), color: "var(--p99)" }],
-        `${ms(now.latency_p50_s)} · ${ms(now.latency_p99_s)}`));
+      plot([["calls", "var(--calls)"], ["errors", "var(--errors)"]],
+        ([calls, errors]) => `${recent(calls, true).toFixed(1)}/s · ${recent(errors, true).toFixed(1)} err/s`),
+      plot([["ttfb_p50_s", "var(--p50)"], ["ttfb_p99_s", "var(--p99)"]],
+        ([p50, p99]) => `${ms(recent(p50))} · ${ms(recent(p99))}`),
+      plot([["latency_p50_s", "var(--p50)"], ["latency_p99_s", "var(--p99)"]],
+        ([p50, p99]) => `${ms(recent(p50))} · ${ms(recent(p99))}`));
   }));
 }
 
