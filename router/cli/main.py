@@ -69,6 +69,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--lmstudio-port", type=_port, default=None,
                         help="also listen here as an LM Studio server (every path is LM Studio's)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
+    parser.add_argument("--otel", action="store_true",
+                        help="export an OpenTelemetry span per call over OTLP (needs the otel extra; "
+                        "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -26,6 +26,7 @@ def _config(args: argparse.Namespace, boxes_path: Path) -> ServeConfig:
         grace_s=args.grace,
         ollama_port=args.ollama_port,
         lmstudio_port=args.lmstudio_port,
+        otel=args.otel,
     )
 
 

@@ -49,6 +49,7 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
+        self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log)
         self.clock = CallClock()
         self.max_body_bytes = max_body_bytes
@@ -130,7 +131,10 @@ class RouterApp:
     def observe(self, call: ProxyCall) -> None:
         """A call ended: its route_log row and its metrics."""
         shared = self.shared
-        shared.route_log.record(call.row())
+        row = call.row()
+        shared.route_log.record(row)
+        if shared.tracer is not None:  # tracing off: this check is all a call pays
+            shared.tracer.record(call, row)
         metrics = shared.metrics
         facade, box = call.facade.name, call.box.name if call.box else ""
         metrics.calls[(facade, box, call.status)] += 1

@@ -206,6 +206,7 @@ class ProxyCall:
         "t_sent",
         "t_first_byte",
         "delivered",
+        "tail",
         # the CallClock's view (rule 5)
         "task",
         "started_s",
@@ -240,6 +241,7 @@ class ProxyCall:
         self.t_sent = 0.0  # the first box was contacted
         self.t_first_byte = 0.0
         self.delivered = False  # the stream's end (`data: [DONE]`) reached the client
+        self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for a trace's token usage
         self.task: asyncio.Task | None = None
         self.started_s = 0.0  # loop time when the call began
         self.phase = "body"  # body | expired (the body's deadline passed) | deciding | boxes
@@ -578,6 +580,7 @@ class ProxyCall:
             data = await exchange.read_all(INLINE_BODY_LIMIT)  # still under the first-byte timer
             exchange.disarm()
             self.commit(box, status)
+            self.tail = (data,)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
         exchange.disarm()
@@ -642,7 +645,7 @@ class ProxyCall:
         waits for the client (ASGI). The head has been sent."""
         edge = self.edge
         try:
-            data = first
+            data, last = first, b""
             while True:
                 if data:
                     self.bytes_out += len(data)
@@ -660,7 +663,8 @@ class ProxyCall:
                 if scanner is not None:
                     for chunk in chunks:
                         scanner.feed(chunk)
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                last, data = data, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.tail = (last, data)
             await edge.finish()
         except ClientLeft:
             self.client_left()

@@ -26,6 +26,7 @@ from granian.server.embed import Server
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.facades import mounts
+from router.serve import tracing
 from router.serve.app import RouterApp, Shared
 from router.serve.metrics import sample_calls, watch_loop
 from router.store import paths as store_paths
@@ -54,6 +55,7 @@ class ServeConfig:
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
+    otel: bool = False  # export a span per call (also on with OTEL_EXPORTER_OTLP_ENDPOINT)
 
 
 def free_port(host: str) -> int:
@@ -66,6 +68,7 @@ def free_port(host: str) -> int:
 async def serve(config: ServeConfig, *, ready=None) -> int:
     """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up."""
     loop = asyncio.get_running_loop()
+    tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     reservations = Reservations()
     fleet = Fleet(config.boxes_path, reservations)
     telemetry = TelemetryCache()
@@ -93,6 +96,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         max_body_bytes=config.max_body_bytes,
         first_byte_timeout_s=config.first_byte_timeout_s,
     )
+    shared.tracer = tracer
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
     call_series = loop.create_task(sample_calls(shared.metrics), name="call-series")
     shared.clock.start()
@@ -131,6 +135,8 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     loop_watch.cancel()
     call_series.cancel()
     await loop.run_in_executor(None, route_log.stop)  # flushes every row
+    if tracer is not None:
+        await loop.run_in_executor(None, tracer.shutdown)  # exports every span
     await loop.run_in_executor(None, keys.flush_last_used, time.time())
     keys.close()
     await scheduler.stop()
