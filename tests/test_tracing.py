@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import time
 
@@ -112,6 +113,23 @@ def test_the_otlp_endpoint_turns_tracing_on_and_spans_go_there(start_fleet):
         assert attrs["gen_ai.request.model"].string_value == "tiny"
     finally:
         server.shutdown()
+
+
+def test_an_unreachable_collector_does_not_hold_up_the_stop(start_fleet):
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        router = start_fleet(SimBox("a", catalog=["tiny"], residents=["tiny"]), env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed.getsockname()[1]}",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        })
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
+        for _ in range(20):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+        time.sleep(0.5)  # the exporter is retrying by now
+        started = time.monotonic()
+        assert router.stop() == 0
+        print(f"stopped in {time.monotonic() - started:.1f} s")
+        assert time.monotonic() - started < tracing.FLUSH_TIMEOUT_S + 5
 
 
 def test_off_without_the_flag_or_an_endpoint():

@@ -136,7 +136,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     call_series.cancel()
     await loop.run_in_executor(None, route_log.stop)  # flushes every row
     if tracer is not None:
-        await loop.run_in_executor(None, tracer.shutdown)  # exports every span
+        await loop.run_in_executor(None, tracer.flush)  # exports what is queued, bounded
     await loop.run_in_executor(None, keys.flush_last_used, time.time())
     keys.close()
     await scheduler.stop()

@@ -28,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import os
+import threading
 from typing import Mapping
 
 import router
@@ -36,6 +37,10 @@ from router.facades.genai import OPERATIONS, usage_of
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 SPAN_KIND_NAME = "CLIENT"  # GenAI conventions: an inference span is a client span
+# At stop, queued spans get this long to reach the collector. Not the SDK's shutdown(): it
+# waits 30 s for an export stuck retrying an unreachable collector, and a stop should not.
+# Whatever is left then is dropped when the process exits.
+FLUSH_TIMEOUT_S = 5.0
 
 
 def wanted(forced: bool, environ: Mapping[str, str] = os.environ) -> bool:
@@ -61,7 +66,7 @@ def start(forced: bool, environ: Mapping[str, str] = os.environ) -> "CallTracer 
     owned = not isinstance(provider, TracerProvider)
     if owned:  # rule 5
         resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME") or "router"})
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # flush() bounds the stop
         provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(environ)))
         trace.set_tracer_provider(provider)
     return CallTracer(provider, owned)
@@ -146,7 +151,13 @@ class CallTracer:
             span.set_status(self._error)
         span.end(end_time=int(row.done_at * 1e9))
 
-    def shutdown(self) -> None:
-        """Exports what is queued and stops the exporter (blocking: off the event loop)."""
+    def flush(self) -> None:
+        """Exports what is queued, waiting at most FLUSH_TIMEOUT_S (blocking: off the event loop).
+
+        The SDK's force_flush exports in the calling thread and ignores its timeout (1.45: an
+        unreachable collector holds it for the exporter's retries, 10 s), so it runs in a daemon
+        thread of its own that a stopping process does not wait for."""
         if self.owned:
-            self.provider.shutdown()
+            flushing = threading.Thread(target=self.provider.force_flush, name="otel-flush", daemon=True)
+            flushing.start()
+            flushing.join(FLUSH_TIMEOUT_S)
