@@ -2,8 +2,12 @@
 
 Rules:
 1. Off unless `router serve --otel`, or `OTEL_EXPORTER_OTLP_ENDPOINT` (or its `_TRACES_` form)
-   is set. Off, a call pays one `is None` check (app.observe). On without the `otel` extra
-   installed, the start fails with a ConfigError naming the extra.
+   is set. Off, a call pays one `is None` check (app.observe; ~0.05 µs). On without the `otel`
+   extra installed, the start fails with a ConfigError naming the extra. On, `record` costs
+   ~28 µs a call on the loop (timeit; most of it the SDK's span and attribute handling), and
+   the OTLP export ~150 µs of CPU a call in the SDK's thread (wrk, c=16: 419 against 244 µs of
+   router CPU a call), so tracing is for fleets whose calls take milliseconds, not a proxy
+   benchmark.
 2. A span is built when the call's route-log row is (app.observe), after the answer's last
    byte: it starts when the call arrived and ends at the row's `done_at`, so a stream's span
    ends when the stream ends. The SDK's BatchSpanProcessor exports from its own thread, never
