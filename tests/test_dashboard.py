@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,22 @@ def test_the_page_itself_carries_no_data_and_the_stream_needs_the_admin_rule(sta
     assert "script-src 'self'" in head["content-security-policy"] and b'src="/ui/app.js"' in body
     assert get("/v1/router/events", OUTSIDE)[0] == 401
     assert get("/v1/router/events", {**OUTSIDE, "Authorization": f"Bearer {ADMIN_KEY}"})[0] == 200
+
+
+def test_open_event_streams_do_not_hold_up_a_stop(start_fleet):
+    router = start_fleet(SimBox("a", catalog=["tiny"]))
+    host, port = router.url.removeprefix("http://").split(":")
+    streams = []
+    for path in ("/v1/router/events", "/v1/router/schedule"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read1(4096)
+        streams.append((conn, resp))
+    started = time.monotonic()
+    assert router.stop() == 0
+    assert time.monotonic() - started < 5  # not the 30 s grace for calls in flight
+    for conn, resp in streams:
+        while resp.read1(4096):  # each stream ended cleanly
+            pass
+        conn.close()

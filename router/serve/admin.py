@@ -63,18 +63,18 @@ async def state(app, edge) -> None:
 
 
 async def schedule(app, edge) -> None:
-    """`schedule:priority` server-sent events, one per published snapshot, until the client leaves."""
+    """`schedule:priority` server-sent events, one per published snapshot, until the client
+    leaves or the router stops."""
     scheduler = app.shared.scheduler
     queue = scheduler.subscribe()
-    gone = asyncio.Event()
-    watcher = edge.watch_disconnect(gone.set)
+    gone, end_watch = dashboard.until_over(app.shared, edge)
     try:
         await edge.start(200, list(dashboard.SSE_HEADERS))
         while (snapshot := await dashboard.next_snapshot(queue, gone, None)) is not None:
             await edge.write(dashboard.sse_event(b"schedule:priority", snapshot.to_event()))
         await edge.finish()
     finally:
-        watcher.cancel()
+        end_watch()
         scheduler.unsubscribe(queue)
 
 

@@ -55,6 +55,7 @@ class Shared:
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
         self.in_flight = 0
+        self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
 

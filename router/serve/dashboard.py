@@ -12,7 +12,8 @@ Rules:
    `calls` (new route-log rows) every `STREAM_TICK_S`; `series` (the per-box one-second points of
    metrics.CallSeries, the whole history first); `schedule:priority` for each scheduler snapshot
    as it is published. A box that goes offline is shown within one tick, under the health
-   interval of its link (boxes.link.HEALTH_INTERVAL_S).
+   interval of its link (boxes.link.HEALTH_INTERVAL_S). The stream ends when the client leaves
+   or the router stops.
 4. A route-log row on the stream carries metadata only: ids, facade, model and settings, box,
    status, attempts and refusals, times. The store holds no prompt or body to begin with.
 5. Reading the route log is SQLite: it runs in a worker thread, never on the event loop.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Callable
 
 import apsw
 import orjson
@@ -136,8 +138,23 @@ def sse_event(name: bytes, doc) -> bytes:
     return b"event: " + name + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
 
 
+def until_over(shared, edge) -> tuple[asyncio.Event, Callable[[], None]]:
+    """An event set when the client leaves or the router stops (an open stream must not hold
+    up a stop for the whole grace period), and the function that ends the watch."""
+    over = asyncio.Event()
+    watcher = edge.watch_disconnect(over.set)
+    stopping = asyncio.ensure_future(shared.stopping.wait())
+    stopping.add_done_callback(lambda _: over.set())
+
+    def end() -> None:
+        watcher.cancel()
+        stopping.cancel()
+
+    return over, end
+
+
 async def next_snapshot(queue: asyncio.Queue, gone: asyncio.Event, timeout_s: float | None):
-    """The next scheduler snapshot from `queue`; None when the client left or `timeout_s` passed."""
+    """The next scheduler snapshot from `queue`; None once `gone` is set or `timeout_s` passed."""
     getter = asyncio.ensure_future(queue.get())
     left = asyncio.ensure_future(gone.wait())
     await asyncio.wait({getter, left}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
@@ -153,8 +170,7 @@ async def events(app, edge) -> None:
     shared = app.shared
     loop = asyncio.get_running_loop()
     queue = shared.scheduler.subscribe()
-    gone = asyncio.Event()
-    watcher = edge.watch_disconnect(gone.set)
+    gone, end_watch = until_over(shared, edge)
     since = 0  # the last route-log id sent; the first read takes the newest TAIL_ROWS
     series_at = 0.0  # the last series point sent
     try:
@@ -180,5 +196,5 @@ async def events(app, edge) -> None:
                 await edge.write(sse_event(b"schedule:priority", snapshot.to_event()))
         await edge.finish()
     finally:
-        watcher.cancel()
+        end_watch()
         shared.scheduler.unsubscribe(queue)

@@ -109,7 +109,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     for name, port, mount in listeners:
         port = port or free_port(config.host)
         servers.append((name, port, granian_server(RouterApp(shared, mount), config, port)))
-    stopping = asyncio.Event()
+    stopping = shared.stopping
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     serving = [loop.create_task(server.serve()) for _, _, server in servers]
