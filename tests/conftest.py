@@ -25,12 +25,12 @@ class RouterProcess:
     `nofile` caps the process's descriptors (soft and hard RLIMIT_NOFILE)."""
 
     def __init__(self, boxes_path: Path, *extra: str, env: dict | None = None,
-                 nofile: int | None = None) -> None:
+                 nofile: int | None = None, module: str = "router") -> None:
         self.boxes_path = boxes_path
         self.log_path = boxes_path.parent / "router.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "router", "serve", "--port", "auto",
+            [sys.executable, "-m", module, "serve", "--port", "auto",
              "--boxes-file", str(boxes_path), *extra],
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -91,16 +91,16 @@ def write_boxes(path: Path, boxes: list, **per_box: dict) -> Path:
 
 @pytest.fixture
 def start_fleet(tmp_path):
-    """start_fleet(*boxes, extra_args=(), boxes_extra={}, env=None, nofile=None) -> router"""
+    """start_fleet(*boxes, extra_args=(), boxes_extra={}, env=None, nofile=None, module="router") -> router"""
     fleets: list[SimFleet] = []
     routers: list[RouterProcess] = []
 
-    def start(*boxes, extra_args=(), boxes_extra=None, env=None, nofile=None):
+    def start(*boxes, extra_args=(), boxes_extra=None, env=None, nofile=None, module="router"):
         fleet = SimFleet(list(boxes))
         fleet.start()
         fleets.append(fleet)
         path = write_boxes(tmp_path / "boxes.json", list(boxes), **(boxes_extra or {}))
-        router = RouterProcess(path, *extra_args, env=env, nofile=nofile)
+        router = RouterProcess(path, *extra_args, env=env, nofile=nofile, module=module)
         router.fleet = fleet
         routers.append(router)
         return router

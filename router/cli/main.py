@@ -176,6 +176,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="serve HTTPS on every listener with this PEM certificate (chain)")
     parser.add_argument("--ssl-keyfile", type=Path, default=None,
                         help="the PEM private key of --ssl-certfile")
+    parser.add_argument("--otel", action="store_true",
+                        help="export an OpenTelemetry span per call over OTLP (needs the otel extra; "
+                        "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

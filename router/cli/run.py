@@ -41,6 +41,7 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         max_conns_per_client=args.max_conns_per_client,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        otel=args.otel,
     )
 
 

@@ -30,8 +30,10 @@ from router.boxes import config as boxes_config
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
-from router.serve import proxy
+from router.serve import dashboard, proxy
+from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
+from router.serve.metrics import exposition
 from router.store import db
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
@@ -119,87 +121,23 @@ def _query(edge: Edge) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
-def _resident(resident) -> dict:
-    """A resident as 0.0.4 shows one (key, state, healthy, busy, last_used), plus `loading`."""
-    if resident.loading:
-        state = "loading"
-    elif not resident.healthy:
-        state = "error"
-    else:
-        state = "serving" if resident.busy else "idle"
-    return {"key": resident.key, "state": state, "healthy": resident.healthy, "busy": resident.busy,
-            "loading": resident.loading, "last_used": resident.last_used_s}
-
-
-def _box_view(box) -> dict:
-    """A box as GET /v1/boxes shows it: 0.0.4's fields (name, url, online, pool, blocked, with
-    "" for no pool) always present, then this router's. Never the key."""
-    cfg = box.config
-    return {"name": cfg.name, "url": cfg.url, "online": box.online, "pool": cfg.pool or "",
-            "blocked": cfg.blocked, "kind": cfg.kind.value, "store": cfg.store, "agent": cfg.agent,
-            "has_key": cfg.key is not None, "max_inflight": cfg.max_inflight}
-
-
 async def state(app: RouterApp, edge: Edge) -> None:
-    shared = app.shared
-    now_s = asyncio.get_running_loop().time()
-    boxes = []
-    contracts = []
-    for box in shared.fleet.ordered():
-        cfg = box.config
-        link = shared.fleet.links.get(cfg.name)
-        boxes.append({
-            **_box_view(box),
-            "link": link.mode if link is not None else None,
-            "room_gpu": box.inventory.free_gpu_bytes,
-            "models": len(box.catalog),
-            "residents": [_resident(r) for _, r in sorted(box.residents.items())],
-            "catalog_size": len(box.catalog),
-            "free_gpu_bytes": box.inventory.free_gpu_bytes,
-            "pressure": box.pressure,
-            "pending": box.pending,
-            "in_flight": box.in_flight,
-            "max_inflight": box.limit,
-            "limit_source": box.limit_source,
-            "full": box.full,
-            "unreachable": box.unreachable,
-            "cooling": {key: {"seconds_left": round(max(until - now_s, 0.0), 3), "ceiling": ceiling}
-                        for key, (until, ceiling) in box.cooling.items()},
-            "placement_refusals": box.refusals,
-            "reservations": shared.reservations.count(box.index),
-            "contracts": box.contracts,
-        })
-        contracts.extend({"box": cfg.name, "model": model, "options": options}
-                         for model, options in box.contracts.items())
-    await _json(edge, 200, {
-        "generation": shared.scheduler.generation,
-        "boxes": boxes,
-        "contracts": contracts,
-        "queue": shared.admission.snapshot(),
-    })
+    await _json(edge, 200, dashboard.state_doc(app.shared))
 
 
 async def schedule(app: RouterApp, edge: Edge) -> None:
-    """`schedule:priority` server-sent events, one per published snapshot, until the client leaves."""
+    """`schedule:priority` server-sent events, one per published snapshot, until the client
+    leaves or the router stops."""
     scheduler = app.shared.scheduler
     queue = scheduler.subscribe()
-    gone = asyncio.Event()
-    watcher = edge.watch_disconnect(gone.set)
+    gone, end_watch = dashboard.until_over(app.shared, edge)
     try:
-        await edge.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")])
-        while not gone.is_set():
-            getter = asyncio.ensure_future(queue.get())
-            left = asyncio.ensure_future(gone.wait())
-            await asyncio.wait({getter, left}, return_when=asyncio.FIRST_COMPLETED)
-            left.cancel()
-            if not getter.done():
-                getter.cancel()
-                break
-            event = orjson.dumps(getter.result().to_event())
-            await edge.write(b"event: schedule:priority\ndata: " + event + b"\n\n")
+        await edge.start(200, list(dashboard.SSE_HEADERS))
+        while (snapshot := await dashboard.next_snapshot(queue, gone, None)) is not None:
+            await edge.write(dashboard.sse_event(b"schedule:priority", snapshot.to_event()))
         await edge.finish()
     finally:
-        watcher.cancel()
+        end_watch()
         scheduler.unsubscribe(queue)
 
 
@@ -304,7 +242,7 @@ async def revoke(app: RouterApp, edge: Edge) -> None:
 
 async def boxes(app: RouterApp, edge: Edge) -> None:
     shared = app.shared
-    await _json(edge, 200, {"boxes": [_box_view(box) for box in shared.fleet.ordered()]})
+    await _json(edge, 200, {"boxes": [box_view(box) for box in shared.fleet.ordered()]})
 
 
 async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int = 200) -> None:
@@ -329,7 +267,7 @@ async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int
     if box is None:
         await _json(edge, status, {"name": name, "removed": True})
         return
-    await _json(edge, 201 if result is True else status, _box_view(box))
+    await _json(edge, 201 if result is True else status, box_view(box))
 
 
 async def box_put(app: RouterApp, edge: Edge) -> None:
@@ -436,9 +374,8 @@ async def relay(app: RouterApp, edge: Edge) -> None:
 
 
 async def metrics(app: RouterApp, edge: Edge) -> None:
-    shared = app.shared
-    body = shared.metrics.render(shared.fleet.ordered(), shared.reservations, shared.route_log, shared.admission)
-    await edge.respond(200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
+    body, content_type = exposition(app.shared.scraped, edge.header("accept"))
+    await edge.respond(200, [(b"content-type", content_type)], body)
 
 
 EXACT: dict[tuple[str, str], Handler] = {
@@ -450,6 +387,8 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/boxes"): boxes,
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
+    ("GET", "/v1/router/events"): dashboard.events,
+    **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
 
 
@@ -464,10 +403,11 @@ BOX_ROUTES: dict[tuple[str, str], Handler] = {
 
 def route(method: str, path: str) -> tuple[Handler, str] | None:
     """(handler, access scope) for a router-owned route, or None. `/metrics` is a use route:
-    scrapers inside the trusted nets need no key."""
+    scrapers inside the trusted nets need no key. The dashboard's files are `public`: they hold
+    no data (dashboard.py rule 1), and what they show comes from an admin route."""
     handler = EXACT.get((method, path))
     if handler is not None:
-        return handler, ("use" if handler is metrics else "admin")
+        return handler, ("use" if handler is metrics else "public" if handler is dashboard.ui else "admin")
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/revoke"):
         return revoke, "admin"
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/priority"):

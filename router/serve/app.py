@@ -24,7 +24,7 @@ from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
 from router.serve.edge import AsgiEdge, Edge, RsgiEdge
-from router.serve.metrics import Metrics
+from router.serve.metrics import Metrics, registry as metrics_registry
 from router.serve.proxy import CallClock, ProxyCall, RelayAborted
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -53,12 +53,15 @@ class Shared:
         self.access = AccessGate(keys)
         self.metrics = Metrics()
         self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
+        self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.clock = CallClock(self.admission.sweep)
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
+        self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -102,7 +105,7 @@ class RouterApp:
             owned = admin.route(edge.method, edge.path) if self.admin else None
             if owned is not None:
                 handler, scope = owned
-                if await self.allowed(edge, facade, scope):
+                if scope == "public" or await self.allowed(edge, facade, scope):
                     await handler(self, edge)
                 return
             route, known = facade.route(edge.method, edge.path)
@@ -140,9 +143,13 @@ class RouterApp:
     def observe(self, call: ProxyCall) -> None:
         """A call ended: its route_log row and its metrics."""
         shared = self.shared
-        shared.route_log.record(call.row())
+        row = call.row()
+        shared.route_log.record(row)
+        if shared.tracer is not None:  # tracing off: this check is all a call pays
+            shared.tracer.record(call, row)
         metrics = shared.metrics
-        metrics.calls[(call.facade.name, call.box.name if call.box else "", call.status)] += 1
+        facade, box = call.facade.name, call.box.name if call.box else ""
+        metrics.calls[(facade, box, call.status)] += 1
         for attempt in call.attempts:
             refusal = attempt.get("refusal")
             if refusal is not None:
@@ -150,9 +157,9 @@ class RouterApp:
         if call.state == "refused":
             metrics.refused[call.facade.name] += 1
         now = time.perf_counter()
-        metrics.duration.observe(now - call.t_received)
+        metrics.duration[(facade, box)].observe(now - call.t_received)
         if call.t_first_byte:
-            metrics.ttfb.observe(call.t_first_byte - call.t_received)
+            metrics.ttfb[(facade, box)].observe(call.t_first_byte - call.t_received)
         if call.t_sent:
             metrics.overhead.observe(call.t_sent - call.t_body)
         if call.waited_ms is not None:

@@ -1,19 +1,52 @@
-"""`GET /metrics` in Prometheus text format (exposition format 0.0.4).
+"""`GET /metrics`: the router's counters, exposed through `prometheus_client` at scrape time.
 
-Counters and histograms are plain dicts and lists bumped on the event loop when a call ends
-(no locks: one thread); gauges (in flight, reservations, pressure, route-log backlog) are read
-at scrape time from the objects that own them.
+Rules:
+1. A call pays only for plain dicts and lists bumped on the event loop when it ends (no locks:
+   one thread). `prometheus_client` never sees a call: `RouterCollector.collect()` reads those
+   dicts when a scraper asks, and the gauges (in flight, reservations, pressure, route-log
+   backlog) from the objects that own them.
+2. The registry also holds the library's standard process, platform and GC collectors
+   (`process_*`, `python_*`), and the answer is Prometheus text or OpenMetrics as the scraper's
+   `Accept` asks (`prometheus_client.exposition.choose_encoder`).
+3. Names follow the Prometheus conventions: a `router_` prefix, base units in the name
+   (`_seconds`), `_total` on counters, `_info` on the build's info metric. The latency and
+   first-byte histograms are labelled by `facade` and `box` ("" when no box took the call).
+4. `CallSeries` keeps the last `SERIES_POINTS` one-second points per box (calls, errors,
+   first-byte and latency p50/p99, read off the histograms' bucket counts) for the dashboard;
+   `sample_calls` adds one point a second. It reads the same dicts, so it costs a call nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-from collections import defaultdict
+import platform
+import time
+from collections import defaultdict, deque
+from importlib import metadata
 
-# Seconds: from a warm answer (ms) to a cold load (minutes).
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
+from prometheus_client.exposition import choose_encoder
+
+import router
+
+# Seconds: from a warm answer (ms) to a cold load (minutes). The 1 and 2.5 ms buckets resolve a
+# front door's own answers (a refusal, a bad request) from a warm box's.
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300
+)
 # The router's own share before the box is contacted: tens of µs when healthy.
 OVERHEAD_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+# The dashboard's plots: five minutes of one-second points.
+SERIES_STEP_S = 1.0
+SERIES_POINTS = 300
+LOOP_WATCH_INTERVAL_S = 0.01
 
 
 class Histogram:
@@ -21,7 +54,7 @@ class Histogram:
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
+        self.counts = [0] * (len(buckets) + 1)  # per bucket, not cumulative; the last is +Inf
         self.total = 0.0
         self.count = 0
 
@@ -30,29 +63,117 @@ class Histogram:
         self.total += value
         self.count += 1
 
-    def render(self, name: str, help_text: str) -> list[str]:
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        running = 0
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, cumulative count) pairs, +Inf last, as a histogram family takes them."""
+        pairs, running = [], 0
         for bound, count in zip(self.buckets, self.counts):
             running += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {running}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{name}_sum {self.total}")
-        lines.append(f"{name}_count {self.count}")
-        return lines
+            pairs.append((repr(float(bound)), running))
+        pairs.append(("+Inf", self.count))
+        return pairs
 
 
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class ByCall(dict):
+    """Histograms keyed by (facade, box), made on first use."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        super().__init__()
+        self.buckets = buckets
+
+    def __missing__(self, key: tuple[str, str]) -> Histogram:
+        histogram = self[key] = Histogram(self.buckets)
+        return histogram
 
 
-LOOP_WATCH_INTERVAL_S = 0.01
+class Metrics:
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str, int], int] = defaultdict(int)  # (facade, box, status)
+        self.failovers: dict[str, int] = defaultdict(int)
+        self.refused: dict[str, int] = defaultdict(int)
+        self.ttfb = ByCall(LATENCY_BUCKETS_S)
+        self.duration = ByCall(LATENCY_BUCKETS_S)
+        self.overhead = Histogram(OVERHEAD_BUCKETS_S)
+        self.queue_wait = Histogram(LATENCY_BUCKETS_S)  # calls that waited for a box with room
+        self.loop_stall_max_s = 0.0  # the longest the event loop was late (watch_loop)
+        self.series = CallSeries(self)
 
 
-async def watch_loop(metrics: "Metrics") -> None:
+def quantile(q: float, bounds: tuple[float, ...], counts: list[int]) -> float | None:
+    """The q-quantile of per-bucket `counts` (the last one +Inf), interpolated linearly inside
+    its bucket as Prometheus' histogram_quantile does; a rank in the +Inf bucket answers the
+    highest finite bound. None when there are no observations."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = q * total
+    running = 0
+    for index, count in enumerate(counts):
+        if count and running + count >= rank:
+            if index == len(bounds):
+                return bounds[-1]
+            lower = bounds[index - 1] if index else 0.0
+            return lower + (bounds[index] - lower) * (rank - running) / count
+        running += count
+    return bounds[-1]
+
+
+class CallSeries:
+    """One point a second per box (rule 4): what the dashboard plots."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.points: deque[dict] = deque(maxlen=SERIES_POINTS)
+        self._last: dict[str, tuple] = {}  # box -> cumulative (calls, errors, ttfb, duration)
+
+    def _cumulative(self) -> dict[str, tuple[int, int, list[int], list[int]]]:
+        metrics = self.metrics
+        width = len(LATENCY_BUCKETS_S) + 1
+        per_box: dict[str, list] = {}
+        for (_, box, status), count in metrics.calls.items():
+            entry = per_box.setdefault(box, [0, 0, [0] * width, [0] * width])
+            entry[0] += count
+            if status >= 500:
+                entry[1] += count
+        for slot, by_call in ((2, metrics.ttfb), (3, metrics.duration)):
+            for (_, box), histogram in by_call.items():
+                entry = per_box.setdefault(box, [0, 0, [0] * width, [0] * width])
+                entry[slot] = [a + b for a, b in zip(entry[slot], histogram.counts)]
+        return {box: tuple(entry) for box, entry in per_box.items()}
+
+    def sample(self, at_s: float) -> dict:
+        """Adds and returns the point for the second ending at `at_s` (wall clock)."""
+        now = self._cumulative()
+        boxes = {}
+        for box, (calls, errors, ttfb, duration) in now.items():
+            last = self._last.get(box)
+            if last is not None:
+                calls -= last[0]
+                errors -= last[1]
+                ttfb = [a - b for a, b in zip(ttfb, last[2])]
+                duration = [a - b for a, b in zip(duration, last[3])]
+            boxes[box] = {
+                "calls": calls,
+                "errors": errors,
+                "ttfb_p50_s": quantile(0.5, LATENCY_BUCKETS_S, ttfb),
+                "ttfb_p99_s": quantile(0.99, LATENCY_BUCKETS_S, ttfb),
+                "latency_p50_s": quantile(0.5, LATENCY_BUCKETS_S, duration),
+                "latency_p99_s": quantile(0.99, LATENCY_BUCKETS_S, duration),
+            }
+        self._last = now
+        point = {"at": round(at_s, 3), "step_s": SERIES_STEP_S, "boxes": boxes}
+        self.points.append(point)
+        return point
+
+
+async def sample_calls(metrics: Metrics) -> None:
+    """Adds a CallSeries point every SERIES_STEP_S."""
+    while True:
+        await asyncio.sleep(SERIES_STEP_S)
+        metrics.series.sample(time.time())
+
+
+async def watch_loop(metrics: Metrics) -> None:
     """Sleeps in short steps and records how late each wake-up was: a blocked loop shows."""
-    import asyncio
-
     loop = asyncio.get_running_loop()
     while True:
         before = loop.time()
@@ -62,62 +183,123 @@ async def watch_loop(metrics: "Metrics") -> None:
             metrics.loop_stall_max_s = late
 
 
-class Metrics:
-    def __init__(self) -> None:
-        self.calls: dict[tuple[str, str, int], int] = defaultdict(int)
-        self.failovers: dict[str, int] = defaultdict(int)
-        self.refused: dict[str, int] = defaultdict(int)
-        self.ttfb = Histogram(LATENCY_BUCKETS_S)
-        self.duration = Histogram(LATENCY_BUCKETS_S)
-        self.overhead = Histogram(OVERHEAD_BUCKETS_S)
-        self.queue_wait = Histogram(LATENCY_BUCKETS_S)
-        self.loop_stall_max_s = 0.0  # the longest the event loop was late (LoopWatch)
+def _build_labels() -> dict[str, str]:
+    try:
+        granian = metadata.version("granian")
+    except metadata.PackageNotFoundError:
+        granian = ""
+    return {"version": router.__version__, "python": platform.python_version(), "granian": granian}
 
-    def render(self, boxes, reservations, route_log, admission) -> bytes:
-        lines: list[str] = []
 
-        def family(name: str, kind: str, help_text: str, samples) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            for labels, value in samples:
-                text = ",".join(f'{k}="{_label(v)}"' for k, v in labels)
-                lines.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
+class RouterCollector:
+    """Reads the router's own dicts and gauges at scrape time (rule 1)."""
 
-        family("router_calls_total", "counter", "Calls by facade, box and HTTP status.",
-               [((("facade", f), ("box", b), ("status", s)), n) for (f, b, s), n in sorted(self.calls.items())])
-        family("router_failovers_total", "counter", "Boxes that refused a call before its first byte, by reason.",
-               [((("reason", r),), n) for r, n in sorted(self.failovers.items())])
-        family("router_no_box_total", "counter", "Calls no box could take, by facade.",
-               [((("facade", f),), n) for f, n in sorted(self.refused.items())])
-        family("router_in_flight", "gauge", "The router's calls on each box now.",
-               [((("box", b.name),), b.in_flight) for b in boxes])
-        family("router_reservations", "gauge", "Reservations counted on each box since the last snapshot.",
-               [((("box", b.name),), reservations.count(b.index)) for b in boxes])
-        family("router_pressure", "gauge", "GPU pressure 0-3 of each box in the last snapshot.",
-               [((("box", b.name),), b.pressure) for b in boxes])
-        family("router_box_online", "gauge", "1 when the box's health check passes.",
-               [((("box", b.name),), int(b.online)) for b in boxes])
-        family("router_box_full", "gauge", "1 while the box is at its in-flight limit.",
-               [((("box", b.name),), int(b.full)) for b in boxes])
-        family("router_box_cooling_models", "gauge",
-               "Models the box refused to place lately (full for them during the back-off).",
-               [((("box", b.name),), len(b.cooling)) for b in boxes])
-        family("router_box_unreachable", "gauge", "1 while a connect failure keeps the box out.",
-               [((("box", b.name),), int(b.unreachable)) for b in boxes])
-        family("router_queue_depth", "gauge", "Calls waiting for a box with room, by model and class.",
-               [((("model", m), ("class", c)), n) for (m, c), n in sorted(admission.depth().items())])
-        family("router_queue_outcomes_total", "counter",
-               "Calls that waited, by outcome (admitted, queue_full: 429, queue_timeout: 503, left).",
-               [((("outcome", o),), n) for o, n in sorted(admission.outcomes.items())])
+    def __init__(self, metrics: Metrics, fleet, reservations, route_log, admission) -> None:
+        self.metrics = metrics
+        self.fleet = fleet
+        self.reservations = reservations
+        self.route_log = route_log
+        self.admission = admission
+        self.build = _build_labels()
+
+    def collect(self):
+        metrics, route_log = self.metrics, self.route_log
+        boxes = self.fleet.ordered()
+        build = InfoMetricFamily("router_build", "The router's version and what it runs on.")
+        build.add_metric([], self.build)
+        yield build
+        calls = CounterMetricFamily("router_calls", "Calls by facade, box and HTTP status.",
+                                    labels=["facade", "box", "status"])
+        for (facade, box, status), count in sorted(metrics.calls.items()):
+            calls.add_metric([facade, box, str(status)], count)
+        yield calls
+        failovers = CounterMetricFamily(
+            "router_failovers", "Boxes that refused a call before its first byte, by reason.", labels=["reason"])
+        for reason, count in sorted(metrics.failovers.items()):
+            failovers.add_metric([reason], count)
+        yield failovers
+        no_box = CounterMetricFamily("router_no_box", "Calls no box could take, by facade.", labels=["facade"])
+        for facade, count in sorted(metrics.refused.items()):
+            no_box.add_metric([facade], count)
+        yield no_box
+        for name, help_text, value in (
+            ("router_in_flight", "The router's calls on each box now.", lambda b: b.in_flight),
+            ("router_reservations", "Reservations counted on each box since the last snapshot.",
+             lambda b: self.reservations.count(b.index)),
+            ("router_pressure", "GPU pressure 0-3 of each box in the last snapshot.", lambda b: b.pressure),
+            ("router_box_online", "1 when the box's health check passes.", lambda b: int(b.online)),
+            ("router_box_full", "1 while the box is at its in-flight limit.", lambda b: int(b.full)),
+            ("router_box_cooling_models", "Models the box refused to place lately (full for them during the back-off).",
+             lambda b: len(b.cooling)),
+            ("router_box_unreachable", "1 while a connect failure keeps the box out.", lambda b: int(b.unreachable)),
+        ):
+            family = GaugeMetricFamily(name, help_text, labels=["box"])
+            for box in boxes:
+                family.add_metric([box.name], value(box))
+            yield family
         backlog = route_log.queued - route_log.written - route_log.dropped
-        family("router_route_log_queue", "gauge", "Route-log rows waiting for the writer.", [((), backlog)])
-        family("router_route_log_write_lag_seconds", "gauge", "How long the last flushed row waited.",
-               [((), route_log.last_flush_lag_s)])
-        family("router_loop_stall_max_seconds", "gauge",
-               "The longest the event loop ran late since start (nothing may block it).",
-               [((), self.loop_stall_max_s)])
-        lines += self.ttfb.render("router_time_to_first_byte_seconds", "From call received to first byte sent.")
-        lines += self.duration.render("router_call_duration_seconds", "From call received to call end.")
-        lines += self.queue_wait.render("router_queue_wait_seconds", "Time a call waited for a box with room.")
-        lines += self.overhead.render("router_overhead_seconds", "Router time from body read to the box contacted.")
-        return ("\n".join(lines) + "\n").encode()
+        yield GaugeMetricFamily("router_route_log_queue", "Route-log rows waiting for the writer.", value=backlog)
+        dropped = CounterMetricFamily(
+            "router_route_log_dropped_rows",
+            "Route-log rows never written: write_failed (the store refused the row), "
+            "backlog_full (shed while the writer was behind).",
+            labels=["reason"],
+        )
+        dropped.add_metric(["write_failed"], route_log.dropped)
+        dropped.add_metric(["backlog_full"], route_log.shed)
+        yield dropped
+        yield GaugeMetricFamily("router_route_log_write_lag_seconds", "How long the last flushed row waited.",
+                                value=route_log.last_flush_lag_s, unit="seconds")
+        yield GaugeMetricFamily("router_loop_stall_max_seconds",
+                                "The longest the event loop ran late since start (nothing may block it).",
+                                value=metrics.loop_stall_max_s, unit="seconds")
+        for name, help_text, by_call in (
+            ("router_time_to_first_byte_seconds",
+             "From call received to its first byte sent (a stream's first judged frame).", metrics.ttfb),
+            ("router_call_duration_seconds", "From call received to call end.", metrics.duration),
+        ):
+            family = HistogramMetricFamily(name, help_text, labels=["facade", "box"], unit="seconds")
+            for (facade, box), histogram in sorted(by_call.items()):
+                family.add_metric([facade, box], histogram.cumulative(), histogram.total)
+            yield family
+        overhead = HistogramMetricFamily("router_overhead_seconds", "Router time from body read to the box contacted.",
+                                         unit="seconds")
+        overhead.add_metric([], metrics.overhead.cumulative(), metrics.overhead.total)
+        yield overhead
+        depth = GaugeMetricFamily("router_queue_depth", "Calls waiting for a box with room, by model and class.",
+                                  labels=["model", "class"])
+        for (model, priority), count in sorted(self.admission.depth().items()):
+            depth.add_metric([model, priority], count)
+        yield depth
+        outcomes = CounterMetricFamily(
+            "router_queue_outcomes",
+            "Calls that waited, by outcome (admitted, queue_full: 429, queue_timeout: 503, left).",
+            labels=["outcome"])
+        for outcome, count in sorted(self.admission.outcomes.items()):
+            outcomes.add_metric([outcome], count)
+        yield outcomes
+        wait = HistogramMetricFamily("router_queue_wait_seconds", "Time a call waited for a box with room.",
+                                     unit="seconds")
+        wait.add_metric([], metrics.queue_wait.cumulative(), metrics.queue_wait.total)
+        yield wait
+
+
+def registry(metrics: Metrics, fleet, reservations, route_log, admission) -> CollectorRegistry:
+    """The router's collector beside the standard process, platform and GC ones (rule 2)."""
+    scraped = CollectorRegistry()
+    scraped.register(RouterCollector(metrics, fleet, reservations, route_log, admission))
+    ProcessCollector(registry=scraped)
+    PlatformCollector(registry=scraped)
+    GCCollector(registry=scraped)
+    return scraped
+
+
+def exposition(scraped: CollectorRegistry, accept: str | None) -> tuple[bytes, bytes]:
+    """(body, content type) in the format `accept` asks for: OpenMetrics or Prometheus text.
+
+    Runs on the event loop: the process collector reads /proc, which is memory, not disk, and
+    a scrape of 24 facade-box pairs took 1.3 ms to collect and 6 ms to encode as text here
+    (timeit), every scrape interval. Encoding in a worker thread would hold the GIL as long.
+    """
+    encode, content_type = choose_encoder(accept or "")
+    return encode(scraped), content_type.encode()

@@ -274,6 +274,7 @@ class ProxyCall:
         "t_sent",
         "t_first_byte",
         "delivered",
+        "tail",
         # the CallClock's view (rule 5)
         "task",
         "started_s",
@@ -320,6 +321,7 @@ class ProxyCall:
         self.t_sent = 0.0  # the first box was contacted
         self.t_first_byte = 0.0
         self.delivered = False  # the stream's end (`data: [DONE]`) reached the client
+        self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for a trace's token usage
         self.task: asyncio.Task | None = None
         self.started_s = 0.0  # loop time when the call began
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
@@ -863,6 +865,7 @@ class ProxyCall:
             exchange.disarm()
             self.life.fire(Event.JUDGED)
             self.commit(box, status)
+            self.tail = (data,)
             await self.respond(status, self.client_headers(exchange.headers), data)
             return
         # The first body bytes are in before the head goes out: a box that breaks its framing
@@ -940,7 +943,7 @@ class ProxyCall:
         waits for the client (ASGI). The head has been sent."""
         edge = self.edge
         try:
-            data = first
+            data, last = first, b""
             while True:
                 if data:
                     self.bytes_out += len(data)
@@ -958,7 +961,8 @@ class ProxyCall:
                 if scanner is not None:
                     for chunk in chunks:
                         scanner.feed(chunk)
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                last, data = data, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.tail = (last, data)
             await edge.finish()
         except ClientLeft:
             self.client_left()

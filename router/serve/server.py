@@ -50,9 +50,10 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.core.errors import ConfigError
 from router.facades import mounts
+from router.serve import tracing
 from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap
-from router.serve.metrics import watch_loop
+from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
@@ -100,6 +101,7 @@ class ServeConfig:
     @property
     def scheme(self) -> str:
         return "https" if self.ssl_certfile else "http"
+    otel: bool = False  # export a span per call (also on with OTEL_EXPORTER_OTLP_ENDPOINT)
 
 
 def free_port(host: str) -> int:
@@ -202,6 +204,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     check_tls(config)
     max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
     loop = asyncio.get_running_loop()
+    tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     reservations = Reservations()
     fleet = Fleet(config.boxes_path, reservations)
     telemetry = TelemetryCache()
@@ -241,7 +244,9 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         queue_timeout_s=config.queue_timeout_s,
         stream_keepalive_s=config.stream_keepalive_s,
     )
+    shared.tracer = tracer
     loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
+    call_series = loop.create_task(sample_calls(shared.metrics), name="call-series")
     shared.clock.start()
     servers = [
         (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))
@@ -252,7 +257,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         shared.access.proxies,
     )
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
-    stopping = asyncio.Event()
+    stopping = shared.stopping
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     serving = [loop.create_task(server.serve()) for _, _, server in servers]
@@ -288,7 +293,10 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     conn_cap_task.cancel()
     key_upkeep.cancel()
     loop_watch.cancel()
+    call_series.cancel()
     await loop.run_in_executor(None, route_log.stop)  # flushes every row
+    if tracer is not None:
+        await loop.run_in_executor(None, tracer.flush)  # exports what is queued, bounded
     await loop.run_in_executor(None, keys.flush_last_used, time.time())
     keys.close()
     await scheduler.stop()

@@ -1,0 +1,221 @@
+"""What the operator sees: the fleet's state document, the dashboard's event stream and the
+dashboard's files (`GET /ui`).
+
+Rules:
+1. The files under `ui/` are read once, at import, and served from memory: a shell of HTML, CSS
+   and JS with no data in it, so it is served to anyone (a browser cannot send a key with a
+   page load), with a Content-Security-Policy that allows only this origin and no inline script.
+2. Everything the page shows comes from `GET /v1/router/events`, an admin route: loopback
+   without a key, anyone else with an admin key that the page sends as `Authorization: Bearer`
+   (read with fetch(), since EventSource cannot send a header). It is read-only.
+3. The stream is server-sent events: `state` (the same document as `GET /v1/router/state`) and
+   `calls` (new route-log rows) every `STREAM_TICK_S`; `series` (the per-box one-second points of
+   metrics.CallSeries, the whole history first); `schedule:priority` for each scheduler snapshot
+   as it is published. A box that goes offline is shown within one tick, under the health
+   interval of its link (boxes.link.HEALTH_INTERVAL_S). The stream ends when the client leaves
+   or the router stops.
+4. A route-log row on the stream carries metadata only: ids, facade, model and settings, box,
+   status, attempts and refusals, times. The store holds no prompt or body to begin with.
+5. Reading the route log is SQLite: it runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Callable
+
+import apsw
+import orjson
+
+from router.store import db
+
+UI_DIR = Path(__file__).parent / "ui"
+UI_FILES = {
+    "/ui": ("index.html", b"text/html; charset=utf-8"),
+    "/ui/": ("index.html", b"text/html; charset=utf-8"),
+    "/ui/app.js": ("app.js", b"text/javascript; charset=utf-8"),
+    "/ui/style.css": ("style.css", b"text/css; charset=utf-8"),
+    "/ui/favicon.svg": ("favicon.svg", b"image/svg+xml"),
+}
+_UI_BODIES = {path: (UI_DIR / name).read_bytes() for path, (name, _) in UI_FILES.items()}
+UI_HEADERS = (
+    (b"cache-control", b"no-cache"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+     b"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+)
+
+# Once a second: under a link's 2 s health interval, and what a person reads at.
+STREAM_TICK_S = 1.0
+# Route-log rows sent when the page connects, and at most per tick after (the newest win: a
+# page is a view of the recent calls, not an export; GET /v1/telemetry pages through all).
+TAIL_ROWS = 100
+TAIL_COLUMNS = (
+    "id", "request_id", "facade", "route", "model", "options", "pin", "box", "http_status", "state",
+    "error", "stream", "attempts", "received_at", "first_byte_at", "responded_at", "bytes_in", "bytes_out",
+)
+_TAIL_SQL = (
+    f"SELECT {', '.join(TAIL_COLUMNS)} FROM route_log WHERE id > ? ORDER BY id DESC LIMIT ?"
+)
+SSE_HEADERS = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
+
+
+async def ui(app, edge) -> None:
+    content_type = UI_FILES[edge.path][1]
+    await edge.respond(200, [(b"content-type", content_type), *UI_HEADERS], _UI_BODIES[edge.path])
+
+
+def _resident(key: str, resident, box) -> dict:
+    """A resident as 0.0.4 shows one (key, state, healthy, busy, last_used), plus `loading` and
+    the settings this router last sent the box for it (`settings_sent`: whether it sent any)."""
+    if resident.loading:
+        state = "loading"
+    elif not resident.healthy:
+        state = "error"
+    else:
+        state = "serving" if resident.busy else "idle"
+    return {"key": key, "state": state, "healthy": resident.healthy, "busy": resident.busy,
+            "loading": resident.loading, "last_used": resident.last_used_s,
+            "settings": box.contracts.get(key), "settings_sent": key in box.contracts}
+
+
+def box_view(box) -> dict:
+    """A box as GET /v1/boxes shows it: 0.0.4's fields (name, url, online, pool, blocked, with
+    "" for no pool) always present, then this router's. Never the key."""
+    cfg = box.config
+    return {"name": cfg.name, "url": cfg.url, "online": box.online, "pool": cfg.pool or "",
+            "blocked": cfg.blocked, "kind": cfg.kind.value, "store": cfg.store, "agent": cfg.agent,
+            "has_key": cfg.key is not None, "max_inflight": cfg.max_inflight}
+
+
+def state_doc(shared) -> dict:
+    """The fleet as the operator sees it (`GET /v1/router/state`, the dashboard's `state`): every
+    box with 0.0.4's fields, its load, limits and back-offs, its residents with the settings this
+    router last sent; the union of models with where each is resident; the wait queue."""
+    now = asyncio.get_running_loop().time()
+    boxes, models, contracts = [], {}, []
+    for box in shared.fleet.ordered():
+        cfg = box.config
+        for key in box.catalog:
+            models.setdefault(key, {"model": key, "resident_on": [], "available_on": []})["available_on"].append(cfg.name)
+        for key in box.residents:
+            models.setdefault(key, {"model": key, "resident_on": [], "available_on": []})["resident_on"].append(cfg.name)
+        link = shared.fleet.links.get(cfg.name)
+        boxes.append({
+            **box_view(box),
+            "link": link.mode if link is not None else None,
+            "health_age_s": round(now - box.last_ok_s, 1) if box.last_ok_s else None,
+            "room_gpu": box.inventory.free_gpu_bytes,
+            "models": len(box.catalog),
+            "residents": [_resident(key, r, box) for key, r in sorted(box.residents.items())],
+            "catalog_size": len(box.catalog),
+            "free_gpu_bytes": box.inventory.free_gpu_bytes,
+            "pressure": box.pressure,
+            "pending": box.pending,
+            "in_flight": box.in_flight,
+            "max_inflight": box.limit,
+            "limit_source": box.limit_source,
+            "full": box.full,
+            "unreachable": box.unreachable,
+            "cooling": {key: {"seconds_left": round(max(until - now, 0.0), 3), "ceiling": ceiling}
+                        for key, (until, ceiling) in box.cooling.items()},
+            "placement_refusals": box.refusals,
+            "reservations": shared.reservations.count(box.index),
+            "contracts": box.contracts,
+        })
+        contracts.extend({"box": cfg.name, "model": model, "options": options}
+                         for model, options in box.contracts.items())
+    return {
+        "generation": shared.scheduler.generation,
+        "boxes": boxes,
+        "contracts": contracts,
+        "models": [models[key] for key in sorted(models)],
+        "queue": shared.admission.snapshot(),
+    }
+
+
+def _route_log_tail(path, since: int, limit: int) -> list[dict]:
+    """The newest `limit` rows after `since`, oldest first (rule 4). Raises apsw.Error."""
+    conn = db.connect(path)
+    try:
+        rows = list(conn.execute(_TAIL_SQL, (since, limit)))
+    finally:
+        conn.close()
+    tail = []
+    for values in reversed(rows):
+        row = dict(zip(TAIL_COLUMNS, values))
+        if isinstance(row["attempts"], str):
+            row["attempts"] = orjson.loads(row["attempts"])
+        tail.append(row)
+    return tail
+
+
+def sse_event(name: bytes, doc) -> bytes:
+    return b"event: " + name + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
+
+
+def until_over(shared, edge) -> tuple[asyncio.Event, Callable[[], None]]:
+    """An event set when the client leaves or the router stops (an open stream must not hold
+    up a stop for the whole grace period), and the function that ends the watch."""
+    over = asyncio.Event()
+    watcher = edge.watch_disconnect(over.set)
+    stopping = asyncio.ensure_future(shared.stopping.wait())
+    stopping.add_done_callback(lambda _: over.set())
+
+    def end() -> None:
+        watcher.cancel()
+        stopping.cancel()
+
+    return over, end
+
+
+async def next_snapshot(queue: asyncio.Queue, gone: asyncio.Event, timeout_s: float | None):
+    """The next scheduler snapshot from `queue`; None once `gone` is set or `timeout_s` passed."""
+    getter = asyncio.ensure_future(queue.get())
+    left = asyncio.ensure_future(gone.wait())
+    await asyncio.wait({getter, left}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    left.cancel()
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    return None
+
+
+async def events(app, edge) -> None:
+    """The dashboard's stream (rule 3), until the client leaves."""
+    shared = app.shared
+    loop = asyncio.get_running_loop()
+    queue = shared.scheduler.subscribe()
+    gone, end_watch = until_over(shared, edge)
+    since = 0  # the last route-log id sent; the first read takes the newest TAIL_ROWS
+    series_at = 0.0  # the last series point sent
+    try:
+        await edge.start(200, list(SSE_HEADERS))
+        next_tick = loop.time()
+        while not gone.is_set():
+            if loop.time() >= next_tick:
+                next_tick = loop.time() + STREAM_TICK_S
+                points = [p for p in shared.metrics.series.points if p["at"] > series_at]
+                if points or not series_at:
+                    series_at = points[-1]["at"] if points else time.time()
+                    await edge.write(sse_event(b"series", {"points": points}))
+                await edge.write(sse_event(b"state", state_doc(shared)))
+                try:
+                    rows = await loop.run_in_executor(None, _route_log_tail, shared.store_path, since, TAIL_ROWS)
+                except apsw.Error:
+                    rows = []  # the store is busy or gone: the next tick tries again
+                if rows:
+                    since = rows[-1]["id"]
+                    await edge.write(sse_event(b"calls", {"rows": rows}))
+            snapshot = await next_snapshot(queue, gone, max(0.0, next_tick - loop.time()))
+            if snapshot is not None:
+                await edge.write(sse_event(b"schedule:priority", snapshot.to_event()))
+        await edge.finish()
+    finally:
+        end_watch()
+        shared.scheduler.unsubscribe(queue)

@@ -1,0 +1,397 @@
+// The router's dashboard: one admin event stream (GET /v1/router/events), read with fetch() so
+// that a key can go in the Authorization header (EventSource cannot send one). Read-only: it
+// never sends anything but that GET. Every value from the router is put in the page as text
+// (textContent), never as HTML: box and model names come from boxes and callers.
+"use strict";
+
+const KEY_ITEM = "router.adminKey"; // sessionStorage: this tab only, gone when it closes
+const EVENTS_PATH = "/v1/router/events";
+const RETRY_MS = 2000;
+const STALE_MS = 3500; // the router sends the state every second
+const MAX_CALLS = 200;
+const MAX_SNAPSHOTS = 30;
+const MAX_POINTS = 300; // five minutes of one-second points, as the router keeps
+const MIN_PLOT_POINTS = 60; // a plot spans at least a minute, so a fresh page does not stretch 3 points
+const LABEL_POINTS = 10; // the numbers beside a plot: the last ten seconds
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+const view = { points: [], boxes: [], snapshots: [], snapshotTimes: [], lastEventAt: 0, connecting: false };
+
+// --- building the page ---------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null) continue;
+    if (name === "class") node.className = value;
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) {
+    if (child === undefined || child === null) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function tag(text, cls) {
+  return el("span", { class: "tag " + cls }, text);
+}
+
+function replaceRows(tbody, rows) {
+  tbody.replaceChildren(...rows);
+}
+
+function ms(seconds) {
+  if (seconds === null || seconds === undefined) return "—";
+  const value = seconds * 1000;
+  return value < 10 ? value.toFixed(1) + " ms" : value < 10000 ? Math.round(value) + " ms" : (value / 1000).toFixed(1) + " s";
+}
+
+function bytes(count) {
+  if (count === null || count === undefined) return "—";
+  const gib = count / 1024 ** 3;
+  return gib >= 1 ? gib.toFixed(1) + " GiB" : Math.round(count / 1024 ** 2) + " MiB";
+}
+
+function clock(epochSeconds) {
+  return new Date(epochSeconds * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+function boxLabel(name) {
+  return name === "" ? "no box" : name;
+}
+
+// --- the boxes, the models -------------------------------------------------------------------
+
+function settingsText(resident) {
+  if (resident.settings) return "settings " + resident.settings;
+  return resident.settings_sent ? "default settings" : "default settings (none sent by this router yet)";
+}
+
+function residentCell(box) {
+  if (!box.residents.length) return el("td", { class: "muted" }, "none");
+  return el("td", {}, ...box.residents.map((resident) => el("span", { class: "resident", "data-model": resident.key },
+    el("span", { class: "mono" }, resident.key), " ",
+    el("span", { class: "settings", "data-settings": resident.settings || "" }, settingsText(resident)), " ",
+    resident.loading ? tag("loading", "loading") : null,
+    resident.busy ? tag("busy", "busy") : null,
+    resident.healthy ? null : tag("unhealthy", "unhealthy"))));
+}
+
+function statusCell(box) {
+  const word = box.online ? "online" : "offline";
+  const cell = el("td", {}, tag(word, word));
+  if (box.blocked) cell.append(" ", tag("blocked", "blocked"));
+  if (box.online && box.health_age_s !== null && box.health_age_s > 3) {
+    cell.append(" ", el("span", { class: "muted" }, `no answer for ${Math.round(box.health_age_s)} s`));
+  }
+  return cell;
+}
+
+function pressureCell(level) {
+  const meter = el("span", { class: "pressure", "data-level": level, title: `pressure ${level} of 3` }, el("i"), el("i"), el("i"));
+  return el("td", {}, meter, String(level));
+}
+
+function backoffCell(box) {
+  const cooling = Object.entries(box.cooling);
+  const cell = el("td", {});
+  if (box.unreachable) cell.append(tag("unreachable", "unreachable"), " ");
+  if (!cooling.length && !box.unreachable) cell.append(el("span", { class: "muted" }, "—"));
+  for (const [model, backoff] of cooling) {
+    cell.append(el("span", { class: "mono" }, model), ` ≤ ${backoff.ceiling} in flight, ${backoff.seconds_left.toFixed(1)} s `);
+  }
+  return cell;
+}
+
+function renderQueue(queue) {
+  const outcomes = Object.entries(queue.outcomes).map(([name, count]) => `${name} ${count}`).join(", ");
+  document.querySelector("#queue-summary").textContent =
+    `${queue.size} waiting of ${queue.capacity}; timeout ${queue.timeout_s} s; Retry-After now ${queue.retry_after_s} s` +
+    (outcomes ? `; so far: ${outcomes}` : "");
+  replaceRows(document.querySelector("#queue tbody"), queue.waiting.map((waiter) => el("tr", { "data-call-id": waiter.call_id },
+    el("td", { class: "mono" }, waiter.call_id),
+    el("td", {}, tag(waiter.class, waiter.class)),
+    el("td", { class: "mono" }, waiter.caller),
+    el("td", { class: "mono" }, waiter.model),
+    el("td", {}, waiter.boxes.join(", ")),
+    el("td", { class: "num" }, `${waiter.waited_s.toFixed(1)} s`))));
+}
+
+function renderState(state) {
+  view.boxes = state.boxes;
+  replaceRows(document.querySelector("#boxes tbody"), state.boxes.map((box) => el("tr",
+    { "data-box": box.name, "data-status": box.online ? "online" : "offline" },
+    el("td", { title: box.url }, el("strong", {}, box.name)),
+    el("td", {}, box.kind),
+    el("td", {}, box.pool || "—"),
+    statusCell(box),
+    pressureCell(box.pressure),
+    el("td", { class: "num" }, box.pending),
+    el("td", { class: "num" }, box.reservations),
+    el("td", { class: "num", title: box.limit_source || "no limit" },
+      box.max_inflight === null ? String(box.in_flight) : `${box.in_flight} / ${box.max_inflight}`,
+      box.full ? " " : null, box.full ? tag("full", "full") : null),
+    backoffCell(box),
+    el("td", { class: "num" }, bytes(box.free_gpu_bytes)),
+    residentCell(box))));
+  renderQueue(state.queue);
+  replaceRows(document.querySelector("#models tbody"), state.models.map((model) => el("tr", { "data-model": model.model },
+    el("td", { class: "mono" }, model.model),
+    el("td", {}, model.resident_on.join(", ") || "—"),
+    el("td", {}, model.available_on.join(", ") || "—"))));
+  renderSeries();
+}
+
+// --- the per-box plots ------------------------------------------------------------------------
+
+function sparkline(lines) {
+  // lines: [{values: [number|null], color}], plotted on one scale; a null leaves a gap.
+  const width = 160, height = 28, pad = 2;
+  const svg = document.createElementNS(SVG_NS, "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const all = lines.flatMap((line) => line.values.filter((v) => v !== null));
+  const top = Math.max(...all, 0) || 1;
+  const slots = Math.min(MAX_POINTS, Math.max(MIN_PLOT_POINTS, ...lines.map((line) => line.values.length)));
+  const step = width / (slots - 1);
+  for (const line of lines) {
+    const offset = slots - line.values.length; // the newest point sits at the right edge
+    let segment = [];
+    const flush = () => {
+      if (segment.length) {
+        const poly = document.createElementNS(SVG_NS, "polyline");
+        poly.setAttribute("points", segment.join(" "));
+        poly.setAttribute("stroke", line.color);
+        svg.append(poly);
+      }
+      segment = [];
+    };
+    line.values.forEach((value, index) => {
+      if (value === null) return flush();
+      const x = (offset + index) * step;
+      const y = height - pad - (value / top) * (height - 2 * pad);
+      segment.push(`${x.toFixed(1)},${y.toFixed(1)}`);
+    });
+    flush();
+  }
+  return svg;
+}
+
+function seriesOf(box, field) {
+  return view.points.map((point) => {
+    const entry = point.boxes[box];
+    if (!entry) return field === "calls" || field === "errors" ? 0 : null;
+    return field === "calls" || field === "errors" ? entry[field] / point.step_s : entry[field];
+  });
+}
+
+function recent(values, rate) {
+  // the last LABEL_POINTS values: their mean for a rate, else the newest one there is
+  const tail = values.slice(-LABEL_POINTS);
+  if (rate) return tail.length ? tail.reduce((sum, v) => sum + v, 0) / tail.length : 0;
+  const known = tail.filter((v) => v !== null);
+  return known.length ? known[known.length - 1] : null;
+}
+
+function renderSeries() {
+  const names = new Set(view.boxes.map((box) => box.name));
+  for (const point of view.points) for (const name of Object.keys(point.boxes)) names.add(name);
+  replaceRows(document.querySelector("#series tbody"), [...names].map((name) => {
+    const plot = (fields, text) => {
+      const lines = fields.map(([field, color]) => ({ values: seriesOf(name, field), color }));
+      return el("td", {}, sparkline(lines), el("span", { class: "spark-label" }, text(lines.map((l) => l.values))));
+    };
+    return el("tr", { "data-box": name },
+      el("td", {}, el("strong", {}, boxLabel(name))),
+      plot([["calls", "var(--calls)"], ["errors", "var(--errors)"]],
+        ([calls, errors]) => `${recent(calls, true).toFixed(1)}/s · ${recent(errors, true).toFixed(1)} err/s`),
+      plot([["ttfb_p50_s", "var(--p50)"], ["ttfb_p99_s", "var(--p99)"]],
+        ([p50, p99]) => `${ms(recent(p50))} · ${ms(recent(p99))}`),
+      plot([["latency_p50_s", "var(--p50)"], ["latency_p99_s", "var(--p99)"]],
+        ([p50, p99]) => `${ms(recent(p50))} · ${ms(recent(p99))}`));
+  }));
+}
+
+function addPoints(points) {
+  view.points.push(...points);
+  view.points.splice(0, Math.max(0, view.points.length - MAX_POINTS));
+  renderSeries();
+}
+
+// --- recent calls -----------------------------------------------------------------------------
+
+function attemptsCell(row) {
+  const cell = el("td", {});
+  (row.attempts || []).forEach((attempt, index) => {
+    if (index) cell.append(" → ");
+    cell.append(attempt.box, " ", attempt.status === null || attempt.status === undefined ? "" : String(attempt.status));
+    if (attempt.refusal) cell.append(" ", el("span", { class: "refusal" }, attempt.refusal));
+  });
+  if (!(row.attempts || []).length) cell.append(el("span", { class: "muted" }, row.error || "—"));
+  return cell;
+}
+
+function addCalls(rows) {
+  const tbody = document.querySelector("#calls tbody");
+  for (const row of rows) {
+    const ok = row.http_status !== null && row.http_status < 400 && row.state === "done";
+    const firstByte = row.first_byte_at ? row.first_byte_at - row.received_at : null;
+    const total = row.responded_at ? row.responded_at - row.received_at : null;
+    tbody.prepend(el("tr", { class: "fresh", "data-call-id": row.request_id },
+      el("td", {}, clock(row.received_at)),
+      el("td", { class: "mono" }, row.request_id),
+      el("td", {}, row.facade || "—"),
+      el("td", { class: "mono" }, row.model || "—", row.options ? el("span", { class: "settings" }, " @" + row.options) : null),
+      el("td", {}, row.box || "—"),
+      el("td", { class: ok ? "status-ok" : "status-err" }, `${row.http_status ?? "—"} ${row.state}`),
+      attemptsCell(row),
+      el("td", { class: "num" }, ms(firstByte)),
+      el("td", { class: "num" }, ms(total))));
+  }
+  while (tbody.rows.length > MAX_CALLS) tbody.deleteRow(tbody.rows.length - 1);
+}
+
+// --- scheduler snapshots ------------------------------------------------------------------------
+
+let scheduleDrawPending = false;
+
+function addSnapshot(snapshot) {
+  view.snapshots.unshift(snapshot);
+  view.snapshots.length = Math.min(view.snapshots.length, MAX_SNAPSHOTS);
+  const now = Date.now();
+  view.snapshotTimes.push(now);
+  while (view.snapshotTimes.length && view.snapshotTimes[0] < now - 10000) view.snapshotTimes.shift();
+  if (!scheduleDrawPending) { // they can come ten a second: draw at most once a frame
+    scheduleDrawPending = true;
+    requestAnimationFrame(drawSchedule);
+  }
+}
+
+function pairs(doc) {
+  return Object.entries(doc).map(([box, value]) => `${box} ${value}`).join(", ") || "—";
+}
+
+function drawSchedule() {
+  scheduleDrawPending = false;
+  document.getElementById("schedule-rate").textContent =
+    `${(view.snapshotTimes.length / 10).toFixed(1)} snapshots/s over the last 10 s`;
+  replaceRows(document.getElementById("schedule"), view.snapshots.map((snap) => el("li", { value: snap.generation },
+    el("strong", {}, "order "), snap.order.join(" › ") || "—",
+    el("span", { class: "muted" }, " · pending "), pairs(snap.pending),
+    el("span", { class: "muted" }, " · pressure "), pairs(snap.pressure))));
+}
+
+// --- the stream -------------------------------------------------------------------------------
+
+function setLink(state, text) {
+  const link = document.getElementById("link");
+  link.dataset.link = state;
+  link.textContent = text;
+}
+
+function dispatch(block) {
+  let name = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event:")) name = line.slice(6).trim();
+    else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
+  }
+  if (!data.length) return;
+  const doc = JSON.parse(data.join("\n"));
+  view.lastEventAt = Date.now();
+  setLink("live", "live");
+  document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString([], { hour12: false });
+  if (name === "state") renderState(doc);
+  else if (name === "calls") addCalls(doc.rows);
+  else if (name === "series") addPoints(doc.points);
+  else if (name === "schedule:priority") addSnapshot(doc);
+}
+
+function askForKey(message) {
+  setLink("key", "key needed");
+  document.getElementById("key-reason").textContent = message;
+  document.getElementById("key-form").hidden = false;
+  document.getElementById("main").hidden = true;
+  document.getElementById("key-input").focus();
+}
+
+function retry(why) {
+  setLink("down", `disconnected (${why}); retrying`);
+  setTimeout(connect, RETRY_MS);
+}
+
+async function connect() {
+  if (view.connecting) return;
+  view.connecting = true;
+  try {
+    await follow();
+  } finally {
+    view.connecting = false;
+  }
+}
+
+async function follow() {
+  setLink("connecting", "connecting…");
+  const key = sessionStorage.getItem(KEY_ITEM);
+  const headers = { Accept: "text/event-stream" };
+  if (key) headers.Authorization = "Bearer " + key;
+  let response;
+  try {
+    response = await fetch(EVENTS_PATH, { headers, cache: "no-store", credentials: "omit" });
+  } catch (err) {
+    retry("the router did not answer");
+    return;
+  }
+  if (response.status === 401 || response.status === 403) {
+    let message = "An admin key is needed from here.";
+    try {
+      message = (await response.json()).error.message || message;
+    } catch (err) { /* not the router's JSON: keep the plain message */ }
+    if (key) sessionStorage.removeItem(KEY_ITEM); // refused: ask again rather than retry it
+    askForKey(message);
+    return;
+  }
+  if (!response.ok) {
+    retry(`HTTP ${response.status}`);
+    return;
+  }
+  document.getElementById("key-form").hidden = true;
+  document.getElementById("main").hidden = false;
+  view.points = [];
+  document.querySelector("#calls tbody").replaceChildren();
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        dispatch(buffer.slice(0, cut));
+        buffer = buffer.slice(cut + 2);
+      }
+    }
+  } catch (err) { /* the connection dropped: reconnect below */ }
+  retry("the stream ended");
+}
+
+document.getElementById("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("key-input");
+  const key = input.value.trim();
+  input.value = "";
+  if (!key) return;
+  sessionStorage.setItem(KEY_ITEM, key);
+  connect();
+});
+
+setInterval(() => {
+  const link = document.getElementById("link");
+  if (link.dataset.link === "live" && Date.now() - view.lastEventAt > STALE_MS) setLink("stale", "no news from the router");
+}, 1000);
+
+connect();

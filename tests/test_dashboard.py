@@ -1,0 +1,191 @@
+"""The dashboard at `GET /ui` in a real browser: Debian's Chromium driven by Playwright, in
+front of a real router and simulated boxes. A screenshot lands in tests/artifacts/."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from router.boxes.link import HEALTH_TTL_S
+from router.sim import SimBox
+
+from conftest import ROOT
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's package: no browser downloads here (scripts/setup)
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+ADMIN_KEY = "dashboard-admin-key-7f3e"
+OUTSIDE = {"X-Forwarded-For": "203.0.113.7"}  # a caller behind a trusted proxy: not loopback
+# The page polls nothing: it must follow the stream. A call shows once the route-log writer
+# flushed it (50 ms) and the next tick (1 s) read it.
+SEEN_WITHIN_MS = 5000
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """open(url, headers=None) -> (page, console errors); one fresh profile per test."""
+    assert CHROMIUM.exists(), "Chromium is missing: scripts/setup installs Debian's chromium package"
+    with sync_playwright() as playwright:
+        contexts = []
+
+        def open_page(url: str, headers: dict | None = None):
+            context = playwright.chromium.launch_persistent_context(
+                str(tmp_path / f"profile-{len(contexts)}"), executable_path=str(CHROMIUM),
+                headless=True, args=CHROMIUM_FLAGS, extra_http_headers=headers or {},
+                viewport={"width": 1400, "height": 900},
+            )
+            contexts.append(context)
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url + "/ui")
+            return page, errors
+
+        yield open_page
+        for context in contexts:
+            context.close()
+
+
+def call(url: str, model: str, headers: dict | None = None) -> tuple[int, str]:
+    """A chat call; returns (status, the router's request id)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "CANARY-prompt"}]})
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status, resp.getheader("x-hugpy-router-request-id")
+
+
+def test_the_page_shows_every_box_residents_and_a_new_call_live(start_fleet, browser):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"], free_gpu_bytes=6 << 30)
+    b = SimBox("b", catalog=["tiny", "big"])
+    c = SimBox("c", catalog=["big"])
+    router = start_fleet(a, b, c, boxes_extra={"c": {"pool": "lab"}})
+    page, errors = browser(router.url)
+    boxes = page.locator("#boxes tbody tr")
+    expect(boxes).to_have_count(3)
+    for name in ("a", "b", "c"):
+        expect(page.locator(f'#boxes tr[data-box="{name}"]')).to_contain_text("online")
+    expect(page.locator('#boxes tr[data-box="c"]')).to_contain_text("lab")
+    expect(page.locator("#link")).to_have_text("live")
+
+    # after the page loaded: a call that sets the resident's settings, and a refused one
+    status, call_id = call(router.url, "tiny@ram-only", {"X-Router-Box": "a"})
+    assert status == 200 and call_id
+    refused_status, refused_id = call(router.url, "nobody-has-this")
+    assert refused_status == 503
+    row = page.locator(f'#calls tr[data-call-id="{call_id}"]')
+    expect(row).to_contain_text("tiny", timeout=SEEN_WITHIN_MS)
+    expect(row).to_contain_text("200")
+    expect(page.locator(f'#calls tr[data-call-id="{refused_id}"]')).to_contain_text("503", timeout=SEEN_WITHIN_MS)
+    resident = page.locator('#boxes tr[data-box="a"] [data-model="tiny"]')
+    expect(resident.locator(".settings")).to_contain_text("ram-only", timeout=SEEN_WITHIN_MS)
+    expect(page.locator('#models tr[data-model="tiny"]')).to_contain_text("a")
+    expect(page.locator('#series tr[data-box="a"] svg polyline').first).to_be_attached(timeout=SEEN_WITHIN_MS)
+    expect(page.locator("#schedule li").first).to_contain_text("order")
+    assert "CANARY-prompt" not in page.content()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    assert errors == []
+
+
+def test_a_stopped_box_is_shown_offline(start_fleet, browser):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    b = SimBox("b", catalog=["tiny"])
+    router = start_fleet(a, b)
+    page, errors = browser(router.url)
+    expect(page.locator('#boxes tr[data-box="b"]')).to_have_attribute("data-status", "online")
+    router.fleet.stop_box(b)
+    # The link marks the box offline once its last good answer is HEALTH_TTL_S old (plus one
+    # health interval); the page shows it within its next tick.
+    offline = page.locator('#boxes tr[data-box="b"]')
+    expect(offline).to_have_attribute("data-status", "offline", timeout=(HEALTH_TTL_S + 5) * 1000)
+    expect(offline.locator(".tag.offline")).to_have_text("offline")
+    expect(page.locator('#boxes tr[data-box="a"]')).to_have_attribute("data-status", "online")
+    assert errors == []
+
+
+def test_from_outside_the_page_asks_for_a_key_once_and_sends_it_as_a_bearer(start_fleet, browser):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(a, env={"HUGPY_ROUTER_KEY": ADMIN_KEY, "HUGPY_ROUTER_TRUSTED_PROXIES": "127.0.0.1"})
+    page, _ = browser(router.url, OUTSIDE)  # 401s are console errors in Chromium: not checked here
+    requests: list = []
+    page.on("request", lambda request: requests.append(request))
+    form = page.locator("#key-form")
+    expect(form).to_be_visible()
+    expect(page.locator("#boxes")).to_be_hidden()
+
+    page.fill("#key-input", "not-the-key")
+    page.press("#key-input", "Enter")
+    expect(page.locator("#key-reason")).to_contain_text("invalid")
+    expect(form).to_be_visible()
+
+    page.fill("#key-input", ADMIN_KEY)
+    page.press("#key-input", "Enter")
+    expect(page.locator('#boxes tr[data-box="a"]')).to_contain_text("online")
+    expect(form).to_be_hidden()
+    assert page.evaluate("sessionStorage.getItem('router.adminKey')") == ADMIN_KEY
+    page.reload()  # typed once: the tab keeps it
+    expect(page.locator('#boxes tr[data-box="a"]')).to_contain_text("online")
+    expect(form).to_be_hidden()
+
+    events = [r for r in requests if r.url.endswith("/v1/router/events")]
+    assert events and events[-1].headers.get("authorization") == f"Bearer {ADMIN_KEY}"
+    assert all(ADMIN_KEY not in r.url for r in requests)
+    status, call_id = call(router.url, "tiny", {"Authorization": f"Bearer {ADMIN_KEY}", **OUTSIDE})
+    assert status == 200
+    expect(page.locator(f'#calls tr[data-call-id="{call_id}"]')).to_be_visible(timeout=SEEN_WITHIN_MS)
+    assert ADMIN_KEY not in router.log_text()
+
+
+def test_the_page_itself_carries_no_data_and_the_stream_needs_the_admin_rule(start_fleet):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(a, env={"HUGPY_ROUTER_KEY": ADMIN_KEY, "HUGPY_ROUTER_TRUSTED_PROXIES": "127.0.0.1"})
+    host, port = router.url.removeprefix("http://").split(":")
+
+    def get(path: str, headers: dict) -> tuple[int, dict, bytes]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        status, head = resp.status, {k.lower(): v for k, v in resp.getheaders()}
+        body = b"" if head.get("content-type") == "text/event-stream" else resp.read()
+        conn.close()
+        return status, head, body
+
+    status, head, body = get("/ui", OUTSIDE)
+    assert status == 200 and head["content-type"].startswith("text/html")
+    assert "script-src 'self'" in head["content-security-policy"] and b'src="/ui/app.js"' in body
+    assert get("/v1/router/events", OUTSIDE)[0] == 401
+    assert get("/v1/router/events", {**OUTSIDE, "Authorization": f"Bearer {ADMIN_KEY}"})[0] == 200
+
+
+def test_open_event_streams_do_not_hold_up_a_stop(start_fleet):
+    router = start_fleet(SimBox("a", catalog=["tiny"]))
+    host, port = router.url.removeprefix("http://").split(":")
+    streams = []
+    for path in ("/v1/router/events", "/v1/router/schedule"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read1(4096)
+        streams.append((conn, resp))
+    started = time.monotonic()
+    assert router.stop() == 0
+    assert time.monotonic() - started < 5  # not the 30 s grace for calls in flight
+    for conn, resp in streams:
+        while resp.read1(4096):  # each stream ended cleanly
+            pass
+        conn.close()
