@@ -189,3 +189,28 @@ def test_open_event_streams_do_not_hold_up_a_stop(start_fleet):
         while resp.read1(4096):  # each stream ended cleanly
             pass
         conn.close()
+
+
+def test_the_queue_and_each_boxs_limit_show_live(start_fleet, browser):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from router.sim.server import Behavior
+
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    a.script("tiny", Behavior.hang(4.0), Behavior.hang(0.1))
+    router = start_fleet(a, boxes_extra={"a": {"max_inflight": 1}})
+    page, errors = browser(router.url)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(call, router.url, "tiny")
+        time.sleep(0.5)
+        waiting = pool.submit(call, router.url, "tiny")
+        box = page.locator('#boxes tr[data-box="a"]')
+        expect(box).to_contain_text("1 / 1", timeout=SEEN_WITHIN_MS)
+        expect(box).to_contain_text("full")
+        row = page.locator("#queue tbody tr")
+        expect(row).to_have_count(1, timeout=SEEN_WITHIN_MS)
+        expect(row).to_contain_text("normal")
+        expect(page.locator("#queue-summary")).to_contain_text("1 waiting of 1024")
+        assert first.result()[0] == 200 and waiting.result()[0] == 200
+    expect(page.locator("#queue tbody tr")).to_have_count(0, timeout=SEEN_WITHIN_MS)
+    assert errors == []

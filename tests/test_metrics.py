@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.serve.admission import Admission
 from router.serve.metrics import LATENCY_BUCKETS_S, Metrics, exposition, quantile, registry
 from router.sim import SimBox
 from router.store.route_log import Row, RouteLogWriter
@@ -57,6 +58,12 @@ EXPECTED = {
     "router_time_to_first_byte_seconds": ("histogram", "seconds"),
     "router_call_duration_seconds": ("histogram", "seconds"),
     "router_overhead_seconds": ("histogram", "seconds"),
+    "router_box_full": ("gauge", ""),
+    "router_box_cooling_models": ("gauge", ""),
+    "router_box_unreachable": ("gauge", ""),
+    "router_queue_depth": ("gauge", ""),
+    "router_queue_outcomes": ("counter", ""),
+    "router_queue_wait_seconds": ("histogram", "seconds"),
     # the library's own collectors declare no unit (their names carry it)
     "process_cpu_seconds": ("counter", ""),
     "process_resident_memory_bytes": ("gauge", ""),
@@ -103,10 +110,11 @@ def test_metrics_follow_the_conventions_in_both_formats(start_fleet):
 def test_dropped_route_log_rows_are_counted(tmp_path):
     writer = RouteLogWriter(tmp_path / "router.sqlite3")
     writer.start()
-    writer.record(Row("c1", "done"))
-    writer.record(Row("c1", "done"))  # the same call twice: the store refuses the second
+    writer.record(Row("c1", "done", received_at=1.0))
+    writer.record(Row("c1", "done", received_at=1.0))  # the same call twice: the store refuses the second
     writer.stop()
-    scraped = registry(Metrics(), Fleet(tmp_path / "boxes.json", Reservations()), Reservations(), writer)
+    fleet = Fleet(tmp_path / "boxes.json", Reservations())
+    scraped = registry(Metrics(), fleet, Reservations(), writer, Admission(fleet, 8, 1.0))
     body, _ = exposition(scraped, None)
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     dropped = {s.labels["reason"]: s.value for s in families["router_route_log_dropped_rows"].samples}

@@ -64,7 +64,7 @@ def start(forced: bool, environ: Mapping[str, str] = os.environ) -> "CallTracer 
     except ImportError:
         raise ConfigError(
             "tracing is on (--otel or OTEL_EXPORTER_OTLP_ENDPOINT) but OpenTelemetry is not "
-            "installed: pip install 'router[otel]'"
+            "installed: pip install 'hugpy-router[otel]'"
         ) from None
     provider = trace.get_tracer_provider()
     owned = not isinstance(provider, TracerProvider)
@@ -86,7 +86,7 @@ def _otlp_exporter(environ: Mapping[str, str]):
         else:
             raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: the router speaks grpc or http/protobuf")
     except ImportError:
-        raise ConfigError("the OTLP exporter is not installed: pip install 'router[otel]'") from None
+        raise ConfigError("the OTLP exporter is not installed: pip install 'hugpy-router[otel]'") from None
     return OTLPSpanExporter()  # endpoint, headers and timeout from the OTEL_EXPORTER_OTLP_* variables
 
 
@@ -108,7 +108,7 @@ class CallTracer:
         """One span for `call`, whose route-log `row` is final. Never raises for a call's data."""
         operation = OPERATIONS.get(call.route.path)
         attributes: dict = {
-            "router.call_id": row.call_id,
+            "router.call_id": row.request_id,
             "router.facade": row.facade,
             "router.route": row.route,
             "router.state": row.state,
@@ -119,10 +119,10 @@ class CallTracer:
             attributes["gen_ai.operation.name"] = operation
         if row.model is not None:
             attributes["gen_ai.request.model"] = row.model
-        if row.decision_path is not None:
-            attributes["router.decision"] = row.decision_path
-        if row.status is not None:
-            attributes["http.response.status_code"] = row.status
+        if row.path is not None:
+            attributes["router.decision"] = row.path
+        if row.http_status is not None:
+            attributes["http.response.status_code"] = row.http_status
         box = call.box
         if box is not None:
             attributes["router.box"] = box.name
@@ -138,11 +138,11 @@ class CallTracer:
                     attributes["gen_ai.usage.input_tokens"] = usage[0]
                 if usage[1] is not None:
                     attributes["gen_ai.usage.output_tokens"] = usage[1]
-        failed = row.state in ("failed", "refused") or (row.status or 0) >= 500
+        failed = row.state in ("failed", "refused") or (row.http_status or 0) >= 500
         if row.error is not None:
             attributes["error.type"] = row.error
         elif failed:
-            attributes["error.type"] = str(row.status)
+            attributes["error.type"] = str(row.http_status)
         parent = None
         traceparent = call.edge.header("traceparent")
         if traceparent is not None:
@@ -153,7 +153,7 @@ class CallTracer:
         )
         if failed:
             span.set_status(self._error)
-        span.end(end_time=int(row.done_at * 1e9))
+        span.end(end_time=int(row.responded_at * 1e9))
 
     def flush(self) -> None:
         """Exports what is queued, waiting at most FLUSH_TIMEOUT_S (blocking: off the event loop).
