@@ -28,28 +28,35 @@ pytestmark = pytest.mark.timeout(60)
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-def call(router, *, source: str = "127.0.0.1", headers: dict | None = None, model: str = "tiny",
-         timeout: float = 30, **extra) -> tuple[int, dict, dict]:
+def request(router, method: str, path: str, doc: object = None, *, source: str = "127.0.0.1",
+            headers: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+    """One request from `source`, a JSON body when `doc` is given."""
     host, port = router.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0))
     try:
-        body = json.dumps({"model": model, "messages": MESSAGES, **extra})
-        conn.request("POST", "/v1/chat/completions", body=body,
+        conn.request(method, path, body=None if doc is None else json.dumps(doc),
                      headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, json.loads(resp.read() or b"null")
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
         conn.close()
+
+
+def call(router, *, source: str = "127.0.0.1", headers: dict | None = None, model: str = "tiny",
+         timeout: float = 30, **extra) -> tuple[int, dict, dict]:
+    status, got, body = request(router, "POST", "/v1/chat/completions",
+                                {"model": model, "messages": MESSAGES, **extra},
+                                source=source, headers=headers, timeout=timeout)
+    return status, got, json.loads(body or b"null")
+
+
+def admin(router, method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
+    status, _, body = request(router, method, path, doc, timeout=10)
+    return status, json.loads(body)
 
 
 def get_json(router, path: str) -> dict:
-    host, port = router.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request("GET", path)
-        return json.loads(conn.getresponse().read())
-    finally:
-        conn.close()
+    return admin(router, "GET", path)[1]
 
 
 def max_concurrency(box) -> int:
@@ -90,13 +97,7 @@ def test_a_limited_box_never_takes_more_than_its_limit_and_every_call_is_served(
 
 
 def get_json_text(router, path: str) -> str:
-    host, port = router.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().read().decode()
-    finally:
-        conn.close()
+    return request(router, "GET", path, timeout=10)[2].decode()
 
 
 def test_a_light_caller_is_not_stuck_behind_a_heavy_callers_backlog(start_fleet):
@@ -289,27 +290,16 @@ def test_a_keys_class_orders_the_queue_and_is_changeable_through_the_keys_api(st
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.3)] * 4)
     router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, env={"HUGPY_ROUTER_REQUIRE_KEY": "always"})
-    host, port = router.url.removeprefix("http://").split(":")
 
-    def admin(method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            conn.request(method, path, body=json.dumps(doc) if doc is not None else None,
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            return resp.status, json.loads(resp.read())
-        finally:
-            conn.close()
-
-    status, low = admin("POST", "/v1/keys", {"name": "batch", "priority": "low"})
+    status, low = admin(router, "POST", "/v1/keys", {"name": "batch", "priority": "low"})
     assert status == 201 and low["priority"] == "low"
-    status, vip = admin("POST", "/v1/keys", {"name": "vip"})
+    status, vip = admin(router, "POST", "/v1/keys", {"name": "vip"})
     assert status == 201 and vip["priority"] == "normal"
-    assert admin("POST", f"/v1/keys/{vip['id']}/priority", {"priority": "high"}) == (
+    assert admin(router, "POST", f"/v1/keys/{vip['id']}/priority", {"priority": "high"}) == (
         200, {"id": vip["id"], "priority": "high"})
-    assert admin("POST", f"/v1/keys/{vip['id']}/priority", {"priority": "urgent"})[0] == 400
-    assert admin("POST", "/v1/keys/nope/priority", {"priority": "low"})[0] == 404
-    listed = {k["id"]: k["priority"] for k in admin("GET", "/v1/keys")[1]["keys"]}
+    assert admin(router, "POST", f"/v1/keys/{vip['id']}/priority", {"priority": "urgent"})[0] == 400
+    assert admin(router, "POST", "/v1/keys/nope/priority", {"priority": "low"})[0] == 404
+    listed = {k["id"]: k["priority"] for k in admin(router, "GET", "/v1/keys")[1]["keys"]}
     assert listed == {low["id"]: "low", vip["id"]: "high"}
 
     done: list[str] = []
@@ -431,21 +421,11 @@ def test_ndjson_streams_are_not_kept_alive(start_fleet):
 def test_a_boxs_limit_is_set_and_changed_through_the_box_admin_api(start_fleet):
     box = SimBox("a", residents=["tiny"])
     router = start_fleet(box)
-    host, port = router.url.removeprefix("http://").split(":")
 
-    def admin(method: str, path: str, doc: dict) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            conn.request(method, path, body=json.dumps(doc), headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            return resp.status, json.loads(resp.read())
-        finally:
-            conn.close()
-
-    status, view = admin("PUT", "/v1/boxes/a", {"max_inflight": 3})
+    status, view = admin(router, "PUT", "/v1/boxes/a", {"max_inflight": 3})
     assert status == 200 and view["max_inflight"] == 3
     assert get_json(router, "/v1/router/state")["boxes"][0]["max_inflight"] == 3
-    assert admin("PUT", "/v1/boxes/a", {"max_inflight": 0})[0] == 400
-    assert admin("PUT", "/v1/boxes/a", {"max_inflight": "many"})[0] == 400
-    status, view = admin("PUT", "/v1/boxes/a", {"max_inflight": None})
+    assert admin(router, "PUT", "/v1/boxes/a", {"max_inflight": 0})[0] == 400
+    assert admin(router, "PUT", "/v1/boxes/a", {"max_inflight": "many"})[0] == 400
+    status, view = admin(router, "PUT", "/v1/boxes/a", {"max_inflight": None})
     assert status == 200 and view["max_inflight"] is None
