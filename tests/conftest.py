@@ -1,4 +1,6 @@
-"""Shared fixtures: simulated boxes on loopback and a real `router serve` process in front."""
+"""Shared fixtures: simulated boxes on loopback and a real router in front, either a
+`router serve` process (start_fleet) or the same server in this process (start_fleet_in_process,
+tests/inproc.py: for every case that needs no process of its own)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from router.sim import SimFleet
+
+from inproc import InProcessRouter
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING_RE = re.compile(r"(\w+) listening on (https?://\S+)")
@@ -89,22 +93,39 @@ def write_boxes(path: Path, boxes: list, **per_box: dict) -> Path:
     return path
 
 
-@pytest.fixture
-def start_fleet(tmp_path):
-    """start_fleet(*boxes, extra_args=(), boxes_extra={}, env=None, nofile=None, module="router") -> router"""
+def _fleet_starter(tmp_path, new_router):
+    """start(*boxes, extra_args=(), boxes_extra={}, **router_kwargs) -> router; stops them all."""
     fleets: list[SimFleet] = []
-    routers: list[RouterProcess] = []
+    routers: list = []
 
-    def start(*boxes, extra_args=(), boxes_extra=None, env=None, nofile=None, module="router"):
+    def start(*boxes, extra_args=(), boxes_extra=None, **router_kwargs):
         fleet = SimFleet(list(boxes))
         fleet.start()
         fleets.append(fleet)
         path = write_boxes(tmp_path / "boxes.json", list(boxes), **(boxes_extra or {}))
-        router = RouterProcess(path, *extra_args, env=env, nofile=nofile, module=module)
+        router = new_router(path, *extra_args, **router_kwargs)
         router.fleet = fleet
         routers.append(router)
         return router
 
+    return start, routers, fleets
+
+
+@pytest.fixture
+def start_fleet(tmp_path):
+    """start_fleet(*boxes, extra_args=(), boxes_extra={}, env=None, nofile=None, module="router") -> RouterProcess"""
+    start, routers, fleets = _fleet_starter(tmp_path, RouterProcess)
+    yield start
+    for router in routers:
+        router.stop()
+    for fleet in fleets:
+        fleet.stop()
+
+
+@pytest.fixture
+def start_fleet_in_process(tmp_path):
+    """start_fleet_in_process(*boxes, extra_args=(), boxes_extra={}, env=None) -> InProcessRouter"""
+    start, routers, fleets = _fleet_starter(tmp_path, InProcessRouter)
     yield start
     for router in routers:
         router.stop()

@@ -1,6 +1,6 @@
 """Admission control end to end: box limits, the wait queue, its order and answers, refusal memory.
 
-A real `router serve` in front of simulated hugpy boxes whose calls take a set time (a scripted
+The real router (in this process, tests/inproc.py) in front of simulated hugpy boxes whose calls take a set time (a scripted
 `hang`); callers are told apart by their source address on loopback (127.0.0.x), as keyless
 callers are in production.
 """
@@ -80,10 +80,10 @@ def in_queue(router) -> int:
     return get_json(router, "/v1/router/state")["queue"]["size"]
 
 
-def test_a_limited_box_never_takes_more_than_its_limit_and_every_call_is_served(start_fleet):
+def test_a_limited_box_never_takes_more_than_its_limit_and_every_call_is_served(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.15)] * 12)
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 2}})
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 2}})
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         results = list(pool.map(lambda _: call(router), range(12)))
     assert [status for status, _, _ in results] == [200] * 12
@@ -100,10 +100,10 @@ def get_json_text(router, path: str) -> str:
     return request(router, "GET", path, timeout=10)[2].decode()
 
 
-def test_a_light_caller_is_not_stuck_behind_a_heavy_callers_backlog(start_fleet):
+def test_a_light_caller_is_not_stuck_behind_a_heavy_callers_backlog(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.2)] * 9)
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}})
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}})
     done: list[tuple[str, float]] = []
     lock = threading.Lock()
 
@@ -126,10 +126,10 @@ def test_a_light_caller_is_not_stuck_behind_a_heavy_callers_backlog(start_fleet)
     assert order.index("127.0.0.3") <= 2, order
 
 
-def test_classes_are_strict_and_a_call_can_only_lower_its_own(start_fleet):
+def test_classes_are_strict_and_a_call_can_only_lower_its_own(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.25)] * 4)
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}})
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}})
     done: list[str] = []
     lock = threading.Lock()
 
@@ -160,10 +160,10 @@ def test_classes_are_strict_and_a_call_can_only_lower_its_own(start_fleet):
     assert done == ["first", "normal", "raised", "low"]
 
 
-def test_a_full_queue_answers_429_with_retry_after_in_each_facades_shape(start_fleet):
+def test_a_full_queue_answers_429_with_retry_after_in_each_facades_shape(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(1.0)] * 3)
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--queue-size", "1"))
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--queue-size", "1"))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         busy = [pool.submit(call, router) for _ in range(2)]
         assert wait_for(lambda: in_queue(router) == 1, 5)
@@ -180,10 +180,10 @@ def test_a_full_queue_answers_429_with_retry_after_in_each_facades_shape(start_f
     assert chat_calls(box) == 2  # the refused calls never reached the box
 
 
-def test_ollama_callers_get_429_in_ollamas_shape(start_fleet):
+def test_ollama_callers_get_429_in_ollamas_shape(start_fleet_in_process):
     box = SimOllama("o", tags=["llama3"], loaded=["llama3"])
     box.script("llama3:latest", *[Behavior.hang(1.0)] * 2)
-    router = start_fleet(box, boxes_extra={"o": {"max_inflight": 1}}, extra_args=("--queue-size", "1"))
+    router = start_fleet_in_process(box, boxes_extra={"o": {"max_inflight": 1}}, extra_args=("--queue-size", "1"))
     client = ollama.Client(host=router.url)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         busy = [pool.submit(client.chat, model="llama3", messages=MESSAGES, stream=False) for _ in range(2)]
@@ -195,10 +195,10 @@ def test_ollama_callers_get_429_in_ollamas_shape(start_fleet):
             f.result()
 
 
-def test_a_wait_past_the_queue_timeout_is_503_with_retry_after(start_fleet):
+def test_a_wait_past_the_queue_timeout_is_503_with_retry_after(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", Behavior.hang(3.0))
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--queue-timeout", "0.4"))
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--queue-timeout", "0.4"))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(call, router)
         assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["full"], 5)
@@ -212,10 +212,10 @@ def test_a_wait_past_the_queue_timeout_is_503_with_retry_after(start_fleet):
     assert chat_calls(box) == 1
 
 
-def test_a_client_that_leaves_the_queue_never_reaches_a_box(start_fleet):
+def test_a_client_that_leaves_the_queue_never_reaches_a_box(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", Behavior.hang(1.0))
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}})
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}})
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(call, router)
         assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["full"], 5)
@@ -233,11 +233,11 @@ def test_a_client_that_leaves_the_queue_never_reaches_a_box(start_fleet):
     assert get_json(router, "/v1/router/state")["queue"]["outcomes"]["left"] == 1
 
 
-def test_a_placement_refusal_cools_the_box_for_the_model_then_success_resets_it(start_fleet):
+def test_a_placement_refusal_cools_the_box_for_the_model_then_success_resets_it(start_fleet_in_process):
     refusing = SimBox("a", residents=["tiny"])
     steady = SimBox("b", catalog=["tiny"])
     refusing.script("tiny", Behavior.refuse(503, "insufficient_resources"))
-    router = start_fleet(refusing, steady)
+    router = start_fleet_in_process(refusing, steady)
     status, headers, _ = call(router)
     assert status == 200 and headers["x-hugpy-box"] == "b"
     state = get_json(router, "/v1/router/state")
@@ -248,10 +248,10 @@ def test_a_placement_refusal_cools_the_box_for_the_model_then_success_resets_it(
     assert chat_calls(refusing) == 1
 
 
-def test_the_back_off_grows_with_refusals_in_a_row_and_a_success_resets_it(start_fleet):
+def test_the_back_off_grows_with_refusals_in_a_row_and_a_success_resets_it(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.refuse(503, "insufficient_resources")] * 2)
-    router = start_fleet(box)
+    router = start_fleet_in_process(box)
 
     def box_state() -> dict:
         return get_json(router, "/v1/router/state")["boxes"][0]
@@ -271,11 +271,11 @@ def test_the_back_off_grows_with_refusals_in_a_row_and_a_success_resets_it(start
     assert chat_calls(box) == 3
 
 
-def test_a_box_that_cannot_be_reached_is_out_until_its_probe_sees_it(start_fleet):
+def test_a_box_that_cannot_be_reached_is_out_until_its_probe_sees_it(start_fleet_in_process):
     alive = SimBox("b", residents=["tiny"])
     time.sleep(0.01)
     dead = SimBox("a", residents=["tiny"])  # used more recently: ranked first
-    router = start_fleet(dead, alive)
+    router = start_fleet_in_process(dead, alive)
     router.fleet.stop_box(dead)
     assert call(router)[1]["x-hugpy-box"] == "b"
     state = get_json(router, "/v1/router/state")
@@ -286,10 +286,10 @@ def test_a_box_that_cannot_be_reached_is_out_until_its_probe_sees_it(start_fleet
     assert chat_calls(dead) == before
 
 
-def test_a_keys_class_orders_the_queue_and_is_changeable_through_the_keys_api(start_fleet):
+def test_a_keys_class_orders_the_queue_and_is_changeable_through_the_keys_api(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.3)] * 4)
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, env={"HUGPY_ROUTER_REQUIRE_KEY": "always"})
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}}, env={"HUGPY_ROUTER_REQUIRE_KEY": "always"})
 
     status, low = admin(router, "POST", "/v1/keys", {"name": "batch", "priority": "low"})
     assert status == 201 and low["priority"] == "low"
@@ -327,10 +327,10 @@ def test_a_keys_class_orders_the_queue_and_is_changeable_through_the_keys_api(st
     assert done == ["first", "vip", "batch"]
 
 
-def test_a_llama_cpp_box_reports_its_own_capacity_and_the_router_keeps_to_it(start_fleet):
+def test_a_llama_cpp_box_reports_its_own_capacity_and_the_router_keeps_to_it(start_fleet_in_process):
     box = SimLlamaCpp("lc", alias="qwen", total_slots=2)
     box.script("qwen", *[Behavior.hang(0.15)] * 6)
-    router = start_fleet(box)
+    router = start_fleet_in_process(box)
     assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["max_inflight"] == 2, 5)
     assert get_json(router, "/v1/router/state")["boxes"][0]["limit_source"] == "box (llama.cpp total_slots)"
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -339,9 +339,9 @@ def test_a_llama_cpp_box_reports_its_own_capacity_and_the_router_keeps_to_it(sta
     assert max_concurrency(box) == 2
 
 
-def test_the_boxes_file_limit_wins_over_the_reported_one(start_fleet):
+def test_the_boxes_file_limit_wins_over_the_reported_one(start_fleet_in_process):
     box = SimLlamaCpp("lc", alias="qwen", total_slots=4)
-    router = start_fleet(box, boxes_extra={"lc": {"max_inflight": 1}})
+    router = start_fleet_in_process(box, boxes_extra={"lc": {"max_inflight": 1}})
     state = get_json(router, "/v1/router/state")["boxes"][0]
     assert (state["max_inflight"], state["limit_source"]) == (1, "boxes file")
 
@@ -363,12 +363,12 @@ def read_stream(router, body: dict, timeout: float = 15) -> tuple[int, dict, lis
 STREAM_CALL = {"model": "tiny", "messages": MESSAGES, "stream": True}
 
 
-def test_a_long_wait_for_the_first_byte_is_kept_alive_and_still_fails_over(start_fleet):
+def test_a_long_wait_for_the_first_byte_is_kept_alive_and_still_fails_over(start_fleet_in_process):
     steady = SimBox("b", residents=["tiny"])
     time.sleep(0.01)
     slow = SimBox("a", residents=["tiny"])  # used more recently: ranked first
     slow.script("tiny", Behavior.drop(after_s=1.0))  # takes the call, then dies without a byte
-    router = start_fleet(slow, steady, extra_args=("--stream-keepalive", "0.3"))
+    router = start_fleet_in_process(slow, steady, extra_args=("--stream-keepalive", "0.3"))
     status, headers, lines = read_stream(router, STREAM_CALL)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     comments = [line for line in lines if line.startswith(b":")]
@@ -380,10 +380,10 @@ def test_a_long_wait_for_the_first_byte_is_kept_alive_and_still_fails_over(start
     assert chat_calls(slow) == 1 and chat_calls(steady) == 1  # failed over after the comments
 
 
-def test_a_final_refusal_after_keep_alives_is_an_in_band_error_frame(start_fleet):
+def test_a_final_refusal_after_keep_alives_is_an_in_band_error_frame(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", Behavior.drop(after_s=0.8))
-    router = start_fleet(box, extra_args=("--stream-keepalive", "0.25"))
+    router = start_fleet_in_process(box, extra_args=("--stream-keepalive", "0.25"))
     status, _, lines = read_stream(router, STREAM_CALL)
     assert status == 200
     assert lines[0] == b": waiting"
@@ -391,10 +391,10 @@ def test_a_final_refusal_after_keep_alives_is_an_in_band_error_frame(start_fleet
     assert last["error"]["code"] == "connection_lost"
 
 
-def test_a_stream_waiting_in_the_queue_is_kept_alive_and_the_openai_client_reads_it(start_fleet):
+def test_a_stream_waiting_in_the_queue_is_kept_alive_and_the_openai_client_reads_it(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", Behavior.hang(1.0))
-    router = start_fleet(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--stream-keepalive", "0.25"))
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--stream-keepalive", "0.25"))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(call, router)
         assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["full"], 5)
@@ -406,10 +406,10 @@ def test_a_stream_waiting_in_the_queue_is_kept_alive_and_the_openai_client_reads
         assert first.result()[0] == 200
 
 
-def test_ndjson_streams_are_not_kept_alive(start_fleet):
+def test_ndjson_streams_are_not_kept_alive(start_fleet_in_process):
     box = SimOllama("o", tags=["llama3"], loaded=["llama3"])
     box.script("llama3", Behavior.hang(0.8))
-    router = start_fleet(box, extra_args=("--stream-keepalive", "0.2"))
+    router = start_fleet_in_process(box, extra_args=("--stream-keepalive", "0.2"))
     host, port = router.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     conn.request("POST", "/api/chat", body=json.dumps({"model": "llama3", "messages": MESSAGES}))
@@ -418,9 +418,9 @@ def test_ndjson_streams_are_not_kept_alive(start_fleet):
     assert all(json.loads(line) for line in lines)  # every line is JSON: no comment was sent
 
 
-def test_a_boxs_limit_is_set_and_changed_through_the_box_admin_api(start_fleet):
+def test_a_boxs_limit_is_set_and_changed_through_the_box_admin_api(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
-    router = start_fleet(box)
+    router = start_fleet_in_process(box)
 
     status, view = admin(router, "PUT", "/v1/boxes/a", {"max_inflight": 3})
     assert status == 200 and view["max_inflight"] == 3

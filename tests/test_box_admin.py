@@ -27,10 +27,10 @@ def call(router, method: str, path: str, doc=None, raw: bytes | None = None):
     return status, json.loads(data)
 
 
-def test_add_replace_update_block_delete_live(start_fleet, tmp_path):
+def test_add_replace_update_block_delete_live(start_fleet_in_process, tmp_path):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     others = SimFleet([b])  # a box the router does not know yet
     others.start()
     try:
@@ -60,8 +60,8 @@ def test_add_replace_update_block_delete_live(start_fleet, tmp_path):
         others.stop()
 
 
-def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet):
-    router = start_fleet(SimBox("a", catalog=["tiny"]))
+def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet_in_process):
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     before = router.boxes_path.read_bytes()
     for method, path, doc, raw, status, code in [
         ("POST", "/v1/boxes", None, b'{"name": "x", "key": "' + KEY.encode() + b'"', 400, "invalid_json"),
@@ -84,8 +84,8 @@ def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet):
     assert router.boxes_path.read_bytes() == before
 
 
-def test_concurrent_edits_never_lose_one(start_fleet, tmp_path):
-    router = start_fleet(SimBox("a", catalog=["tiny"]))
+def test_concurrent_edits_never_lose_one(start_fleet_in_process, tmp_path):
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     names = [f"n{i}" for i in range(24)]
 
     def add(name: str):

@@ -191,10 +191,10 @@ def test_a_box_whose_head_never_ends_gets_a_502_and_router_memory_stays_flat(sta
     pytest.param(answer_with(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                              b"\r\n-5\r\ndata: {}\r\n"), id="bad-chunk-size-stream"),
 ])
-def test_a_box_that_breaks_http_before_the_first_byte_is_refused_and_the_next_owner_serves(start_fleet, answer):
+def test_a_box_that_breaks_http_before_the_first_byte_is_refused_and_the_next_owner_serves(start_fleet_in_process, answer):
     raw = RawBox("raw", answer)
     good = SimBox("good", catalog=["tiny"])
-    router = start_fleet(raw, good)
+    router = start_fleet_in_process(raw, good)
     status, headers, data = post_chat(router)
     assert (status, headers["x-hugpy-box"]) == (200, "good"), data
     row = row_of(router, headers["x-hugpy-router-request-id"])
@@ -202,11 +202,11 @@ def test_a_box_that_breaks_http_before_the_first_byte_is_refused_and_the_next_ow
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_bad_chunk_framing_from_the_only_owner_is_a_502_in_the_facades_shape(start_fleet, stream):
+def test_bad_chunk_framing_from_the_only_owner_is_a_502_in_the_facades_shape(start_fleet_in_process, stream):
     content_type = b"text/event-stream" if stream else b"application/json"
     raw = RawBox("raw", answer_with(b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
                                     b"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"))
-    router = start_fleet(raw)
+    router = start_fleet_in_process(raw)
     with pytest.raises(openai.APIStatusError) as info:
         client(router).chat.completions.create(model="tiny", messages=MESSAGES, stream=stream)
     assert info.value.status_code == 502 and info.value.code == "bad_response"
@@ -215,13 +215,13 @@ def test_bad_chunk_framing_from_the_only_owner_is_a_502_in_the_facades_shape(sta
     assert (row["state"], row["http_status"], row["error"]) == ("failed", 502, "bad_response")
 
 
-def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fleet):
+def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fleet_in_process):
     body = b'{"id": "x", "object": "chat.completion", "choices": []}'
     raw = RawBox("raw", answer_with(
         JSON_HEAD + b"Server: BoxServer/9.9\r\nSet-Cookie: session=box-secret\r\nVia: 1.1 box-proxy\r\n"
         b"Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Credentials: true\r\n"
         b"X-Box-Own: kept\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
-    router = start_fleet(raw)
+    router = start_fleet_in_process(raw)
     status, headers, data = post_chat(router)
     assert status == 200 and data == body
     assert headers["x-box-own"] == "kept"  # the box's other headers still go through

@@ -111,10 +111,10 @@ def test_no_box_is_0_0_4s_and_a_valid_openai_error(both):
     assert isinstance(error["message"], str) and isinstance(error["code"], str)
 
 
-def test_no_box_through_the_openai_client(start_fleet):
+def test_no_box_through_the_openai_client(start_fleet_in_process):
     from router.sim import SimBox
 
-    router = start_fleet(SimBox("a", catalog=["tiny"]))
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])

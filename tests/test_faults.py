@@ -1,7 +1,7 @@
 """Faults: what a production front door must do when boxes, connections and clients misbehave.
 
-Each test starts a real `router serve` in front of simulated hugpy boxes whose faults are
-scripted per call (`router.sim.server.Behavior`), and checks three things: what the client
+Each test starts the real router (in this process, tests/inproc.py; as a `router serve` process
+where a signal is the point) in front of simulated hugpy boxes whose faults are scripted per call (`router.sim.server.Behavior`), and checks three things: what the client
 sees, what the box saw (its `CallRecord`s), and the router's own record of the call (the
 route_log row read through the admin cursor).
 """
@@ -27,7 +27,8 @@ from router.sim import SimOllama
 from router.sim.hugpy import Behavior, SimBox
 from router.store import db
 
-from conftest import ROOT, RouterProcess, wait_for
+from conftest import ROOT, wait_for
+from inproc import InProcessRouter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -155,11 +156,11 @@ def read_until(sock: socket.socket, marker: bytes, timeout: float = 5.0) -> byte
 
 
 @pytest.mark.parametrize("clean", [True, False], ids=["fin", "rst"])
-def test_a_box_dying_mid_stream_ends_the_stream_with_an_error_frame(start_fleet, clean):
+def test_a_box_dying_mid_stream_ends_the_stream_with_an_error_frame(start_fleet_in_process, clean):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=6, cadence_s=0.02)
     b = SimBox("b", catalog=["tiny"])  # could serve, but nothing is rerouted after the first byte
     a.script("tiny", Behavior.die_after(2, clean=clean))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
     assert raw.headers["x-hugpy-box"] == "a"
     call_id = raw.headers["x-hugpy-router-request-id"]
@@ -176,10 +177,10 @@ def test_a_box_dying_mid_stream_ends_the_stream_with_an_error_frame(start_fleet,
     assert not error_lines(router)
 
 
-def test_a_box_dying_mid_stream_raw_bytes_end_with_the_error_frame_and_no_done(start_fleet):
+def test_a_box_dying_mid_stream_raw_bytes_end_with_the_error_frame_and_no_done(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=4)
     a.script("tiny", Behavior.die_after(1))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, headers, data = post_chat(router, stream=True)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     frames = [f for f in data.split(b"\n\n") if f]
@@ -191,14 +192,14 @@ def test_a_box_dying_mid_stream_raw_bytes_end_with_the_error_frame_and_no_done(s
     pytest.param(0.0, id="done-in-the-first-read"),
     pytest.param(0.05, id="done-in-the-relay"),
 ])
-def test_a_stream_delivered_in_full_is_done_even_if_the_client_hangs_up_after_done(start_fleet, cadence_s):
+def test_a_stream_delivered_in_full_is_done_even_if_the_client_hangs_up_after_done(start_fleet_in_process, cadence_s):
     """The openai client hangs up right after `data: [DONE]`; a hugpy stream is close-delimited,
     so the router may still be waiting for the box's EOF. That is a finished call, not a
     cancelled one, and the box must not be told to cancel it. Without a cadence the whole
     stream, [DONE] included, comes in the router's first read (the first-frame gate's path)."""
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=3, cadence_s=cadence_s)
     a.script("tiny", Behavior.linger(1.0))  # the box closes 1 s after [DONE]
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
     pieces = [c for c in raw.parse() if c.choices and c.choices[0].delta.content]
     assert len(pieces) == 3  # the client got everything, [DONE] included, and closed
@@ -208,10 +209,10 @@ def test_a_stream_delivered_in_full_is_done_even_if_the_client_hangs_up_after_do
     assert call_id not in a.cancels  # nor is the box told to cancel a call it finished
 
 
-def test_an_ollama_box_dying_mid_stream_ends_the_ndjson_stream_with_an_error_line(start_fleet):
+def test_an_ollama_box_dying_mid_stream_ends_the_ndjson_stream_with_an_error_line(start_fleet_in_process):
     ol = SimOllama("ol", tags=["llama3"], loaded=["llama3"], chunks=5, cadence_s=0.01)
     ol.script("llama3", Behavior.die_after(2))
-    router = start_fleet(ol)
+    router = start_fleet_in_process(ol)
     pieces = []
     with pytest.raises(ollama.ResponseError) as info:
         for part in ollama.Client(host=router.url, timeout=15).chat(model="llama3", messages=MESSAGES, stream=True):
@@ -221,10 +222,10 @@ def test_an_ollama_box_dying_mid_stream_ends_the_ndjson_stream_with_an_error_lin
     assert (row["facade"], row["state"], row["error"]) == ("ollama", "failed", "box_failed_mid_stream")
 
 
-def test_a_trickling_box_is_relayed_whole_not_taken_for_a_dead_one(start_fleet):
+def test_a_trickling_box_is_relayed_whole_not_taken_for_a_dead_one(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=4)
     a.script("tiny", Behavior.trickle(64, 0.01))  # ~1.1 KB at 6.4 KB/s: every frame arrives in pieces
-    router = start_fleet(a, extra_args=("--first-byte-timeout", "1"))
+    router = start_fleet_in_process(a, extra_args=("--first-byte-timeout", "1"))
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
     pieces = [c.choices[0].delta.content for c in raw.parse() if c.choices and c.choices[0].delta.content]
     assert pieces == ["tok "] * 4
@@ -237,7 +238,7 @@ def test_a_trickling_box_is_relayed_whole_not_taken_for_a_dead_one(start_fleet):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["hang-no-head", "stream-head-then-cold-load"])
-def test_no_first_byte_within_the_timeout_fails_over(start_fleet, stream):
+def test_no_first_byte_within_the_timeout_fails_over(start_fleet_in_process, stream):
     if stream:
         # A stream's head goes out before placement; a 5 s cold load is silence after it.
         a = SimBox("a", catalog=["tiny"], load_s=5)
@@ -246,7 +247,7 @@ def test_no_first_byte_within_the_timeout_fails_over(start_fleet, stream):
         a = SimBox("a", catalog=["tiny"], residents=["tiny"])
         b = SimBox("b", catalog=["tiny"])
         a.script("tiny", Behavior.hang(5))
-    router = start_fleet(a, b, extra_args=("--first-byte-timeout", "1"))
+    router = start_fleet_in_process(a, b, extra_args=("--first-byte-timeout", "1"))
     started = time.monotonic()
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=stream)
     assert raw.headers["x-hugpy-box"] == "b"
@@ -264,11 +265,11 @@ def test_no_first_byte_within_the_timeout_fails_over(start_fleet, stream):
     assert abandoned.finished_at - abandoned.started_at < 2.5
 
 
-def test_an_invalid_http_head_fails_over_and_is_recorded(start_fleet):
+def test_an_invalid_http_head_fails_over_and_is_recorded(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
     a.script("tiny", Behavior.bad_head())
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     status, headers, data = post_chat(router)
     assert status == 200 and headers["x-hugpy-box"] == "b", data
     row = row_of(router, headers["x-hugpy-router-request-id"])
@@ -293,36 +294,36 @@ def _spaced_calls(router, count: int, gap_s: float) -> list[tuple[int, dict, byt
     return answers
 
 
-def test_a_stale_pooled_connection_never_fails_a_call_the_box_never_started(start_fleet):
+def test_a_stale_pooled_connection_never_fails_a_call_the_box_never_started(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     # The box's idle close meets every request sent on a connection idle for over 0.15 s: it
     # drops the request unread (so it never starts the call) and closes. The router keeps idle
     # connections 4 s, so each spaced call is sent on such a connection.
     a.close_idle_after(0.15, timer=False)
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     answers = _spaced_calls(router, 4, 0.4)
     assert a.idle_races > 0  # the race happened
     assert [status for status, _, _ in answers] == [200] * 4, [data for _, _, data in answers]
     assert all(n == 1 for n in per_call_id(a).values())
 
 
-def test_a_stale_connection_race_fails_over_to_another_box_and_never_repeats_a_body(start_fleet):
+def test_a_stale_connection_race_fails_over_to_another_box_and_never_repeats_a_body(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])  # serving: always tried first
     b = SimBox("b", catalog=["tiny"])
     a.close_idle_after(0.15, timer=False)
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     answers = _spaced_calls(router, 4, 0.4)
     assert a.idle_races > 0
     assert [status for status, _, _ in answers] == [200] * 4, [data for _, _, data in answers]
     assert all(n == 1 for n in per_call_id(a, b).values())
 
 
-def test_a_box_closing_idle_connections_on_time_never_fails_a_call(start_fleet):
+def test_a_box_closing_idle_connections_on_time_never_fails_a_call(start_fleet_in_process):
     """The everyday case: the box's idle timer (0.25 s here, 5 s in uvicorn and Go) is shorter
     than the router's 4 s, and calls come at every spacing around it."""
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     a.close_idle_after(0.25)
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     answers = [post_chat(router)]
     for gap_ms in range(200, 320, 10):
         time.sleep(gap_ms / 1000)
@@ -336,14 +337,14 @@ def test_a_box_closing_idle_connections_on_time_never_fails_a_call(start_fleet):
     pytest.param(Behavior.reset(), id="rst-at-once"),
     pytest.param(Behavior.drop(0.3, clean=True), id="fin-later"),
 ])
-def test_a_body_the_box_took_is_never_sent_to_it_twice(start_fleet, fault):
+def test_a_body_the_box_took_is_never_sent_to_it_twice(start_fleet_in_process, fault):
     """The box read the call, then its connection broke before any answer byte, on a reused
     connection (the look of a stale close): another box may take it, never the same one again.
     (A FIN at once, with nothing read, is the stale race itself; a box that read the call and
     then closed at once cannot be told from it on the wire, so that case is not pinned.)"""
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     assert post_chat(router)[1]["x-hugpy-box"] == "a"  # a's pool now holds a warm connection
     a.script("tiny", fault)
     status, headers, data = post_chat(router)
@@ -360,9 +361,9 @@ def test_a_body_the_box_took_is_never_sent_to_it_twice(start_fleet, fault):
 # Clients that leave
 
 
-def test_a_client_leaving_during_a_slow_upload_is_cancelled_and_no_box_is_contacted(start_fleet):
+def test_a_client_leaving_during_a_slow_upload_is_cancelled_and_no_box_is_contacted(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     body = chat_body()
     sock = open_raw(router, body[:20], length=len(body) + 100_000)
     for _ in range(3):
@@ -383,10 +384,10 @@ def hang_up(sock: socket.socket, call) -> None:
     assert call.finished_at - left < 1.0
 
 
-def test_a_client_leaving_while_the_box_is_silent_ends_the_box_call_and_is_cancelled(start_fleet):
+def test_a_client_leaving_while_the_box_is_silent_ends_the_box_call_and_is_cancelled(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     a.script("tiny", Behavior.hang(10))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     sock = open_raw(router, chat_body())
     (call,) = wait_for(lambda: box_calls(a), 5)
     hang_up(sock, call)
@@ -394,9 +395,9 @@ def test_a_client_leaving_while_the_box_is_silent_ends_the_box_call_and_is_cance
     assert (row["state"], row["error"]) == ("cancelled", "client_left")
 
 
-def test_a_client_leaving_mid_stream_ends_the_box_call_and_is_cancelled(start_fleet):
+def test_a_client_leaving_mid_stream_ends_the_box_call_and_is_cancelled(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=100, cadence_s=0.05)
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     sock = open_raw(router, chat_body(stream=True))
     assert b'"tok "' in read_until(sock, b'"tok "')
     (call,) = box_calls(a)
@@ -407,10 +408,10 @@ def test_a_client_leaving_mid_stream_ends_the_box_call_and_is_cancelled(start_fl
     assert 0 < row["bytes_out"]
 
 
-def test_a_client_leaving_mid_trickle_ends_the_box_call(start_fleet):
+def test_a_client_leaving_mid_trickle_ends_the_box_call(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=20)
     a.script("tiny", Behavior.trickle(32, 0.02))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     sock = open_raw(router, chat_body(stream=True))
     assert b'"tok "' in read_until(sock, b'"tok "')
     (call,) = box_calls(a)
@@ -422,10 +423,10 @@ def test_a_client_leaving_mid_trickle_ends_the_box_call(start_fleet):
 # Boxes going away and coming back
 
 
-def test_all_boxes_offline_get_clear_refusals_and_the_view_recovers(start_fleet):
+def test_all_boxes_offline_get_clear_refusals_and_the_view_recovers(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    first = start_fleet(a, b)
+    first = start_fleet_in_process(a, b)
     fleet = first.fleet
     assert post_chat(first)[0] == 200
     fleet.stop_box(a)
@@ -438,7 +439,7 @@ def test_all_boxes_offline_get_clear_refusals_and_the_view_recovers(start_fleet)
     assert first.stop() == 0
     assert not error_lines(first)
     # A router that starts while every box is down knows they are offline: 503 no_box, reasons.
-    second = RouterProcess(first.boxes_path)
+    second = InProcessRouter(first.boxes_path)
     try:
         status, _, data = post_chat(second)
         error = assert_openai_error(status, data)
@@ -461,6 +462,8 @@ def box_view(router, name: str) -> dict:
 def test_flapping_health_and_a_box_restart_never_fail_a_call(start_fleet):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"], residents=["tiny"])
+    # A process of its own: run in the test process (whose client and flapper threads share the
+    # GIL with the router's loop), it once missed the 3 s resync in a loaded full run.
     router = start_fleet(a, b)
     stop = threading.Event()
 
@@ -512,10 +515,10 @@ def run_boxes(router, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_boxes_file_edits_apply_within_two_seconds_and_never_drop_a_call_in_flight(start_fleet):
+def test_boxes_file_edits_apply_within_two_seconds_and_never_drop_a_call_in_flight(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=60, cadence_s=0.07)  # a ~4 s stream
     b = SimBox("b", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     router.fleet.boxes.append(b)
     router.fleet.start_box(b)  # b runs, but the router does not know it yet
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -626,10 +629,10 @@ def _speech_through(router) -> tuple[int, bytes | None, str]:
 
 
 @pytest.mark.parametrize("clean", [True, False], ids=["fin", "rst"])
-def test_a_sized_answer_cut_mid_body_never_reaches_the_client_as_complete(start_fleet, clean):
+def test_a_sized_answer_cut_mid_body_never_reaches_the_client_as_complete(start_fleet_in_process, clean):
     a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
     a.script("kokoro", Behavior.cut(200, [("Content-Type", "audio/wav")], BIG, len(BIG) // 2, clean=clean))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, data, call_id = _speech_through(router)
     row = row_of(router, call_id)
     assert (row["state"], row["error"]) == ("failed", "box_failed_mid_stream")
@@ -637,22 +640,22 @@ def test_a_sized_answer_cut_mid_body_never_reaches_the_client_as_complete(start_
     assert data is None or data == BIG, f"a cut answer ended cleanly: {len(data)} of {len(BIG)} bytes"
 
 
-def test_a_close_delimited_answer_reset_mid_body_is_a_failure_not_a_complete_answer(start_fleet):
+def test_a_close_delimited_answer_reset_mid_body_is_a_failure_not_a_complete_answer(start_fleet_in_process):
     a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
     a.script("kokoro", Behavior.cut(200, [("Content-Type", "audio/wav")], BIG, len(BIG) // 2,
                                     clean=False, length=False))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, data, call_id = _speech_through(router)
     row = row_of(router, call_id)
     assert (row["state"], row["error"]) == ("failed", "box_failed_mid_stream")
     assert data is None or data == BIG, f"a cut answer ended cleanly: {len(data)} of {len(BIG)} bytes"
 
 
-def test_a_close_delimited_answer_ended_by_fin_is_complete(start_fleet):
+def test_a_close_delimited_answer_ended_by_fin_is_complete(start_fleet_in_process):
     """The other side of the rule: without a length, an orderly close is the end of the body."""
     a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
     a.script("kokoro", Behavior.cut(200, [("Content-Type", "audio/wav")], BIG, len(BIG) // 2, length=False))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, data, call_id = _speech_through(router)
     assert (status, data) == (200, BIG[: len(BIG) // 2])
     assert row_of(router, call_id)["state"] == "done"
@@ -668,10 +671,10 @@ def test_a_close_delimited_answer_ended_by_fin_is_complete(start_fleet):
     pytest.param("worker_reserved", 423, 423, id="reserved"),
     pytest.param("insufficient_resources", "won't fit", 503, id="no-numeric-code"),
 ])
-def test_a_stream_whose_only_owner_refuses_in_band_gets_that_status(start_fleet, type_, code, status):
+def test_a_stream_whose_only_owner_refuses_in_band_gets_that_status(start_fleet_in_process, type_, code, status):
     a = SimBox("a", catalog=["tiny"])
     a.script("tiny", Behavior.in_band(type_, "load failed: child exited rc=1", code=code))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     with pytest.raises(openai.APIStatusError) as info:
         client(router).chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
     error = info.value
@@ -685,12 +688,12 @@ def test_a_stream_whose_only_owner_refuses_in_band_gets_that_status(start_fleet,
     assert (row["state"], row["http_status"], row["error"]) == ("failed", status, type_)
 
 
-def test_every_owner_refusing_in_band_answers_the_last_refusal(start_fleet):
+def test_every_owner_refusing_in_band_answers_the_last_refusal(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])  # serving: tried first
     b = SimBox("b", catalog=["tiny"])
     a.script("tiny", Behavior.in_band("insufficient_resources", "won't fit"))
     b.script("tiny", Behavior.in_band("load_error", "load failed"))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     status, headers, data = post_chat(router, stream=True)
     error = assert_openai_error(status, data)
     assert (status, error["type"], error["code"], headers["x-hugpy-box"]) == (503, "load_error", 503, "b")
@@ -699,10 +702,10 @@ def test_every_owner_refusing_in_band_answers_the_last_refusal(start_fleet):
         ("a", "insufficient_resources"), ("b", "load_error")]
 
 
-def test_an_ollama_stream_whose_only_owner_errs_in_its_first_line_is_a_502(start_fleet):
+def test_an_ollama_stream_whose_only_owner_errs_in_its_first_line_is_a_502(start_fleet_in_process):
     ol = SimOllama("ol", tags=["llama3"], loaded=["llama3"])
     ol.script("llama3", Behavior.in_band(message="an error was encountered while running the model"))
-    router = start_fleet(ol)
+    router = start_fleet_in_process(ol)
     with pytest.raises(ollama.ResponseError) as info:
         list(ollama.Client(host=router.url, timeout=15).chat(model="llama3", messages=MESSAGES, stream=True))
     assert info.value.status_code == 502
@@ -717,10 +720,10 @@ def test_an_ollama_stream_whose_only_owner_errs_in_its_first_line_is_a_502(start
 IDLE_TIMEOUT = ("--stream-idle-timeout", "0.4")
 
 
-def test_a_box_silent_mid_stream_ends_it_with_an_error_frame_and_is_cancelled(start_fleet):
+def test_a_box_silent_mid_stream_ends_it_with_an_error_frame_and_is_cancelled(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=5)
     a.script("tiny", Behavior.stall_after(2, 20))
-    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    router = start_fleet_in_process(a, extra_args=IDLE_TIMEOUT)
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
     call_id = raw.headers["x-hugpy-router-request-id"]
     pieces = []
@@ -739,10 +742,10 @@ def test_a_box_silent_mid_stream_ends_it_with_an_error_frame_and_is_cancelled(st
     assert not error_lines(router)
 
 
-def test_an_ollama_box_silent_mid_stream_ends_the_ndjson_stream_with_an_error_line(start_fleet):
+def test_an_ollama_box_silent_mid_stream_ends_the_ndjson_stream_with_an_error_line(start_fleet_in_process):
     ol = SimOllama("ol", tags=["llama3"], loaded=["llama3"], chunks=5)
     ol.script("llama3", Behavior.stall_after(2, 20))
-    router = start_fleet(ol, extra_args=IDLE_TIMEOUT)
+    router = start_fleet_in_process(ol, extra_args=IDLE_TIMEOUT)
     pieces = []
     with pytest.raises(ollama.ResponseError) as info:
         for part in ollama.Client(host=router.url, timeout=15).chat(model="llama3", messages=MESSAGES, stream=True):
@@ -754,10 +757,10 @@ def test_an_ollama_box_silent_mid_stream_ends_the_ndjson_stream_with_an_error_li
     assert wait_for(lambda: call.finished_at is not None, 2)
 
 
-def test_a_box_silent_mid_body_cuts_the_sized_answer(start_fleet):
+def test_a_box_silent_mid_body_cuts_the_sized_answer(start_fleet_in_process):
     a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
     a.script("kokoro", Behavior.stall_body(200, [("Content-Type", "audio/wav")], BIG, len(BIG) // 2, 20))
-    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    router = start_fleet_in_process(a, extra_args=IDLE_TIMEOUT)
     status, data, call_id = _speech_through(router)
     assert status == 200 and data is None  # the client can tell the answer was cut
     row = row_of(router, call_id)
@@ -765,9 +768,9 @@ def test_a_box_silent_mid_body_cuts_the_sized_answer(start_fleet):
     assert wait_for(lambda: call_id in a.cancels, 2)
 
 
-def test_a_slow_but_steady_stream_is_not_taken_for_a_silent_one(start_fleet):
+def test_a_slow_but_steady_stream_is_not_taken_for_a_silent_one(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=6, cadence_s=0.25)  # 1.5 s in all
-    router = start_fleet(a, extra_args=IDLE_TIMEOUT)
+    router = start_fleet_in_process(a, extra_args=IDLE_TIMEOUT)
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
     assert len([c for c in raw.parse() if c.choices and c.choices[0].delta.content]) == 6
     assert row_of(router, raw.headers["x-hugpy-router-request-id"])["state"] == "done"

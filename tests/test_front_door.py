@@ -1,4 +1,6 @@
-"""The OpenAI front door end to end: the official `openai` client → router process → sim boxes.
+"""The OpenAI front door end to end: the official `openai` client → router → sim boxes.
+The router runs in the test process (tests/inproc.py), as a `router serve` process where the
+case is about the process (its memory, SIGTERM).
 
 Each test names the rule of the box-choice contract (DESIGN.md) or the issue item it pins.
 """
@@ -45,9 +47,9 @@ def calls(box: SimBox) -> list:
     return [c for c in box.calls if c.path.startswith("/v1/")]
 
 
-def test_non_stream_call_is_proxied_with_ids_and_the_box_key(start_fleet):
+def test_non_stream_call_is_proxied_with_ids_and_the_box_key(start_fleet_in_process):
     a = SimBox("a", key=KEY_A, catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     raw = chat(router, "tiny")
     completion = raw.parse()
     assert completion.choices[0].message.content
@@ -60,10 +62,10 @@ def test_non_stream_call_is_proxied_with_ids_and_the_box_key(start_fleet):
     assert KEY_A not in json.dumps(dict(raw.headers))
 
 
-def test_client_authorization_and_forwarding_headers_never_reach_the_box(start_fleet):
+def test_client_authorization_and_forwarding_headers_never_reach_the_box(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     # A forwarded call from an untrusted peer is outside: open the use routes for this test.
-    router = start_fleet(a, env={"HUGPY_ROUTER_REQUIRE_KEY": "never"})
+    router = start_fleet_in_process(a, env={"HUGPY_ROUTER_REQUIRE_KEY": "never"})
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}).encode()
     status, _, _ = post(
         router, "/v1/chat/completions", body,
@@ -77,9 +79,9 @@ def test_client_authorization_and_forwarding_headers_never_reach_the_box(start_f
         assert name not in record.headers
 
 
-def test_stream_call_relays_every_frame(start_fleet):
+def test_stream_call_relays_every_frame(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=7)
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     stream = client(router).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
     )
@@ -88,26 +90,26 @@ def test_stream_call_relays_every_frame(start_fleet):
     assert calls(a)[0].stream is True
 
 
-def test_serving_first_beats_load_even_against_file_order(start_fleet):
+def test_serving_first_beats_load_even_against_file_order(start_fleet_in_process):
     loader = SimBox("loader", catalog=["tiny"])
     server = SimBox("server", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(loader, server)
+    router = start_fleet_in_process(loader, server)
     raw = chat(router, "tiny")
     assert raw.headers["x-hugpy-box"] == "server"
     assert not calls(loader)
 
 
-def test_load_tier_prefers_more_free_gpu_memory(start_fleet):
+def test_load_tier_prefers_more_free_gpu_memory(start_fleet_in_process):
     small = SimBox("small", catalog=["tiny"], free_gpu_bytes=1 << 30)
     big = SimBox("big", catalog=["tiny"], free_gpu_bytes=8 << 30)
-    router = start_fleet(small, big)
+    router = start_fleet_in_process(small, big)
     assert chat(router, "tiny").headers["x-hugpy-box"] == "big"
 
 
-def test_a_resident_with_other_settings_is_a_load(start_fleet):
+def test_a_resident_with_other_settings_is_a_load(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     # Both serve tiny with default settings: file order picks a for the ram-only load.
     assert chat(router, "tiny@ram-only").headers["x-hugpy-box"] == "a"
     # a now runs tiny@ram-only (the router sent it); the same settings are served by a,
@@ -116,28 +118,28 @@ def test_a_resident_with_other_settings_is_a_load(start_fleet):
     assert chat(router, "tiny").headers["x-hugpy-box"] == "b"
 
 
-def test_pin_is_honoured_over_a_better_box(start_fleet):
+def test_pin_is_honoured_over_a_better_box(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     raw = chat(router, "tiny", extra_body={"alloc": {"worker": "b"}})
     assert raw.headers["x-hugpy-box"] == "b"
     assert not calls(a)
 
 
-def test_pin_by_header(start_fleet):
+def test_pin_by_header(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     raw = chat(router, "tiny", extra_headers={"X-Router-Box": "b"})
     assert raw.headers["x-hugpy-box"] == "b"
 
 
-def test_a_pinned_box_that_refuses_is_never_rerouted(start_fleet):
+def test_a_pinned_box_that_refuses_is_never_rerouted(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
     b.script("tiny", Behavior.refuse(503, "insufficient_resources", "won't fit: test"))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     with pytest.raises(openai.APIStatusError) as info:
         chat(router, "tiny", extra_body={"alloc": {"worker": "b"}})
     assert info.value.status_code == 503
@@ -145,10 +147,10 @@ def test_a_pinned_box_that_refuses_is_never_rerouted(start_fleet):
     assert not calls(a)
 
 
-def test_a_pin_cannot_override_the_gate(start_fleet):
+def test_a_pin_cannot_override_the_gate(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["other"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     with pytest.raises(openai.APIStatusError) as info:
         chat(router, "tiny", extra_body={"alloc": {"worker": "b"}})
     assert info.value.status_code == 503
@@ -158,20 +160,20 @@ def test_a_pin_cannot_override_the_gate(start_fleet):
     assert not calls(a) and not calls(b)
 
 
-def test_refusal_503_fails_over_to_the_next_box(start_fleet):
+def test_refusal_503_fails_over_to_the_next_box(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
     a.script("tiny", Behavior.refuse(503, "insufficient_resources", "won't fit"))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     assert chat(router, "tiny").headers["x-hugpy-box"] == "b"
     assert len(calls(a)) == 1 and len(calls(b)) == 1
 
 
-def test_in_band_load_error_on_a_stream_fails_over(start_fleet):
+def test_in_band_load_error_on_a_stream_fails_over(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"], chunks=3)
     a.script("tiny", Behavior.in_band("load_error", "load failed: child exited rc=1"))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     raw = client(router).chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
     )
@@ -180,10 +182,10 @@ def test_in_band_load_error_on_a_stream_fails_over(start_fleet):
     assert len(chunks) == 3
 
 
-def test_connect_refused_fails_over(start_fleet):
+def test_connect_refused_fails_over(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     port = a.port
     router.fleet.stop_box(a)  # the box dies while the router still holds it online
     with socket.socket() as probe:
@@ -191,12 +193,12 @@ def test_connect_refused_fails_over(start_fleet):
     assert chat(router, "tiny").headers["x-hugpy-box"] == "b"
 
 
-def test_a_400_passes_through_exactly(start_fleet):
+def test_a_400_passes_through_exactly(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
     body = b'{"error": {"message": "bad thing", "code": 400}}'
     a.script("tiny", Behavior.raw(400, [("Content-Type", "application/json; charset=x-test")], body))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     payload = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}).encode()
     status, headers, data = post(router, "/v1/chat/completions", payload)
     assert (status, data) == (400, body)
@@ -205,10 +207,10 @@ def test_a_400_passes_through_exactly(start_fleet):
     assert not calls(b)
 
 
-def test_unknown_model_is_503_no_box_with_every_reason_and_no_box_contacted(start_fleet):
+def test_unknown_model_is_503_no_box_with_every_reason_and_no_box_contacted(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    router = start_fleet(a, b, boxes_extra={"b": {"blocked": True}})
+    router = start_fleet_in_process(a, b, boxes_extra={"b": {"blocked": True}})
     with pytest.raises(openai.APIStatusError) as info:
         chat(router, "nope")
     assert info.value.status_code == 503
@@ -219,11 +221,11 @@ def test_unknown_model_is_503_no_box_with_every_reason_and_no_box_contacted(star
     assert not calls(a) and not calls(b)
 
 
-def test_never_more_than_three_boxes_per_call(start_fleet):
+def test_never_more_than_three_boxes_per_call(start_fleet_in_process):
     boxes = [SimBox(f"b{i}", catalog=["tiny"]) for i in range(4)]
     for box in boxes:
         box.script("tiny", Behavior.refuse(503, "load_error", f"load failed on {box.name}"))
-    router = start_fleet(*boxes)
+    router = start_fleet_in_process(*boxes)
     with pytest.raises(openai.APIStatusError) as info:
         chat(router, "tiny")
     assert info.value.status_code == 503
@@ -231,10 +233,10 @@ def test_never_more_than_three_boxes_per_call(start_fleet):
     assert sum(len(calls(box)) for box in boxes) == 3
 
 
-def test_client_disconnect_while_waiting_closes_the_box_call_within_a_second(start_fleet):
+def test_client_disconnect_while_waiting_closes_the_box_call_within_a_second(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     a.script("tiny", Behavior.hang(10))
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     host, port = router.url.removeprefix("http://").split(":")
     body = json.dumps({"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "x"}]})
     sock = socket.create_connection((host, int(port)))
@@ -274,10 +276,10 @@ def test_a_stalled_reader_keeps_router_memory_bounded(start_fleet):
     assert grown < 16 * (1 << 20), f"router grew {grown / (1 << 20):.1f} MiB for a stalled reader"
 
 
-def test_multipart_upload_is_routed_by_its_model_field(start_fleet):
+def test_multipart_upload_is_routed_by_its_model_field(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"])
     w = SimBox("w", catalog=["whisper"])
-    router = start_fleet(a, w)
+    router = start_fleet_in_process(a, w)
     result = client(router).audio.transcriptions.with_raw_response.create(
         model="whisper", file=("clip.wav", b"RIFF" + bytes(5000), "audio/wav")
     )
@@ -288,17 +290,17 @@ def test_multipart_upload_is_routed_by_its_model_field(start_fleet):
     assert not calls(a)
 
 
-def test_binary_answer_passes_through_byte_for_byte(start_fleet):
+def test_binary_answer_passes_through_byte_for_byte(start_fleet_in_process):
     a = SimBox("a", catalog=["kokoro"], residents=["kokoro"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     audio = client(router).audio.speech.create(model="kokoro", voice="af", input="hello")
     assert audio.content == bytes(range(256)) * 16
 
 
-def test_models_lists_the_union_with_boxes_and_residents(start_fleet):
+def test_models_lists_the_union_with_boxes_and_residents(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny", "big"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     models = {m.id: m for m in client(router).models.list()}
     assert set(models) == {"tiny", "big"}
     assert models["tiny"].model_extra["boxes"] == ["a", "b"]
@@ -316,9 +318,9 @@ def test_models_lists_the_union_with_boxes_and_residents(start_fleet):
         (b"", "invalid_request"),
     ],
 )
-def test_bad_bodies_get_a_clear_400_and_no_box_is_contacted(start_fleet, body, code):
+def test_bad_bodies_get_a_clear_400_and_no_box_is_contacted(start_fleet_in_process, body, code):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, headers, data = post(router, "/v1/chat/completions", body)
     assert status == 400
     assert headers["content-type"] == "application/json"
@@ -326,9 +328,9 @@ def test_bad_bodies_get_a_clear_400_and_no_box_is_contacted(start_fleet, body, c
     assert not calls(a)
 
 
-def test_a_body_over_the_limit_is_413(start_fleet):
+def test_a_body_over_the_limit_is_413(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a, extra_args=("--max-body", "1k"))
+    router = start_fleet_in_process(a, extra_args=("--max-body", "1k"))
     body = json.dumps({"model": "tiny", "input": "x" * 4000}).encode()
     status, _, data = post(router, "/v1/embeddings", body)
     assert status == 413
@@ -336,9 +338,9 @@ def test_a_body_over_the_limit_is_413(start_fleet):
     assert not calls(a)
 
 
-def test_unknown_route_and_wrong_method(start_fleet):
+def test_unknown_route_and_wrong_method(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, _, data = post(router, "/v1/nowhere", b"{}")
     assert status == 404 and json.loads(data)["error"]["code"] == "unknown_route"
     host, port = router.url.removeprefix("http://").split(":")
@@ -356,12 +358,12 @@ def test_sigterm_stops_cleanly(start_fleet):
     assert router.stop() == 0
 
 
-def test_the_rsgi_interface_serves_the_same_calls(start_fleet):
+def test_the_rsgi_interface_serves_the_same_calls(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     # 4 chunks 40 ms apart: a stream that lives through CallClock ticks
     b = SimBox("b", catalog=["tiny"], chunks=4, cadence_s=0.04)
     a.script("tiny", Behavior.in_band("load_error", "load failed"))
-    router = start_fleet(a, b, extra_args=("--interface", "rsgi"))
+    router = start_fleet_in_process(a, b, extra_args=("--interface", "rsgi"))
     raw = client(router).chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
     )
@@ -381,10 +383,10 @@ def test_the_rsgi_interface_serves_the_same_calls(start_fleet):
         conn.close()
 
 
-def test_the_pool_gate_routes_by_alloc_pool_or_header(start_fleet):
+def test_the_pool_gate_routes_by_alloc_pool_or_header(start_fleet_in_process):
     gpu = SimBox("gpu", catalog=["tiny"], residents=["tiny"])
     cpu = SimBox("cpu", catalog=["tiny"])
-    router = start_fleet(gpu, cpu, boxes_extra={"gpu": {"pool": "gpu"}, "cpu": {"pool": "cpu"}})
+    router = start_fleet_in_process(gpu, cpu, boxes_extra={"gpu": {"pool": "gpu"}, "cpu": {"pool": "cpu"}})
     assert chat(router, "tiny", extra_body={"alloc": {"pool": "cpu"}}).headers["x-hugpy-box"] == "cpu"
     assert chat(router, "tiny", extra_headers={"X-Router-Pool": "cpu"}).headers["x-hugpy-box"] == "cpu"
     with pytest.raises(openai.APIStatusError) as info:

@@ -1,5 +1,6 @@
-"""The router as a running process: stop under load, live boxes-file edits, box restarts, and
-what it writes to its log (never a prompt, a chunk or a key)."""
+"""The running router: stop under load, live boxes-file edits, box restarts, and what it writes
+to its log (never a prompt, a chunk or a key). SIGTERM and the log are read from a `router serve`
+process (all of its stderr, not only its logging records); the rest runs in this process."""
 
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(start_fleet):
     assert router.proc.wait(10) == 0
 
 
-def test_boxes_file_edits_take_effect_without_a_restart(start_fleet, tmp_path):
+def test_boxes_file_edits_take_effect_without_a_restart(start_fleet_in_process, tmp_path):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["other"], residents=["other"])
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     path = router.boxes_path
     write_boxes(path, [a])  # b removed
     def refusal(model: str) -> openai.APIStatusError | None:
@@ -63,9 +64,9 @@ def test_boxes_file_edits_take_effect_without_a_restart(start_fleet, tmp_path):
                     4, 0.2)
 
 
-def test_a_box_restart_is_seen_and_the_view_resyncs(start_fleet):
+def test_a_box_restart_is_seen_and_the_view_resyncs(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     def resident_on():
         return {m.id: m.model_extra["resident_on"] for m in client(router).models.list()}["tiny"]
     assert resident_on() == ["a"]

@@ -57,11 +57,11 @@ def store_rows(router) -> int:
         conn.close()
 
 
-def test_every_call_is_one_row_with_its_decision_and_attempts(start_fleet):
+def test_every_call_is_one_row_with_its_decision_and_attempts(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", catalog=["tiny"])
     a.script("tiny", Behavior.refuse(503, "insufficient_resources", "won't fit"))
-    router = start_fleet(a, b)
+    router = start_fleet_in_process(a, b)
     assert request(router.url, "POST", "/v1/chat/completions", chat_body(CANARY))[0] == 200
     assert request(router.url, "POST", "/v1/chat/completions", chat_body().replace(b"tiny", b"nope"))[0] == 503
     assert request(router.url, "POST", "/v1/chat/completions", b"{bad")[0] == 400
@@ -131,9 +131,9 @@ def run_keys(router, *args) -> subprocess.CompletedProcess:
                           env=env, cwd=ROOT, timeout=30)
 
 
-def test_keys_scopes_require_key_and_revoke(start_fleet):
+def test_keys_scopes_require_key_and_revoke(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a, env={"HUGPY_ROUTER_REQUIRE_KEY": "always"})
+    router = start_fleet_in_process(a, env={"HUGPY_ROUTER_REQUIRE_KEY": "always"})
     use_key = run_keys(router, "create", "--name", "laptop").stdout.strip()
     assert use_key.startswith("hpk_")
     client = lambda key: openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0)  # noqa: E731
@@ -159,9 +159,9 @@ def _works(client) -> bool:
     return True
 
 
-def test_a_spoofed_forwarded_for_from_an_untrusted_peer_is_outside(start_fleet):
+def test_a_spoofed_forwarded_for_from_an_untrusted_peer_is_outside(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)  # require-key: outside (default)
+    router = start_fleet_in_process(a)  # require-key: outside (default)
     assert request(router.url, "POST", "/v1/chat/completions", chat_body())[0] == 200
     status, data = request(router.url, "POST", "/v1/chat/completions", chat_body(),
                            {"X-Forwarded-For": "127.0.0.1"})
@@ -170,9 +170,9 @@ def test_a_spoofed_forwarded_for_from_an_untrusted_peer_is_outside(start_fleet):
     assert status == 401
 
 
-def test_admin_state_schedule_and_relay(start_fleet):
+def test_admin_state_schedule_and_relay(start_fleet_in_process):
     a = SimBox("a", key="hpk_box_relaykey000000000000", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     status, data = request(router.url, "GET", "/v1/router/state")
     doc = json.loads(data)
     assert status == 200 and doc["boxes"][0]["name"] == "a" and [r["key"] for r in doc["boxes"][0]["residents"]] == ["tiny"]
@@ -195,9 +195,9 @@ def test_admin_state_schedule_and_relay(start_fleet):
     assert set(event) == {"generation", "order", "pending", "pressure"} and event["order"] == ["a"]
 
 
-def test_metrics_parse_and_count_calls(start_fleet):
+def test_metrics_parse_and_count_calls(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     for _ in range(3):
         request(router.url, "POST", "/v1/chat/completions", chat_body())
     status, data = request(router.url, "GET", "/metrics")
@@ -207,9 +207,9 @@ def test_metrics_parse_and_count_calls(start_fleet):
     assert "router_time_to_first_byte_seconds" in families and "router_in_flight" in families
 
 
-def test_the_relay_never_smuggles_a_second_request(start_fleet):
+def test_the_relay_never_smuggles_a_second_request(start_fleet_in_process):
     a = SimBox("a", key="hpk_box_relaykey000000000000", catalog=["tiny"])
-    router = start_fleet(a)
+    router = start_fleet_in_process(a)
     smuggle = ("/v1/boxes/a/v1/models%20HTTP/1.1%0D%0AHost:%20x%0D%0AContent-Length:%200%0D%0A%0D%0A"
                "POST%20/v1/keys")
     status, _ = request(router.url, "GET", smuggle)

@@ -28,23 +28,23 @@ def post_chat(url: str, model: str, headers: dict | None = None) -> str:
         return response.headers["X-Hugpy-Box"]
 
 
-def test_a_burst_spreads_evenly_over_equal_boxes_without_telemetry(start_fleet):
+def test_a_burst_spreads_evenly_over_equal_boxes_without_telemetry(start_fleet_in_process):
     boxes = [SimBox(f"b{i}", catalog=["tiny"]) for i in range(4)]
     for box in boxes:
         box.script("tiny", *[Behavior.hang(1.5)] * BURST)  # every call stays in flight
-    router = start_fleet(*boxes)
+    router = start_fleet_in_process(*boxes)
     with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
         landed = list(pool.map(lambda _: post_chat(router.url, "tiny"), range(BURST)))
     counts = {box.name: landed.count(box.name) for box in boxes}
     assert all(abs(n - BURST // 4) <= 2 for n in counts.values()), counts
 
 
-def test_gpu_pressure_from_an_agent_steers_calls_to_the_cooler_box(start_fleet):
+def test_gpu_pressure_from_an_agent_steers_calls_to_the_cooler_box(start_fleet_in_process):
     # Both serve tiny: inside the serving tier, pressure decides (the file order favours hot).
     hot = SimBox("hot", catalog=["tiny"], residents=["tiny"])
     cool = SimBox("cool", catalog=["tiny"], residents=["tiny"])
     cool.residents["tiny"]["last_used"] -= 1000  # hot is the most recently used seat
-    router = start_fleet(hot, cool)
+    router = start_fleet_in_process(hot, cool)
     assert post_chat(router.url, "tiny") == "hot"
     card = [CardReading(index=0, uuid="GPU-test", util_pct=97.0, mem_free_bytes=1 << 30,
                         mem_total_bytes=80 << 30)]

@@ -85,9 +85,9 @@ def error_code(body: bytes) -> str:
 
 
 @pytest.mark.parametrize("mode, interface", [("never", "asgi"), ("outside", "rsgi"), ("always", "asgi")])
-def test_probes_answer_in_every_mode_and_list_nothing(start_fleet, mode, interface):
+def test_probes_answer_in_every_mode_and_list_nothing(start_fleet_in_process, mode, interface):
     a = SimBox("secret-box-name", catalog=["secret-model"], residents=["secret-model"])
-    router = start_fleet(a, extra_args=("--interface", interface),
+    router = start_fleet_in_process(a, extra_args=("--interface", interface),
                          env={"HUGPY_ROUTER_REQUIRE_KEY": mode, "HUGPY_ROUTER_TRUSTED_PROXIES": PROXY})
     hostile = {"Origin": "https://evil.example", "Host": "evil.example", "X-Forwarded-For": OUT}
     for path in ("/health", "/v1/health"):
@@ -104,9 +104,9 @@ def test_probes_answer_in_every_mode_and_list_nothing(start_fleet, mode, interfa
 
 
 @pytest.mark.parametrize("interface", ["asgi", "rsgi"])
-def test_an_ipv6_loopback_peer_is_loopback_on_both_interfaces(start_fleet, interface):
+def test_an_ipv6_loopback_peer_is_loopback_on_both_interfaces(start_fleet_in_process, interface):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a, extra_args=("--host", "::1", "--interface", interface),
+    router = start_fleet_in_process(a, extra_args=("--host", "::1", "--interface", interface),
                          env={"HUGPY_ROUTER_KEY": ADMIN_KEY})
     assert router.url.startswith("http://[::1]:")
     status, _, body = call(router.url, "GET", "/v1/router/state", source="::1")  # Host: [::1]:port
@@ -117,9 +117,9 @@ def test_an_ipv6_loopback_peer_is_loopback_on_both_interfaces(start_fleet, inter
 
 
 @pytest.mark.parametrize("interface", ["asgi", "rsgi"])
-def test_the_route_log_records_the_resolved_caller_and_both_interfaces_agree(start_fleet, interface):
+def test_the_route_log_records_the_resolved_caller_and_both_interfaces_agree(start_fleet_in_process, interface):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
-    router = start_fleet(a, extra_args=("--interface", interface),
+    router = start_fleet_in_process(a, extra_args=("--interface", interface),
                          env={"HUGPY_ROUTER_TRUSTED_PROXIES": PROXY, "HUGPY_ROUTER_REQUIRE_KEY": "never",
                               "HUGPY_ROUTER_KEY": ADMIN_KEY})
     # A client's own XFF line, then the line the proxy appended: the proxy's line decides.
@@ -150,10 +150,10 @@ def test_the_route_log_records_the_resolved_caller_and_both_interfaces_agree(sta
 # --- browsers (item 4) ---------------------------------------------------------------------------
 
 
-def test_browser_borne_requests_cannot_manage_a_keyless_loopback_router(start_fleet):
+def test_browser_borne_requests_cannot_manage_a_keyless_loopback_router(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     box = SimOllama("o", tags=["llama3:latest"])
-    router = start_fleet(a, box, env={"HUGPY_ROUTER_KEY": ADMIN_KEY,
+    router = start_fleet_in_process(a, box, env={"HUGPY_ROUTER_KEY": ADMIN_KEY,
                                       "HUGPY_ROUTER_ALLOWED_HOSTS": "router.lan",
                                       "HUGPY_ROUTER_ALLOWED_ORIGINS": "https://dash.example"})
     port = router.url.rsplit(":", 1)[1]
@@ -220,10 +220,10 @@ LMSTUDIO_MANAGEMENT = [
 ]
 
 
-def test_engine_management_is_admin_scope_and_a_use_key_never_reaches_a_box(start_fleet):
+def test_engine_management_is_admin_scope_and_a_use_key_never_reaches_a_box(start_fleet_in_process):
     box = SimOllama("o", tags=["llama3:latest"])
     lm = SimLMStudio("lm", models=[LM_MODEL], loaded=[LM_MODEL])
-    router = start_fleet(box, lm, extra_args=("--ollama-port", "auto", "--lmstudio-port", "auto"),
+    router = start_fleet_in_process(box, lm, extra_args=("--ollama-port", "auto", "--lmstudio-port", "auto"),
                          env={"HUGPY_ROUTER_TRUSTED_PROXIES": PROXY, "HUGPY_ROUTER_KEY": ADMIN_KEY})
     use_key = mint(router, "use")
     managed = {path for _, path, _ in OLLAMA_MANAGEMENT + LMSTUDIO_MANAGEMENT}
@@ -528,10 +528,10 @@ def test_the_readme_table_covers_every_row_and_caller():
 
 
 @pytest.mark.parametrize("mode", ["outside", "never", "always"])
-def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet, mode):
+def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in_process, mode):
     a = SimBox("a", key="hpk_box_relaykey000000000000", catalog=["tiny"], residents=["tiny"])
     box = SimOllama("o", tags=["llama3:latest"])
-    router = start_fleet(a, box, env={"HUGPY_ROUTER_REQUIRE_KEY": mode, "HUGPY_ROUTER_TRUSTED_PROXIES": PROXY,
+    router = start_fleet_in_process(a, box, env={"HUGPY_ROUTER_REQUIRE_KEY": mode, "HUGPY_ROUTER_TRUSTED_PROXIES": PROXY,
                                       "HUGPY_ROUTER_KEY": ADMIN_KEY})
     use_key = mint(router, "use")  # loopback manages in every mode
     got, want = {}, {}

@@ -68,12 +68,12 @@ def trusting(cert_path: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(cert_path))
 
 
-def test_every_listener_serves_https_to_the_official_clients(start_fleet, cert):
+def test_every_listener_serves_https_to_the_official_clients(start_fleet_in_process, cert):
     cert_path, key_path = cert
     hugpy = SimBox("h", catalog=["tiny"], residents=["tiny"])
     ollama_box = SimOllama("o", tags=["llama3:latest"], loaded=["llama3:latest"])
     lmstudio_box = SimLMStudio("l", models=["qwen2.5-7b-instruct"])
-    router = start_fleet(
+    router = start_fleet_in_process(
         hugpy, ollama_box, lmstudio_box,
         extra_args=("--ollama-port", "auto", "--lmstudio-port", "auto",
                     "--ssl-certfile", str(cert_path), "--ssl-keyfile", str(key_path)),
@@ -110,9 +110,9 @@ def test_every_listener_serves_https_to_the_official_clients(start_fleet, cert):
             httpx.get(url.replace("https://", "http://") + own[name], timeout=5)
 
 
-def test_alpn_offering_h2_gets_http_1_1_and_an_untrusted_certificate_is_refused(start_fleet, cert):
+def test_alpn_offering_h2_gets_http_1_1_and_an_untrusted_certificate_is_refused(start_fleet_in_process, cert):
     cert_path, key_path = cert
-    router = start_fleet(extra_args=("--ssl-certfile", str(cert_path), "--ssl-keyfile", str(key_path)))
+    router = start_fleet_in_process(extra_args=("--ssl-certfile", str(cert_path), "--ssl-keyfile", str(key_path)))
     url = urlsplit(router.url)
     context = trusting(cert_path)
     context.set_alpn_protocols(["h2", "http/1.1"])

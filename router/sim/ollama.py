@@ -3,8 +3,8 @@ contracts/ollama-lmstudio.md §1-§2 describes it, quirks included. The wire, st
 and threads follow `router.sim.server`.
 
 Rules:
-1. Names. A model is matched with Ollama's normalisation (`router.core.names.ollama_key`:
-   `llama3` is `llama3:latest`, case-insensitive); `/api/tags` and `/api/ps` report the
+1. Names. A model is matched with Ollama's normalisation (`router.sim.ollama_names`, the
+   sim's own reading of Ollama's code: `llama3` is `llama3:latest`, case-insensitive); `/api/tags` and `/api/ps` report the
    shortest display form (`llama3:latest`) in the installed name's case, while chat, generate
    and embed echo `model` exactly as the client sent it.
 2. Host guard. Like Ollama bound to loopback, any request whose `Host` is not a loopback,
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
-from router.core.names import ollama_key
+from router.sim.ollama_names import fold_key, parse
 from router.sim.server import (
     ANSWERED,
     BUSY_MESSAGE,
@@ -107,16 +107,8 @@ _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.
 def display_name(name: str) -> str | None:
     """Ollama's `DisplayShortest` of `name` in the name's own case (None when invalid): the
     default host and namespace dropped, `:latest` added when there is no tag."""
-    key = ollama_key(name)
-    if key is None:
-        return None
-    shown = name.strip()
-    for prefix in ("registry.ollama.ai/", "library/"):
-        if shown.lower().startswith(prefix):
-            shown = shown[len(prefix):]
-    if shown.rfind(":") <= shown.rfind("/"):
-        shown += ":latest"
-    return shown if shown.lower() == key else key  # a scheme or a source suffix: the key's form
+    parsed = parse(name)
+    return None if parsed is None else parsed.display_shortest()
 
 
 def host_allowed(host_header: str) -> bool:
@@ -193,7 +185,7 @@ class _Call:
 
     body: dict[str, Any]
     model: str  # as the client sent it: echoed verbatim
-    key: str  # ollama_key(model)
+    key: str  # fold_key(model)
     name: str | None  # the installed tag's display name; None when not installed
     stream: bool
     keep_alive_s: float
@@ -243,20 +235,20 @@ class SimOllama(SimServer):
         self.tags: list[str] = list(tags)
         self.loaded: list[str] = list(loaded)
         self.version = version
-        bad = [t for t in self.tags + self.loaded if ollama_key(t) is None]
+        bad = [t for t in self.tags + self.loaded if fold_key(t) is None]
         if bad:
             raise ValueError(f"not valid Ollama names: {bad}")
         # internals: when each name was installed (the given order is newest first) and expires
         now = time.time()
         self._modified: dict[str, float] = {}
         for age, tag in enumerate(self.tags):
-            self._modified.setdefault(ollama_key(tag), now - age)
-        self._expires: dict[str, float] = {ollama_key(n): now + DEFAULT_KEEP_ALIVE_S for n in self.loaded}
+            self._modified.setdefault(fold_key(tag), now - age)
+        self._expires: dict[str, float] = {fold_key(n): now + DEFAULT_KEEP_ALIVE_S for n in self.loaded}
 
     def script(self, model: str, *behaviors: Behavior) -> None:
         """Queues behaviours for the next model-bearing calls whose name normalises like
         `model` (`llama3` and `llama3:latest` share a queue; FIFO, once each)."""
-        key = ollama_key(model)
+        key = fold_key(model)
         if key is None:
             raise ValueError(f"not a valid Ollama name: {model!r}")
         self._queue_behaviors(key, behaviors)
@@ -317,13 +309,13 @@ class SimOllama(SimServer):
 
     def _tags(self, conn: Connection, ex: Exchange) -> None:
         rows = [self._tag_row(name) for name in self._installed_names()]
-        rows.sort(key=lambda row: self._modified[ollama_key(row["name"])], reverse=True)
+        rows.sort(key=lambda row: self._modified[fold_key(row["name"])], reverse=True)
         self._json(conn, ex, {"models": rows})
 
     def _ps(self, conn: Connection, ex: Exchange) -> None:
         rows = []
         for loaded in list(self.loaded):
-            key = ollama_key(loaded)
+            key = fold_key(loaded)
             name = self._installed(key) or display_name(loaded)
             expires = self._expires.setdefault(key, time.time() + DEFAULT_KEEP_ALIVE_S)
             size = _model_size(key)
@@ -334,13 +326,13 @@ class SimOllama(SimServer):
         self._json(conn, ex, {"models": [row for _, row in rows]})
 
     def _v1_models(self, conn: Connection, ex: Exchange) -> None:
-        data = [{"id": name, "object": "model", "created": int(self._modified[ollama_key(name)]),
+        data = [{"id": name, "object": "model", "created": int(self._modified[fold_key(name)]),
                  "owned_by": _namespace(name)} for name in self._installed_names()]
         data.sort(key=lambda row: row["created"], reverse=True)
         self._json(conn, ex, {"object": "list", "data": data or None})  # Go's nil slice: null
 
     def _tag_row(self, name: str) -> dict[str, Any]:
-        key = ollama_key(name)
+        key = fold_key(name)
         return {"name": name, "model": name, "modified_at": _rfc3339(self._modified[key]),
                 "size": _model_size(key), "digest": _model_digest(key), "details": MODEL_DETAILS}
 
@@ -350,32 +342,32 @@ class SimOllama(SimServer):
         """Display names of `tags`, one per normalised name; stamps names new to the box."""
         names: dict[str, str] = {}
         for tag in list(self.tags):
-            key = ollama_key(tag)
+            key = fold_key(tag)
             if key is not None and key not in names:
                 names[key] = display_name(tag)
                 self._modified.setdefault(key, time.time())
         return list(names.values())
 
     def _installed(self, key: str) -> str | None:
-        return next((n for n in self._installed_names() if ollama_key(n) == key), None)
+        return next((n for n in self._installed_names() if fold_key(n) == key), None)
 
     def _install(self, name: str) -> None:
-        key = ollama_key(name)
+        key = fold_key(name)
         if self._installed(key) is None:
             self.tags.append(name)
         self._modified[key] = time.time()
 
     def _uninstall(self, key: str) -> None:
-        self.tags[:] = [t for t in self.tags if ollama_key(t) != key]
+        self.tags[:] = [t for t in self.tags if fold_key(t) != key]
         self._unload(key)
 
     def _load(self, name: str, key: str, keep_alive: float) -> None:
-        if not any(ollama_key(n) == key for n in list(self.loaded)):
+        if not any(fold_key(n) == key for n in list(self.loaded)):
             self.loaded.append(name)
         self._expires[key] = time.time() + keep_alive
 
     def _unload(self, key: str) -> None:
-        self.loaded[:] = [n for n in self.loaded if ollama_key(n) != key]
+        self.loaded[:] = [n for n in self.loaded if fold_key(n) != key]
         self._expires.pop(key, None)
 
     # -- model-bearing routes -----------------------------------------------------------------
@@ -398,7 +390,7 @@ class SimOllama(SimServer):
         if not model:
             self._error(conn, ex, *route.empty, route.openai)
             return
-        key = ollama_key(model)
+        key = fold_key(model)
         if key is None:
             self._error(conn, ex, 400, "invalid model name", route.openai)
             return

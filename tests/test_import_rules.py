@@ -1,0 +1,123 @@
+"""Which room may import which (DESIGN.md "Layout"), read from the source with `ast`: every
+module of every room, module-level and function-level imports alike, relative ones resolved.
+
+The rules, per room, as the rooms of the project it may import (its own room always allowed):
+- core imports nothing of the project (test_core_purity.py also blocks the stdlib's I/O);
+- the compiled `_fastpath` is below every Python room (it imports nothing of the project);
+- upstream and store stand on core alone; boxes and telemetry add upstream, store, _fastpath;
+  none of the four imports serve or facades;
+- facades are tables of routes plus small functions: core, the compiled field scanner
+  `_fastpath`, and the package's `__version__`; never the I/O rooms or serve;
+- serve may import every room but the CLI and the simulated boxes;
+- sim shares no rule with the router: a stand-in must not import what it tests;
+- cli is the entry point: every room (it starts the simulated fleet as a child process).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROUTER = Path(__file__).resolve().parents[1] / "router"
+ROOMS = ("core", "_fastpath", "boxes", "telemetry", "upstream", "facades", "serve", "store", "sim", "cli")
+PACKAGE = "router"  # router/__init__.py: the version only; importing any room runs it anyway
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "_fastpath": frozenset(),
+    "upstream": frozenset({"core"}),
+    "store": frozenset({"core"}),
+    "boxes": frozenset({"core", "_fastpath", "upstream", "store"}),
+    "telemetry": frozenset({"core", "_fastpath", "boxes", "upstream", "store"}),
+    "facades": frozenset({"core", "_fastpath", PACKAGE}),
+    "serve": frozenset(ROOMS) - {"cli", "sim"} | {PACKAGE},
+    "sim": frozenset(),
+    "cli": frozenset(ROOMS) | {PACKAGE},
+}
+_CYTHON_IMPORT_RE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import|c?import\s+([\w.]+))", re.MULTILINE)
+
+
+def room_of(module: str) -> str | None:
+    """The room a dotted module name belongs to, PACKAGE for `router` itself, None outside."""
+    parts = module.split(".")
+    if parts[0] != "router":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else PACKAGE
+
+
+def modules(room: str) -> list[Path]:
+    if room == "_fastpath":
+        return [ROUTER / "_fastpath.pyx"]
+    return sorted((ROUTER / room).rglob("*.py"))
+
+
+def dotted(path: Path) -> str:
+    rel = path.relative_to(ROUTER.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted target) for every import in the file; `from a import b` yields `a.b`, so
+    that `from router import serve` names the room it reaches."""
+    text = path.read_text()
+    if path.suffix == ".pyx":
+        return [(text.count("\n", 0, m.start()) + 1, m.group(1) or m.group(2))
+                for m in _CYTHON_IMPORT_RE.finditer(text)]
+    package = dotted(path) if path.name == "__init__.py" else dotted(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def violations(room: str) -> list[str]:
+    allowed = ALLOWED[room] | {room}
+    found = []
+    for path in modules(room):
+        for line, target in imported(path):
+            reached = room_of(target)
+            if reached is not None and reached not in allowed:
+                found.append(f"{path.relative_to(ROUTER.parent)}:{line} imports {target} "
+                             f"(room {room!r} may import only {sorted(allowed)})")
+    return found
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_room_imports_follow_the_layout(room):
+    assert modules(room), f"room {room!r} has no modules: the layout and the tree disagree"
+    assert not violations(room), "\n".join(violations(room))
+
+
+def test_every_room_is_covered():
+    on_disk = {p.name for p in ROUTER.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert on_disk <= set(ROOMS), f"rooms with no import rule: {sorted(on_disk - set(ROOMS))}"
+
+
+def test_the_reader_sees_relative_function_level_and_from_package_imports(tmp_path, monkeypatch):
+    room = tmp_path / "router" / "store"
+    room.mkdir(parents=True)
+    (room / "__init__.py").write_text("")
+    (room / "bad.py").write_text(
+        "from router import serve\n"
+        "def later():\n"
+        "    from ..facades import body\n"
+        "    import router.core.names\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROUTER", tmp_path / "router")
+    found = violations("store")
+    assert [v.split(" (")[0] for v in found] == [
+        "router/store/bad.py:1 imports router.serve",
+        "router/store/bad.py:3 imports router.facades.body",
+    ]
