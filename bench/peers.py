@@ -24,6 +24,7 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,6 +92,19 @@ def missing(name: str) -> str | None:
         return (f"{LITELLM.relative_to(measure.ROOT)} is missing (scripts/bench makes it when the peers "
                 "figure is asked for; see its log for why pip failed)")
     return None
+
+
+def versions() -> dict[str, str]:
+    """The peers' versions, for the run's record ("-" where one is missing)."""
+    out = {}
+    done = subprocess.run(["haproxy", "-v"], capture_output=True, text=True) if shutil.which("haproxy") else None
+    out["haproxy"] = done.stdout.split()[2] if done and done.returncode == 0 else "-"
+    for name, exe, dist in (("hugpy-router-0.0.4", HUGPY_004, "hugpy-router"), ("litellm", LITELLM, "litellm")):
+        python = exe.parent / "python"
+        done = subprocess.run([str(python), "-c", f"from importlib import metadata; print(metadata.version({dist!r}))"],
+                              capture_output=True, text=True) if python.exists() else None
+        out[name] = done.stdout.strip() if done and done.returncode == 0 else "-"
+    return out
 
 
 def free_port() -> int:

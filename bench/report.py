@@ -244,9 +244,10 @@ def capacity_verdict(records: list[dict]) -> list[str]:
             ok = r["completed"] >= asked and r["stalled"] == 0 and memory_ok
             memory = (f"{r['router_rss_per_stream_kb']:.1f} kB of router RSS per stream" if many
                       else f"router RSS peak {r['router_rss_peak_mb']:.0f} MB")
+            direct = f"; straight from the box: {_control(r['direct'])}" if r.get("direct") else ""
             out.append(f"{'PASS' if ok else 'MISS'}  {r['interface']}: {r['figure']} = {r['completed']:,} of "
                        f"{r['streams']:,} completed, {r['stalled']} stalled (max gap {_num(r['max_gap_ms'])} ms), "
-                       f"{memory} ({target}{'; ' + r['reduced'] if r.get('reduced') else ''})")
+                       f"{memory} ({target}{'; ' + r['reduced'] if r.get('reduced') else ''}){direct}")
         elif r["figure"] == "stalled_reader":
             ok = r["growth_mib"] <= TARGETS["stalled_growth_mib"]
             note = ("; expected: RSGI's response stream has no write backpressure, the reason ASGI is the "
@@ -308,8 +309,8 @@ def peers_table(records: list[dict]) -> str:
         bg = Stat.of([r["background_pct"] for r in mine if not r.get("skipped")])
         errors = sum(r["errors"] for r in mine)
         noisy = sum(1 for r in mine if r.get("noisy"))
-        flags = ", ".join(filter(None, [f"{errors} errors" if errors else "", f"{noisy} noisy runs" if noisy else "",
-                                        f"{len(skipped)} rounds not run" if skipped else ""])) or "–"
+        flags = ", ".join(filter(None, [f"{errors} errors" if errors else "", f"{noisy} noisy run(s)" if noisy else "",
+                                        f"{len(skipped)} round(s) not run" if skipped else ""])) or "–"
         lines.append(
             f"| {label} | {_stat(rate, '{:,.0f}')} | {_stat(cpu, '{:,.0f}', ' µs')} | "
             f"{p50.median:.1f} / {p99.median:.1f} | {_stat(srate, '{:,.0f}')} | {_stat(chunk, '{:.1f}', ' µs')} | "
@@ -325,6 +326,12 @@ def _stat(stat: Stat | None, fmt: str, unit: str = "") -> str:
     if stat is None:
         return "–"
     return fmt.format(stat.median) + unit + (f" ({stat.span(fmt)})" if stat.n > 1 else "")
+
+
+def _control(d: dict) -> str:
+    """An open-streams control run: through the bare proxy, or straight from the box."""
+    return (f"{d['completed']:,} completed, {d['stalled']} stalled, max gap {_num(d['max_gap_ms'])} ms, first "
+            f"frame p99 {_num(d['first_frame_p99_ms'])} ms, other tenants {d['background_pct']:.0f} %")
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
@@ -358,6 +365,12 @@ def capacity_table(records: list[dict]) -> str:
                       f"{r['router_fds_peak']:,} fds (limit {r['router_fd_limit']:,}; sim's {r.get('sim_fd_limit', 0):,}); router CPU "
                       f"{r['router_cpu_pct']:.0f} %, sim {r['sim_cpu_pct']:.0f} %"
                       + (f"; failures: {failures}" if failures else "")
+                      + (f"; router CPU {r['cpu_us_per_frame']:.1f} µs per frame (call set-up included)"
+                         if "cpu_us_per_frame" in r else "")
+                      + (f"; the same streams through the bare proxy: {_control(r['floor'])}, "
+                         f"{r['floor']['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
+                         f"{r['floor']['cpu_us_per_frame']:.1f} µs of its CPU per frame" if r.get("floor") else "")
+                      + (f"; straight from the box: {_control(r['direct'])}" if r.get("direct") else "")
                       + (f"; fewer than asked: {r['reduced']}" if r.get("reduced") else ""))
             lines.append(f"| {title} | {result} | {target} | {detail} | {r['background_pct']:.0f} |")
         elif r["figure"] == "stalled_reader":

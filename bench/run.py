@@ -18,6 +18,17 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   bare proxy on the router's own stack (Granian with the router's settings, router.upstream.pool)
   in front of the same box, with its CPU: what any proxy on this stack costs here, so the router's
   CPU above it is the router's own (access, decision, reservation, hold, route-log row, metrics);
+* the peers and the floors in one round (`peers`), N rounds with the first interface's router:
+  non-stream `wrk -t1 -c64` (the same post.lua, same durations) against, in turn, the router, the
+  bare proxy, HAProxy 2.6 (`nbthread 1`, keep-alive to the box: the C floor), hugpy-router 0.0.4
+  (the release this router replaces, in front of the same 8 boxes) and LiteLLM's proxy (one worker,
+  the box as an OpenAI-compatible backend), each in front of the box the router picks, then the
+  box itself; 20-chunk streams too for the router, the bare proxy, HAProxy and the box. Each peer
+  is started, warmed up, measured and stopped in turn (bench/peers.py says how each is run); its
+  CPU per call = its process tree's user+sys CPU (psutil) / calls, the router's as above. The
+  ratios issue 15 sets targets for (router CPU per call ÷ the bare proxy's and ÷ HAProxy's, per
+  chunk ÷ the bare proxy's, router calls/s ÷ 0.0.4's and ÷ LiteLLM's) are taken within a round;
+  a peer that is not installed or does not start is recorded as not run, with why;
 * with `--locust`: time to first token at 64 users against a fleet with a 20 ms token cadence
   (bench/locustfile.py, FastHttpUser, headless, `--csv`), added TTFT p50/p99 router vs direct;
 * once per interface, each with a fleet and router of its own (`--figures` picks, e.g.
@@ -27,8 +38,18 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
     200 ms cadence and 30-chunk streams (6 s each, so all 2,000 overlap); every stream must get
     all 33 `data: ` events and its end, with no gap between two frames over 5 × the cadence
     (1 s) — else it counts as stalled; the router's RSS (psutil, every 100 ms) at the peak, and
-    its descriptors (2 per stream). The router and the sim need `ulimit -n` ≥ 4,256 and 2,256:
-    scripts/bench raises it to 8192 (the figure is recorded as not run if a limit is short);
+    its descriptors (2 per stream). The router and the sim need `ulimit -n` ≥ 5,024 and 2,256
+    (scripts/bench raises it);
+  - 10,000 open streams (`open_streams_10k`): the same client, 10,000 streams at one frame per
+    second (23 frames, opened 100 every 100 ms, so all overlap), a gap over 2 s counts as a stall;
+    the router's RSS growth at the peak per stream it held then (its descriptors / 2). Both
+    open-streams figures run as many streams as fit the router's and the sim's `ulimit -n` (and
+    the router's client budget under it, (limit - 1024) / 2) and record why when fewer: 10,000
+    need a hard limit of at least 21,024 (scripts/bench raises the soft limit to 21,280 or the
+    hard one); a figure with fewer than half its streams fitting is recorded as not run. After the
+    router's run, both figures run the same streams through the bare proxy (its RSS per stream:
+    the stack's share) and straight from the box (a late frame there is the box's or the
+    machine's, not the router's);
   - stalled reader: a box writes a 200,000-frame stream (~43 MB) at once; a client with a
     16 KiB receive buffer reads the head, then nothing for 10 s: the router's RSS growth over
     those 10 s (from the head's arrival), sampled every 200 ms, and 2 s after the client closed.
@@ -502,22 +523,77 @@ def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
     gate = measure.wait_quiet(rig.meter)
     router = psutil.Process(rig.router.pid)
     rss_base, fds_base = router.memory_info().rss, router.num_fds()
-    timeout_s = 30.0 + spec.frames * spec.cadence_ms / 1000 + spec.streams / 100 * spec.batch_gap_ms / 1000
-    argv = [measure.PYTHON, str(measure.BENCH / "open_streams.py"), rig.url("router"),
+    result, rss_peak, fds_peak, cpu = open_streams_client(rig, spec, streams, "router", router)
+    time.sleep(1.0)  # every stream is done: what the router keeps afterwards
+    rss_after = router.memory_info().rss
+    # The same streams through the bare proxy (the stack's own memory per stream), and straight
+    # from the box (whether a late frame is the router's or already the box's and the machine's).
+    floor = control_run(rig, spec, streams, "floor", psutil.Process(rig.floor.pid))
+    direct = control_run(rig, spec, streams, "direct", psutil.Process(rig.sim.pid))
+    held = max(1, (fds_peak - fds_base) // 2)
+    record = once_record(
+        rig, spec.figure, gate=asdict(gate), cadence_ms=spec.cadence_ms, streams_asked=spec.streams,
+        reduced=reduced, **result,
+        router_rss_base_mb=rss_base / 1e6, router_rss_peak_mb=rss_peak / 1e6,
+        router_rss_after_mb=rss_after / 1e6, router_fds_peak=fds_peak,
+        router_streams_held_peak=held, router_rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
+        router_fd_limit=limits["router"], sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
+        router_cpu_s=round(cpu.router_s, 2), cpu_us_per_frame=1e6 * cpu.router_s / max(1, result["frames_received"]),
+        **cpu_fields(cpu, result["completed"]), floor=floor, direct=direct)
+    log(f"[{rig.interface}] {spec.figure}: {result['completed']:,}/{result['streams']:,} completed, "
+        f"{result['stalled']} stalled, peak {result['peak_open']:,} open, max gap {result['max_gap_ms']:.0f} ms "
+        f"(threshold {result['stall_threshold_ms']:.0f}), first frame p99 {result['first_frame_p99_ms']:.0f} ms; "
+        f"router RSS {rss_base / 1e6:.0f} → peak {rss_peak / 1e6:.0f} MB "
+        f"({record['router_rss_per_stream_kb']:.1f} kB per stream held), {fds_peak:,} fds; "
+        f"others {cpu.background_pct:.0f} %; bare proxy: {floor['stalled']} stalled, max gap "
+        f"{floor['max_gap_ms']:.0f} ms, {floor['rss_per_stream_kb']:.1f} kB per stream; direct: "
+        f"{direct['stalled']} stalled, max gap {direct['max_gap_ms']:.0f} ms")
+    return record
+
+
+def rss_per_stream_kb(rss_base: int, rss_peak: int, fds_base: int, fds_peak: int) -> float:
+    """A proxy's RSS growth at the peak over the streams it held then (its descriptors, two per
+    stream), not over the client's count, which the kernel may have accepted for it."""
+    return (rss_peak - rss_base) / max(1, (fds_peak - fds_base) // 2) / 1e3
+
+
+CONTROL_KEYS = ("completed", "stalled", "failures", "frames_received", "max_gap_ms", "gap_p99_ms",
+                "first_frame_p50_ms", "first_frame_p99_ms")
+
+
+def control_run(rig: Rig, spec: OpenStreams, streams: int, target: str, proc: psutil.Process) -> dict:
+    """The open-streams client against the bare proxy or the box: the stream figures and other
+    tenants' CPU; for the bare proxy also its RSS per stream and CPU per frame."""
+    rss_base, fds_base = proc.memory_info().rss, proc.num_fds()
+    result, rss_peak, fds_peak, cpu = open_streams_client(rig, spec, streams, target, proc)
+    out = {k: result[k] for k in CONTROL_KEYS}
+    out["background_pct"] = round(cpu.background_pct, 1)
+    if target == "floor":
+        out.update(rss_peak_mb=rss_peak / 1e6, rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
+                   cpu_us_per_frame=1e6 * cpu.floor_s / max(1, result["frames_received"]))
+    return out
+
+
+def open_streams_client(rig: Rig, spec: OpenStreams, streams: int, target: str,
+                        watched: psutil.Process) -> tuple[dict, int, int, measure.CpuDelta]:
+    """One bench/open_streams.py run against `target`: its result, the peak RSS and descriptors
+    of `watched` (sampled every RSS_SAMPLE_S) and everyone's CPU."""
+    timeout_s = 30.0 + spec.frames * spec.cadence_ms / 1000 + streams / 100 * spec.batch_gap_ms / 1000
+    argv = [measure.PYTHON, str(measure.BENCH / "open_streams.py"), rig.url(target),
             "--streams", str(streams), "--frames", str(spec.frames), "--cadence-ms", f"{spec.cadence_ms:g}",
             "--stall-factor", f"{spec.stall_factor:g}", "--batch-gap-ms", f"{spec.batch_gap_ms:g}",
             "--timeout-s", f"{timeout_s:g}"]
     before = rig.meter.snapshot()
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                               cwd=measure.ROOT, start_new_session=True, text=True)
-    rss_peak, fds_peak = rss_base, fds_base
+    rss_peak, fds_peak = watched.memory_info().rss, watched.num_fds()
     try:
         deadline = time.monotonic() + timeout_s + measure.RUN_MARGIN_S
         while client.poll() is None:
             if time.monotonic() > deadline:
                 raise BenchError(f"open_streams.py ran past {timeout_s + measure.RUN_MARGIN_S:.0f} s")
-            rss_peak = max(rss_peak, router.memory_info().rss)
-            fds_peak = max(fds_peak, router.num_fds())
+            rss_peak = max(rss_peak, watched.memory_info().rss)
+            fds_peak = max(fds_peak, watched.num_fds())
             time.sleep(RSS_SAMPLE_S)
         out, err = client.communicate(timeout=measure.STOP_GRACE_S)
     finally:
@@ -526,26 +602,7 @@ def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
     match = OPEN_JSON.search(out)
     if not match:
         raise BenchError(f"open_streams.py gave no result (exit {client.returncode}): {out[-800:]} {err[-800:]}")
-    result = json.loads(match.group(1))
-    time.sleep(1.0)  # every stream is done: what the router keeps afterwards
-    # Per stream: the router's growth at the peak over the streams open then (its descriptors:
-    # two per stream), not over the client's count, which the kernel may have accepted for it.
-    held = max(1, (fds_peak - fds_base) // 2)
-    record = once_record(
-        rig, spec.figure, gate=asdict(gate), cadence_ms=spec.cadence_ms, streams_asked=spec.streams,
-        reduced=reduced, **result,
-        router_rss_base_mb=rss_base / 1e6, router_rss_peak_mb=rss_peak / 1e6,
-        router_rss_after_mb=router.memory_info().rss / 1e6, router_fds_peak=fds_peak,
-        router_streams_held_peak=held, router_rss_per_stream_kb=(rss_peak - rss_base) / held / 1e3,
-        router_fd_limit=limits["router"], sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
-        router_cpu_s=round(cpu.router_s, 2), **cpu_fields(cpu, result["completed"]))
-    log(f"[{rig.interface}] {spec.figure}: {result['completed']:,}/{result['streams']:,} completed, "
-        f"{result['stalled']} stalled, peak {result['peak_open']:,} open, max gap {result['max_gap_ms']:.0f} ms "
-        f"(threshold {result['stall_threshold_ms']:.0f}), first frame p99 {result['first_frame_p99_ms']:.0f} ms; "
-        f"router RSS {rss_base / 1e6:.0f} → peak {rss_peak / 1e6:.0f} MB "
-        f"({record['router_rss_per_stream_kb']:.1f} kB per stream held), {fds_peak:,} fds; "
-        f"others {cpu.background_pct:.0f} %")
-    return record
+    return json.loads(match.group(1)), rss_peak, fds_peak, cpu
 
 
 def stalled_reader(rig: Rig, log) -> dict:
@@ -689,7 +746,7 @@ def measure_all(args: argparse.Namespace, d: Durations, procs: Procs, meter: Cpu
         for spec in OPEN_FIGURES.values():
             if spec.figure in args.figures:
                 with Rig(procs, meter, interface, cadence_ms=spec.cadence_ms, chunks=spec.chunks,
-                         tag=spec.figure.replace("_", "-")) as rig:
+                         tag=spec.figure.replace("_", "-"), floor=True) as rig:
                     records.append(open_streams(rig, spec, log))
         if "stalled_reader" in args.figures:
             with Rig(procs, meter, interface, chunks=STALL_CHUNKS, tag="stall") as rig:
@@ -755,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "stamp": stamp, "args": {k: str(v) for k, v in vars(args).items()}, "durations": asdict(d),
         "elapsed_s": round(time.monotonic() - started_at, 1), "git": {**git, "snapshot_sha256": digest},
-        "versions": measure.versions(), "targets": report.TARGETS, "frames_per_stream": FRAMES_PER_STREAM,
+        "versions": {**measure.versions(), **(peers.versions() if "peers" in args.figures else {})}, "targets": report.TARGETS, "frames_per_stream": FRAMES_PER_STREAM,
         "rows": [{k: (asdict(v) if isinstance(v, report.Stat) else v) for k, v in r.items()} for r in rows],
         "verdict": lines, "profile": str(profile_file) if profile_file else None,
         "plots": [str(p) for p in plots], "records": records,
@@ -791,7 +848,9 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
     peer_table = report.peers_table(records)
     if peer_table:
         interface = next(r["interface"] for r in records if r["figure"] == "peers")
-        parts += [f"Peers and floors, each in front of the same box (the one the router picks), in one round per "
+        v = doc["versions"]
+        parts += [f"Peers and floors (HAProxy {v.get('haproxy', '-')}, hugpy-router {v.get('hugpy-router-0.0.4', '-')}, "
+                  f"LiteLLM {v.get('litellm', '-')}), each in front of the same box (the one the router picks), in one round per "
                   f"repeat: wrk {d['throughput_s']:g} s at c={CONNECTIONS} per target and load, after a "
                   f"{d['warmup_s']:g} s warm-up; the router and the bare proxy on {interface}; CPU = the "
                   "proxy's process (tree) user+sys CPU during the run (psutil) ÷ calls or frames:", "", peer_table]
