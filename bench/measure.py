@@ -239,8 +239,8 @@ class CpuMeter:
     @staticmethod
     def delta(a: CpuSnapshot, b: CpuSnapshot) -> CpuDelta:
         wall = b.wall - a.wall
-        ours = ((b.router - a.router) + (b.floor - a.floor) + (b.peer - a.peer) + (b.sim - a.sim) + (b.reaped - a.reaped)
-                + (b.runner - a.runner))
+        ours = ((b.router - a.router) + (b.floor - a.floor) + (b.peer - a.peer) + (b.sim - a.sim)
+                + (b.reaped - a.reaped) + (b.runner - a.runner))
         other = max(0.0, (b.machine - a.machine) - ours)
         return CpuDelta(
             wall_s=wall,

@@ -131,7 +131,6 @@ LOCUST_USERS = 64
 LOCUST_CADENCE_MS = 20  # a realistic token pace: ~156 streams/s at 64 users, far below locust's limit
 
 
-
 @dataclass(frozen=True)
 class OpenStreams:
     """Streaming calls held open at once through one router process, each a slow stream that
@@ -536,7 +535,8 @@ def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
         reduced=reduced, **result,
         router_rss_base_mb=rss_base / 1e6, router_rss_peak_mb=rss_peak / 1e6,
         router_rss_after_mb=rss_after / 1e6, router_fds_peak=fds_peak,
-        router_streams_held_peak=held, router_rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
+        router_streams_held_peak=held,
+        router_rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
         router_fd_limit=limits["router"], sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
         router_cpu_s=round(cpu.router_s, 2), cpu_us_per_frame=1e6 * cpu.router_s / max(1, result["frames_received"]),
         **cpu_fields(cpu, result["completed"]), floor=floor, direct=direct)
@@ -569,7 +569,8 @@ def control_run(rig: Rig, spec: OpenStreams, streams: int, target: str, proc: ps
     out = {k: result[k] for k in CONTROL_KEYS}
     out["background_pct"] = round(cpu.background_pct, 1)
     if target == "floor":
-        out.update(rss_peak_mb=rss_peak / 1e6, rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
+        out.update(rss_peak_mb=rss_peak / 1e6,
+                   rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
                    cpu_us_per_frame=1e6 * cpu.floor_s / max(1, result["frames_received"]))
     return out
 
