@@ -77,8 +77,8 @@ class Procs:
         self.cwd = cwd  # `python -m router` imports from its working directory first
         self.live: list[Started] = []
 
-    def start(self, name: str, argv: list[str], ready: re.Pattern,
-              env: dict[str, str] | None = None) -> tuple[Started, re.Match]:
+    def start(self, name: str, argv: list[str], ready: re.Pattern, env: dict[str, str] | None = None,
+              timeout_s: float = START_TIMEOUT_S) -> tuple[Started, re.Match]:
         """Starts `argv` with stdout+stderr in a log file; returns once `ready` matches a line.
         `env` adds to the run's environment."""
         log = self.workdir / f"{name}.log"
@@ -87,7 +87,7 @@ class Procs:
                                      cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True)
         started = Started(name, popen, log)
         self.live.append(started)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             match = ready.search(log.read_text(errors="replace"))
             if match:
@@ -164,6 +164,18 @@ def process_cpu_s(pid: int | None) -> float:
     return t.user + t.system
 
 
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU of a process and its live descendants (a peer proxy may run its server in a child)."""
+    if pid is None:
+        return 0.0
+    try:
+        tree = [psutil.Process(pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    return sum(process_cpu_s(p.pid) for p in tree)
+
+
 def tcp_passive_opens() -> int:
     """Connections accepted machine-wide (/proc/net/snmp): shows wrk's reconnects on direct streams."""
     with open("/proc/net/snmp") as f:
@@ -177,6 +189,7 @@ class CpuSnapshot:
     machine: float
     router: float
     floor: float
+    peer: float
     sim: float
     reaped: float  # our finished children (wrk, locust, py-spy), from RUSAGE_CHILDREN
     runner: float  # this Python process
@@ -188,6 +201,7 @@ class CpuDelta:
     wall_s: float
     router_s: float
     floor_s: float
+    peer_s: float
     sim_s: float
     loadgen_s: float
     background_pct: float  # other tenants, % of one core (the machine has 200 %)
@@ -198,12 +212,13 @@ class CpuDelta:
 
 
 class CpuMeter:
-    """CPU of the router, the floor proxy, the sim fleet, our load generators, and everything
-    else on the box."""
+    """CPU of the router, the floor proxy, the peer proxy being measured (bench/peers.py), the sim
+    fleet, our load generators, and everything else on the box."""
 
     def __init__(self) -> None:
         self.router_pid: int | None = None
         self.floor_pid: int | None = None
+        self.peer_pid: int | None = None
         self.sim_pid: int | None = None
 
     def snapshot(self) -> CpuSnapshot:
@@ -214,6 +229,7 @@ class CpuMeter:
             machine=machine_busy_s(),
             router=process_cpu_s(self.router_pid),
             floor=process_cpu_s(self.floor_pid),
+            peer=tree_cpu_s(self.peer_pid),
             sim=process_cpu_s(self.sim_pid),
             reaped=children.ru_utime + children.ru_stime,
             runner=me.ru_utime + me.ru_stime,
@@ -223,13 +239,14 @@ class CpuMeter:
     @staticmethod
     def delta(a: CpuSnapshot, b: CpuSnapshot) -> CpuDelta:
         wall = b.wall - a.wall
-        ours = ((b.router - a.router) + (b.floor - a.floor) + (b.sim - a.sim) + (b.reaped - a.reaped)
-                + (b.runner - a.runner))
+        ours = ((b.router - a.router) + (b.floor - a.floor) + (b.peer - a.peer) + (b.sim - a.sim)
+                + (b.reaped - a.reaped) + (b.runner - a.runner))
         other = max(0.0, (b.machine - a.machine) - ours)
         return CpuDelta(
             wall_s=wall,
             router_s=b.router - a.router,
             floor_s=b.floor - a.floor,
+            peer_s=b.peer - a.peer,
             sim_s=b.sim - a.sim,
             loadgen_s=b.reaped - a.reaped,
             background_pct=100.0 * other / wall if wall > 0 else 0.0,

@@ -6,7 +6,8 @@
 Opens `--streams` streaming chat calls (raw sockets on uvloop, one asyncio Protocol per
 connection, `--batch` connections every `--batch-gap-ms` so the listen backlog is never the
 bottleneck), holds them all open while the box trickles frames at its cadence, and checks that
-every stream receives every frame (`data: ` events, `[DONE]` included) and the chunked end, with
+every stream receives every frame (`data: ` events, `[DONE]` included) and its end (the chunked
+end, or the close of an answer with neither chunks nor a length, as a hugpy box sends it), with
 no gap between consecutive frames longer than `--stall-factor` × the cadence. Each finished
 stream closes its connection.
 
@@ -61,7 +62,8 @@ class StreamCall(asyncio.Protocol):
     """One streaming call: request on connect, then counts frames and their arrival gaps."""
 
     __slots__ = ("request", "tally", "t_start", "t_first", "t_last", "max_gap", "frames", "status",
-                 "head_done", "buf", "tail", "done", "error", "transport", "t_end", "connected")
+                 "head_done", "buf", "tail", "done", "error", "transport", "t_end", "connected",
+                 "close_delimited")
 
     def __init__(self, request: bytes, tally: Tally, t_start: float) -> None:
         self.request, self.tally, self.t_start = request, tally, t_start
@@ -74,6 +76,7 @@ class StreamCall(asyncio.Protocol):
         self.tail = b""  # the last bytes of the body, so a frame marker split across reads counts
         self.done = False
         self.connected = False
+        self.close_delimited = False  # the answer ends when the server closes (no chunks, no length)
         self.error = ""
         self.transport = None
 
@@ -100,6 +103,8 @@ class StreamCall(asyncio.Protocol):
             if self.status != 200:
                 self._finish(f"http_{self.status}")
                 return
+            lowered = head.lower()
+            self.close_delimited = b"transfer-encoding: chunked" not in lowered and b"content-length:" not in lowered
             if not data:
                 return
         joined = self.tail + data
@@ -120,7 +125,7 @@ class StreamCall(asyncio.Protocol):
             self.connected = False
             self.tally.closed_one()
         if not self.done:
-            self._finish("reset" if exc else "eof_before_end")
+            self._finish("" if self.close_delimited and exc is None else "reset" if exc else "eof_before_end")
 
     def _finish(self, error: str) -> None:
         if self.done:

@@ -18,6 +18,25 @@ TARGETS = {
     "open_streams": 2000,  # streams held open at once through one router process, none stalled
     "open_streams_rss_mb": 250.0,  # router RSS at their peak (MB = 10^6 bytes)
     "stalled_growth_mib": 2.0,  # router RSS growth over 10 s of one stalled reader
+    "open_streams_10k_kb": 16.0,  # router RSS per open stream, 10,000 at one frame per second
+}
+
+# Issue 15's targets as ratios measured in one run (the `peers` figure): (label, numerator
+# (target, figure, key), denominator, target, "≤" or "≥").
+PEER_RATIOS = (
+    ("router CPU per non-stream call ÷ the bare proxy's", ("router", "peers", "cpu_us_per_call"),
+     ("floor", "peers", "cpu_us_per_call"), 1.3, "≤"),
+    ("router CPU per non-stream call ÷ HAProxy's", ("router", "peers", "cpu_us_per_call"),
+     ("haproxy", "peers", "cpu_us_per_call"), 7.0, "≤"),
+    ("router CPU per relayed chunk ÷ the bare proxy's", ("router", "peers_stream", "cpu_us_per_chunk"),
+     ("floor", "peers_stream", "cpu_us_per_chunk"), 1.15, "≤"),
+    ("router calls/s ÷ hugpy-router 0.0.4's", ("router", "peers", "rate"),
+     ("hugpy-router-0.0.4", "peers", "rate"), 6.0, "≥"),
+    ("router calls/s ÷ LiteLLM's", ("router", "peers", "rate"), ("litellm", "peers", "rate"), 50.0, "≥"),
+)
+PEER_LABELS = {
+    "router": "router", "floor": "bare proxy (bench/floor_proxy.py)", "haproxy": "HAProxy 2.6, nbthread 1",
+    "hugpy-router-0.0.4": "hugpy-router 0.0.4", "litellm": "LiteLLM proxy, one worker", "direct": "direct (the box)",
 }
 
 FIGURE_TITLES = {
@@ -204,24 +223,31 @@ def verdict(rows: list[dict], records: list[dict] = ()) -> list[str]:
             sign = "≥" if at_least else "≤"
             out.append(f"{'PASS' if ok else 'MISS'}  {interface}: {label} = {value:,.1f} {unit} "
                        f"(target {sign} {target:,.0f} {unit})")
-    return out + capacity_verdict(records)
+    return out + capacity_verdict(records) + peers_verdict(records)
 
 
 def capacity_verdict(records: list[dict]) -> list[str]:
     """Open streams and the stalled reader, per interface."""
     out = []
     for r in records:
-        if r["figure"] == "open_streams":
-            target = (f"target {TARGETS['open_streams']:,} none stalled, RSS ≤ "
-                      f"{TARGETS['open_streams_rss_mb']:.0f} MB")
+        if r["figure"] in ("open_streams", "open_streams_10k"):
+            many = r["figure"] == "open_streams_10k"
+            asked = r.get("streams_asked", TARGETS["open_streams"])
+            target = (f"target {asked:,} none stalled, "
+                      + (f"≤ {TARGETS['open_streams_10k_kb']:g} kB of router RSS per stream" if many
+                         else f"RSS ≤ {TARGETS['open_streams_rss_mb']:.0f} MB"))
             if r.get("skipped"):
-                out.append(f"MISS  {r['interface']}: open streams not run: {r['skipped']} ({target})")
+                out.append(f"MISS  {r['interface']}: {r['figure']} not run: {r['skipped']} ({target})")
                 continue
-            ok = (r["completed"] >= TARGETS["open_streams"] and r["stalled"] == 0
-                  and r["router_rss_peak_mb"] <= TARGETS["open_streams_rss_mb"])
-            out.append(f"{'PASS' if ok else 'MISS'}  {r['interface']}: open streams = {r['completed']:,} of "
+            memory_ok = (r["router_rss_per_stream_kb"] <= TARGETS["open_streams_10k_kb"] if many
+                         else r["router_rss_peak_mb"] <= TARGETS["open_streams_rss_mb"])
+            ok = r["completed"] >= asked and r["stalled"] == 0 and memory_ok
+            memory = (f"{r['router_rss_per_stream_kb']:.1f} kB of router RSS per stream" if many
+                      else f"router RSS peak {r['router_rss_peak_mb']:.0f} MB")
+            direct = f"; straight from the box: {_control(r['direct'])}" if r.get("direct") else ""
+            out.append(f"{'PASS' if ok else 'MISS'}  {r['interface']}: {r['figure']} = {r['completed']:,} of "
                        f"{r['streams']:,} completed, {r['stalled']} stalled (max gap {_num(r['max_gap_ms'])} ms), "
-                       f"router RSS peak {r['router_rss_peak_mb']:.0f} MB ({target})")
+                       f"{memory} ({target}{'; ' + r['reduced'] if r.get('reduced') else ''}){direct}")
         elif r["figure"] == "stalled_reader":
             ok = r["growth_mib"] <= TARGETS["stalled_growth_mib"]
             note = ("; expected: RSGI's response stream has no write backpressure, the reason ASGI is the "
@@ -230,6 +256,82 @@ def capacity_verdict(records: list[dict]) -> list[str]:
                        f"{r['stall_s']:g} s = {r['growth_mib']:+.2f} MiB (target ≤ "
                        f"{TARGETS['stalled_growth_mib']:g} MiB{note})")
     return out
+
+
+def peer_ratios(records: list[dict]) -> list[tuple[str, Stat | None, float, str]]:
+    """PEER_RATIOS measured per round (numerator and denominator from the same round), as
+    (label, median and spread over rounds, target, sign)."""
+    rounds: dict[int, dict[tuple[str, str], dict]] = {}
+    for r in records:
+        if r["figure"] in ("peers", "peers_stream") and not r.get("skipped"):
+            rounds.setdefault(r["repeat"], {})[(r["target"], r["figure"])] = r
+    out = []
+    for label, (t1, f1, k1), (t2, f2, k2), target, sign in PEER_RATIOS:
+        values = [rnd[(t1, f1)][k1] / rnd[(t2, f2)][k2] for rnd in rounds.values()
+                  if (t1, f1) in rnd and (t2, f2) in rnd and rnd[(t2, f2)].get(k2)]
+        out.append((label, Stat.of(values), target, sign))
+    return out
+
+
+def peers_verdict(records: list[dict]) -> list[str]:
+    out = []
+    for label, stat, target, sign in peer_ratios(records):
+        if stat is None:
+            continue
+        ok = stat.median <= target if sign == "≤" else stat.median >= target
+        out.append(f"{'PASS' if ok else 'MISS'}  peers: {label} = {stat.median:.2f}× (target {sign} {target:g}×)")
+    return out
+
+
+def peers_table(records: list[dict]) -> str:
+    """The peers figure: one row per target (medians over rounds, min–max when more than one),
+    then the ratios against issue 15's targets."""
+    runs = [r for r in records if r["figure"] in ("peers", "peers_stream")]
+    if not runs:
+        return ""
+    lines = ["| | calls/s | CPU per call | p50 / p99 (ms) | 20-chunk streams/s | CPU per relayed chunk "
+             "| other tenants' CPU % (max) | flags |", "|---|---|---|---|---|---|---|---|"]
+    for target, label in PEER_LABELS.items():
+        mine = [r for r in runs if r["target"] == target]
+        skipped = [r["skipped"] for r in mine if r.get("skipped")]
+        calls = [r for r in mine if r["figure"] == "peers" and not r.get("skipped")]
+        streams = [r for r in mine if r["figure"] == "peers_stream"]
+        if not mine:
+            continue
+        if not calls:
+            lines.append(f"| {label} | not run: {skipped[0]} | | | | | | |")
+            continue
+        rate, cpu = Stat.of([r["rate"] for r in calls]), Stat.of([r["cpu_us_per_call"] for r in calls
+                                                                  if "cpu_us_per_call" in r])
+        p50, p99 = Stat.of([r["p50_us"] / 1000 for r in calls]), Stat.of([r["p99_us"] / 1000 for r in calls])
+        srate = Stat.of([r["rate"] for r in streams])
+        chunk = Stat.of([r["cpu_us_per_chunk"] for r in streams if "cpu_us_per_chunk" in r])
+        bg = Stat.of([r["background_pct"] for r in mine if not r.get("skipped")])
+        errors = sum(r["errors"] for r in mine)
+        noisy = sum(1 for r in mine if r.get("noisy"))
+        flags = ", ".join(filter(None, [f"{errors} errors" if errors else "", f"{noisy} noisy run(s)" if noisy else "",
+                                        f"{len(skipped)} round(s) not run" if skipped else ""])) or "–"
+        lines.append(
+            f"| {label} | {_stat(rate, '{:,.0f}')} | {_stat(cpu, '{:,.0f}', ' µs')} | "
+            f"{p50.median:.1f} / {p99.median:.1f} | {_stat(srate, '{:,.0f}')} | {_stat(chunk, '{:.1f}', ' µs')} | "
+            f"{bg.median:.0f} ({bg.hi:.0f}) | {flags} |")
+    ratios = ["| ratio, same round | measured | target |", "|---|---|---|"]
+    for label, stat, target, sign in peer_ratios(records):
+        measured = f"{stat.median:.2f}×" + (f" ({stat.span('{:.2f}')})" if stat.n > 1 else "") if stat else "–"
+        ratios.append(f"| {label} | {measured} | {sign} {target:g}× |")
+    return "\n".join(lines) + "\n\n" + "\n".join(ratios) + "\n"
+
+
+def _stat(stat: Stat | None, fmt: str, unit: str = "") -> str:
+    if stat is None:
+        return "–"
+    return fmt.format(stat.median) + unit + (f" ({stat.span(fmt)})" if stat.n > 1 else "")
+
+
+def _control(d: dict) -> str:
+    """An open-streams control run: through the bare proxy, or straight from the box."""
+    return (f"{d['completed']:,} completed, {d['stalled']} stalled, max gap {_num(d['max_gap_ms'])} ms, first "
+            f"frame p99 {_num(d['first_frame_p99_ms'])} ms, other tenants {d['background_pct']:.0f} %")
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
@@ -243,14 +345,17 @@ def capacity_table(records: list[dict]) -> str:
     """Open streams and stalled reader: one row per figure and interface."""
     lines = []
     for r in records:
-        if r["figure"] == "open_streams":
-            title = f"{r['interface']} · {r.get('streams', TARGETS['open_streams']):,} open streams"
+        if r["figure"] in ("open_streams", "open_streams_10k"):
+            many = r["figure"] == "open_streams_10k"
+            title = f"{r['interface']} · {r.get('streams', r.get('streams_asked', 0)):,} open streams"
             if r.get("skipped"):
                 lines.append(f"| {title} | not run | – | {r['skipped']} | – |")
                 continue
             result = (f"{r['completed']:,} completed, {r['stalled']} stalled; router RSS peak "
-                      f"{r['router_rss_peak_mb']:.0f} MB")
-            target = f"{TARGETS['open_streams']:,}, none stalled, ≤ {TARGETS['open_streams_rss_mb']:.0f} MB"
+                      f"{r['router_rss_peak_mb']:.0f} MB, {r['router_rss_per_stream_kb']:.1f} kB per stream")
+            asked = r.get("streams_asked", TARGETS["open_streams"])
+            target = (f"{asked:,}, none stalled, ≤ {TARGETS['open_streams_10k_kb']:g} kB per stream" if many
+                      else f"{asked:,}, none stalled, ≤ {TARGETS['open_streams_rss_mb']:.0f} MB")
             failures = ", ".join(f"{n} {cause}" for cause, n in r["failures"].items())
             detail = (f"{r['frames_expected']} frames per stream every {r['cadence_ms']:g} ms; "
                       f"peak {r['peak_open']:,} open at once; max gap between frames {_num(r['max_gap_ms'])} ms "
@@ -259,7 +364,14 @@ def capacity_table(records: list[dict]) -> str:
                       f"{r['router_rss_base_mb']:.0f} MB before, {r['router_rss_after_mb']:.0f} MB after; "
                       f"{r['router_fds_peak']:,} fds (limit {r['router_fd_limit']:,}; sim's {r.get('sim_fd_limit', 0):,}); router CPU "
                       f"{r['router_cpu_pct']:.0f} %, sim {r['sim_cpu_pct']:.0f} %"
-                      + (f"; failures: {failures}" if failures else ""))
+                      + (f"; failures: {failures}" if failures else "")
+                      + (f"; router CPU {r['cpu_us_per_frame']:.1f} µs per frame (call set-up included)"
+                         if "cpu_us_per_frame" in r else "")
+                      + (f"; the same streams through the bare proxy: {_control(r['floor'])}, "
+                         f"{r['floor']['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
+                         f"{r['floor']['cpu_us_per_frame']:.1f} µs of its CPU per frame" if r.get("floor") else "")
+                      + (f"; straight from the box: {_control(r['direct'])}" if r.get("direct") else "")
+                      + (f"; fewer than asked: {r['reduced']}" if r.get("reduced") else ""))
             lines.append(f"| {title} | {result} | {target} | {detail} | {r['background_pct']:.0f} |")
         elif r["figure"] == "stalled_reader":
             title = f"{r['interface']} · stalled reader, {r['stall_s']:g} s"

@@ -18,6 +18,17 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   bare proxy on the router's own stack (Granian with the router's settings, router.upstream.pool)
   in front of the same box, with its CPU: what any proxy on this stack costs here, so the router's
   CPU above it is the router's own (access, decision, reservation, hold, route-log row, metrics);
+* the peers and the floors in one round (`peers`), N rounds with the first interface's router:
+  non-stream `wrk -t1 -c64` (the same post.lua, same durations) against, in turn, the router, the
+  bare proxy, HAProxy 2.6 (`nbthread 1`, keep-alive to the box: the C floor), hugpy-router 0.0.4
+  (the release this router replaces, in front of the same 8 boxes) and LiteLLM's proxy (one worker,
+  the box as an OpenAI-compatible backend), each in front of the box the router picks, then the
+  box itself; 20-chunk streams too for the router, the bare proxy, HAProxy and the box. Each peer
+  is started, warmed up, measured and stopped in turn (bench/peers.py says how each is run); its
+  CPU per call = its process tree's user+sys CPU (psutil) / calls, the router's as above. The
+  ratios issue 15 sets targets for (router CPU per call ÷ the bare proxy's and ÷ HAProxy's, per
+  chunk ÷ the bare proxy's, router calls/s ÷ 0.0.4's and ÷ LiteLLM's) are taken within a round;
+  a peer that is not installed or does not start is recorded as not run, with why;
 * with `--locust`: time to first token at 64 users against a fleet with a 20 ms token cadence
   (bench/locustfile.py, FastHttpUser, headless, `--csv`), added TTFT p50/p99 router vs direct;
 * once per interface, each with a fleet and router of its own (`--figures` picks, e.g.
@@ -27,8 +38,18 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
     200 ms cadence and 30-chunk streams (6 s each, so all 2,000 overlap); every stream must get
     all 33 `data: ` events and its end, with no gap between two frames over 5 × the cadence
     (1 s) — else it counts as stalled; the router's RSS (psutil, every 100 ms) at the peak, and
-    its descriptors (2 per stream). The router and the sim need `ulimit -n` ≥ 4,256 and 2,256:
-    scripts/bench raises it to 8192 (the figure is recorded as not run if a limit is short);
+    its descriptors (2 per stream). The router and the sim need `ulimit -n` ≥ 5,024 and 2,256
+    (scripts/bench raises it);
+  - 10,000 open streams (`open_streams_10k`): the same client, 10,000 streams at one frame per
+    second (23 frames, opened 100 every 100 ms, so all overlap), a gap over 2 s counts as a stall;
+    the router's RSS growth at the peak per stream it held then (its descriptors / 2). Both
+    open-streams figures run as many streams as fit the router's and the sim's `ulimit -n` (and
+    the router's client budget under it, (limit - 1024) / 2) and record why when fewer: 10,000
+    need a hard limit of at least 21,024 (scripts/bench raises the soft limit to 21,280 or the
+    hard one); a figure with fewer than half its streams fitting is recorded as not run. After the
+    router's run, both figures run the same streams through the bare proxy (its RSS per stream:
+    the stack's share) and straight from the box (a late frame there is the box's or the
+    machine's, not the router's);
   - stalled reader: a box writes a 200,000-frame stream (~43 MB) at once; a client with a
     16 KiB receive buffer reads the head, then nothing for 10 s: the router's RSS growth over
     those 10 s (from the head's arrival), sampled every 200 ms, and 2 s after the client closed.
@@ -91,14 +112,16 @@ from urllib.parse import urlsplit
 import psutil
 
 import measure
+import peers
 import report
 from measure import BenchError, CpuMeter, Procs
 
 RESULTS = measure.BENCH / "results"
 INTERFACES = ("asgi", "rsgi")
 PAIR_FIGURES = ("nonstream", "stream", "latency")  # router vs direct, repeated
-ONCE_FIGURES = ("open_streams", "stalled_reader", "latency_curve")  # once per interface, after the pairs
-FIGURES = PAIR_FIGURES + ONCE_FIGURES
+PEER_FIGURES = ("peers",)  # router, bare proxy, peers and direct in one round, repeated
+ONCE_FIGURES = ("open_streams", "open_streams_10k", "stalled_reader", "latency_curve")  # once per interface
+FIGURES = PAIR_FIGURES + PEER_FIGURES + ONCE_FIGURES
 
 BOXES = 8  # as many boxes as a small fleet; the router's decision walks all of them per call
 CHUNKS = 20  # content frames per stream (the spike's 20-chunk stream, stack-notes §0)
@@ -107,17 +130,38 @@ CONNECTIONS = 64  # the spike's concurrency for throughput figures
 LOCUST_USERS = 64
 LOCUST_CADENCE_MS = 20  # a realistic token pace: ~156 streams/s at 64 users, far below locust's limit
 
-# Open streams: this many streaming calls held open at once through one router process, each a
-# slow 30-chunk stream (6 s), so every stream is open while the last ones are being opened.
-OPEN_STREAMS = 2000
-OPEN_CADENCE_MS = 200
-OPEN_CHUNKS = 30
-OPEN_FRAMES = OPEN_CHUNKS + 3  # `data: ` events: role + content + final + [DONE]
-OPEN_STALL_FACTOR = 5.0  # a gap between two frames over 5 × the cadence is a stall
-# Every open stream costs the router two descriptors (client and box connection) and the sim one,
-# plus their own. Both inherit scripts/bench's `ulimit -n` (raised there to 8192); Granian lifts the
-# router's soft limit to its hard limit at import, the sim keeps what it inherited.
-OPEN_FDS_NEEDED = {"router": 2 * OPEN_STREAMS + 256, "sim": OPEN_STREAMS + 256}
+
+@dataclass(frozen=True)
+class OpenStreams:
+    """Streaming calls held open at once through one router process, each a slow stream that
+    outlasts the ramp (opening 100 every `batch_gap_ms`), so every stream is open while the last
+    ones are being opened."""
+    figure: str
+    streams: int
+    cadence_ms: float
+    chunks: int
+    stall_factor: float  # a gap between two frames over this × the cadence is a stall
+    batch_gap_ms: float
+
+    @property
+    def frames(self) -> int:  # `data: ` events: role + content + final + [DONE]
+        return self.chunks + 3
+
+    def fds_needed(self, streams: int) -> dict[str, int]:
+        """Every open stream costs the router two descriptors (client and box connection) and the
+        sim one, plus their own. Both inherit scripts/bench's `ulimit -n` (raised there); Granian
+        lifts the router's soft limit to its hard limit at import, the sim keeps what it inherited."""
+        return {"router": 2 * streams + 256, "sim": streams + 256}
+
+
+# 2,000 streams of 6 s, opened in 1 s
+OPEN = OpenStreams("open_streams", streams=2000, cadence_ms=200, chunks=30, stall_factor=5.0, batch_gap_ms=50)
+# 10,000 streams at one frame per second, 23 s each, opened in 10 s (1,000 a second: a held
+# stream, not the rate of new ones, is what this figure is about): the router's memory per open
+# stream. A frame over 2 s late is a stall.
+OPEN_10K = OpenStreams("open_streams_10k", streams=10_000, cadence_ms=1000, chunks=20, stall_factor=2.0,
+                       batch_gap_ms=100)
+OPEN_FIGURES = {o.figure: o for o in (OPEN, OPEN_10K)}
 RSS_SAMPLE_S = 0.1
 OPEN_JSON = re.compile(r"^OPEN_STREAMS_JSON (\{.*\})$", re.M)
 
@@ -164,10 +208,12 @@ class Rig:
         self.with_floor = floor  # also start bench/floor_proxy.py in front of the same box
         self.sim = self.router = self.floor = None
         self.router_url = self.direct_url = self.floor_url = self.box = ""
+        self.boxes_file = procs.workdir / f"boxes-{self.name}-{self.cadence_ms:g}.json"
+        self.peer_urls: dict[str, str] = {}  # the peers running now (bench/peers.py), by target name
         self.store = procs.workdir / f"store-{self.name}"
 
     def __enter__(self) -> "Rig":
-        boxes_file = self.procs.workdir / f"boxes-{self.name}-{self.cadence_ms:g}.json"
+        boxes_file = self.boxes_file
         boxes_file.unlink(missing_ok=True)
         shutil.rmtree(self.store, ignore_errors=True)
         self.store.mkdir(mode=0o700)
@@ -179,9 +225,9 @@ class Rig:
             measure.PYTHON, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_file),
             "--interface", self.interface, "--log-level", "warning",
             # Every load generator here is one address: a cap above the most connections it
-            # holds (open_streams), so that the cap's sweeps run and cost what they cost, and
+            # holds (open_streams_10k), so that the cap's sweeps run and cost what they cost, and
             # close nothing.
-            "--max-conns-per-client", str(OPEN_STREAMS + 100),
+            "--max-conns-per-client", str(OPEN_10K.streams + 100),
         ], measure.ROUTER_READY, env={"HUGPY_ROUTER_HOME": str(self.store)})
         self.meter.sim_pid, self.meter.router_pid = self.sim.pid, self.router.pid
         self.router_url = match.group(1)
@@ -208,7 +254,8 @@ class Rig:
         return ("router", "floor", "direct") if self.floor else ("router", "direct")
 
     def url(self, target: str) -> str:
-        base = {"router": self.router_url, "floor": self.floor_url, "direct": self.direct_url}[target]
+        base = {"router": self.router_url, "floor": self.floor_url, "direct": self.direct_url,
+                **self.peer_urls}[target]
         return base + "/v1/chat/completions"
 
     def warm_up(self, seconds: int) -> None:
@@ -222,23 +269,31 @@ class Rig:
 # -- figures -----------------------------------------------------------------------------------
 
 
+def wrk_script(figure: str) -> str:
+    return "stream" if figure in ("stream", "peers_stream") else "post"
+
+
 def wrk_record(rig: Rig, figure: str, target: str, d: Durations) -> dict:
     """One wrk run of `figure` against `target`, with the CPU of every party during it."""
-    script = "stream" if figure == "stream" else "post"
+    script = wrk_script(figure)
     connections = 1 if figure == "latency" else CONNECTIONS
     seconds = d.latency_s if figure == "latency" else d.throughput_s
     before = rig.meter.snapshot()
     run = measure.wrk(rig.url(target), script, connections, seconds, target,
-                      close_delimited=(script == "stream" and target == "direct"))
+                      close_delimited=(script == "stream" and target in CLOSE_DELIMITED))
     cpu = CpuMeter.delta(before, rig.meter.snapshot())
     record = {k: v for k, v in asdict(run).items() if k != "raw"}
     record.update(wrk=run.raw, **cpu_fields(cpu, run.requests))
-    proxy_s = {"router": cpu.router_s, "floor": cpu.floor_s}.get(target)
-    if proxy_s is not None and run.requests:  # the proxy's own CPU: the router's, or the floor's
+    proxy_s = cpu.peer_s if target in peers.PEERS else {"router": cpu.router_s, "floor": cpu.floor_s}.get(target)
+    if proxy_s is not None and run.requests:  # the proxy's own CPU: the router's, the floor's or a peer's
         record["cpu_us_per_call"] = 1e6 * proxy_s / run.requests
         if script == "stream":
             record["cpu_us_per_chunk"] = 1e6 * proxy_s / (run.requests * FRAMES_PER_STREAM)
     return record
+
+
+# Who answers a stream by closing the connection: the hugpy box, and HAProxy passing its answer on.
+CLOSE_DELIMITED = ("direct", "haproxy")
 
 
 def cpu_fields(cpu: measure.CpuDelta, units: int) -> dict:
@@ -327,6 +382,59 @@ def progress_line(r: dict) -> str:
             f"{'; ' + str(r['errors']) + ' errors' if r['errors'] else ''}")
 
 
+# -- the peers: the router, the bare proxy, HAProxy, hugpy-router 0.0.4, LiteLLM and the box ----
+
+PEER_ORDER = ("router", "floor", *peers.PEERS, "direct")
+# 20-chunk streams too, for CPU per relayed chunk: the router, the floor on its stack, the C floor
+PEER_STREAMS = ("router", "floor", "haproxy", "direct")
+
+
+def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
+    """One round: every target in front of the same box (the one the router picks) with the same
+    wrk load, non-stream calls at c=64 (and 20-chunk streams for PEER_STREAMS). Each peer is
+    started, warmed up, measured and stopped in turn, while the router and the bare proxy wait
+    idle (their idle CPU counts as ours, not as other tenants'). A peer that is missing or fails
+    to start is recorded as not run, with why."""
+    records = []
+    for target in PEER_ORDER:
+        if target not in peers.PEERS:
+            records += peer_runs(rig, target, repeat, d, log)
+            continue
+        reason = peers.missing(target)
+        try:
+            if not reason:
+                with peers.running(target, rig.procs, rig.meter, rig.direct_url, rig.boxes_file) as url:
+                    rig.peer_urls[target] = url
+                    try:
+                        for figure in peer_figures(target):
+                            measure.wrk(rig.url(target), wrk_script(figure), CONNECTIONS, d.warmup_s, target)
+                        records += peer_runs(rig, target, repeat, d, log)
+                    finally:
+                        del rig.peer_urls[target]
+        except BenchError as exc:
+            reason = str(exc)
+        if reason:
+            log(f"[peers #{repeat + 1}] {target} NOT RUN: {reason}")
+            records.append({"interface": rig.interface, "figure": "peers", "repeat": repeat, "target": target,
+                            "skipped": reason, "errors": 0, "background_pct": 0.0})
+    return records
+
+
+def peer_figures(target: str) -> tuple[str, ...]:
+    return ("peers", "peers_stream") if target in PEER_STREAMS else ("peers",)
+
+
+def peer_runs(rig: Rig, target: str, repeat: int, d: Durations, log) -> list[dict]:
+    records = []
+    for figure in peer_figures(target):
+        gate = measure.wait_quiet(rig.meter)
+        record = wrk_record(rig, figure, target, d)
+        record.update(interface=rig.interface, repeat=repeat, figure=figure, gate=asdict(gate))
+        log(progress_line(record))
+        records.append(record)
+    return records
+
+
 # -- profile -------------------------------------------------------------------------------------
 
 
@@ -371,36 +479,122 @@ def once_record(rig: Rig, figure: str, **fields) -> dict:
     return {"interface": rig.interface, "figure": figure, "repeat": 0, "target": "router", **fields}
 
 
-def open_streams(rig: Rig, log) -> dict:
-    """OPEN_STREAMS streaming calls held open at once through the router (bench/open_streams.py,
-    a separate client process); the router's RSS and descriptors sampled every RSS_SAMPLE_S."""
+def router_client_capacity(rig: Rig, fd_limit: int) -> int:
+    """Client connections the router serves at once under `fd_limit`: its Granian backpressure
+    (router.serve.server.conns_per_listener, one listener), asked of the run's router snapshot."""
+    code = "import sys; from router.serve.server import conns_per_listener as c; print(c(int(sys.argv[1]), 1))"
+    done = subprocess.run([measure.PYTHON, "-c", code, str(fd_limit)], cwd=rig.procs.cwd, env=rig.procs.env,
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise BenchError(f"could not ask the router snapshot for its connection budget: {done.stderr[-800:]}")
+    return int(done.stdout)
+
+
+def streams_that_fit(rig: Rig, spec: OpenStreams, limits: dict[str, int]) -> tuple[int, str]:
+    """How many of `spec.streams` the descriptor limits let one router and the sim hold open at
+    once, and why fewer ("" when all fit)."""
+    budget = router_client_capacity(rig, limits["router"])
+    fit = min(spec.streams, budget, limits["sim"] - 256, (limits["router"] - 256) // 2)
+    if fit == spec.streams:
+        return fit, ""
+    need = spec.fds_needed(spec.streams)
+    return fit, (f"{spec.streams:,} streams need {need['router']:,} descriptors in the router and {need['sim']:,} "
+                 f"in the sim; they may open {limits['router']:,} and {limits['sim']:,} (`ulimit -n`: scripts/bench "
+                 f"raises the soft limit up to the hard one, which only a privileged process can raise), and "
+                 f"under that limit the router serves {budget:,} client connections at once "
+                 f"(conns_per_listener): {fit:,} fit")
+
+
+def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
+    """`spec.streams` streaming calls held open at once through the router (bench/open_streams.py,
+    a separate client process), or as many as the descriptor limits allow (recorded, with why);
+    the router's RSS and descriptors sampled every RSS_SAMPLE_S."""
     limits = {"router": fd_limit_of(rig.router.pid), "sim": fd_limit_of(rig.sim.pid)}
-    short = [f"the {name} may open {limits[name]} files, {OPEN_FDS_NEEDED[name]} needed"
-             for name in limits if limits[name] < OPEN_FDS_NEEDED[name]]
-    if short:
-        reason = "; ".join(short) + ": run it through scripts/bench (raises `ulimit -n` to 8192)"
-        log(f"[{rig.interface}] open streams NOT RUN: {reason}")
-        return once_record(rig, "open_streams", skipped=reason, router_fd_limit=limits["router"],
-                           sim_fd_limit=limits["sim"], errors=0, background_pct=0.0)
-    router_limit = limits["router"]
+    streams, reduced = streams_that_fit(rig, spec, limits)
+    if streams < spec.streams // 2:
+        reason = reduced + ": too few to count; run it through scripts/bench (raises `ulimit -n`)"
+        log(f"[{rig.interface}] {spec.figure} NOT RUN: {reason}")
+        return once_record(rig, spec.figure, skipped=reason, streams_asked=spec.streams,
+                           router_fd_limit=limits["router"], sim_fd_limit=limits["sim"], errors=0,
+                           background_pct=0.0)
+    if reduced:
+        log(f"[{rig.interface}] {spec.figure}: {reduced}")
     gate = measure.wait_quiet(rig.meter)
     router = psutil.Process(rig.router.pid)
-    rss_base = router.memory_info().rss
-    timeout_s = 30.0 + OPEN_CHUNKS * OPEN_CADENCE_MS / 1000
-    argv = [measure.PYTHON, str(measure.BENCH / "open_streams.py"), rig.url("router"),
-            "--streams", str(OPEN_STREAMS), "--frames", str(OPEN_FRAMES), "--cadence-ms", f"{OPEN_CADENCE_MS:g}",
-            "--stall-factor", f"{OPEN_STALL_FACTOR:g}", "--timeout-s", f"{timeout_s:g}"]
+    rss_base, fds_base = router.memory_info().rss, router.num_fds()
+    result, rss_peak, fds_peak, cpu = open_streams_client(rig, spec, streams, "router", router)
+    time.sleep(1.0)  # every stream is done: what the router keeps afterwards
+    rss_after = router.memory_info().rss
+    # The same streams through the bare proxy (the stack's own memory per stream), and straight
+    # from the box (whether a late frame is the router's or already the box's and the machine's).
+    floor = control_run(rig, spec, streams, "floor", psutil.Process(rig.floor.pid))
+    direct = control_run(rig, spec, streams, "direct", psutil.Process(rig.sim.pid))
+    held = max(1, (fds_peak - fds_base) // 2)
+    record = once_record(
+        rig, spec.figure, gate=asdict(gate), cadence_ms=spec.cadence_ms, streams_asked=spec.streams,
+        reduced=reduced, **result,
+        router_rss_base_mb=rss_base / 1e6, router_rss_peak_mb=rss_peak / 1e6,
+        router_rss_after_mb=rss_after / 1e6, router_fds_peak=fds_peak,
+        router_streams_held_peak=held,
+        router_rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
+        router_fd_limit=limits["router"], sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
+        router_cpu_s=round(cpu.router_s, 2), cpu_us_per_frame=1e6 * cpu.router_s / max(1, result["frames_received"]),
+        **cpu_fields(cpu, result["completed"]), floor=floor, direct=direct)
+    log(f"[{rig.interface}] {spec.figure}: {result['completed']:,}/{result['streams']:,} completed, "
+        f"{result['stalled']} stalled, peak {result['peak_open']:,} open, max gap {result['max_gap_ms']:.0f} ms "
+        f"(threshold {result['stall_threshold_ms']:.0f}), first frame p99 {result['first_frame_p99_ms']:.0f} ms; "
+        f"router RSS {rss_base / 1e6:.0f} → peak {rss_peak / 1e6:.0f} MB "
+        f"({record['router_rss_per_stream_kb']:.1f} kB per stream held), {fds_peak:,} fds; "
+        f"others {cpu.background_pct:.0f} %; bare proxy: {floor['stalled']} stalled, max gap "
+        f"{floor['max_gap_ms']:.0f} ms, {floor['rss_per_stream_kb']:.1f} kB per stream; direct: "
+        f"{direct['stalled']} stalled, max gap {direct['max_gap_ms']:.0f} ms")
+    return record
+
+
+def rss_per_stream_kb(rss_base: int, rss_peak: int, fds_base: int, fds_peak: int) -> float:
+    """A proxy's RSS growth at the peak over the streams it held then (its descriptors, two per
+    stream), not over the client's count, which the kernel may have accepted for it."""
+    return (rss_peak - rss_base) / max(1, (fds_peak - fds_base) // 2) / 1e3
+
+
+CONTROL_KEYS = ("completed", "stalled", "failures", "frames_received", "max_gap_ms", "gap_p99_ms",
+                "first_frame_p50_ms", "first_frame_p99_ms")
+
+
+def control_run(rig: Rig, spec: OpenStreams, streams: int, target: str, proc: psutil.Process) -> dict:
+    """The open-streams client against the bare proxy or the box: the stream figures and other
+    tenants' CPU; for the bare proxy also its RSS per stream and CPU per frame."""
+    rss_base, fds_base = proc.memory_info().rss, proc.num_fds()
+    result, rss_peak, fds_peak, cpu = open_streams_client(rig, spec, streams, target, proc)
+    out = {k: result[k] for k in CONTROL_KEYS}
+    out["background_pct"] = round(cpu.background_pct, 1)
+    if target == "floor":
+        out.update(rss_peak_mb=rss_peak / 1e6,
+                   rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
+                   cpu_us_per_frame=1e6 * cpu.floor_s / max(1, result["frames_received"]))
+    return out
+
+
+def open_streams_client(rig: Rig, spec: OpenStreams, streams: int, target: str,
+                        watched: psutil.Process) -> tuple[dict, int, int, measure.CpuDelta]:
+    """One bench/open_streams.py run against `target`: its result, the peak RSS and descriptors
+    of `watched` (sampled every RSS_SAMPLE_S) and everyone's CPU."""
+    timeout_s = 30.0 + spec.frames * spec.cadence_ms / 1000 + streams / 100 * spec.batch_gap_ms / 1000
+    argv = [measure.PYTHON, str(measure.BENCH / "open_streams.py"), rig.url(target),
+            "--streams", str(streams), "--frames", str(spec.frames), "--cadence-ms", f"{spec.cadence_ms:g}",
+            "--stall-factor", f"{spec.stall_factor:g}", "--batch-gap-ms", f"{spec.batch_gap_ms:g}",
+            "--timeout-s", f"{timeout_s:g}"]
     before = rig.meter.snapshot()
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                               cwd=measure.ROOT, start_new_session=True, text=True)
-    rss_peak, fds_peak = rss_base, router.num_fds()
+    rss_peak, fds_peak = watched.memory_info().rss, watched.num_fds()
     try:
         deadline = time.monotonic() + timeout_s + measure.RUN_MARGIN_S
         while client.poll() is None:
             if time.monotonic() > deadline:
                 raise BenchError(f"open_streams.py ran past {timeout_s + measure.RUN_MARGIN_S:.0f} s")
-            rss_peak = max(rss_peak, router.memory_info().rss)
-            fds_peak = max(fds_peak, router.num_fds())
+            rss_peak = max(rss_peak, watched.memory_info().rss)
+            fds_peak = max(fds_peak, watched.num_fds())
             time.sleep(RSS_SAMPLE_S)
         out, err = client.communicate(timeout=measure.STOP_GRACE_S)
     finally:
@@ -409,20 +603,7 @@ def open_streams(rig: Rig, log) -> dict:
     match = OPEN_JSON.search(out)
     if not match:
         raise BenchError(f"open_streams.py gave no result (exit {client.returncode}): {out[-800:]} {err[-800:]}")
-    result = json.loads(match.group(1))
-    time.sleep(1.0)  # every stream is done: what the router keeps afterwards
-    record = once_record(
-        rig, "open_streams", gate=asdict(gate), cadence_ms=OPEN_CADENCE_MS, **result,
-        router_rss_base_mb=rss_base / 1e6, router_rss_peak_mb=rss_peak / 1e6,
-        router_rss_after_mb=router.memory_info().rss / 1e6, router_fds_peak=fds_peak,
-        router_fd_limit=router_limit, sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
-        router_cpu_s=round(cpu.router_s, 2), **cpu_fields(cpu, result["completed"]))
-    log(f"[{rig.interface}] open streams: {result['completed']:,}/{result['streams']:,} completed, "
-        f"{result['stalled']} stalled, peak {result['peak_open']:,} open, max gap {result['max_gap_ms']:.0f} ms "
-        f"(threshold {result['stall_threshold_ms']:.0f}), first frame p99 {result['first_frame_p99_ms']:.0f} ms; "
-        f"router RSS {rss_base / 1e6:.0f} → peak {rss_peak / 1e6:.0f} MB, {fds_peak:,} fds; "
-        f"others {cpu.background_pct:.0f} %")
-    return record
+    return json.loads(match.group(1)), rss_peak, fds_peak, cpu
 
 
 def stalled_reader(rig: Rig, log) -> dict:
@@ -552,15 +733,22 @@ def measure_all(args: argparse.Namespace, d: Durations, procs: Procs, meter: Cpu
                 rig.warm_up(d.warmup_s)
                 for figure in pair_figures:
                     records += measure_pair(rig, figure, repeat, d, log)
+    if "peers" in args.figures:
+        for repeat in range(d.repeats):  # the peers do not depend on the router's interface: the first one
+            with Rig(procs, meter, args.interfaces[0], floor=True, tag="peers") as rig:
+                rig.warm_up(d.warmup_s)
+                records += measure_peers(rig, repeat, d, log)
     if args.locust:
         for repeat in range(d.repeats):
             for interface in args.interfaces:
                 with Rig(procs, meter, interface, cadence_ms=LOCUST_CADENCE_MS) as rig:
                     records += measure_pair(rig, "ttft", repeat, d, log)
     for interface in args.interfaces:  # once each, every one with a fleet and router of its own
-        if "open_streams" in args.figures:
-            with Rig(procs, meter, interface, cadence_ms=OPEN_CADENCE_MS, chunks=OPEN_CHUNKS, tag="open") as rig:
-                records.append(open_streams(rig, log))
+        for spec in OPEN_FIGURES.values():
+            if spec.figure in args.figures:
+                with Rig(procs, meter, interface, cadence_ms=spec.cadence_ms, chunks=spec.chunks,
+                         tag=spec.figure.replace("_", "-"), floor=True) as rig:
+                    records.append(open_streams(rig, spec, log))
         if "stalled_reader" in args.figures:
             with Rig(procs, meter, interface, chunks=STALL_CHUNKS, tag="stall") as rig:
                 records.append(stalled_reader(rig, log))
@@ -625,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "stamp": stamp, "args": {k: str(v) for k, v in vars(args).items()}, "durations": asdict(d),
         "elapsed_s": round(time.monotonic() - started_at, 1), "git": {**git, "snapshot_sha256": digest},
-        "versions": measure.versions(), "targets": report.TARGETS, "frames_per_stream": FRAMES_PER_STREAM,
+        "versions": {**measure.versions(), **(peers.versions() if "peers" in args.figures else {})}, "targets": report.TARGETS, "frames_per_stream": FRAMES_PER_STREAM,
         "rows": [{k: (asdict(v) if isinstance(v, report.Stat) else v) for k, v in r.items()} for r in rows],
         "verdict": lines, "profile": str(profile_file) if profile_file else None,
         "plots": [str(p) for p in plots], "records": records,
@@ -658,6 +846,15 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
     ]
     if rows:
         parts.append(report.markdown_table(rows))
+    peer_table = report.peers_table(records)
+    if peer_table:
+        interface = next(r["interface"] for r in records if r["figure"] == "peers")
+        v = doc["versions"]
+        parts += [f"Peers and floors (HAProxy {v.get('haproxy', '-')}, hugpy-router {v.get('hugpy-router-0.0.4', '-')}, "
+                  f"LiteLLM {v.get('litellm', '-')}), each in front of the same box (the one the router picks), in one round per "
+                  f"repeat: wrk {d['throughput_s']:g} s at c={CONNECTIONS} per target and load, after a "
+                  f"{d['warmup_s']:g} s warm-up; the router and the bare proxy on {interface}; CPU = the "
+                  "proxy's process (tree) user+sys CPU during the run (psutil) ÷ calls or frames:", "", peer_table]
     capacity = report.capacity_table(records)
     if capacity:
         parts += [capacity]
