@@ -20,11 +20,6 @@ Invariants:
    or more than `MAX_HEADERS` header lines, fails the exchange with BadResponse and closes the
    connection, so a box sending a header that never ends costs at most the limit plus one read.
    This holds for every user of the pool: the proxy, the box links, the agent links.
-8. A close-delimited answer that ends cleanly (hugpy's streams) takes its connection with it, so
-   the origin opens a spare in its place, off any call's path, and the next call to that box
-   finds one on the idle list instead of waiting for a connect within its time to first token.
-   At most `MAX_SPARES` idle or opening; a spare that cannot be opened is dropped silently (the
-   next call's own connect reports it). A spare counts as idle for rules 2, 3 and 6.
 """
 
 from __future__ import annotations
@@ -57,9 +52,6 @@ STALE_RACE_S = 0.1
 # any honest one (with long cookies or CORS lists) and still bound a hostile one.
 MAX_HEAD_BYTES = 64 << 10
 MAX_HEADERS = 100
-# Rule 8. Streams that end together (users in step) each leave a spare behind; past this many,
-# the box holds idle connections for no one (a hugpy box parks a thread on each: contract §0).
-MAX_SPARES = 16
 
 
 class UpstreamError(Exception):
@@ -126,7 +118,7 @@ class Exchange:
 
     def __init__(self, conn: "Conn", loop: asyncio.AbstractEventLoop, reused: bool) -> None:
         self.conn: Conn | None = conn
-        self.reused = reused  # the connection waited on the idle list: the box may have closed it
+        self.reused = reused  # the connection had served an earlier request
         self.sent_s = loop.time()
         # response head
         self.status = 0
@@ -290,7 +282,8 @@ class Conn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.reading_paused = False
-        self.idle_since = 0.0  # loop time it joined the idle list; 0: never idle (a fresh connect)
+        self.idle_since = 0.0
+        self.served = 0  # requests started on this connection
         # per request
         self.exchange: Exchange | None = None
 
@@ -328,7 +321,6 @@ class Conn(asyncio.Protocol):
         exchange.conn = None
         if exchange.head.done() and exchange.close_delimited and exc is None:
             exchange._finish()  # a clean close ends a close-delimited body; a reset never does
-            self.origin.open_spare()
         else:
             exchange._fail(
                 ConnectionLost("box closed the connection before the answer ended", clean=exc is None)
@@ -390,7 +382,8 @@ class Conn(asyncio.Protocol):
             self.transport.close()
 
     def start(self, payload: list[bytes], loop: asyncio.AbstractEventLoop) -> Exchange:
-        exchange = Exchange(self, loop, reused=self.idle_since > 0)
+        exchange = Exchange(self, loop, reused=self.served > 0)
+        self.served += 1
         self.exchange = exchange
         self.transport.writelines(payload)  # type: ignore[union-attr]
         return exchange
@@ -420,8 +413,6 @@ class Origin:
         self.port = port
         self.host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
         self.idle: list[Conn] = []
-        self.opening = 0  # spares being connected (rule 8)
-        self.closed = False
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> Conn:
         try:
@@ -439,27 +430,6 @@ class Origin:
                 continue
             return conn
         return None
-
-    def open_spare(self) -> None:
-        """Rule 8: a connection for the next call, opened in the background."""
-        if self.closed or len(self.idle) + self.opening >= MAX_SPARES:
-            return
-        self.opening += 1
-        task = asyncio.get_running_loop().create_task(self._spare())
-        _SPARES.add(task)
-        task.add_done_callback(_SPARES.discard)
-
-    async def _spare(self) -> None:
-        try:
-            conn = await self._connect(asyncio.get_running_loop())
-        except ConnectFailed:
-            return
-        finally:
-            self.opening -= 1
-        if self.closed:
-            conn.close()
-        else:
-            self.release(conn)
 
     def release(self, conn: Conn) -> None:
         if len(self.idle) >= MAX_IDLE_PER_ORIGIN:
@@ -481,13 +451,10 @@ class Origin:
         return conn.start([head, body] if body else [head], loop)
 
     def close(self) -> None:
-        self.closed = True
         for conn in self.idle:
             conn.close()
         self.idle.clear()
 
-
-_SPARES: set[asyncio.Task] = set()  # spares being opened (a task needs a reference)
 
 _SAFE_TARGET = re.compile(r"[\x21-\x7e]+")
 
