@@ -486,6 +486,7 @@ ROW_REQUESTS = {
     "admin and keys": ("GET", "/v1/keys", None, 200),
     "box relay": ("GET", "/v1/boxes/a/v1/telemetry/state", None, 200),
     "metrics": ("GET", "/metrics", None, 200),
+    "dashboard page": ("GET", "/ui", None, 200),
 }
 USE_ROWS = ("inference", "model listing", "metrics")
 CALLERS = {  # README column -> how the test makes that caller
@@ -542,3 +543,23 @@ def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in
             got[(row, column, key)] = "ok" if status == ok_status else str(status)
             want[(row, column, key)] = cell
     assert got == want
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "/v1/keys/{key_id}/priority", {"priority": "high"}),
+    ("POST", "/v1/keys/{key_id}/revoke", None),
+    ("PUT", "/v1/boxes/a", {"max_inflight": 1}),
+    ("POST", "/v1/boxes", {"name": "x", "url": "http://127.0.0.1:1"}),
+    ("GET", "/v1/router/events", None),
+])
+def test_the_admin_edits_refuse_every_caller_but_an_admin(start_fleet_in_process, method, path, body):
+    """Each admin route added beside the table's examples keeps the admin row's rule: from
+    outside, no key is 401 and a use key 403; an admin key is served."""
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet_in_process(a, env={"HUGPY_ROUTER_TRUSTED_PROXIES": PROXY, "HUGPY_ROUTER_KEY": ADMIN_KEY})
+    use_key = mint(router, "use")
+    path = path.format(key_id=use_key.split("_")[1])
+    assert call(router.url, method, path, body, **via(OUT))[0] == 401
+    assert call(router.url, method, path, body, key=use_key, **via(OUT))[0] == 403
+    if path != "/v1/router/events":  # a stream: served, it would not end
+        assert call(router.url, method, path, body, key=ADMIN_KEY, **via(OUT))[0] in (200, 201)
