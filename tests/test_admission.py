@@ -429,3 +429,12 @@ def test_a_boxs_limit_is_set_and_changed_through_the_box_admin_api(start_fleet_i
     assert admin(router, "PUT", "/v1/boxes/a", {"max_inflight": "many"})[0] == 400
     status, view = admin(router, "PUT", "/v1/boxes/a", {"max_inflight": None})
     assert status == 200 and view["max_inflight"] is None
+
+
+def test_the_drain_rate_keeps_a_bounded_history():
+    from router.serve.admission import DRAIN_SAMPLES, Admission
+
+    admission = Admission(fleet=None, capacity=8, timeout_s=5.0)  # type: ignore[arg-type]
+    for _ in range(DRAIN_SAMPLES * 3):
+        admission.handed_out.append(0.0)
+    assert len(admission.handed_out) == DRAIN_SAMPLES

@@ -174,3 +174,4 @@ def test_a_box_that_fails_fast_does_not_look_idle():
     call = Call(model="m", kinds=frozenset({HUGPY}))
     failing, steady = box("failing", 0, recent_refusals=2), box("steady", 1, pending=1)
     assert decide(call, [failing, steady]).boxes == ("steady", "failing")
+

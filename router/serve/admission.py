@@ -26,8 +26,10 @@ from router.boxes.state import BoxState
 from router.core.admission import Priority, Waiter, WaitQueue
 from router.core.types import BoxFacts, Call, Decision
 
-# The drain rate is measured over the last hand-outs, at most this many seconds back.
+# The drain rate is measured over the last hand-outs, at most this many seconds back and at
+# most this many of them.
 DRAIN_WINDOW_S = 30.0
+DRAIN_SAMPLES = 4096
 
 
 class Waiting(Protocol):
@@ -47,7 +49,9 @@ class Admission:
         self.fleet = fleet
         self.queue = WaitQueue(capacity)
         self.timeout_s = timeout_s
-        self.handed_out: deque[float] = deque()  # perf_counter stamps, for the drain rate
+        # perf_counter stamps of the latest hand-outs, for the drain rate: bounded, since a
+        # router that never answers 429 or 503 never trims them by the window
+        self.handed_out: deque[float] = deque(maxlen=DRAIN_SAMPLES)
         self.outcomes: Counter[str] = Counter()  # admitted | queue_full | queue_timeout | left
 
     def join(self, waiting: Waiting, caller: str, priority: Priority, boxes: frozenset[str]) -> Waiter | None:
