@@ -536,11 +536,10 @@ class ProxyCall:
         self.t_body = time.perf_counter()
         self.life.fire(Event.BODY_IN)
         try:
-            self.call, stream, self.asked_priority = inspected = await self.inspect()
+            self.call, stream, self.asked_priority = await self.inspect()
         except BadRequest as exc:
             await self.error(exc.status_hint, exc.code, str(exc))
             return
-        call = inspected.call
         self.sse_wanted = stream and self.facade.sse_keepalive
         fleet = self.app.fleet
         self.decision = decision = self.decide_now(fleet.facts())
