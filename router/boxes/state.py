@@ -14,8 +14,12 @@ Invariants:
    box that refuses again backs off longer; a success for the key, or more free GPU memory in
    the inventory, clears both. A connect failure
    marks the box `unreachable` (offline for the decision) until its health probe succeeds.
-4. `in_flight` counts this router's calls on the box from every facade; for a box with a
-   limit it is part of the facts (fullness), so the facts are rebuilt when it moves.
+4. `in_flight` counts this router's calls on the box from every facade, at every instant. The
+   facts' `pending` is the work the box carries now beside the reservations: the router's calls
+   from before the current snapshot (`in_flight - reservations`) or the box's own busy seats
+   when more. A call that ended is not pending a moment longer, so calls that follow each other
+   follow the ranking exactly; a burst, still running, spreads. The scheduler's snapshot
+   `pending` (shown in the state) is that figure at snapshot time.
 """
 
 from __future__ import annotations
@@ -145,6 +149,11 @@ class BoxState:
             self.changed()
 
     @property
+    def busy_seats(self) -> int:
+        """What the box itself says is busy (its residents serving a call, anyone's)."""
+        return sum(1 for resident in self.inventory.residents.values() if resident.busy)
+
+    @property
     def limit(self) -> int | None:
         """Calls at once: the boxes file's `max_inflight`, else what the box reports."""
         return self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
@@ -162,8 +171,8 @@ class BoxState:
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
         limit = self.limit
-        # fullness, and a cooling model's ceiling, depend on the calls in flight
-        key = (self.version, reservations, self.in_flight if limit is not None or self.cooling else 0)
+        # pending, fullness and a cooling model's ceiling depend on the calls in flight (rule 4)
+        key = (self.version, reservations, self.in_flight)
         if key != self._facts_key:
             config = self.config
             self._facts = BoxFacts(
@@ -177,7 +186,7 @@ class BoxState:
                 residents=self.inventory.residents,
                 contracts={k: v for k, v in self.contracts.items() if v is not None},
                 free_gpu_bytes=self.inventory.free_gpu_bytes,
-                pending=self.pending,
+                pending=max(self.in_flight - reservations, self.busy_seats),
                 pressure=self.pressure,
                 reservations=reservations,
                 last_picked_s=self.last_picked_s,

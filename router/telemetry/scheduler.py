@@ -64,7 +64,7 @@ class Scheduler(BackgroundTask):
                 id=box.name,
                 order=box.order,
                 in_flight=box.in_flight,
-                busy_seats=sum(1 for r in box.residents.values() if r.busy),
+                busy_seats=box.busy_seats,
                 pressure=self.cache.pressure(box.name, now_s),
             )
             for box in self.fleet.ordered()

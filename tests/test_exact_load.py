@@ -1,0 +1,76 @@
+"""A box's load is exact at every instant (router/boxes/state.py rule 4): a call that ended no
+longer counts, whatever snapshot came in between, so calls that follow each other follow the
+ranking exactly; calls still running spread."""
+
+from __future__ import annotations
+
+from router._fastpath import Reservations
+from router.boxes.config import BoxConfig
+from router.boxes.state import BoxState, Inventory
+from router.core.decide import decide
+from router.core.types import BoxKind, Call
+
+GIB = 1 << 30
+CALL = Call(model="m", kinds=frozenset({BoxKind.HUGPY}))
+
+
+class Rig:
+    """Boxes, the reservation table and the scheduler's steps, as the serve layer drives them."""
+
+    def __init__(self, free_gib: list[int]) -> None:
+        self.reservations = Reservations()
+        self.generation = 0
+        self.boxes = []
+        for i, free in enumerate(free_gib):
+            box = BoxState(BoxConfig(name=f"b{i}", url=f"http://127.0.0.1:{9000 + i}"), i, i)
+            box.online = True
+            box.set_inventory(Inventory(catalog={"m": "m"}, free_gpu_bytes=free * GIB))
+            self.boxes.append(box)
+
+    def pick(self) -> BoxState:
+        decision = decide(CALL, [b.facts(self.reservations.count(b.index)) for b in self.boxes])
+        return next(b for b in self.boxes if b.name == decision.boxes[0])
+
+    def start(self) -> tuple[BoxState, int]:
+        box = self.pick()
+        token = self.reservations.reserve(box.index, self.generation)
+        box.in_flight += 1
+        return box, token
+
+    def end(self, box: BoxState, token: int) -> None:
+        self.reservations.release(token)
+        box.in_flight -= 1
+
+    def snapshot(self) -> None:
+        """What the scheduler publishes: pending is the router's calls on each box now."""
+        self.generation += 1
+        self.reservations.supersede(self.generation)
+        for box in self.boxes:
+            box.set_load(box.in_flight, 1)
+
+
+def test_sequential_calls_follow_the_ranking_exactly_across_snapshots():
+    rig = Rig([8, 6, 4])
+    for _ in range(4):
+        box, token = rig.start()
+        assert box.name == "b0"  # the most free GPU memory, every time
+        rig.snapshot()  # published while the call runs: it counts the call as pending
+        rig.end(box, token)  # its release is for a superseded generation
+
+
+def test_a_burst_still_spreads():
+    rig = Rig([8, 6, 4])
+    picked = [rig.start()[0].name for _ in range(3)]
+    assert picked == ["b0", "b1", "b2"]
+    rig.snapshot()  # the three calls are now pending, not reserved
+    assert rig.start()[0].name == "b0"  # all carry one: the tie-break again
+
+
+def test_the_boxs_own_busy_seats_count_when_more():
+    rig = Rig([8, 6])
+    from router.core.types import Resident
+
+    rig.boxes[0].set_inventory(Inventory(catalog={"m": "m"}, free_gpu_bytes=8 * GIB,
+                                         residents={"x": Resident("x", busy=True), "y": Resident("y", busy=True)}))
+    assert rig.boxes[0].facts(0).pending == 2  # other clients' work the router did not send
+    assert rig.pick().name == "b1"
