@@ -510,3 +510,19 @@ def test_frame_scanner_cr_at_chunk_end_is_not_always_crlf(framing, stream):
         return next((v for v in verdicts if v != HOLD), HOLD)
 
     assert first(cut_verdicts) == first(whole_verdicts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.binary(max_size=40) | st.sampled_from([b"data: [DONE]", b"\n\n", b" \r\n", b"\t", b"data: [DO", b"NE]"]),
+             max_size=12),
+    st.sampled_from([b"data: [DONE]", b"x", b"]"]),
+)
+def test_ends_with_reads_the_kept_tail_as_the_plain_model_does(chunks, marker):
+    """`ends_with` (no allocation) against its plain model: the stream's last TAIL bytes,
+    trailing whitespace stripped, end with the marker; wherever the chunks were cut."""
+    scanner = FrameScanner(SSE)
+    for chunk in chunks:
+        scanner.feed(chunk)
+    stream = b"".join(chunks)
+    assert scanner.ends_with(marker) == stream[-32:].rstrip(b" \t\r\n").endswith(marker)
