@@ -14,7 +14,8 @@
 2. `FrameScanner`: counts bytes and frames of an SSE (blank-line separated) or NDJSON
    (newline separated) stream, split-invariant, and holds the bytes up to the end of the first
    data frame so the caller can judge it before anything reaches the client. It never copies a
-   chunk after the first frame; chunks pass through unchanged.
+   chunk after the first frame; chunks pass through unchanged, and the relay hands them to
+   `keep`, which keeps the stream's tail (for `ends_with`) without scanning their frames.
 3. `json_members(body, names)`: checks that a request body is one JSON object (RFC 8259, UTF-8,
    nesting at most 1,024) and finds the byte spans of the top-level members `names`, keys
    compared as JSON decodes them, without building any object and without the GIL. The plain
@@ -241,6 +242,13 @@ cdef class FrameScanner:
             memmove(self.tail, self.tail + self.tail_len - keep, keep)
         memcpy(self.tail + keep, start, size)
         self.tail_len = keep + <int> size
+
+    cpdef void keep(self, bytes chunk):
+        """After the first frame: only the stream's tail is needed (how it ended), so a relayed
+        chunk is counted in `bytes_in` and its last bytes kept; its frames are not scanned."""
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(chunk)
+        self.bytes_in += size
+        self._keep_tail(PyBytes_AS_STRING(chunk), size)
 
     def ends_with(self, bytes marker):
         """Whether the stream so far ends with `marker`, ignoring trailing whitespace (how a

@@ -526,3 +526,17 @@ def test_ends_with_reads_the_kept_tail_as_the_plain_model_does(chunks, marker):
         scanner.feed(chunk)
     stream = b"".join(chunks)
     assert scanner.ends_with(marker) == stream[-32:].rstrip(b" \t\r\n").endswith(marker)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40) | st.sampled_from([b"data: [DONE]", b"\n\n", b" \r\n"]), max_size=12),
+       st.integers(0, 12))
+def test_keep_tracks_the_tail_as_feed_does(chunks, switch):
+    """The relay's `keep` (no frame scan) leaves the same tail and byte count as `feed`."""
+    fed, kept = FrameScanner(SSE), FrameScanner(SSE)
+    for i, chunk in enumerate(chunks):
+        fed.feed(chunk)
+        (kept.feed if i < switch else kept.keep)(chunk)
+    assert kept.bytes_in == fed.bytes_in
+    for marker in (b"data: [DONE]", b"]", b"x"):
+        assert kept.ends_with(marker) == fed.ends_with(marker)

@@ -915,7 +915,7 @@ class ProxyCall:
         self.watch_silence(exchange)
         self.life.fire(Event.JUDGED)
         for chunk in after:
-            scanner.feed(chunk)
+            scanner.keep(chunk)
         self.stream = True
         self.commit(box, exchange.status)
         await self.start(exchange.status, self.client_headers(exchange.headers))
@@ -959,7 +959,7 @@ class ProxyCall:
                     break
                 if scanner is not None:
                     for chunk in chunks:
-                        scanner.feed(chunk)
+                        scanner.keep(chunk)
                 last, data = data, chunks[0] if len(chunks) == 1 else b"".join(chunks)
             self.tail = (last, data)
             await edge.finish()
