@@ -94,7 +94,8 @@ def write_boxes(path: Path, boxes: list, **per_box: dict) -> Path:
 
 
 def _fleet_starter(tmp_path, new_router):
-    """start(*boxes, extra_args=(), boxes_extra={}, **router_kwargs) -> router; stops them all."""
+    """Yields start(*boxes, extra_args=(), boxes_extra={}, **router_kwargs) -> router; at the
+    fixture's end stops every router, then every fleet."""
     fleets: list[SimFleet] = []
     routers: list = []
 
@@ -108,29 +109,23 @@ def _fleet_starter(tmp_path, new_router):
         routers.append(router)
         return router
 
-    return start, routers, fleets
+    yield start
+    for router in routers:
+        router.stop()
+    for fleet in fleets:
+        fleet.stop()
 
 
 @pytest.fixture
 def start_fleet(tmp_path):
     """start_fleet(*boxes, extra_args=(), boxes_extra={}, env=None, nofile=None, module="router") -> RouterProcess"""
-    start, routers, fleets = _fleet_starter(tmp_path, RouterProcess)
-    yield start
-    for router in routers:
-        router.stop()
-    for fleet in fleets:
-        fleet.stop()
+    yield from _fleet_starter(tmp_path, RouterProcess)
 
 
 @pytest.fixture
 def start_fleet_in_process(tmp_path):
     """start_fleet_in_process(*boxes, extra_args=(), boxes_extra={}, env=None) -> InProcessRouter"""
-    start, routers, fleets = _fleet_starter(tmp_path, InProcessRouter)
-    yield start
-    for router in routers:
-        router.stop()
-    for fleet in fleets:
-        fleet.stop()
+    yield from _fleet_starter(tmp_path, InProcessRouter)
 
 
 def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
