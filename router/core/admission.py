@@ -27,6 +27,8 @@ from collections import OrderedDict, deque
 from enum import IntEnum
 from typing import Callable, Iterator
 
+from router.core.backoff import doubling_s
+
 # A refused placement is retried soon (a box frees memory in seconds when a call ends) but not
 # in a tight loop; past 30 s a box that keeps refusing is better served by the queue's timeout.
 BACKOFF_BASE_S = 0.5
@@ -61,8 +63,9 @@ def is_full(in_flight: int, limit: int | None) -> bool:
 
 
 def backoff_s(consecutive: int) -> float:
-    """Seconds a box stays full for a model after `consecutive` placement refusals (>= 1)."""
-    return min(BACKOFF_BASE_S * 2.0 ** min(max(consecutive, 1) - 1, 16), BACKOFF_CAP_S)
+    """Seconds a box stays full for a model after `consecutive` placement refusals (>= 1): the
+    links' doubling, without their jitter (a cooling ends when the state says it does)."""
+    return doubling_s(consecutive, BACKOFF_BASE_S, BACKOFF_CAP_S)
 
 
 class Waiter:

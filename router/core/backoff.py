@@ -30,13 +30,18 @@ _MAX_EXPONENT = 32
 LOG_EVERY_S = 600.0
 
 
+def doubling_s(count: int, base_s: float, cap_s: float) -> float:
+    """`base_s * 2**(count-1)` for `count` (>= 1) in a row, capped at `cap_s` (rule 1, before
+    jitter); never raises for a large count. Also the refusal back-off's (router.core.admission)."""
+    return min(cap_s, base_s * (1 << min(max(count - 1, 0), _MAX_EXPONENT)))
+
+
 def backoff_s(failures: int, jitter: float, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
     """Seconds to wait after `failures` (>= 1) failures in a row; `jitter` is uniform in [0, 1).
 
     Returns a value in [cap/2, cap) once the cap is reached, and never raises for a large count.
     """
-    exponent = min(max(failures - 1, 0), _MAX_EXPONENT)
-    return min(cap_s, base_s * (1 << exponent)) * (0.5 + 0.5 * jitter)
+    return doubling_s(failures, base_s, cap_s) * (0.5 + 0.5 * jitter)
 
 
 class Streak:
