@@ -283,9 +283,10 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     notify("STOPPING=1")
     for _, _, server in servers:
         server.stop()
-    try:
-        await asyncio.wait_for(shared.idle.wait(), config.grace_s)
-    except asyncio.TimeoutError:
+    try:  # asyncio.timeout: Python 3.11's wait_for can swallow a cancel (telemetry/scheduler.py)
+        async with asyncio.timeout(config.grace_s):
+            await shared.idle.wait()
+    except TimeoutError:
         log.warning("grace period over with %d calls in flight", shared.in_flight)
     await asyncio.wait(serving, timeout=config.grace_s)
     await shared.clock.stop()

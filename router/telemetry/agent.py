@@ -139,9 +139,10 @@ class AgentFeed(BackgroundTask):
         `wait_s`, whichever comes first (rule 3)."""
         if since != self.seq or wait_s <= 0.0:
             return
-        try:
-            await asyncio.wait_for(self._changed.wait(), wait_s)
-        except asyncio.TimeoutError:
+        try:  # asyncio.timeout: Python 3.11's wait_for can swallow a cancel (scheduler.py)
+            async with asyncio.timeout(wait_s):
+                await self._changed.wait()
+        except TimeoutError:
             pass
 
     def answer(self) -> bytes:

@@ -83,9 +83,13 @@ class Scheduler(BackgroundTask):
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel that
+            # meets a poke (the stop's last calls poke as they end), and the stop then waits
+            # on this task for ever.
             try:
-                await asyncio.wait_for(self._moved.wait(), MAX_SNAPSHOT_AGE_S - MIN_SNAPSHOT_GAP_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(MAX_SNAPSHOT_AGE_S - MIN_SNAPSHOT_GAP_S):
+                    await self._moved.wait()
+            except TimeoutError:
                 pass
             self._moved.clear()
             try:
