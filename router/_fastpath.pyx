@@ -20,7 +20,8 @@
    nesting at most 1,024) and finds the byte spans of the top-level members `names`, keys
    compared as JSON decodes them, without building any object and without the GIL. The plain
    model in tests/test_body.py is the stdlib parser.
-4. `form_field(body, delimiter, name)`: the byte span of text form field `name` in a
+4. `Relay`: the committed answer's bytes, box to client (module rule 2 for its stream's tail).
+5. `form_field(body, delimiter, name)`: the byte span of text form field `name` in a
    multipart/form-data body, found by scanning part heads only, without the GIL. Its plain
    model (the Python scan it replaced) is in tests/test_body.py.
 """
@@ -254,7 +255,9 @@ cdef class FrameScanner:
         """Whether the stream so far ends with `marker`, ignoring trailing whitespace (how a
         close-delimited stream tells a proper end from a box that died). Looks at the kept
         tail in place: nothing is allocated, though it runs for every relayed chunk."""
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(marker)
+        return self._ends_with(PyBytes_AS_STRING(marker), PyBytes_GET_SIZE(marker))
+
+    cdef bint _ends_with(self, const char* marker, Py_ssize_t size):
         cdef int end = self.tail_len
         cdef char c
         while end > 0:
@@ -262,7 +265,7 @@ cdef class FrameScanner:
             if c != 32 and c != 9 and c != 13 and c != 10:
                 break
             end -= 1
-        return end >= size and memcmp(self.tail + end - size, PyBytes_AS_STRING(marker), size) == 0
+        return end >= size and memcmp(self.tail + end - size, marker, size) == 0
 
     cpdef int feed(self, bytes chunk) except -1:
         """Scans one chunk; returns HOLD, FIRST_CLEAN, FIRST_SUSPECT, RELAY or TOO_BIG."""
@@ -775,3 +778,57 @@ def form_field(bytes body, bytes delimiter, bytes name):
     with nogil:
         found = _form_field(p, n, d, dl, f, m, span)
     return (span[0], span[1]) if found else None
+
+
+cdef bytes SSE_DONE = b"data: [DONE]"
+
+
+cdef class Relay:
+    """Moves a committed answer from the box to the client: writes what was held, then each
+    batch of chunks as it arrives, the chunks that arrived together in one write (a single chunk
+    as it is, never copied). After the first frame a framed stream's chunks only update its tail
+    (`FrameScanner.keep`). What `write` and `next_chunks` raise goes up to the caller, which reads
+    how far the relay got (`bytes_out`, `delivered`, `last`, `data`) however it ended."""
+
+    cdef readonly long long bytes_out
+    cdef readonly bint delivered  # an SSE stream's `data: [DONE]` went to the client's write
+    cdef readonly bytes last      # the answer's last two writes, oldest first
+    cdef readonly bytes data
+    cdef readonly FrameScanner scanner
+    cdef bint sse
+
+    def __cinit__(self, FrameScanner scanner=None):
+        self.scanner = scanner
+        self.sse = scanner is not None and scanner.framing == SSE
+        self.bytes_out = 0
+        self.delivered = False
+        self.last = b""
+        self.data = b""
+
+    def complete(self):
+        """A close-delimited SSE stream ends with `data: [DONE]`: an EOF before it is a box that
+        died, not a finished answer. Any other answer's end is its framing's."""
+        return not self.sse or self.scanner._ends_with(PyBytes_AS_STRING(SSE_DONE), PyBytes_GET_SIZE(SSE_DONE))
+
+    async def run(self, bytes first, write, next_chunks):
+        cdef bytes data = first
+        cdef list chunks
+        cdef Py_ssize_t count, index
+        cdef FrameScanner scanner = self.scanner
+        self.data = first
+        while True:
+            if PyBytes_GET_SIZE(data):
+                self.bytes_out += PyBytes_GET_SIZE(data)
+                if self.sse and scanner._ends_with(PyBytes_AS_STRING(SSE_DONE), PyBytes_GET_SIZE(SSE_DONE)):
+                    self.delivered = True  # before the write, which the client's leaving can race
+                await write(data)
+            chunks = await next_chunks()
+            count = len(chunks)
+            if count == 0:
+                return
+            if scanner is not None:
+                for index in range(count):
+                    scanner.keep(chunks[index])
+            self.last = data
+            data = chunks[0] if count == 1 else b"".join(chunks)
+            self.data = data

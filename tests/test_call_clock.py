@@ -1,4 +1,4 @@
-"""The CallClock (router/serve/proxy.py, rule 5): one sweep keeps every call's deadlines, so no
+"""The CallClock (router/serve/clock.py, router/serve/proxy.py rule 5): one sweep keeps every call's deadlines, so no
 call arms a timer of its own. Driven in-process with a stub ASGI client."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import uvloop
 
 from router.facades.openai import FACADE
 from router.core.lifecycle import Event, Lifecycle
-from router.serve import proxy
+from router.serve import clock as call_clock, proxy
+from router.serve.clock import CallClock
 from router.serve.edge import AsgiEdge
-from router.serve.proxy import CallClock, ProxyCall
+from router.serve.proxy import ProxyCall
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
          "client": ("127.0.0.1", 50000), "headers": [(b"content-type", b"application/json")]}
@@ -36,7 +37,8 @@ class StubClient:
 
 
 def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
-    return types.SimpleNamespace(clock=clock, max_body_bytes=1 << 20, observe=observed.append)
+    return types.SimpleNamespace(clock=clock, max_body_bytes=1 << 20, observe=observed.append,
+                                 reservations=None, scheduler=None, admission=None)
 
 
 def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch):
@@ -56,18 +58,19 @@ def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch
 
     client, observed, call, took, clock = uvloop.run(main())
     # the deadline, plus at most one tick
-    assert 0.2 <= took <= 0.2 + proxy.CLOCK_TICK_S + 0.1
+    assert 0.2 <= took <= 0.2 + call_clock.CLOCK_TICK_S + 0.1
     assert client.sent[0]["status"] == 408
     error = orjson.loads(client.sent[1]["body"])["error"]
     assert error["code"] == "body_timeout"
-    assert observed == [call] and (call.state, call.failure) == ("failed", "body_timeout")
+    assert observed == [call.record] and (call.record.state, call.record.failure) == ("failed", "body_timeout")
     assert client.receives == 1  # the watcher never read the client while the body was due
     assert not clock.calls  # the call left the clock
 
 
 def test_the_watcher_starts_only_once_the_body_is_in():
     watched = []
-    call = types.SimpleNamespace(life=Lifecycle(), started_s=0.0, watch=None, exchange=None, sse_wanted=False,
+    call = types.SimpleNamespace(life=Lifecycle(), started_s=0.0, watch=None, attempt=None,
+                                 reply=types.SimpleNamespace(keepalive_s=0.0),
                                  edge=types.SimpleNamespace(watch_disconnect=watched.append),
                                  client_left=object())
     ProxyCall.tick(call, now=10.0)  # long past WATCH_AFTER_S, but the body is still due

@@ -29,7 +29,9 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.types import BoxFacts, Resident
+from router.core.names import call_key
+from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
+from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
 
 
@@ -112,6 +114,25 @@ class BoxState:
         if self.contracts:
             self.contracts = {}
             self.changed()
+
+    def took(self, call: Call, now_s: float) -> None:
+        """The box took `call` (its answer is going to the client): it now runs the model with
+        the call's settings, and it had room for it."""
+        named = call_key(self.config.kind, call.model, call.settings)
+        if named is not None:
+            self.record_dispatch(named[0], named[1], now_s)
+            self.placement_ok(named[0])
+
+    def refused(self, call: Call, code: RefusalCode, now_s: float) -> None:
+        """The box refused `call` before its first byte: a placement refusal makes it full for the
+        model for a back-off; a box that cannot be reached is out of every decision until its
+        health probe sees it again."""
+        if code is RefusalCode.UNREACHABLE:
+            self.mark_unreachable()
+        elif code in PLACEMENT_REFUSALS:
+            named = call_key(self.config.kind, call.model, call.settings)
+            if named is not None:
+                self.placement_refused(named[0], now_s)
 
     def record_dispatch(self, key: str, settings: str | None, now_s: float) -> None:
         """The box accepted a call for `key` under `settings`: remember both for the tiers."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from pathlib import Path
 
@@ -25,7 +24,10 @@ from router.serve.access import AccessGate
 from router.serve.admission import Admission
 from router.serve.edge import AsgiEdge, Edge, RsgiEdge
 from router.serve.metrics import Metrics, registry as metrics_registry
-from router.serve.proxy import CallClock, ProxyCall, RelayAborted
+from router.serve.clock import CallClock
+from router.serve.deliver import RelayAborted
+from router.serve.proxy import ProxyCall
+from router.serve.record import CallRecord
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -140,30 +142,14 @@ class RouterApp:
             await edge.respond(verdict.status, [(b"content-type", JSON)], body)
         return verdict.ok
 
-    def observe(self, call: ProxyCall) -> None:
-        """A call ended: its route_log row and its metrics."""
+    def observe(self, record: CallRecord) -> None:
+        """A call ended: its route_log row, its span when tracing is on, and its metrics."""
         shared = self.shared
-        row = call.row()
+        row = record.row()
         shared.route_log.record(row)
         if shared.tracer is not None:  # tracing off: this check is all a call pays
-            shared.tracer.record(call, row)
-        metrics = shared.metrics
-        facade, box = call.facade.name, call.box.name if call.box else ""
-        metrics.calls[(facade, box, call.status)] += 1
-        for attempt in call.attempts:
-            refusal = attempt.get("refusal")
-            if refusal is not None:
-                metrics.failovers[refusal] += 1
-        if call.state == "refused":
-            metrics.refused[call.facade.name] += 1
-        now = time.perf_counter()
-        metrics.duration[(facade, box)].observe(now - call.t_received)
-        if call.t_first_byte:
-            metrics.ttfb[(facade, box)].observe(call.t_first_byte - call.t_received)
-        if call.t_sent:
-            metrics.overhead.observe(call.t_sent - call.t_body)
-        if call.waited_ms is not None:
-            metrics.queue_wait.observe(call.waited_ms / 1000)
+            shared.tracer.record(record, row)
+        shared.metrics.observe(record)
 
     async def unknown(self, edge: Edge, facade: Facade, known: bool) -> None:
         if facade.unknown is not None:

@@ -24,6 +24,7 @@ import platform
 import time
 from collections import defaultdict, deque
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -35,6 +36,9 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 
 import router
+
+if TYPE_CHECKING:
+    from router.serve.record import CallRecord
 
 # Seconds: from a warm answer (ms) to a cold load (minutes). The 1 and 2.5 ms buckets resolve a
 # front door's own answers (a refusal, a bad request) from a warm box's.
@@ -96,6 +100,24 @@ class Metrics:
         self.queue_wait = Histogram(LATENCY_BUCKETS_S)  # calls that waited for a box with room
         self.loop_stall_max_s = 0.0  # the longest the event loop was late (watch_loop)
         self.series = CallSeries(self)
+
+    def observe(self, record: CallRecord) -> None:
+        """A call ended: its counts and durations (rule 1)."""
+        facade, box = record.facade.name, record.box.name if record.box else ""
+        self.calls[(facade, box, record.status)] += 1
+        for attempt in record.attempts:
+            refusal = attempt.get("refusal")
+            if refusal is not None:
+                self.failovers[refusal] += 1
+        if record.state == "refused":
+            self.refused[facade] += 1
+        self.duration[(facade, box)].observe(time.perf_counter() - record.t_received)
+        if record.t_first_byte:
+            self.ttfb[(facade, box)].observe(record.t_first_byte - record.t_received)
+        if record.t_sent:
+            self.overhead.observe(record.t_sent - record.t_body)
+        if record.waited_ms is not None:
+            self.queue_wait.observe(record.waited_ms / 1000)
 
 
 def quantile(q: float, bounds: tuple[float, ...], counts: list[int]) -> float | None:

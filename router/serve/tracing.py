@@ -33,11 +33,15 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import router
 from router.core.errors import ConfigError
 from router.facades.genai import OPERATIONS, usage_of
+
+if TYPE_CHECKING:
+    from router.serve.record import CallRecord
+    from router.store.route_log import Row
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 SPAN_KIND_NAME = "CLIENT"  # GenAI conventions: an inference span is a client span
@@ -104,7 +108,7 @@ class CallTracer:
         self._kind = SpanKind[SPAN_KIND_NAME]
         self._error = Status(StatusCode.ERROR)
 
-    def record(self, call, row) -> None:
+    def record(self, call: CallRecord, row: Row) -> None:
         """One span for `call`, whose route-log `row` is final. Never raises for a call's data."""
         operation = OPERATIONS.get(call.route.path)
         attributes: dict = {

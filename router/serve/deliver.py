@@ -1,0 +1,112 @@
+"""The answer a box's attempt was judged fit to give: committed once, then sent whole or relayed.
+
+Rules:
+1. Commit happens once per call (router.core.lifecycle: JUDGED → RELAYING): the row's status and
+   state are set, and the box remembers it took the call with these settings (not for the
+   client's own error, which goes back as sent).
+2. An answer read whole goes out in one piece; any other is relayed as it arrives
+   (router._fastpath.Relay), its head first.
+3. After the head nothing is rerouted: a box failing mid-stream ends the stream with an in-band
+   error frame in the stream's own format; a body with no frames is cut instead (RelayAborted:
+   the server aborts the connection), so it never looks complete. A box silent mid-answer for
+   longer than the stream idle timeout has failed too, and a hugpy box also gets its cancel.
+4. A close-delimited SSE stream (hugpy's) ends with `data: [DONE]`; an EOF before it is a box
+   that died, not a finished answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from router._fastpath import NDJSON, SSE, Relay
+from router.boxes.state import BoxState
+from router.core.lifecycle import Event, Lifecycle
+from router.serve.attempt import Attempt, Judged
+from router.serve.edge import ClientLeft
+from router.serve.reply import Reply
+from router.upstream.pool import ConnectionLost, StreamIdle, UpstreamError
+
+log = logging.getLogger("router.proxy")
+
+MID_STREAM_FAILED = "box_failed_mid_stream"
+# (framing, the call's failure) -> the in-band frame that ends a stream whose box failed.
+MID_STREAM_ERROR = {
+    (SSE, MID_STREAM_FAILED): b'data: {"error": {"message": "the box failed mid-stream", '
+    b'"type": "upstream_error", "code": "box_failed"}}\n\n',
+    (NDJSON, MID_STREAM_FAILED): b'{"error": "the box failed mid-stream"}\n',
+    (SSE, StreamIdle.refusal): b'data: {"error": {"message": "the box went silent mid-stream", '
+    b'"type": "upstream_error", "code": "stream_idle_timeout"}}\n\n',
+    (NDJSON, StreamIdle.refusal): b'{"error": "the box went silent mid-stream"}\n',
+}
+
+
+class RelayAborted(Exception):
+    """The answer was cut after its head went out: the client connection must be aborted."""
+
+
+class Delivery:
+    __slots__ = ("reply", "life", "on_left", "relay")
+
+    def __init__(self, reply: Reply, life: Lifecycle, on_left: Callable[[], None]) -> None:
+        self.reply = reply
+        self.life = life
+        self.on_left = on_left  # the call's client_left
+        self.relay: Relay | None = None  # once relaying
+
+    @property
+    def delivered(self) -> bool:
+        """The stream's end (`data: [DONE]`) reached the client: a hang-up now cancels nothing."""
+        return self.relay is not None and self.relay.delivered
+
+    async def send(self, box: BoxState, judged: Judged, attempt: Attempt) -> None:
+        """Rules 1 and 2."""
+        self.life.fire(Event.COMMITTED)
+        reply, record = self.reply, self.reply.record
+        record.answered(judged.status, "failed" if judged.failure else "done", judged.failure)
+        record.stream = judged.stream
+        if judged.failure is None:
+            box.took(record.call, asyncio.get_running_loop().time())  # type: ignore[arg-type]
+        headers = reply.box_headers(box.name, judged.headers)
+        if judged.body is not None:
+            if judged.failure is None:
+                record.tail = (judged.body,)
+            await reply.respond(judged.status, headers, judged.body)
+            return
+        await reply.start(judged.status, headers)
+        await self.relay_answer(judged, attempt)
+
+    async def relay_answer(self, judged: Judged, attempt: Attempt) -> None:
+        relay = self.relay = Relay(judged.scanner)
+        exchange, edge, record = judged.exchange, self.reply.edge, self.reply.record
+        try:
+            await relay.run(judged.first, edge.write, exchange.next_chunks)
+            if exchange.close_delimited and not relay.complete():  # rule 4
+                raise ConnectionLost("stream closed before its end")
+            await edge.finish()
+        except ClientLeft:
+            self.on_left()
+        except UpstreamError as exc:
+            if self.life.ended_by is not Event.CLIENT_LEFT:
+                await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
+        finally:
+            record.bytes_out += relay.bytes_out
+            record.tail = (relay.last, relay.data)
+
+    async def failed_mid_answer(self, judged: Judged, attempt: Attempt, silent: bool) -> None:
+        """Rule 3."""
+        failure = StreamIdle.refusal if silent else MID_STREAM_FAILED
+        log.debug("call %s: box %s %s", self.reply.record.call_id, attempt.box.name, failure)
+        self.life.fire(Event.BOX_FAILED)
+        self.reply.record.ended("failed", failure)
+        if silent:
+            attempt.cancel()  # its connection is closed; a stuck box may not notice
+        if judged.scanner is None:
+            raise RelayAborted("the box failed mid-body")
+        edge = self.reply.edge
+        try:
+            await edge.write(MID_STREAM_ERROR[judged.scanner.framing, failure])
+            await edge.finish()
+        except ClientLeft:
+            self.on_left()

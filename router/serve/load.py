@@ -1,0 +1,68 @@
+"""The load one call puts on a box, held in one record.
+
+Rules:
+1. A call counts on at most one box at a time, and every change goes through its `Load`: the
+   box's in-flight count (exact at every instant: what the next decision reads, DESIGN.md's
+   pending load), the reservation token (what the scheduler's snapshot has not seen yet), the
+   scheduler's poke (the inventory is worth a fresh look), and the wait queue's offer of the slot
+   the call left.
+2. The in-flight count moves first and alone when the queue hands a call a slot (`count_on`):
+   no arrival can take that slot before the call wakes. The token follows at dispatch
+   (`reserve`), with the scheduler's generation of that moment, and moves with the call on
+   failover.
+3. `release` is safe to call at any time and more than once: an ended call, and a call that goes
+   back to the queue, hold nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from router._fastpath import Reservations
+from router.boxes.state import BoxState
+
+if TYPE_CHECKING:
+    from router.serve.admission import Admission
+    from router.telemetry.scheduler import Scheduler
+
+
+class Load:
+    __slots__ = ("reservations", "scheduler", "admission", "box", "token")
+
+    def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: Admission) -> None:
+        self.reservations = reservations
+        self.scheduler = scheduler
+        self.admission = admission
+        self.box: BoxState | None = None  # the box whose in-flight count holds the call
+        self.token = 0  # its reservation; 0 = none held
+
+    def count_on(self, box: BoxState | None) -> None:
+        """Moves the call's in-flight count to `box` (None: off every box)."""
+        left = self.box
+        if box is left:
+            return
+        if left is not None:
+            left.in_flight -= 1
+        if box is not None:
+            box.in_flight += 1
+        self.box = box
+        self.scheduler.poke()
+        if left is not None:
+            self.admission.freed(left)
+
+    def reserve(self, box: BoxState) -> None:
+        """The call is about to be sent to `box`: its reservation and count move there."""
+        generation = self.scheduler.generation  # now: a snapshot may have come since the decision
+        reservations = self.reservations
+        self.token = (
+            reservations.move(self.token, box.index, generation)
+            if self.token
+            else reservations.reserve(box.index, generation)
+        )
+        self.count_on(box)
+
+    def release(self) -> None:
+        if self.token:
+            self.reservations.release(self.token)
+            self.token = 0
+        self.count_on(None)

@@ -1,0 +1,161 @@
+"""The client's side of one proxied call: the router's own answers in the facade's shape, the head
+and body of a box's answer, and the keep-alive of a long wait.
+
+Rules:
+1. A streamed call of an SSE facade that has waited `stream_keepalive_s` (in the queue or for its
+   first byte) gets a 200 stream head and then an SSE comment every `stream_keepalive_s`; until
+   its first data frame it still fails over (the client has seen only comments). Any answer after
+   that head goes out in the stream, as an error frame (`in_band_frame`).
+2. Once the answer is about to go out no keep-alive follows, and a keep-alive write in progress
+   ends first (`settle`).
+3. Every answer carries the call's id (`x-hugpy-router-request-id`); a box's answer also names the
+   box and loses its hop-by-hop headers and the headers about the box itself (`HOP_HEADERS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import orjson
+
+from router.facades.table import Facade
+from router.serve.edge import ClientLeft, Edge
+from router.serve.record import CallRecord
+
+# Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
+# those about the box itself: `Server` and `Via` name its software and path (nothing a client of
+# the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
+# with one box that the next call, on another box, does not have. A box's CORS headers
+# (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
+# answers to every web page: the router grants no cross-origin reads (README, Security model).
+HOP_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"content-length",
+        b"server",
+        b"set-cookie",
+        b"via",
+    }
+)
+KEEPALIVE_COMMENT = b": waiting\n\n"
+JSON = b"application/json"
+
+
+def in_band_frame(status: int, body: bytes) -> bytes:
+    """A whole error answer as an SSE stream's last frame: its `{"error": ...}` object when it
+    has one, else one that says the status."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not (isinstance(doc, dict) and "error" in doc):
+        doc = {"error": {"message": f"the call ended with status {status}", "type": "upstream_error",
+                         "code": status}}
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+class Reply:
+    __slots__ = ("edge", "facade", "record", "on_left", "keepalive_s", "headed", "keepalive", "last_keepalive_s")
+
+    def __init__(self, edge: Edge, facade: Facade, record: CallRecord, on_left: Callable[[], None]) -> None:
+        self.edge = edge
+        self.facade = facade
+        self.record = record
+        self.on_left = on_left  # the call's client_left: a write found the client gone
+        self.keepalive_s = 0.0  # > 0 once the call is a stream of an SSE facade (rule 1)
+        self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
+        self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
+        self.last_keepalive_s = 0.0
+
+    def id_header(self) -> tuple[bytes, bytes]:
+        return (b"x-hugpy-router-request-id", self.record.call_id.encode())
+
+    async def error(
+        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed",
+        retry_after_s: int | None = None,
+    ) -> None:
+        """The router's own answer, in the facade's shape."""
+        body = self.facade.shape_error(status, code, message, extra)
+        headers = [(b"content-type", JSON), self.id_header()]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", b"%d" % retry_after_s))
+        self.record.answered(status, state, code)
+        await self.respond(status, headers, body)
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole answer; in-band, as the stream's last frame, once a keep-alive sent a head."""
+        await self.settle()
+        if self.headed:
+            frame = in_band_frame(status, body)
+            self.record.bytes_out += len(frame)
+            try:
+                await self.edge.write(frame)
+                await self.edge.finish()
+            except ClientLeft:
+                self.on_left()
+            return
+        self.record.bytes_out += len(body)
+        await self.edge.respond(status, headers, body)
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The head of a relayed answer (a keep-alive may have sent one already)."""
+        await self.settle()
+        if not self.headed:
+            await self.edge.start(status, headers)
+
+    def box_headers(self, box_name: str, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """A box's answer headers as the client gets them (rule 3)."""
+        kept = [
+            (lower, value)
+            for name, value in headers
+            if (lower := name.lower()) not in HOP_HEADERS and not lower.startswith(b"access-control-")
+        ]
+        kept.append((b"x-hugpy-box", box_name.encode()))
+        kept.append(self.id_header())
+        return kept
+
+    # -- keep-alive of a long wait (rule 1) ----------------------------------------------------
+    def keep_alive_due(self, now: float, started_s: float) -> None:
+        """The CallClock's look: a streamed call still without an answer gets its comment."""
+        every = self.keepalive_s
+        if (
+            every > 0
+            and self.record.status == 0
+            and now - max(started_s, self.last_keepalive_s) >= every
+            and (self.keepalive is None or self.keepalive.done())
+        ):
+            self.last_keepalive_s = now
+            self.keepalive = asyncio.get_running_loop().create_task(self.send_keepalive())
+
+    async def send_keepalive(self) -> None:
+        try:
+            if not self.headed:
+                self.headed = True
+                await self.edge.start(200, [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    self.id_header(),
+                ])
+            await self.edge.write(KEEPALIVE_COMMENT)
+            self.record.bytes_out += len(KEEPALIVE_COMMENT)
+        except ClientLeft:
+            self.on_left()
+
+    async def settle(self) -> None:
+        """No more keep-alives (rule 2)."""
+        self.keepalive_s = 0.0
+        task, self.keepalive = self.keepalive, None
+        if task is not None:
+            await task
+
+    def stop(self) -> None:
+        """The call is over: no write may follow it."""
+        if self.keepalive is not None:
+            self.keepalive.cancel()
