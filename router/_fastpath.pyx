@@ -791,7 +791,9 @@ cdef class Relay:
     how far the relay got (`bytes_out`, `delivered`, `last`, `data`) however it ended."""
 
     cdef readonly long long bytes_out
-    cdef readonly bint delivered  # an SSE stream's `data: [DONE]` went to the client's write
+    # An SSE stream's end, `data: [DONE]`, went to the client's write: it stays so, whatever
+    # follows (what was written is the client's).
+    cdef readonly bint delivered
     cdef readonly bytes last      # the answer's last two writes, oldest first
     cdef readonly bytes data
     cdef readonly FrameScanner scanner
@@ -815,9 +817,10 @@ cdef class Relay:
         cdef list chunks
         cdef Py_ssize_t count, index
         cdef FrameScanner scanner = self.scanner
-        self.data = first
         while True:
             if PyBytes_GET_SIZE(data):
+                self.last = self.data
+                self.data = data
                 self.bytes_out += PyBytes_GET_SIZE(data)
                 if self.sse and scanner._ends_with(PyBytes_AS_STRING(SSE_DONE), PyBytes_GET_SIZE(SSE_DONE)):
                     self.delivered = True  # before the write, which the client's leaving can race
@@ -829,6 +832,4 @@ cdef class Relay:
             if scanner is not None:
                 for index in range(count):
                     scanner.keep(chunks[index])
-            self.last = data
             data = chunks[0] if count == 1 else b"".join(chunks)
-            self.data = data

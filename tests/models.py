@@ -10,6 +10,7 @@ side by side and require equal answers.
 3. `reference_decide`: `router.core.decide` (its docstring rules 1-4), written without its
    helper functions.
 4. `WaitQueueModel`: `router.core.admission.WaitQueue` (rules 2-6), a flat list with turn stamps.
+5. `RelayModel`: `router._fastpath.Relay` (rule 4), the stream kept whole as bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "reference_gate",
     "GATE_ORDER",
     "WaitQueueModel",
+    "RelayModel",
 ]
 
 
@@ -356,3 +358,47 @@ class WaitQueueModel:
         if any(w[1] == best[1] and w[2] == best[2] for w in self.waiting):
             self.stamps[(best[2], best[1])] = self._tick()
         return best[0]
+
+
+# --------------------------------------------------------------------------------------------
+# 5. The relay
+# --------------------------------------------------------------------------------------------
+
+
+class RelayModel:
+    """`router._fastpath.Relay`, the stream kept whole: `framing` is its scanner's (None: no
+    scanner), `seen` the bytes that scanner took before the relay (the head, `first`).
+
+    run: `first` is written if non-empty; then each batch `next_chunks` returns (`[]` ends it)
+    joins the stream and is written joined, one write per batch with any bytes in it.
+    bytes_out: the bytes handed to `write` (a write that raised included).
+    delivered: SSE only; set for good just before a write when the stream so far is complete.
+    last, data: the last two writes, oldest first; `data` is set before its write.
+    complete(): SSE only; the stream's last 32 bytes (the scanner's tail), trailing whitespace
+    stripped, end with `data: [DONE]`. Any other answer is complete.
+    """
+
+    def __init__(self, framing: int | None = None, seen: bytes = b"") -> None:
+        self.sse = framing == SSE
+        self.stream = seen
+        self.bytes_out = 0
+        self.delivered = False
+        self.last = b""
+        self.data = b""
+
+    def complete(self) -> bool:
+        return not self.sse or self.stream[-32:].rstrip(b" \t\r\n").endswith(b"data: [DONE]")
+
+    async def run(self, first: bytes, write, next_chunks) -> None:
+        batch = [first]
+        while True:
+            data = b"".join(batch)
+            if data:
+                self.last, self.data = self.data, data
+                self.bytes_out += len(data)
+                self.delivered = self.delivered or (self.sse and self.complete())
+                await write(data)
+            batch = await next_chunks()
+            if not batch:
+                return
+            self.stream += b"".join(batch)

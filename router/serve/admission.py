@@ -6,7 +6,7 @@ its events and carries out its hand-outs:
    cooling (`Decision.waits_for`). A full queue refuses it (429 queue_full).
 2. A slot frees (`freed`: a call left the box) or a back-off ends (`sweep`): the box hands its
    free slots, one by one, to the next waiters that the usual decision now dispatches. The
-   hand-out counts the call on its box before anything else runs (`Waiting.admit`), so no
+   hand-out counts the call on its box before anything else runs (`Seat.admit`), so no
    arrival can take the slot in between and no box goes over its limit.
 3. A waiter leaves without a box when its client goes (`leave`) or its wait passes the timeout
    (the CallClock's sweep: 503 queue_timeout); it is never handed out after that.
@@ -19,12 +19,15 @@ import asyncio
 import math
 import time
 from collections import Counter, deque
-from typing import Protocol
+from typing import Callable, Protocol
 
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
 from router.core.admission import Priority, Waiter, WaitQueue
+from router.core.lifecycle import Event, Lifecycle
 from router.core.types import BoxFacts, Call, Decision
+from router.serve.load import Load
+from router.serve.reply import Reply
 
 # The drain rate is measured over the last hand-outs, at most this many seconds back and at
 # most this many of them.
@@ -33,7 +36,7 @@ DRAIN_SAMPLES = 4096
 
 
 class Waiting(Protocol):
-    """What a waiting call offers the queue (router.serve.proxy.ProxyCall)."""
+    """What a waiting call offers the queue (a `Seat`)."""
 
     call: Call | None
     call_id: str
@@ -135,3 +138,80 @@ class Admission:
             return max(1, math.ceil(self.timeout_s))
         rate = len(handed) / max(now - handed[0], 1.0)
         return int(min(max(1, math.ceil(len(self.queue) / rate)), max(1, math.ceil(self.timeout_s))))
+
+
+class Seat:
+    """One call's place in the queue, from join to hand-out or leaving (rules 1-3)."""
+
+    __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "waiter", "turn", "queued_s")
+
+    def __init__(self, admission: Admission, reply: Reply, life: Lifecycle, load: Load,
+                 decide_now: Callable[[list[BoxFacts]], Decision]) -> None:
+        self.admission = admission
+        self.fleet = admission.fleet
+        self.reply = reply
+        self.life = life
+        self.load = load
+        self.decide_now = decide_now  # the call's own decision, never broadened (failover)
+        self.waiter: Waiter | None = None
+        self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
+        self.queued_s = 0.0  # loop time when it joined
+
+    @property
+    def call(self) -> Call | None:
+        return self.reply.record.call
+
+    @property
+    def call_id(self) -> str:
+        return self.reply.record.call_id
+
+    async def wait(self, decision: Decision, caller: str, priority: Priority) -> Decision | None:
+        """Waits for a slot on one of `decision.waits_for`. Returns the decision that dispatches
+        the call, or None when it was answered instead (429, 503) or its client left."""
+        admission, reply = self.admission, self.reply
+        self.waiter = admission.join(self, caller, priority, decision.waits_for)
+        if self.waiter is None:
+            await reply.error(
+                429, "queue_full", "every box for this model is full and the queue is full",
+                {"boxes": decision.reasons_text()}, state="refused", retry_after_s=admission.retry_after_s(),
+            )
+            return None
+        loop = asyncio.get_running_loop()
+        self.turn = loop.create_future()
+        self.queued_s = loop.time()
+        self.life.fire(Event.QUEUED)
+        try:
+            turn = await self.turn
+        finally:  # cancelled (the server stops): out of the queue, never handed out later
+            if not self.turn.done():
+                admission.leave(self.waiter, "left")
+            self.waiter = None
+        reply.record.waited_ms = round((loop.time() - self.queued_s) * 1000, 3)
+        if turn is None and self.life.ended_by is Event.DEADLINE:
+            await reply.error(
+                503, "queue_timeout", f"no box for this model had room within {admission.timeout_s:g} s",
+                {"boxes": decision.reasons_text()}, retry_after_s=admission.retry_after_s(),
+            )
+        return turn
+
+    def admit(self, decision: Decision) -> None:
+        """The queue hands the call a slot: it counts on its box now, before anything else runs
+        (rule 2), then the call wakes."""
+        self.reply.record.decision = decision
+        self.life.fire(Event.DECIDED)
+        self.load.count_on(self.fleet.get(decision.boxes[0]))
+        self.turn.set_result(decision)  # type: ignore[union-attr]
+
+    def leave(self, event: Event, outcome: str) -> bool:
+        """The client left (`left`) or the wait passed the timeout (`queue_timeout`): out of the
+        queue without a box. False when it is not waiting (or was handed out already)."""
+        if self.waiter is None or not self.admission.leave(self.waiter, outcome):
+            return False
+        self.life.fire(event)
+        self.turn.set_result(None)  # type: ignore[union-attr]
+        return True
+
+    def expire(self, now_s: float) -> None:
+        """The CallClock's look (rule 3)."""
+        if now_s - self.queued_s > self.admission.timeout_s:
+            self.leave(Event.DEADLINE, "queue_timeout")

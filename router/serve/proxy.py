@@ -2,36 +2,33 @@
 
 The call's phase moves only through router.core.lifecycle's table (`self.life`): RECEIVING,
 DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover step is its
-`next_attempt`. The pieces, each with one job:
-- `CallRecord` (serve/record.py): the call's route_log row and metrics, filled in as it goes;
-- `Reply` (serve/reply.py): the client's side: the router's own answers, heads, keep-alives;
-- `Load` (serve/load.py): the load the call puts on a box (reservation, in-flight count, poke);
-- `Attempt` (serve/attempt.py): send to one box and judge; it returns a verdict;
-- `Relay` (router._fastpath): the committed answer's bytes, box to client;
-- the CallClock (serve/clock.py) and the disconnect watcher deliver events to the call: a
-  deadline (`tick`) and the client's leaving (`client_left`).
+`next_attempt`. Each lifetime is a piece of its own:
+- `CallRecord` (record.py): the call's route_log row and metrics, filled in as it goes;
+- `Reply` (reply.py): the client's side: the router's own answers, heads, keep-alives;
+- `Load` (load.py): the load the call puts on a box (reservation, in-flight count, poke);
+- `Seat` (admission.py): its place in the wait queue, while it waits;
+- `Attempt` (attempt.py): send to one box and judge the answer; it returns a verdict;
+- `Delivery` (deliver.py): commit once, then the answer whole or relayed (_fastpath.Relay);
+- no_box.py: the answers when no box takes the call.
+Two things reach the call from outside its task, as events: the CallClock's time (`tick`:
+a deadline, the start of the disconnect watcher, a keep-alive) and the client's leaving
+(`client_left`).
 
 Rules:
-1. Nothing reaches the client before the box's answer is judged (serve/attempt.py). A refusal
-   excludes the box and the call is decided again among the first decision's boxes only, at most
+1. Nothing reaches the client before the box's answer is judged (attempt.py). A refusal excludes
+   the box and the call is decided again among the first decision's boxes only, at most
    MAX_BOXES_PER_CALL boxes. A pinned call is never rerouted.
-2. When no box is left, the last box's own answer goes back as it was sent; a transport failure
-   (unreachable, lost, timeout) becomes a 502 in the facade's shape; a stream refused by its
-   first frame gets the status that refusal stands for (router.core.refusal rule 7) with the
-   box's error object in the facade's shape, never a 200 that carries an error.
-3. After the first byte reaches the client nothing is rerouted; a box failing mid-stream ends
-   the stream with an in-band error frame in the stream's own format (a body with no frames is
-   cut instead, so it never looks complete). A box silent mid-answer for longer than the stream
-   idle timeout has failed too, and a hugpy box also gets its cancel.
-4. The call's load is taken before the first send, moved on failover, released at the end,
-   whatever the end, and while it waits in the queue (serve/load.py).
-5. A client that leaves ends the call at once: the box connection is closed (never reused) and
-   a hugpy box also gets `POST /v1/requests/<call id>/cancel`. Its deadlines (the body's, the
-   box's first byte, the box's silence after it, the queue's) are the CallClock's; the body's is
-   the one that cancels the call's task, since nothing else interrupts an edge's read.
-6. A call whose owners are all full or cooling waits in the queue (router.serve.admission)
-   until one hands it a slot; a client that leaves the queue is never sent to a box.
-7. No body, chunk, prompt or key is logged; per-call lines are debug level.
+2. When no box is left, the client gets the last refusal's answer (no_box.py); after the first
+   byte nothing is rerouted (deliver.py).
+3. The call's load is taken before the first send, moved on failover, released at the end,
+   whatever the end, and while it waits in the queue (load.py).
+4. A client that leaves ends the call at once: the box connection is closed (never reused) and a
+   hugpy box also gets `POST /v1/requests/<call id>/cancel`; a call it leaves in the queue is
+   never sent to a box.
+5. Its deadlines (the body's, the box's first byte, the box's silence after it, the queue's) are
+   the CallClock's (clock.py). The body's is the one that cancels the call's task: nothing else
+   interrupts an edge's read of the body.
+6. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ import time
 from typing import TYPE_CHECKING
 
 from router.boxes.state import BoxState
-from router.core.admission import Waiter
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
@@ -52,6 +48,7 @@ from router.core.types import BoxFacts, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
 from router.serve import no_box
+from router.serve.admission import Seat
 from router.serve.attempt import Attempt, Refusal
 from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
@@ -92,8 +89,7 @@ def new_call_id() -> str:
 class ProxyCall:
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
-        "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "waiter", "turn",
-        "queued_s", "asked_priority",
+        "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
     )
 
     def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
@@ -114,9 +110,7 @@ class ProxyCall:
         self.task: asyncio.Task | None = None
         self.started_s = 0.0  # loop time when the call began
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
-        self.waiter: Waiter | None = None  # its place in the wait queue, while it waits
-        self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
-        self.queued_s = 0.0  # loop time when it joined the queue
+        self.seat: Seat | None = None  # its place in the wait queue, while it waits
         self.asked_priority = None  # X-Router-Priority or alloc.priority
 
     @property
@@ -265,51 +259,17 @@ class ProxyCall:
         log.debug("call %s: box %s refused (%s)", self.call_id, box.name, refusal.code)
         box.refused(self.record.call, refusal.code, asyncio.get_running_loop().time())  # type: ignore[arg-type]
 
-    # -- the wait queue (rule 6) ---------------------------------------------------------------
+    # -- the wait queue (rule 4) ---------------------------------------------------------------
     async def wait_turn(self, decision: Decision) -> Decision | None:
-        """Every owner left is full or cooling: wait for a slot. Returns the decision that
-        dispatches the call, or None when it was answered instead (429, 503, or it left)."""
-        admission, reply = self.app.admission, self.reply
+        """Every owner left is full or cooling: wait for a slot (None: answered instead)."""
         caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
-        self.waiter = admission.join(self, caller, priority, decision.waits_for)
-        if self.waiter is None:
-            await reply.error(
-                429, "queue_full", "every box for this model is full and the queue is full",
-                {"boxes": decision.reasons_text()}, state="refused", retry_after_s=admission.retry_after_s(),
-            )
-            return None
-        loop = asyncio.get_running_loop()
-        self.turn = loop.create_future()
-        self.queued_s = loop.time()
-        self.life.fire(Event.QUEUED)
+        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now)
         if self.watch is None:  # a client that leaves the queue must leave it at once
             self.watch = self.edge.watch_disconnect(self.client_left)
         try:
-            turn = await self.turn
-        finally:  # cancelled (the server stops): out of the queue, never handed out later
-            if not self.turn.done():
-                admission.leave(self.waiter, "left")
-        self.record.waited_ms = round((loop.time() - self.queued_s) * 1000, 3)
-        self.waiter = None
-        if turn is None and self.life.ended_by is Event.DEADLINE:
-            await reply.error(
-                503, "queue_timeout", f"no box for this model had room within {admission.timeout_s:g} s",
-                {"boxes": decision.reasons_text()}, retry_after_s=admission.retry_after_s(),
-            )
-        return turn
-
-    @property
-    def call(self):
-        """What the queue's decision reads (serve/admission.py's Waiting)."""
-        return self.record.call
-
-    def admit(self, decision: Decision) -> None:
-        """The queue hands this call a slot: count it on its box now, before anything else
-        runs, then wake the call."""
-        self.record.decision = decision
-        self.life.fire(Event.DECIDED)
-        self.load.count_on(self.app.fleet.get(decision.boxes[0]))
-        self.turn.set_result(decision)  # type: ignore[union-attr]
+            return await seat.wait(decision, caller, priority)
+        finally:
+            self.seat = None
 
     # -- events from outside the call's task ---------------------------------------------------
     def tick(self, now: float) -> None:
@@ -320,10 +280,7 @@ class ProxyCall:
                 self.life.fire(Event.DEADLINE)
                 self.task.cancel()  # type: ignore[union-attr]  # (rule 5)
         elif phase is Phase.QUEUED:
-            admission = self.app.admission
-            if now - self.queued_s > admission.timeout_s and admission.leave(self.waiter, "queue_timeout"):  # type: ignore[arg-type]
-                self.life.fire(Event.DEADLINE)
-                self.turn.set_result(None)  # type: ignore[union-attr]
+            self.seat.expire(now)  # type: ignore[union-attr]
         elif phase in AT_A_BOX:
             # Only once the body is in: until then receive() belongs to the body.
             if self.watch is None and now - self.started_s >= WATCH_AFTER_S:
@@ -338,11 +295,10 @@ class ProxyCall:
         """The client went away: end the box's work now. Safe to call more than once."""
         if not self.life.can(Event.CLIENT_LEFT):
             return  # the call has ended already
-        self.life.fire(Event.CLIENT_LEFT)
-        if self.waiter is not None and self.app.admission.leave(self.waiter, "left"):
+        if self.seat is not None and self.seat.leave(Event.CLIENT_LEFT, "left"):
             self.record.ended("cancelled", "client_left")
-            self.turn.set_result(None)  # type: ignore[union-attr]
             return
+        self.life.fire(Event.CLIENT_LEFT)
         if self.delivery.delivered:  # the answer is whole: a hang-up now cancels nothing
             if self.attempt is not None:
                 self.attempt.abort("client left after the end")
