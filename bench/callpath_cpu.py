@@ -1,0 +1,164 @@
+"""The router's own Python per call, without Granian and without the machine's noise.
+
+    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream]
+
+One process, one uvloop loop: the router's app (`RouterApp`, built as `router serve` builds it:
+fleet, scheduler, reservations, store, route-log writer, CallClock) and the bare proxy's app
+(bench/floor_proxy.py's `FloorApp`) are each called as an ASGI app by an in-process client that
+hands over the body at once and takes the answer, `--concurrency` calls at a time, in front of
+the same simulated hugpy box (a `router.sim` fleet of 8, in a process of its own). Measured per
+call: the loop thread's CPU (`time.thread_time`) and the whole process's (`time.process_time`:
+the route-log writer thread included). Granian's own share (its Rust threads and the hand-off to
+the loop) is absent on both sides, so the difference is the router's own work, and the ratio is
+the floor the wrk figures can approach. Thread CPU clocks count only this process's running
+time, so another tenant on the machine moves the figures far less than it moves wrk's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from floor_proxy import FloorApp  # noqa: E402
+
+from router._fastpath import Reservations  # noqa: E402
+from router.boxes.fleet import Fleet  # noqa: E402
+from router.facades import mounts  # noqa: E402
+from router.serve.app import RouterApp, Shared  # noqa: E402
+from router.store.keys import KeyStore  # noqa: E402
+from router.store.route_log import RouteLogWriter  # noqa: E402
+from router.telemetry.cache import TelemetryCache  # noqa: E402
+from router.telemetry.scheduler import Scheduler  # noqa: E402
+from router.upstream.pool import Origin  # noqa: E402
+
+SIM_READY = re.compile(r"sim fleet ready: (\d+) boxes")
+BODY = b'{"model":"tiny-llama","messages":[{"role":"user","content":"hi"}]}'
+STREAM_BODY = b'{"model":"tiny-llama","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+
+
+def scope(port: int) -> dict:
+    return {
+        "type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", port),
+        "headers": [(b"host", b"127.0.0.1:%d" % port), (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(BODY))],
+    }
+
+
+async def one_call(app, call_scope: dict, body: bytes) -> int:
+    sent: list[dict] = []
+    given = False
+
+    async def receive() -> dict:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client never leaves
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(call_scope, receive, send)
+    return sent[0]["status"]
+
+
+async def drive(app, calls: int, concurrency: int, body: bytes, port: int) -> tuple[float, float, float]:
+    """(loop thread CPU µs per call, process CPU µs per call, wall s) over `calls` calls."""
+    call_scope = scope(port)
+    for _ in range(200):  # warm: pools, caches
+        assert await one_call(app, call_scope, body) == 200
+    left = calls
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            status = await one_call(app, call_scope, body)
+            if status != 200:
+                raise RuntimeError(f"status {status}")
+
+    thread0, process0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    thread1, process1, wall1 = time.thread_time(), time.process_time(), time.perf_counter()
+    return 1e6 * (thread1 - thread0) / calls, 1e6 * (process1 - process0) / calls, wall1 - wall0
+
+
+async def main(args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="callpath-"))
+    boxes_file = work / "boxes.json"
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "router.sim", "--boxes", "8", "--boxes-file", str(boxes_file), "--chunks", "20",
+         "--cadence-ms", "0", "--load-ms", "0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        for line in sim.stdout:  # type: ignore[union-attr]
+            if SIM_READY.search(line):
+                break
+        reservations = Reservations()
+        fleet = Fleet(boxes_file, reservations)
+        await fleet.start()
+        telemetry = TelemetryCache()
+        scheduler = Scheduler(fleet, reservations, telemetry)
+        scheduler.start()
+        route_log = RouteLogWriter(work / "router.db")
+        route_log.start()
+        shared = Shared(fleet, reservations, scheduler, store_path=work / "router.db", route_log=route_log,
+                        keys=KeyStore(work / "router.db"), max_body_bytes=64 << 20,
+                        first_byte_timeout_s=900, stream_idle_timeout_s=300)
+        shared.clock.start()
+        router = RouterApp(shared, mounts.main)
+        body = STREAM_BODY if args.stream else BODY
+        for _ in range(100):  # until the fleet's links have seen the boxes' inventory
+            if await one_call(router, scope(0), body) == 200:
+                break
+            await asyncio.sleep(0.1)
+        box = next(b for b in fleet.ordered() if b.in_flight == 0 and b.last_picked_s)  # the one it picks
+        floor = FloorApp(Origin(box.config.host, box.config.port))
+        figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream}
+        for name, app in (("router", router), ("floor", floor), ("router_again", router)):
+            thread_us, process_us, wall_s = await drive(app, args.calls, args.concurrency, body, 0)
+            figures[name] = {"loop_us": round(thread_us, 1), "process_us": round(process_us, 1),
+                             "calls_per_s": round(args.calls / wall_s)}
+            print(f"{name:13s} loop thread {thread_us:6.1f} µs/call, process {process_us:6.1f} µs/call, "
+                  f"{args.calls / wall_s:,.0f} calls/s", flush=True)
+        router_loop = (figures["router"]["loop_us"] + figures["router_again"]["loop_us"]) / 2
+        router_process = (figures["router"]["process_us"] + figures["router_again"]["process_us"]) / 2
+        figures["ratio_loop"] = round(router_loop / figures["floor"]["loop_us"], 2)
+        figures["ratio_process"] = round(router_process / figures["floor"]["process_us"], 2)
+        print(f"router ÷ bare proxy: loop thread {figures['ratio_loop']}×, process {figures['ratio_process']}×")
+        await shared.clock.stop()
+        await scheduler.stop()
+        route_log.stop()
+        await fleet.stop()
+        return figures
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--stream", action="store_true", help="20-chunk streams instead of non-stream calls")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    figures = uvloop.run(main(args))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
