@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
-
 from router._fastpath import NDJSON, SSE, Relay
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle
@@ -47,12 +45,11 @@ class RelayAborted(Exception):
 
 
 class Delivery:
-    __slots__ = ("reply", "life", "on_left", "relay")
+    __slots__ = ("reply", "life", "relay")
 
-    def __init__(self, reply: Reply, life: Lifecycle, on_left: Callable[[], None]) -> None:
+    def __init__(self, reply: Reply, life: Lifecycle) -> None:
         self.reply = reply
         self.life = life
-        self.on_left = on_left  # the call's client_left
         self.relay: Relay | None = None  # once relaying
 
     @property
@@ -86,7 +83,7 @@ class Delivery:
                 raise ConnectionLost("stream closed before its end")
             await edge.finish()
         except ClientLeft:
-            self.on_left()
+            self.reply.on_left()
         except UpstreamError as exc:
             if self.life.ended_by is not Event.CLIENT_LEFT:
                 await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
@@ -109,4 +106,4 @@ class Delivery:
             await edge.write(MID_STREAM_ERROR[judged.scanner.framing, failure])
             await edge.finish()
         except ClientLeft:
-            self.on_left()
+            self.reply.on_left()

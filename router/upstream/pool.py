@@ -319,6 +319,11 @@ class Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        # The transport and the parser each hold this protocol: dropped, a closed connection
+        # (a close-delimited answer closes one per call) is freed by reference counting, not
+        # left to the cycle collector.
+        self.transport = None
+        self.parser = None  # type: ignore[assignment]
         exchange, self.exchange = self.exchange, None
         if exchange is None or exchange.complete:
             return
@@ -347,7 +352,7 @@ class Conn(asyncio.Protocol):
         exchange.keep_alive = self.parser.should_keep_alive()
         _mark_close_delimited(exchange)  # now, not later: EOF may follow in the same read
         if not exchange.head.done():
-            exchange.head.set_result(exchange)
+            exchange.head.set_result(None)  # not the exchange: it holds this future (a cycle)
 
     def on_body(self, body: bytes) -> None:
         self.exchange._feed(body)  # type: ignore[union-attr]
