@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import uvloop
 
@@ -98,36 +99,63 @@ async def drive(app, calls: int, concurrency: int, body: bytes, port: int) -> tu
     return 1e6 * (thread1 - thread0) / calls, 1e6 * (process1 - process0) / calls, wall1 - wall0
 
 
+def start_sim(boxes_file: Path, boxes: int) -> subprocess.Popen:
+    """A `router.sim` fleet of hugpy boxes in a process of its own (its objects are not this
+    process's), writing `boxes_file`; returns once it serves. Terminate it when done."""
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "router.sim", "--boxes", str(boxes), "--boxes-file", str(boxes_file),
+         "--chunks", "20", "--cadence-ms", "0", "--load-ms", "0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    for line in sim.stdout:  # type: ignore[union-attr]
+        if SIM_READY.search(line):
+            return sim
+    sim.wait(10)
+    raise RuntimeError("the sim fleet did not start")
+
+
+async def routable(router: RouterApp, body: bytes) -> None:
+    """Returns once a call is answered 200: the fleet's links have seen the boxes' inventory."""
+    for _ in range(100):
+        if await one_call(router, scope(0), body) == 200:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("no box took the call")
+
+
+async def start_router(boxes_file: Path, work: Path) -> tuple[RouterApp, Callable[[], Awaitable[None]]]:
+    """The router's app as `router serve` builds it (less its listeners, its telemetry scan and
+    agent links), in front of the boxes in `boxes_file`, its store in `work`; and its stop."""
+    reservations = Reservations()
+    fleet = Fleet(boxes_file, reservations)
+    await fleet.start()
+    scheduler = Scheduler(fleet, reservations, TelemetryCache())
+    scheduler.start()
+    store = work / "router.db"
+    route_log = RouteLogWriter(store)
+    route_log.start()
+    shared = Shared(fleet, reservations, scheduler, store_path=store, route_log=route_log, keys=KeyStore(store),
+                    max_body_bytes=64 << 20, first_byte_timeout_s=900, stream_idle_timeout_s=300)
+    shared.clock.start()
+
+    async def stop() -> None:
+        await shared.clock.stop()
+        await scheduler.stop()
+        route_log.stop()
+        await fleet.stop()
+
+    return RouterApp(shared, mounts.main), stop
+
+
 async def main(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="callpath-"))
     boxes_file = work / "boxes.json"
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "router.sim", "--boxes", "8", "--boxes-file", str(boxes_file), "--chunks", "20",
-         "--cadence-ms", "0", "--load-ms", "0"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    sim = start_sim(boxes_file, 8)
     try:
-        for line in sim.stdout:  # type: ignore[union-attr]
-            if SIM_READY.search(line):
-                break
-        reservations = Reservations()
-        fleet = Fleet(boxes_file, reservations)
-        await fleet.start()
-        telemetry = TelemetryCache()
-        scheduler = Scheduler(fleet, reservations, telemetry)
-        scheduler.start()
-        route_log = RouteLogWriter(work / "router.db")
-        route_log.start()
-        shared = Shared(fleet, reservations, scheduler, store_path=work / "router.db", route_log=route_log,
-                        keys=KeyStore(work / "router.db"), max_body_bytes=64 << 20,
-                        first_byte_timeout_s=900, stream_idle_timeout_s=300)
-        shared.clock.start()
-        router = RouterApp(shared, mounts.main)
+        router, stop_router = await start_router(boxes_file, work)
+        fleet = router.fleet
         body = STREAM_BODY if args.stream else BODY
-        for _ in range(100):  # until the fleet's links have seen the boxes' inventory
-            if await one_call(router, scope(0), body) == 200:
-                break
-            await asyncio.sleep(0.1)
+        await routable(router, body)
         box = next(b for b in fleet.ordered() if b.in_flight == 0 and b.last_picked_s)  # the one it picks
         floor = FloorApp(Origin(box.config.host, box.config.port))
         figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream}
@@ -142,10 +170,7 @@ async def main(args: argparse.Namespace) -> dict:
         figures["ratio_loop"] = round(router_loop / figures["floor"]["loop_us"], 2)
         figures["ratio_process"] = round(router_process / figures["floor"]["process_us"], 2)
         print(f"router ÷ bare proxy: loop thread {figures['ratio_loop']}×, process {figures['ratio_process']}×")
-        await shared.clock.stop()
-        await scheduler.stop()
-        route_log.stop()
-        await fleet.stop()
+        await stop_router()
         return figures
     finally:
         sim.terminate()
