@@ -101,7 +101,8 @@ def versions() -> dict[str, str]:
     out["haproxy"] = done.stdout.split()[2] if done and done.returncode == 0 else "-"
     for name, exe, dist in (("hugpy-router-0.0.4", HUGPY_004, "hugpy-router"), ("litellm", LITELLM, "litellm")):
         python = exe.parent / "python"
-        done = subprocess.run([str(python), "-c", f"from importlib import metadata; print(metadata.version({dist!r}))"],
+        # -I: not the working folder's own metadata (this checkout is hugpy-router too)
+        done = subprocess.run([str(python), "-I", "-c", f"from importlib import metadata; print(metadata.version({dist!r}))"],
                               capture_output=True, text=True) if python.exists() else None
         out[name] = done.stdout.strip() if done and done.returncode == 0 else "-"
     return out
