@@ -50,6 +50,7 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.core.errors import ConfigError
 from router.facades import mounts
+from router.facades.mounts import Mount
 from router.serve import tracing
 from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap
@@ -187,11 +188,9 @@ def check_tls(config: ServeConfig) -> None:
     )
 
 
-async def serve(config: ServeConfig, *, ready=None) -> int:
-    """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up.
-
-    Raises ConfigError before anything starts when a listener cannot be bound or the TLS
-    certificate cannot be used."""
+def bound_listeners(config: ServeConfig) -> list[tuple[str, str, int, Mount]]:
+    """(name, flag, port, mount) of every listener, `auto` ports chosen. Raises ConfigError when
+    one cannot be bound or the TLS certificate cannot be used: before anything starts."""
     listeners = [("router", "--port", config.port, mounts.main)]
     if config.ollama_port is not None:
         listeners.append(("ollama", "--ollama-port", config.ollama_port, mounts.ollama_port))
@@ -202,60 +201,103 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     ]
     check_listeners(config.host, [(flag, port) for _, flag, port, _ in listeners])
     check_tls(config)
-    max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
-    loop = asyncio.get_running_loop()
-    tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
-    reservations = Reservations()
-    fleet = Fleet(config.boxes_path, reservations)
-    telemetry = TelemetryCache()
-    agents = AgentLinks(fleet, telemetry)
-    await fleet.start()
-    store_path = config.store_path or store_paths.db_path()
-    # After the listeners' check: a start that fails says one line and nothing else.
-    log.info("boxes file %s: %d boxes; store %s", config.boxes_path, len(fleet.ordered()), store_path)
-    if not fleet.ordered():
-        log.warning(
-            "the fleet is empty: no boxes in %s, so every call is refused until one is added "
-            "(`hugpy-router boxes add`, or --boxes FILE / HUGPY_ROUTER_BOXES for another file)",
-            config.boxes_path,
+    return listeners
+
+
+class Running:
+    """What a router process runs besides its listeners: the fleet and its links, the telemetry
+    scan, the scheduler, the store (keys, route-log writer), the shared state and its background
+    tasks. `start` brings them up in order; `stop` takes them down in reverse, the route log
+    flushed."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.reservations = Reservations()
+        self.fleet = Fleet(config.boxes_path, self.reservations)
+        self.telemetry = TelemetryCache()
+        self.agents = AgentLinks(self.fleet, self.telemetry)
+        self.store_path = config.store_path or store_paths.db_path()
+        self.tasks: list[asyncio.Task] = []
+
+    async def start(self, tracer) -> Shared:
+        config, fleet = self.config, self.fleet
+        await fleet.start()
+        # After the listeners' check: a start that fails says one line and nothing else.
+        log.info("boxes file %s: %d boxes; store %s", config.boxes_path, len(fleet.ordered()), self.store_path)
+        if not fleet.ordered():
+            log.warning(
+                "the fleet is empty: no boxes in %s, so every call is refused until one is added "
+                "(`hugpy-router boxes add`, or --boxes FILE / HUGPY_ROUTER_BOXES for another file)",
+                config.boxes_path,
+            )
+        self.scanner = LocalScanTask(
+            self.telemetry,
+            lambda: [box.name for box in fleet.ordered() if is_loopback_url(box.config.url)],
         )
-    scanner = LocalScanTask(
-        telemetry,
-        lambda: [box.name for box in fleet.ordered() if is_loopback_url(box.config.url)],
-    )
-    scanner.start()
-    scheduler = Scheduler(fleet, reservations, telemetry)
-    scheduler.start()
-    keys = KeyStore(store_path)
-    route_log = RouteLogWriter(store_path, config.log_retention_days * 86400 or None)
-    route_log.start()
-    key_upkeep = loop.create_task(_key_upkeep(keys), name="keys")
-    shared = Shared(
-        fleet,
-        reservations,
-        scheduler,
-        store_path=store_path,
-        route_log=route_log,
-        keys=keys,
-        max_body_bytes=config.max_body_bytes,
-        first_byte_timeout_s=config.first_byte_timeout_s,
-        stream_idle_timeout_s=config.stream_idle_timeout_s,
-        queue_size=config.queue_size,
-        queue_timeout_s=config.queue_timeout_s,
-        stream_keepalive_s=config.stream_keepalive_s,
-    )
-    shared.tracer = tracer
-    loop_watch = loop.create_task(watch_loop(shared.metrics), name="loop-watch")
-    call_series = loop.create_task(sample_calls(shared.metrics), name="call-series")
-    shared.clock.start()
+        self.scanner.start()
+        self.scheduler = Scheduler(fleet, self.reservations, self.telemetry)
+        self.scheduler.start()
+        self.keys = KeyStore(self.store_path)
+        self.route_log = RouteLogWriter(self.store_path, config.log_retention_days * 86400 or None)
+        self.route_log.start()
+        self.shared = shared = Shared(
+            fleet,
+            self.reservations,
+            self.scheduler,
+            store_path=self.store_path,
+            route_log=self.route_log,
+            keys=self.keys,
+            max_body_bytes=config.max_body_bytes,
+            first_byte_timeout_s=config.first_byte_timeout_s,
+            stream_idle_timeout_s=config.stream_idle_timeout_s,
+            queue_size=config.queue_size,
+            queue_timeout_s=config.queue_timeout_s,
+            stream_keepalive_s=config.stream_keepalive_s,
+        )
+        shared.tracer = tracer
+        loop = asyncio.get_running_loop()
+        self.tasks = [
+            loop.create_task(_key_upkeep(self.keys), name="keys"),
+            loop.create_task(watch_loop(shared.metrics), name="loop-watch"),
+            loop.create_task(sample_calls(shared.metrics), name="call-series"),
+        ]
+        shared.clock.start()
+        return shared
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self.shared.clock.stop()
+        for task in self.tasks:
+            task.cancel()
+        await loop.run_in_executor(None, self.route_log.stop)  # flushes every row
+        if self.shared.tracer is not None:
+            await loop.run_in_executor(None, self.shared.tracer.flush)  # exports what is queued, bounded
+        await loop.run_in_executor(None, self.keys.flush_last_used, time.time())
+        self.keys.close()
+        await self.scheduler.stop()
+        await self.scanner.stop()
+        await self.agents.stop()
+        await self.fleet.stop()
+
+
+async def serve(config: ServeConfig, *, ready=None) -> int:
+    """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up.
+
+    Raises ConfigError before anything starts when a listener cannot be bound or the TLS
+    certificate cannot be used."""
+    listeners = bound_listeners(config)
+    max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
+    tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
+    running = Running(config)
+    shared = await running.start(tracer)
     servers = [
         (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))
         for name, _, port, mount in listeners
     ]
     conn_cap = ConnCap(
-        config.host, [port for _, port, _ in servers], config.max_conns_per_client,
-        shared.access.proxies,
+        config.host, [port for _, port, _ in servers], config.max_conns_per_client, shared.access.proxies,
     )
+    loop = asyncio.get_running_loop()
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
     stopping = shared.stopping
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -268,15 +310,8 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
         log.info("%s listening on %s (%s, up to %d connections)", name, url, config.interface, max_conns)
         if ready is not None:
             ready(name, url)
-    reloads: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references
-
-    def on_hup() -> None:
-        task = loop.create_task(_reload(fleet, keys), name="reload")
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
-    notify(f"READY=1\nSTATUS=serving {len(fleet.ordered())} boxes")
+    loop.add_signal_handler(signal.SIGHUP, _reloader(running.fleet, running.keys))
+    notify(f"READY=1\nSTATUS=serving {len(running.fleet.ordered())} boxes")
     stop_wait = loop.create_task(stopping.wait())
     await asyncio.wait({*serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: %d calls in flight, grace %.0f s", shared.in_flight, config.grace_s)
@@ -289,22 +324,22 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     except TimeoutError:
         log.warning("grace period over with %d calls in flight", shared.in_flight)
     await asyncio.wait(serving, timeout=config.grace_s)
-    await shared.clock.stop()
     stop_wait.cancel()
     conn_cap_task.cancel()
-    key_upkeep.cancel()
-    loop_watch.cancel()
-    call_series.cancel()
-    await loop.run_in_executor(None, route_log.stop)  # flushes every row
-    if tracer is not None:
-        await loop.run_in_executor(None, tracer.flush)  # exports what is queued, bounded
-    await loop.run_in_executor(None, keys.flush_last_used, time.time())
-    keys.close()
-    await scheduler.stop()
-    await scanner.stop()
-    await agents.stop()
-    await fleet.stop()
+    await running.stop()
     return 0
+
+
+def _reloader(fleet: Fleet, keys: KeyStore):
+    """SIGHUP's handler: a reload task, held until done (the loop keeps only weak references)."""
+    reloads: set[asyncio.Task] = set()
+
+    def on_hup() -> None:
+        task = asyncio.get_running_loop().create_task(_reload(fleet, keys), name="reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    return on_hup
 
 
 def granian_server(app, config: ServeConfig, port: int, *, max_conns: int) -> Server:
