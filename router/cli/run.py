@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import gc
+import dataclasses
 import logging
 import shutil
 import signal
@@ -48,18 +48,13 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
 
 def _announce(name: str, url: str) -> None:
     print(f"{name} listening on {url}", flush=True)
-    # What start-up made lives as long as the process (modules, the fleet, the app): frozen,
-    # the collector's full passes skip it. bench/callpath_cpu.py, timing the collector under
-    # load (gc.callbacks): its oldest generation's passes cost 17-20 µs a call before, 9-10
-    # after. (Here, not in serve(): a process that embeds serve() owns its own collector.)
-    gc.collect()
-    gc.freeze()
 
 
 def run_serve(args: argparse.Namespace) -> int:
     boxes_path = args.boxes_file or boxes_config.default_path()
     boxes_config.load(boxes_path)  # a broken file stops the start with a clear message
-    return uvloop.run(serve(_config(args, boxes_path), ready=_announce))
+    config = dataclasses.replace(_config(args, boxes_path), freeze_gc=True)
+    return uvloop.run(serve(config, ready=_announce))
 
 
 def run_demo(args: argparse.Namespace) -> int:

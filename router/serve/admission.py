@@ -165,30 +165,38 @@ class Seat:
     def call_id(self) -> str:
         return self.reply.record.call_id
 
-    async def wait(self, decision: Decision, caller: str, priority: Priority) -> Decision | None:
-        """Waits for a slot on one of `decision.waits_for`. Returns the decision that dispatches
-        the call, or None when it was answered instead (429, 503) or its client left."""
-        admission, reply = self.admission, self.reply
+    async def join(self, decision: Decision, caller: str, priority: Priority) -> bool:
+        """Takes a place waiting for a slot on one of `decision.waits_for`; False when the queue
+        is full (answered 429)."""
+        admission = self.admission
         self.waiter = admission.join(self, caller, priority, decision.waits_for)
         if self.waiter is None:
-            await reply.error(
+            await self.reply.error(
                 429, "queue_full", "every box for this model is full and the queue is full",
                 {"boxes": decision.reasons_text()}, state="refused", retry_after_s=admission.retry_after_s(),
             )
-            return None
+            return False
         loop = asyncio.get_running_loop()
         self.turn = loop.create_future()
         self.queued_s = loop.time()
         self.life.fire(Event.QUEUED)
+        return True
+
+    async def wait(self, decision: Decision) -> Decision | None:
+        """The decision that dispatches the call, or None when it was answered instead (503) or
+        its client left."""
+        admission, turn_future = self.admission, self.turn
         try:
-            turn = await self.turn
-        finally:  # cancelled (the server stops): out of the queue, never handed out later
-            if not self.turn.done():
-                admission.leave(self.waiter, "left")
+            turn = await turn_future  # type: ignore[misc]
+        finally:
+            # Not handed out: out of the queue now, never handed out later. A cancel (the server
+            # stops) cancels the future too, so `done()` alone would not say it.
+            if turn_future.cancelled() or not turn_future.done():  # type: ignore[union-attr]
+                admission.leave(self.waiter, "left")  # type: ignore[arg-type]
             self.waiter = None
-        reply.record.waited_ms = round((loop.time() - self.queued_s) * 1000, 3)
+        self.reply.record.waited_ms = round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3)
         if turn is None and self.life.ended_by is Event.DEADLINE:
-            await reply.error(
+            await self.reply.error(
                 503, "queue_timeout", f"no box for this model had room within {admission.timeout_s:g} s",
                 {"boxes": decision.reasons_text()}, retry_after_s=admission.retry_after_s(),
             )

@@ -81,6 +81,7 @@ class Delivery:
             await relay.run(judged.first, edge.write, exchange.next_chunks)
             if exchange.close_delimited and not relay.complete():  # rule 4
                 raise ConnectionLost("stream closed before its end")
+            record.tail = (relay.last, relay.data)  # a whole answer's end: a trace's token usage
             await edge.finish()
         except ClientLeft:
             self.reply.on_left()
@@ -89,7 +90,6 @@ class Delivery:
                 await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
         finally:
             record.bytes_out += relay.bytes_out
-            record.tail = (relay.last, relay.data)
 
     async def failed_mid_answer(self, judged: Judged, attempt: Attempt, silent: bool) -> None:
         """Rule 3."""

@@ -268,10 +268,12 @@ class ProxyCall:
         """Every owner left is full or cooling: wait for a slot (None: answered instead)."""
         caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
         seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now)
-        if self.watch is None:  # a client that leaves the queue must leave it at once
-            self.watch = self.edge.watch_disconnect(self.client_left)
         try:
-            return await seat.wait(decision, caller, priority)
+            if not await seat.join(decision, caller, priority):
+                return None
+            if self.watch is None:  # a client that leaves the queue must leave it at once
+                self.watch = self.edge.watch_disconnect(self.client_left)
+            return await seat.wait(decision)
         finally:
             self.seat = None
 
