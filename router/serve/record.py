@@ -87,11 +87,11 @@ class CallRecord:
         self.state, self.failure = state, failure
 
     def attempt_ended(self, box: str, t_started: float, status: int | None, refusal: RefusalCode | None) -> None:
-        entry = {"box": box, "status": status, "ms": round((time.perf_counter() - t_started) * 1000, 3)}
-        if refusal is not None:
-            entry["refusal"] = refusal
-            entry["error"] = refusal  # 0.0.4's name for why the box was left
-        entry["at"] = time.time()  # 0.0.4's: when the attempt ended (epoch s)
+        ms = round((time.perf_counter() - t_started) * 1000, 3)
+        if refusal is None:
+            entry = {"box": box, "status": status, "ms": ms, "at": time.time()}
+        else:  # `error` is 0.0.4's name for why the box was left, `at` its end (epoch s)
+            entry = {"box": box, "status": status, "refusal": refusal, "ms": ms, "error": refusal, "at": time.time()}
         self.attempts.append(entry)
 
     def row(self) -> Row:
