@@ -144,12 +144,16 @@ def main() -> int:
     states = dict(conn.execute("SELECT state, count(*) FROM route_log GROUP BY state").fetchall())
     conn.close()
     calls = sum(outcomes.values())
+    # What the router logged at warning level or above: a bug inside it is logged as
+    # "call failed inside the router" (serve/app.py), and a soak must show none.
+    router_lines = started.log.read_text(errors="replace").splitlines()
+    router_errors = [line for line in router_lines if " ERROR " in line or "Traceback" in line]
     report = {
         "seconds": args.seconds, "fault_rate": args.fault_rate, "workers": args.workers,
         "calls": calls, "warmup_calls": warm_calls, "outcomes": dict(outcomes), "faults_injected": dict(faults),
         "failovers": failovers, "route_rows": rows, "row_states": states,
         "rows_equal_calls": rows == calls, "router_start": start, "router_end": end,
-        "exit_code": proc.returncode,
+        "exit_code": proc.returncode, "router_error_lines": len(router_errors),
     }
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     out = ROOT / "bench" / "results" / f"soak-{stamp}.json"
@@ -157,7 +161,7 @@ def main() -> int:
     out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(f"written {out}")
-    return 0 if report["rows_equal_calls"] and proc.returncode == 0 else 1
+    return 0 if report["rows_equal_calls"] and proc.returncode == 0 and not router_errors else 1
 
 
 if __name__ == "__main__":
