@@ -191,11 +191,11 @@ class BoxState:
 
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
-        limit = self.limit
         # pending, fullness and a cooling model's ceiling depend on the calls in flight (rule 4)
         key = (self.version, reservations, self.in_flight)
         if key != self._facts_key:
             config = self.config
+            limit = self.limit
             self._facts = BoxFacts(
                 id=config.name,
                 kind=config.kind,
