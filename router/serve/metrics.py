@@ -225,11 +225,17 @@ class RouterCollector:
         self.build = _build_labels()
 
     def collect(self):
-        metrics, route_log = self.metrics, self.route_log
-        boxes = self.fleet.ordered()
         build = InfoMetricFamily("router_build", "The router's version and what it runs on.")
         build.add_metric([], self.build)
         yield build
+        yield from self._calls()
+        yield from self._boxes()
+        yield from self._route_log()
+        yield from self._latencies()
+        yield from self._queue()
+
+    def _calls(self):
+        metrics = self.metrics
         calls = CounterMetricFamily("router_calls", "Calls by facade, box and HTTP status.",
                                     labels=["facade", "box", "status"])
         for (facade, box, status), count in sorted(metrics.calls.items()):
@@ -244,6 +250,9 @@ class RouterCollector:
         for facade, count in sorted(metrics.refused.items()):
             no_box.add_metric([facade], count)
         yield no_box
+
+    def _boxes(self):
+        boxes = self.fleet.ordered()
         for name, help_text, value in (
             ("router_in_flight", "The router's calls on each box now.", lambda b: b.in_flight),
             ("router_reservations", "Reservations counted on each box since the last snapshot.",
@@ -259,6 +268,9 @@ class RouterCollector:
             for box in boxes:
                 family.add_metric([box.name], value(box))
             yield family
+
+    def _route_log(self):
+        route_log = self.route_log
         backlog = route_log.queued - route_log.written - route_log.dropped
         yield GaugeMetricFamily("router_route_log_queue", "Route-log rows waiting for the writer.", value=backlog)
         dropped = CounterMetricFamily(
@@ -272,6 +284,9 @@ class RouterCollector:
         yield dropped
         yield GaugeMetricFamily("router_route_log_write_lag_seconds", "How long the last flushed row waited.",
                                 value=route_log.last_flush_lag_s, unit="seconds")
+
+    def _latencies(self):
+        metrics = self.metrics
         yield GaugeMetricFamily("router_loop_stall_max_seconds",
                                 "The longest the event loop ran late since start (nothing may block it).",
                                 value=metrics.loop_stall_max_s, unit="seconds")
@@ -288,6 +303,8 @@ class RouterCollector:
                                          unit="seconds")
         overhead.add_metric([], metrics.overhead.cumulative(), metrics.overhead.total)
         yield overhead
+
+    def _queue(self):
         depth = GaugeMetricFamily("router_queue_depth", "Calls waiting for a box with room, by model and class.",
                                   labels=["model", "class"])
         for (model, priority), count in sorted(self.admission.depth().items()):
@@ -302,7 +319,7 @@ class RouterCollector:
         yield outcomes
         wait = HistogramMetricFamily("router_queue_wait_seconds", "Time a call waited for a box with room.",
                                      unit="seconds")
-        wait.add_metric([], metrics.queue_wait.cumulative(), metrics.queue_wait.total)
+        wait.add_metric([], self.metrics.queue_wait.cumulative(), self.metrics.queue_wait.total)
         yield wait
 
 

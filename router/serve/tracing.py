@@ -111,6 +111,28 @@ class CallTracer:
     def record(self, call: CallRecord, row: Row) -> None:
         """One span for `call`, whose route-log `row` is final. Never raises for a call's data."""
         operation = OPERATIONS.get(call.route.path)
+        attributes = self.attributes(call, row, operation)
+        failed = row.state in ("failed", "refused") or (row.http_status or 0) >= 500
+        if row.error is not None:
+            attributes["error.type"] = row.error
+        elif failed:
+            attributes["error.type"] = str(row.http_status)
+        parent = None
+        traceparent = call.edge.header("traceparent")
+        if traceparent is not None:
+            parent = self._extract({"traceparent": traceparent, "tracestate": call.edge.header("tracestate") or ""})
+        name = f"{operation} {row.model}" if operation and row.model else f"{call.edge.method} {row.route}"
+        span = self.tracer.start_span(
+            name, context=parent, kind=self._kind, attributes=attributes, start_time=int(row.received_at * 1e9)
+        )
+        if failed:
+            span.set_status(self._error)
+        span.end(end_time=int(row.responded_at * 1e9))
+
+    @staticmethod
+    def attributes(call: CallRecord, row: Row, operation: str | None) -> dict:
+        """The span's attributes: the router's own and the GenAI conventions' (box, model,
+        time to first chunk, token usage read off a whole answer's end)."""
         attributes: dict = {
             "router.call_id": row.request_id,
             "router.facade": row.facade,
@@ -142,22 +164,7 @@ class CallTracer:
                     attributes["gen_ai.usage.input_tokens"] = usage[0]
                 if usage[1] is not None:
                     attributes["gen_ai.usage.output_tokens"] = usage[1]
-        failed = row.state in ("failed", "refused") or (row.http_status or 0) >= 500
-        if row.error is not None:
-            attributes["error.type"] = row.error
-        elif failed:
-            attributes["error.type"] = str(row.http_status)
-        parent = None
-        traceparent = call.edge.header("traceparent")
-        if traceparent is not None:
-            parent = self._extract({"traceparent": traceparent, "tracestate": call.edge.header("tracestate") or ""})
-        name = f"{operation} {row.model}" if operation and row.model else f"{call.edge.method} {row.route}"
-        span = self.tracer.start_span(
-            name, context=parent, kind=self._kind, attributes=attributes, start_time=int(row.received_at * 1e9)
-        )
-        if failed:
-            span.set_status(self._error)
-        span.end(end_time=int(row.responded_at * 1e9))
+        return attributes
 
     def flush(self) -> None:
         """Exports what is queued, waiting at most FLUSH_TIMEOUT_S (blocking: off the event loop).
