@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections import deque
 
 import httptools
 
@@ -132,7 +131,9 @@ class Exchange:
         self.head: asyncio.Future = loop.create_future()
         self.head_bytes = 0  # bytes received while the head was incomplete (rule 7)
         # response body
-        self.chunks: deque[bytes] = deque()
+        # A list, handed over whole (`next_chunks`): an empty deque is a 600-byte block, held
+        # for as long as the answer runs (per open stream), a list grows with what arrives.
+        self.chunks: list[bytes] = []
         self.buffered = 0
         self.waiter: asyncio.Future | None = None
         self.complete = False
@@ -202,8 +203,7 @@ class Exchange:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
-        taken = list(self.chunks)
-        self.chunks.clear()
+        taken, self.chunks = self.chunks, []
         self.buffered = 0
         if self.conn is not None:
             self.conn.resume_reading()
