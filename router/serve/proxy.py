@@ -87,6 +87,8 @@ def new_call_id() -> str:
 
 
 class ProxyCall:
+    """One model-bearing call through one facade route, from its body to its route-log row."""
+
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
