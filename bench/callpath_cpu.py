@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream]
 
-One process, one uvloop loop: the router's app (`RouterApp`, built as `router serve` builds it:
-fleet, scheduler, reservations, store, route-log writer, CallClock) and the bare proxy's app
+One process, one uvloop loop: the router's app (`RouterApp` over what `router serve` runs,
+router.serve.server.Running: fleet, scheduler, store, route-log writer, CallClock and the
+background tasks) and the bare proxy's app
 (bench/floor_proxy.py's `FloorApp`) are each called as an ASGI app by an in-process client that
 hands over the body at once and takes the answer, `--concurrency` calls at a time, in front of
 the same simulated hugpy box (a `router.sim` fleet of 8, in a process of its own). Measured per
@@ -35,14 +36,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from floor_proxy import FloorApp  # noqa: E402
 
-from router._fastpath import Reservations  # noqa: E402
-from router.boxes.fleet import Fleet  # noqa: E402
 from router.facades import mounts  # noqa: E402
-from router.serve.app import RouterApp, Shared  # noqa: E402
-from router.store.keys import KeyStore  # noqa: E402
-from router.store.route_log import RouteLogWriter  # noqa: E402
-from router.telemetry.cache import TelemetryCache  # noqa: E402
-from router.telemetry.scheduler import Scheduler  # noqa: E402
+from router.serve.app import RouterApp  # noqa: E402
+from router.serve.server import Running, ServeConfig  # noqa: E402
 from router.upstream.pool import Origin  # noqa: E402
 
 SIM_READY = re.compile(r"sim fleet ready: (\d+) boxes")
@@ -124,27 +120,12 @@ async def routable(router: RouterApp, body: bytes) -> None:
 
 
 async def start_router(boxes_file: Path, work: Path) -> tuple[RouterApp, Callable[[], Awaitable[None]]]:
-    """The router's app as `router serve` builds it (less its listeners, its telemetry scan and
-    agent links), in front of the boxes in `boxes_file`, its store in `work`; and its stop."""
-    reservations = Reservations()
-    fleet = Fleet(boxes_file, reservations)
-    await fleet.start()
-    scheduler = Scheduler(fleet, reservations, TelemetryCache())
-    scheduler.start()
-    store = work / "router.db"
-    route_log = RouteLogWriter(store)
-    route_log.start()
-    shared = Shared(fleet, reservations, scheduler, store_path=store, route_log=route_log, keys=KeyStore(store),
-                    max_body_bytes=64 << 20, first_byte_timeout_s=900, stream_idle_timeout_s=300)
-    shared.clock.start()
-
-    async def stop() -> None:
-        await shared.clock.stop()
-        await scheduler.stop()
-        route_log.stop()
-        await fleet.stop()
-
-    return RouterApp(shared, mounts.main), stop
+    """The router's app as `router serve` builds it (server.Running: the fleet and its links, the
+    telemetry scan, the scheduler, the store, the background tasks), less its listeners, in front
+    of the boxes in `boxes_file`, its store in `work`; and its stop."""
+    running = Running(ServeConfig(host="127.0.0.1", port=0, boxes_path=boxes_file, store_path=work / "router.db"))
+    shared = await running.start(tracer=None)
+    return RouterApp(shared, mounts.main), running.stop
 
 
 async def main(args: argparse.Namespace) -> dict:
