@@ -28,10 +28,10 @@ import orjson
 
 from router._fastpath import FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG, FrameScanner
 from router.boxes.state import BoxState
-from router.core.types import BoxKind
-from router.serve.edge import Edge
 from router.core.lifecycle import Event, Lifecycle, Phase
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
+from router.core.types import BoxKind
+from router.serve.edge import Edge
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ConnectFailed,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
 from router._fastpath import NDJSON, SSE, Relay
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle

@@ -41,6 +41,7 @@ import time
 from typing import TYPE_CHECKING
 
 from router.boxes.state import BoxState
+from router.core.admission import Priority
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
@@ -113,7 +114,7 @@ class ProxyCall:
         self.started_s = 0.0  # loop time when the call began
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
-        self.asked_priority = None  # X-Router-Priority or alloc.priority
+        self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
 
     @property
     def gone(self) -> bool:
