@@ -9,10 +9,13 @@ Rules:
 3. Box names are unique and match the hugpy request-id alphabet, so that they can travel in
    headers and URLs as they are. Order in the file is the boxes' stable order.
 4. A key file is read as hugpy-wrapper writes it: a `FITEVICT_TOKEN=` line (quotes allowed).
-5. Every change (the CLI's `boxes add|remove|block|unblock`, the admin API's box routes) is
+5. Every change (the CLI's `boxes add|remove|block|unblock` and `aliases set|remove`, the
+   admin API's box and alias routes) is
    one `edit`: under an exclusive lock on `<file>.lock` (flock: other processes and other
    threads wait), read the file, change it, validate, write it (rule 2). So two edits at once
    never lose one, whoever makes them. A change that fails writes nothing.
+6. Aliases live beside the boxes, in the same file (`"aliases": {name: [model, ...]}`), and
+   are checked when read (router.core.aliases rule 1; router.boxes.aliases edits them).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from router.core.aliases import Alias, check_alias
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 from router.store import paths
@@ -79,6 +83,7 @@ class BoxConfig:
 class BoxesFile:
     path: Path
     boxes: list[BoxConfig] = field(default_factory=list)
+    aliases: dict[str, Alias] = field(default_factory=dict)  # rule 6, in the file's order
 
     def find(self, name: str) -> BoxConfig | None:
         return next((box for box in self.boxes if box.name == name), None)
@@ -179,7 +184,20 @@ def parse(doc: object, path: Path) -> BoxesFile:
         if any(b.name == box.name for b in boxes):
             raise ConfigError(f"{path}: box name {box.name!r} appears twice")
         boxes.append(validate(box))
-    return BoxesFile(path, boxes)
+    return BoxesFile(path, boxes, parse_aliases(doc.get("aliases", {}), path))
+
+
+def parse_aliases(doc: object, path: Path) -> dict[str, Alias]:
+    """The file's aliases (rule 6). Raises ConfigError naming the first bad one."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: 'aliases' must be an object of name: [model, ...]")
+    aliases: dict[str, Alias] = {}
+    for name, chain in doc.items():
+        wrong = check_alias(name, chain, doc, lambda model: False)
+        if wrong is not None:
+            raise ConfigError(f"{path}: {wrong}")
+        aliases[name] = Alias(name, tuple(chain))
+    return aliases
 
 
 def load(path: Path | None = None) -> BoxesFile:
@@ -202,7 +220,10 @@ def save(boxes: BoxesFile) -> None:
     """Writes the file atomically with mode 0600."""
     path = boxes.path
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = orjson.dumps({"boxes": [b.to_json() for b in boxes.boxes]}, option=orjson.OPT_INDENT_2)
+    doc: dict = {"boxes": [b.to_json() for b in boxes.boxes]}
+    if boxes.aliases:
+        doc["aliases"] = {alias.name: list(alias.chain) for alias in boxes.aliases.values()}
+    data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
     fd, tmp = tempfile.mkstemp(prefix=".boxes-", dir=path.parent)  # created 0600
     try:
         with os.fdopen(fd, "wb") as handle:

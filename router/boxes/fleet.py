@@ -6,7 +6,7 @@ Rules:
    finish, they hold their own reference), changed boxes are rebuilt. A file that fails to
    parse is logged and ignored: the last good fleet keeps serving. `reload()` re-reads at once
    (an admin API edit, a SIGHUP); re-reads never overlap, so the last one applies the newest
-   file.
+   file. The file's aliases (`aliases`) are replaced whole with it.
 2. A box keeps its reservation-table index for the life of the process, even across removal
    and re-adding, so a late release can never land on another box.
 """
@@ -28,6 +28,7 @@ from router.boxes.ollama import OllamaLink
 from router.boxes.openai import OpenAILink
 from router.boxes.state import BoxState
 from router.boxes.store_watch import HugpyStoreLink
+from router.core.aliases import Alias
 from router.core.errors import ConfigError
 from router.core.types import BoxFacts, BoxKind
 
@@ -61,6 +62,7 @@ class Fleet:
         self._ordered: list[BoxState] = []
         self._reloading = asyncio.Lock()
         self.on_change: list = []  # callables run after the fleet changed shape
+        self.aliases: dict[str, Alias] = {}  # the boxes file's (router.core.aliases)
 
     def _file_stamp(self) -> tuple | None:
         try:
@@ -72,7 +74,9 @@ class Fleet:
     async def start(self) -> None:
         """Loads the file, starts every link and waits (bounded) for their first reads."""
         self._stamp = self._file_stamp()
-        fresh = self._apply(boxes_config.load(self.path).boxes)
+        loaded = boxes_config.load(self.path)
+        self.aliases = loaded.aliases
+        fresh = self._apply(loaded.boxes)
         await asyncio.gather(*(self.links[name].first_read() for name in fresh))
         self._watch = asyncio.create_task(self._watch_file(), name="boxes-file")
 
@@ -128,11 +132,12 @@ class Fleet:
         async with self._reloading:
             self._stamp = await loop.run_in_executor(None, self._file_stamp)
             try:
-                configs = (await loop.run_in_executor(None, boxes_config.load, self.path)).boxes
+                loaded = await loop.run_in_executor(None, boxes_config.load, self.path)
             except ConfigError as exc:
                 log.warning("boxes file not applied: %s", exc)
                 return
-            self._apply(configs)
+            self.aliases = loaded.aliases
+            self._apply(loaded.boxes)
 
     def facts(self) -> list[BoxFacts]:
         """The facts of every box, in boxes-file order, with live reservation counts."""

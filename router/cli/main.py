@@ -1,4 +1,4 @@
-"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router demo`,
+"""The command line: `router serve`, `router boxes ...`, `router aliases ...`, `router keys ...`, `router demo`,
 `router agent`, `router install | uninstall | status`.
 
 `router` and `hugpy-router` are the same entry point.
@@ -16,6 +16,7 @@ from pathlib import Path
 from router import __version__
 from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
+from router.cli.aliases import add_aliases_parser, aliases_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.core.errors import ConfigError
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("remove", "block", "unblock"):
         cmd = bsub.add_parser(name, help=f"{name} a box")
         cmd.add_argument("name")
+    add_aliases_parser(sub)
     add_agent_parser(sub)
     add_keys_parser(sub)
     add_install_parsers(sub)
@@ -267,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "boxes":
             return boxes_command(args)
+        if args.command == "aliases":
+            return aliases_command(args)
         if args.command == "agent":
             return agent_command(args)
         if args.command == "keys":

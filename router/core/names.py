@@ -10,11 +10,14 @@ Rules (one per kind; a call reaching a box uses that box's kind's rule):
    the last `/`, defaults `registry.ollama.ai`/`library`/`latest`, per-part validity; the key is
    the shortest display form, lower-cased (lookups are case-insensitive). Invalid → None.
 3. lmstudio and openai: the id exactly as sent, byte for byte.
+4. A model the router chose (an alias's chain) goes to the box in the box's own spelling
+   (`box_model_name`).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
 from router.core.types import BoxKind
 
@@ -107,3 +110,14 @@ def call_key(kind: BoxKind, model: str, body_settings: str | None) -> tuple[str,
         key = ollama_key(model)
         return None if key is None else (key, body_settings)
     return (model, None) if model else None
+
+
+def box_model_name(kind: BoxKind, model: str, advertised: Mapping[str, str]) -> str:
+    """The model name a box of `kind` gets in a call's body when the router chose the model (an
+    alias's chain entry `model`): Ollama's own spelling of it (`advertised`: inventory key ->
+    the name as the box writes it, `:latest` included), hugpy's name with its `@options`, and
+    LM Studio's and OpenAI-compatible servers' exact ids, as written."""
+    if kind is BoxKind.OLLAMA:
+        key = ollama_key(model)
+        return advertised.get(key, key) if key is not None else model
+    return model

@@ -62,6 +62,9 @@ class RefusalCode(StrEnum):
     CENTRAL_SOURCE_CONSTRAINT = "central_source_constraint"
     MAINTENANCE = "maintenance"
     WORKER_RESERVED = "worker_reserved"
+    # the prompt is longer than the model's context: a refusal only where an alias's chain has
+    # another model to try (router.core.aliases rule 5); otherwise the 400 goes back as sent
+    CONTEXT_LENGTH = "context_length"
 
 
 R = RefusalCode

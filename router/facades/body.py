@@ -12,9 +12,12 @@ Rules:
 2. multipart/form-data bodies: the `model` form field (a text part), found by a compiled,
    GIL-free scan of the part heads (router._fastpath.form_field); file parts are never read.
 3. The pin, the pool and the class may come as headers (`X-Router-Box`, `X-Router-Pool`,
-   `X-Router-Priority`) instead; the body wins. A class is `high`, `normal` or `low`.
+   `X-Router-Priority`) instead; the body wins. A class is `high`, `normal` or `low`. So may
+   the alias opt-out: `alloc.fallback` (true or false) or `X-Router-Fallback` (`on` or `off`).
 4. Every identifier read here is capped (router.core.bounds rule 1).
 5. Nothing here copies or keeps the body; errors name the field, never echo the body.
+6. `with_model` is the body with its model replaced (an alias's chosen model), every other byte
+   as the client sent it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Inspected(NamedTuple):
     call: Call
     stream: bool  # the body asks for a stream (`"stream": true`)
     priority: Priority | None  # the class it asks for (None: its key's)
+    fallback: bool = True  # an alias's chain may move past its first model (rule 3)
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
@@ -148,9 +152,39 @@ def asked_priority(doc: dict, header: str | None) -> Priority | None:
     return priority
 
 
+def asked_fallback(doc: dict, header: str | None) -> bool:
+    """Whether an alias call may fall back (`alloc.fallback`, else `X-Router-Fallback`; rule 3).
+    Raises BadRequest on a value that is neither."""
+    alloc = doc.get("alloc")
+    asked = alloc.get("fallback") if isinstance(alloc, dict) else None
+    if asked is not None:
+        if not isinstance(asked, bool):
+            raise BadRequest("'alloc.fallback' must be true or false", code="invalid_fallback")
+        return asked
+    if header is None:
+        return True
+    value = header.strip().lower()
+    if value not in ("on", "off"):
+        raise BadRequest("X-Router-Fallback must be 'on' or 'off'", code="invalid_fallback")
+    return value == "on"
+
+
+def with_model(body: bytes, content_type: str, route: Route, model: str) -> bytes:
+    """`body` with its model (the route's first present model field, or the form field) set to
+    `model` (rule 6). The body was read by `read_call` already, so its model is there."""
+    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+        match = _BOUNDARY_RE.search(content_type.encode("latin-1"))
+        start, end = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
+        return b"".join((body[:start], model.encode(), body[end:]))
+    for span in json_members(body, _ascii(route.model_fields)):
+        if span is not None:
+            return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
+    return body
+
+
 def read_call(
     body: bytes, content_type: str, route: Route, facade: Facade, header_pin: str | None, header_pool: str | None,
-    header_priority: str | None = None,
+    header_priority: str | None = None, header_fallback: str | None = None,
 ) -> Inspected:
     """The call as routing sees it, from the body and the routing headers' values (`X-Router-Box`,
     `X-Router-Pool`, `X-Router-Priority`) (rules 1-4). Safe on any thread.
@@ -174,4 +208,5 @@ def read_call(
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority))
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
+                     asked_fallback(doc, header_fallback))

@@ -21,9 +21,10 @@ from typing import Sequence
 import orjson
 
 from router.core.bounds import clip
+from router.core.aliases import Alias
 from router.core.types import BoxKind
 from router.facades.openai import shape_error
-from router.facades.table import Body, Facade, Route
+from router.facades.table import AliasListing, Body, Facade, Route
 
 JSON = b"application/json"
 
@@ -67,17 +68,26 @@ def v1_models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, JSON, orjson.dumps({"models": [models[k] for k in sorted(models)]})
 
 
+def v0_alias_row(alias: Alias) -> dict:
+    return {"id": alias.name, "object": "model", "type": "llm", "state": "not-loaded", "alias": True,
+            "chain": list(alias.chain)}
+
+
+def v1_alias_row(alias: Alias) -> dict:
+    return {"key": alias.name, "type": "llm", "loaded_instances": [], "alias": True, "chain": list(alias.chain)}
+
+
 def unknown_route(method: str, path: str) -> tuple[int, bytes]:
     return 200, orjson.dumps({"error": f"Unexpected endpoint or method. ({method} {clip(path)})"})
 
 
 ROUTES = (
-    Route("GET", "/api/v0/models", answer=v0_models_answer),
+    Route("GET", "/api/v0/models", answer=v0_models_answer, aliases=AliasListing("data", v0_alias_row)),
     Route("GET", "/api/v0/models/", answer=v0_model_answer, prefix=True),
     Route("POST", "/api/v0/chat/completions", Body.JSON),
     Route("POST", "/api/v0/completions", Body.JSON),
     Route("POST", "/api/v0/embeddings", Body.JSON),
-    Route("GET", "/api/v1/models", answer=v1_models_answer),
+    Route("GET", "/api/v1/models", answer=v1_models_answer, aliases=AliasListing("models", v1_alias_row)),
     Route("POST", "/api/v1/chat", Body.JSON),
     Route("POST", "/api/v1/models/load", Body.JSON, scope="admin"),
     Route("POST", "/api/v1/models/unload", Body.JSON, ("instance_id",), scope="admin"),

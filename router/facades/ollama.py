@@ -27,8 +27,9 @@ from typing import Sequence
 import orjson
 
 from router.core.names import ollama_key
+from router.core.aliases import Alias
 from router.core.types import BoxKind
-from router.facades.table import Body, Facade, Route
+from router.facades.table import AliasListing, Body, Facade, Route
 
 JSON = b"application/json; charset=utf-8"
 RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
@@ -85,6 +86,11 @@ def tags_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, JSON, orjson.dumps({"models": _union(boxes, "tags", "modified_at")})
 
 
+def alias_row(alias: Alias) -> dict:
+    return {"name": alias.name, "model": alias.name, "size": 0, "digest": "", "alias": True,
+            "chain": list(alias.chain)}
+
+
 def ps_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, JSON, orjson.dumps({"models": _union(boxes, "ps", "expires_at")})
 
@@ -113,7 +119,7 @@ ROUTES = (
     Route("HEAD", "/", answer=root_answer),
     Route("GET", "/api/version", answer=version_answer),
     Route("HEAD", "/api/version", answer=version_answer),
-    Route("GET", "/api/tags", answer=tags_answer),
+    Route("GET", "/api/tags", answer=tags_answer, aliases=AliasListing("models", alias_row)),
     Route("HEAD", "/api/tags", answer=tags_answer),
     Route("GET", "/api/ps", answer=ps_answer),
     Route("POST", "/api/generate", Body.JSON),

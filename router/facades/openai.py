@@ -16,8 +16,9 @@ import orjson
 
 from router import __version__
 from router.core.bounds import clip
+from router.core.aliases import Alias
 from router.core.types import BoxKind
-from router.facades.table import Body, Facade, Route
+from router.facades.table import AliasListing, Body, Facade, Route
 
 JSON = b"application/json"
 ERROR_TYPES = {
@@ -62,6 +63,10 @@ def models_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, JSON, orjson.dumps({"object": "list", "data": [models[k] for k in sorted(models)]})
 
 
+def alias_row(alias: Alias) -> dict:
+    return {"id": alias.name, "object": "model", "owned_by": "router", "alias": True, "chain": list(alias.chain)}
+
+
 def model_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     """`GET /v1/models/{id}` (the id may hold `/`: the client percent-encodes it, ASGI decodes)."""
     model_id = path.removeprefix("/v1/models/")
@@ -93,7 +98,7 @@ ROUTES = (
     Route("POST", "/v1/videos/generations", Body.FORM),
     Route("POST", "/v1/summarize", Body.JSON),
     Route("POST", "/v1/keywords", Body.JSON),
-    Route("GET", "/v1/models", answer=models_answer),
+    Route("GET", "/v1/models", answer=models_answer, aliases=AliasListing("data", alias_row)),
     Route("GET", "/v1/models/", answer=model_answer, prefix=True),
     Route("GET", "/health", answer=health_answer, scope="public"),
     Route("HEAD", "/health", answer=health_answer, scope="public"),

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Callable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
+import orjson
+
+from router.core.aliases import Alias
 from router.core.types import BoxKind
 
 
@@ -26,6 +29,21 @@ class Body(IntEnum):
 FleetAnswer = Callable[[Sequence, str], tuple[int, bytes, bytes]]
 
 
+class AliasListing(NamedTuple):
+    """How a model list shows aliases: the list's member in the answer, and one alias's row in
+    the facade's shape (marked `"alias": true`, with its `chain`)."""
+
+    member: str
+    row: Callable[[Alias], dict]
+
+
+def with_aliases(body: bytes, listing: AliasListing, aliases: Iterable[Alias]) -> bytes:
+    """A model list answer `body` with a row per alias after the models."""
+    doc = orjson.loads(body)
+    doc[listing.member].extend(listing.row(alias) for alias in aliases)
+    return orjson.dumps(doc)
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
@@ -35,6 +53,7 @@ class Route:
     answer: FleetAnswer | None = None
     prefix: bool = False  # the path is a prefix (`/api/v0/models/` + a model id)
     scope: str = "use"  # access scope: "public", "use" or "admin"
+    aliases: AliasListing | None = None  # a model list: the aliases are listed too
 
 
 def _no_settings(doc: dict) -> str | None:

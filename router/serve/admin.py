@@ -30,7 +30,7 @@ from router.boxes import config as boxes_config
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
-from router.serve import dashboard, proxy
+from router.serve import alias_admin, dashboard, proxy
 from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
@@ -387,6 +387,7 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/boxes"): boxes,
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
+    ("GET", "/v1/aliases"): alias_admin.list_aliases,
     ("GET", "/v1/router/events"): dashboard.events,
     **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
@@ -401,6 +402,10 @@ BOX_ROUTES: dict[tuple[str, str], Handler] = {
 }
 
 
+# /v1/aliases/<name>: the alias edits (alias_admin.py).
+ALIAS_ROUTES: dict[str, Handler] = {"PUT": alias_admin.put_alias, "DELETE": alias_admin.delete_alias}
+
+
 def route(method: str, path: str) -> tuple[Handler, str] | None:
     """(handler, access scope) for a router-owned route, or None. `/metrics` is a use route:
     scrapers inside the trusted nets need no key. The dashboard's files are `public`: they hold
@@ -412,6 +417,9 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
         return revoke, "admin"
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/priority"):
         return priority, "admin"
+    if path.startswith("/v1/aliases/"):
+        handler = ALIAS_ROUTES.get(method)
+        return (handler, "admin") if handler is not None else None
     if path.startswith("/v1/boxes/"):
         action = path.removeprefix("/v1/boxes/").partition("/")[2]
         return BOX_ROUTES.get((method, action), relay), "admin"

@@ -18,7 +18,7 @@ from router.boxes.fleet import Fleet
 from router.core.bounds import clip
 from router.facades import mounts
 from router.facades.mounts import Mount
-from router.facades.table import Body, Facade, Route
+from router.facades.table import Body, Facade, Route, with_aliases
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
@@ -167,4 +167,6 @@ class RouterApp:
             if box.online and not box.config.blocked and box.config.kind in facade.kinds
         ]
         status, content_type, body = route.answer(boxes, edge.path)  # type: ignore[misc]
+        if route.aliases is not None and self.fleet.aliases:
+            body = with_aliases(body, route.aliases, self.fleet.aliases.values())
         await edge.respond(status, [(b"content-type", content_type)], b"" if edge.method == "HEAD" else body)

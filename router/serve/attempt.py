@@ -7,7 +7,8 @@ fails over), or `LEFT` (the client left meanwhile: the box connection is closed)
 Rules:
 1. A non-2xx head is read whole (it is small, up to ERROR_BODY_LIMIT) and classified
    (router.core.refusal); a refusal keeps the box's answer, to go back as sent when no box is left.
-   A non-2xx that is not a refusal is the client's own error and goes back as sent.
+   A non-2xx that is not a refusal is the client's own error and goes back as sent, except a
+   context-length 400 where an alias's chain has another model to try (`context_moves_on`).
 2. A stream (SSE or NDJSON) is held until its first data frame has arrived and been judged; a
    first event larger than the hold limit cannot be judged cheaply and goes through unjudged (a
    refusal frame is small).
@@ -28,6 +29,7 @@ import orjson
 
 from router._fastpath import FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG, FrameScanner
 from router.boxes.state import BoxState
+from router.core.aliases import context_exceeded
 from router.core.lifecycle import Event, Lifecycle, Phase
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
 from router.core.types import BoxKind
@@ -103,7 +105,7 @@ class Attempt:
     """One box's try at the call. The call reaches its `exchange` to end it (`abort`, when the
     client leaves) or to keep its deadline (`expire`, each CallClock tick)."""
 
-    __slots__ = ("box", "call_id", "life", "exchange", "first_byte_timeout_s", "idle_timeout_s")
+    __slots__ = ("box", "call_id", "life", "exchange", "first_byte_timeout_s", "idle_timeout_s", "context_moves_on")
 
     def __init__(
         self, box: BoxState, call_id: str, life: Lifecycle, first_byte_timeout_s: float, idle_timeout_s: float
@@ -114,6 +116,7 @@ class Attempt:
         self.exchange: Exchange | None = None
         self.first_byte_timeout_s = first_byte_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.context_moves_on = False  # a context-length 400 is a refusal (an alias's next model)
 
     def request(self, edge: Edge, length: int) -> bytes:
         """The client's request line as the box gets it: the box's auth, hugpy's parent id, and
@@ -194,7 +197,10 @@ class Attempt:
         sized = length is not None and length.isdigit()
         if status >= 400 and not (sized and int(length) > ERROR_BODY_LIMIT):  # rule 1
             data = await exchange.read_all(ERROR_BODY_LIMIT)
-            refusal = classify_reply(self.box.config.kind, status, _json(data))
+            doc = _json(data)
+            refusal = classify_reply(self.box.config.kind, status, doc)
+            if refusal is None and self.context_moves_on and context_exceeded(status, doc):
+                refusal = RefusalCode.CONTEXT_LENGTH
             if refusal is not None:
                 return Refusal(refusal, status, exchange.headers, data)
             return self.judged(exchange, data, failure=f"http_{status}")

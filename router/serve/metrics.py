@@ -94,6 +94,8 @@ class Metrics:
         self.calls: dict[tuple[str, str, int], int] = defaultdict(int)  # (facade, box, status)
         self.failovers: dict[str, int] = defaultdict(int)
         self.refused: dict[str, int] = defaultdict(int)
+        # (alias, from model, to model, reason): bumped by an alias call as it moves (serve/chain.py)
+        self.fallbacks: dict[tuple[str, str, str, str], int] = defaultdict(int)
         self.ttfb = ByCall(LATENCY_BUCKETS_S)
         self.duration = ByCall(LATENCY_BUCKETS_S)
         self.overhead = Histogram(OVERHEAD_BUCKETS_S)
@@ -250,6 +252,12 @@ class RouterCollector:
         for facade, count in sorted(metrics.refused.items()):
             no_box.add_metric([facade], count)
         yield no_box
+        fallbacks = CounterMetricFamily(
+            "router_fallbacks", "Alias calls that moved past a model in the chain, by why.",
+            labels=["alias", "from", "to", "reason"])
+        for labels, count in sorted(metrics.fallbacks.items()):
+            fallbacks.add_metric(list(labels), count)
+        yield fallbacks
 
     def _boxes(self):
         boxes = self.fleet.ordered()

@@ -9,7 +9,9 @@ DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover
 - `Seat` (admission.py): its place in the wait queue, while it waits;
 - `Attempt` (attempt.py): send to one box and judge the answer; it returns a verdict;
 - `Delivery` (deliver.py): commit once, then the answer whole or relayed (_fastpath.Relay);
-- no_box.py: the answers when no box takes the call.
+- no_box.py: the answers when no box takes the call;
+- `ChainCall` (chain.py): a call for an alias, along its chain of models (its decision is the
+  chain's: router.core.aliases `resolve`).
 Two things reach the call from outside its task, as events: the CallClock's time (`tick`:
 a deadline, the start of the disconnect watcher, a keep-alive) and the client's leaving
 (`client_left`).
@@ -51,6 +53,7 @@ from router.facades.table import Facade, Route
 from router.serve import no_box
 from router.serve.admission import Seat
 from router.serve.attempt import Attempt, Refusal
+from router.serve.chain import ChainCall
 from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
@@ -93,7 +96,9 @@ class ProxyCall:
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
+        "chain",
     )
+    max_boxes = MAX_BOXES_PER_CALL
 
     def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
         self.app = app
@@ -115,6 +120,7 @@ class ProxyCall:
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
+        self.chain: ChainCall | None = None  # a call for an alias: where it is on the chain
 
     @property
     def gone(self) -> bool:
@@ -172,10 +178,13 @@ class ProxyCall:
         record.bytes_in = len(self.body)
         self.life.fire(Event.BODY_IN)
         try:
-            record.call, stream, self.asked_priority = await self.inspect()
+            record.call, stream, self.asked_priority, fallback = await self.inspect()
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
+        aliases = self.app.fleet.aliases
+        if aliases and (alias := aliases.get(record.call.model)) is not None:
+            self.chain = ChainCall(self, alias, record.call, fallback)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
         return True
@@ -185,7 +194,8 @@ class ProxyCall:
         worker thread (INLINE_INSPECT_BYTES). Raises BadRequest."""
         edge = self.edge
         args = (self.body, edge.header("content-type") or "", self.route, self.facade,
-                edge.header("x-router-box"), edge.header("x-router-pool"), edge.header("x-router-priority"))
+                edge.header("x-router-box"), edge.header("x-router-pool"), edge.header("x-router-priority"),
+                edge.header("x-router-fallback"))
         if len(self.body) <= INLINE_INSPECT_BYTES:
             return read_call(*args)
         return await asyncio.get_running_loop().run_in_executor(None, read_call, *args)
@@ -228,7 +238,10 @@ class ProxyCall:
             await no_box.give_up(self.reply, last)
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
-        """The call's decision over `facts`, never broadening past its first one (failover)."""
+        """The call's decision over `facts`, never broadening past its first one (failover); an
+        alias call's, its chain's."""
+        if self.chain is not None:
+            return self.chain.decide(self, facts)
         return decide(self.record.call, facts, self.tried, self.eligible)  # type: ignore[arg-type]
 
     # -- one box -------------------------------------------------------------------------------
@@ -242,15 +255,22 @@ class ProxyCall:
         t_started = time.perf_counter()
         if not record.attempts:
             record.t_sent = t_started
-        app = self.app
-        attempt = self.attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s,
-                                         app.stream_idle_timeout_s)
+        app, chain = self.app, self.chain
+        if chain is None:
+            attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s, app.stream_idle_timeout_s)
+        else:
+            self.body = chain.body_for(self, box)
+            attempt = Attempt(box, self.call_id, self.life, chain.first_byte_s(), app.stream_idle_timeout_s)
+            attempt.context_moves_on = chain.context_moves_on
+        self.attempt = attempt
         refusal = None
         try:
             verdict = await attempt.send(self.edge, self.body)
             if isinstance(verdict, Refusal):
                 refusal = verdict
                 self.refused_by(box, refusal)
+                if chain is not None:
+                    chain.refused(refusal.code)
             elif verdict is not None:
                 await self.delivery.send(box, verdict, attempt)
         finally:

@@ -23,6 +23,22 @@ if TYPE_CHECKING:
     from router.boxes.state import BoxState
 
 
+class AliasedDecision:
+    """An alias call's decision in the route log: the decision, and beside it the alias asked
+    for and the served model's place in its chain (the `model` column is the served model)."""
+
+    __slots__ = ("decision", "alias", "position")
+
+    def __init__(self, decision: Decision, alias: str, position: int) -> None:
+        self.decision = decision
+        self.alias = alias
+        self.position = position
+
+    def log_doc(self) -> dict:
+        """Called by the route log's writer thread."""
+        return {**self.decision.log_doc(), "alias": self.alias, "fallback": self.position}
+
+
 class CallRecord:
     """Metadata only, never a body, a chunk or a key (the call's `tail` is read by the tracer for
     token usage and never stored)."""
@@ -50,6 +66,8 @@ class CallRecord:
         "t_first_byte",
         "tail",
         "waited_ms",
+        "alias",
+        "fallback",
     )
 
     def __init__(self, call_id: str, facade: Facade, route: Route, edge: Edge) -> None:
@@ -75,6 +93,8 @@ class CallRecord:
         self.t_first_byte = 0.0
         self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for a trace's token usage
         self.waited_ms: float | None = None
+        self.alias: str | None = None  # the alias asked for; `call` is then the model served
+        self.fallback = 0  # the served model's place in the alias's chain
 
     def answered(self, status: int, state: str, failure: str | None = None) -> None:
         """The answer's head is going out now."""
@@ -109,7 +129,9 @@ class CallRecord:
             waited_ms=self.waited_ms,
             stream=int(self.stream),
             path=decision.path.value if decision else None,
-            decision=decision,  # encoded by the writer thread, off the loop
+            # encoded by the writer thread, off the loop
+            decision=decision if self.alias is None or decision is None
+            else AliasedDecision(decision, self.alias, self.fallback),
             attempts=self.attempts,
             box=self.box.name if self.box else None,
             http_status=self.status or None,

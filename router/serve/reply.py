@@ -9,7 +9,8 @@ Rules:
 2. Once the answer is about to go out no keep-alive follows, and a keep-alive write in progress
    ends first (`settle`).
 3. Every answer carries the call's id (`x-hugpy-router-request-id`); a box's answer also names the
-   box and loses its hop-by-hop headers and the headers about the box itself (`HOP_HEADERS`).
+   box (and, for an alias call, the model and its place in the chain) and loses its hop-by-hop
+   headers and the headers about the box itself (`HOP_HEADERS`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def in_band_frame(status: int, body: bytes) -> bytes:
 
 
 class Reply:
-    __slots__ = ("edge", "facade", "record", "on_left", "keepalive_s", "headed", "keepalive", "last_keepalive_s")
+    __slots__ = ("edge", "facade", "record", "on_left", "keepalive_s", "headed", "keepalive", "last_keepalive_s",
+                 "model_headers")
 
     def __init__(self, edge: Edge, facade: Facade, record: CallRecord, on_left: Callable[[], None]) -> None:
         self.edge = edge
@@ -73,6 +75,7 @@ class Reply:
         self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
         self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
         self.last_keepalive_s = 0.0
+        self.model_headers: tuple[tuple[bytes, bytes], ...] = ()  # an alias call's (serve/chain.py rule 5)
 
     def id_header(self) -> tuple[bytes, bytes]:
         return (b"x-hugpy-router-request-id", self.record.call_id.encode())
@@ -119,6 +122,8 @@ class Reply:
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
+        if self.model_headers:
+            kept.extend(self.model_headers)
         return kept
 
     # -- keep-alive of a long wait (rule 1) ----------------------------------------------------

@@ -1,0 +1,137 @@
+"""A call for an alias: where it is on the alias's chain, and what each model's box gets.
+
+The rules of resolution are router.core.aliases's (`resolve`); this room feeds it the call's
+decisions and carries out its answer:
+1. The call's decision (`decide`, the proxy's `decide_now`: the first decision, each one after a
+   refusal, and the queue's look at a waiting call) is the chain's: the first model in reach
+   that can answer now. Moving to another model starts its failover afresh (no box tried yet,
+   its own first decision's boxes eligible) and makes the call that model's call: its box
+   remembers the model's settings, a refusal cools the box for that model.
+2. A model passed over for no owner, or refused by every owner it may try, is not tried again by
+   this call; a full one may be, once it has room. A box's context-length 400 leaves the model
+   (`refused`) where a later model is in reach (`context_moves_on`); otherwise it goes back as
+   the box sent it.
+3. Each box gets the body with the model in its kind's spelling (router.core.names
+   `box_model_name`), every other byte as the client sent it.
+4. One deadline bounds the chain: from the call's first send, every attempt's first byte must
+   come within the router's first-byte timeout in all (`first_byte_s`); once it has passed no
+   further model is tried.
+5. The answer names the model that served (`X-Router-Model`) and its place in the chain
+   (`X-Router-Fallback`, 0 for the first); every move to another model counts once per model
+   passed over in `router_fallbacks_total{alias,from,to,reason}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING
+
+from router.core.aliases import Alias, Move, resolve
+from router.core.decide import decide
+from router.core.names import box_model_name
+from router.core.refusal import RefusalCode
+from router.core.types import BoxFacts, Call, Decision, Path
+from router.facades.body import with_model
+
+if TYPE_CHECKING:  # the proxy imports this module: its type only, for the signatures
+    from router.boxes.state import BoxState
+    from router.serve.proxy import ProxyCall
+
+NO_TIME_LEFT = Decision(Path.REFUSED, (), {}, {})
+
+
+@functools.lru_cache(maxsize=4096)
+def model_headers(model: str, position: int) -> tuple[tuple[bytes, bytes], ...]:
+    """Rule 5's headers, built once per (model, place)."""
+    return ((b"x-router-model", model.encode()), (b"x-router-fallback", b"%d" % position))
+
+
+class ChainCall:
+    """One call's walk along one alias's chain. It keeps no reference to its ProxyCall (which
+    holds it): an ended call is freed by reference counting (tests/test_no_cycles.py)."""
+
+    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies",
+                 "deadline_s", "counts", "timeout_s")
+
+    def __init__(self, proxy: ProxyCall, alias: Alias, asked: Call, fallback: bool) -> None:
+        self.alias = alias
+        self.asked = asked  # the call as the client made it, for the alias's name
+        self.calls: list[Call | None] = [None] * len(alias.chain)
+        self.current = 0
+        self.left: dict[int, Move] = {}  # places passed over for good (rule 2)
+        self.fallback = fallback
+        self.body = proxy.body  # as the client sent it
+        self.bodies: dict[str, bytes] = {}  # the model as a box gets it -> the body with it
+        self.deadline_s: float | None = None  # loop time, once the first attempt went out
+        self.counts = proxy.app.shared.metrics.fallbacks
+        self.timeout_s = proxy.app.first_byte_timeout_s
+        proxy.record.call = self.call_at(0)
+        proxy.record.alias = alias.name
+        proxy.reply.model_headers = model_headers(alias.chain[0], 0)
+
+    def call_at(self, position: int) -> Call:
+        call = self.calls[position]
+        if call is None:
+            asked = self.asked
+            call = self.calls[position] = Call(self.alias.chain[position], asked.kinds, asked.settings,
+                                               asked.pin, asked.pool)
+        return call
+
+    # -- rule 1 --------------------------------------------------------------------------------
+    def decide(self, proxy: ProxyCall, facts: list[BoxFacts]) -> Decision:
+        if self.deadline_s is not None and asyncio.get_running_loop().time() >= self.deadline_s:
+            return NO_TIME_LEFT  # rule 4
+        current, tried, eligible = self.current, proxy.tried, proxy.eligible
+
+        def decide_model(position: int) -> Decision:
+            if position == current:
+                return decide(self.call_at(position), facts, tried, eligible)
+            return decide(self.call_at(position), facts)
+
+        resolved = resolve(self.alias.chain, decide_model, self.left, current, tried,
+                           self.asked.pin, proxy.max_boxes, self.fallback)
+        for position, move in resolved.passed:
+            if move is not Move.FULL:
+                self.left[position] = move
+        if resolved.position != current and resolved.decision.boxes:
+            self.move_to(proxy, resolved.position, resolved.decision, resolved.passed)
+        return resolved.decision
+
+    def move_to(self, proxy: ProxyCall, position: int, decision: Decision,
+                passed: tuple[tuple[int, Move], ...]) -> None:
+        chain = self.alias.chain
+        for was, move in passed:
+            self.counts[(self.alias.name, chain[was], chain[position], move.value)] += 1
+        self.current = position
+        proxy.tried.clear()
+        proxy.eligible = frozenset(decision.boxes)
+        proxy.record.call = self.call_at(position)
+        proxy.record.fallback = position
+        proxy.reply.model_headers = model_headers(chain[position], position)
+
+    # -- rules 2-4, per attempt ----------------------------------------------------------------
+    def body_for(self, proxy: ProxyCall, box: BoxState) -> bytes:
+        """The body `box` gets (rule 3)."""
+        name = box_model_name(box.config.kind, self.alias.chain[self.current], box.inventory.catalog)
+        body = self.bodies.get(name)
+        if body is None:
+            body = self.bodies[name] = with_model(self.body, proxy.edge.header("content-type") or "",
+                                                  proxy.route, name)
+        return body
+
+    def first_byte_s(self) -> float:
+        """The attempt's first-byte timeout: what is left of the chain's one deadline (rule 4)."""
+        now = asyncio.get_running_loop().time()
+        if self.deadline_s is None:
+            self.deadline_s = now + self.timeout_s
+        return max(self.deadline_s - now, 0.0)
+
+    @property
+    def context_moves_on(self) -> bool:
+        """A later model is in reach: a context-length 400 moves the call to it (rule 2)."""
+        return self.fallback and any(p not in self.left for p in range(self.current + 1, len(self.alias.chain)))
+
+    def refused(self, code: RefusalCode) -> None:
+        if code is RefusalCode.CONTEXT_LENGTH:
+            self.left[self.current] = Move.CONTEXT_LENGTH
