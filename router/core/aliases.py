@@ -84,6 +84,8 @@ def check_alias(name: object, chain: object, aliases: Mapping[str, Any], served:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or not _size_ok(name):
         return (f"alias name must be 1-{MAX_IDENTIFIER_BYTES} bytes of visible text without spaces or '@'"
                 f" (got {str(name)[:32]!r})")
+    if served(name):
+        return f"alias {name}: a box serves a model of that name; an alias may not shadow it"
     if not isinstance(chain, (list, tuple)) or not 1 <= len(chain) <= MAX_CHAIN:
         return f"alias {name}: the chain must list 1 to {MAX_CHAIN} models"
     for model in chain:
@@ -98,8 +100,6 @@ def check_alias(name: object, chain: object, aliases: Mapping[str, Any], served:
             return f"alias {name}: alias {other} lists {name} as a model; an alias may not be in a chain"
     if len(set(chain)) != len(chain):
         return f"alias {name}: a model appears twice in the chain"
-    if served(name):
-        return f"alias {name}: a box serves a model of that name; an alias may not shadow it"
     return None
 
 

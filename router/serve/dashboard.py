@@ -29,6 +29,7 @@ from typing import Callable
 import apsw
 import orjson
 
+from router.serve.alias_admin import alias_views
 from router.store import db
 
 UI_DIR = Path(__file__).parent / "ui"
@@ -96,7 +97,8 @@ def box_view(box) -> dict:
 def state_doc(shared) -> dict:
     """The fleet as the operator sees it (`GET /v1/router/state`, the dashboard's `state`): every
     box with 0.0.4's fields, its load, limits and back-offs, its residents with the settings this
-    router last sent; the union of models with where each is resident; the wait queue."""
+    router last sent; the union of models with where each is resident; the aliases with their
+    first available model; the wait queue."""
     now = asyncio.get_running_loop().time()
     boxes, models, contracts = [], {}, []
     for box in shared.fleet.ordered():
@@ -135,6 +137,7 @@ def state_doc(shared) -> dict:
         "boxes": boxes,
         "contracts": contracts,
         "models": [models[key] for key in sorted(models)],
+        "aliases": alias_views(shared.fleet),
         "queue": shared.admission.snapshot(),
     }
 

@@ -140,6 +140,11 @@ function renderState(state) {
     el("td", { class: "mono" }, model.model),
     el("td", {}, model.resident_on.join(", ") || "—"),
     el("td", {}, model.available_on.join(", ") || "—"))));
+  replaceRows(document.querySelector("#aliases tbody"), state.aliases.map((alias) => el("tr", { "data-alias": alias.name },
+    el("td", { class: "mono" }, alias.name,
+      alias.shadowed_by.length ? " " : null, alias.shadowed_by.length ? tag("shadowed", "full") : null),
+    el("td", { class: "mono" }, alias.chain.join(" → ")),
+    el("td", { class: "mono" }, alias.first_available || "none now"))));
   renderSeries();
 }
 
