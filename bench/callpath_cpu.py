@@ -1,6 +1,6 @@
 """The router's own Python per call, without Granian and without the machine's noise.
 
-    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream]
+    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream] [--alias]
 
 One process, one uvloop loop: the router's app (`RouterApp` over what `router serve` runs,
 router.serve.server.Running: fleet, scheduler, store, route-log writer, CallClock and the
@@ -13,6 +13,11 @@ the route-log writer thread included). Granian's own share (its Rust threads and
 the loop) is absent on both sides, so the difference is the router's own work, and the ratio is
 the floor the wrk figures can approach. Thread CPU clocks count only this process's running
 time, so another tenant on the machine moves the figures far less than it moves wrk's.
+
+`--alias` adds the cost of resolving an alias (issue 22) on a call its chain's first model
+serves: the same calls naming an alias whose chain starts with the model, run between the plain
+ones (`router_alias`, `router_alias_again`); `alias_us` is their loop CPU over the plain runs'
+(budget: 3 µs).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from floor_proxy import FloorApp  # noqa: E402
 
+from router.boxes import aliases as box_aliases  # noqa: E402
+from router.boxes import config as boxes_config  # noqa: E402
 from router.facades import mounts  # noqa: E402
 from router.serve.app import RouterApp  # noqa: E402
 from router.serve.server import Running, ServeConfig  # noqa: E402
@@ -44,6 +51,9 @@ from router.upstream.pool import Origin  # noqa: E402
 SIM_READY = re.compile(r"sim fleet ready: (\d+) boxes")
 BODY = b'{"model":"tiny-llama","messages":[{"role":"user","content":"hi"}]}'
 STREAM_BODY = b'{"model":"tiny-llama","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+# The same length as the plain bodies: an alias as long as the model's name.
+ALIAS = "tiny-alias"
+ALIAS_CHAIN = ("tiny-llama", "tiny-other")
 
 
 def scope(port: int) -> dict:
@@ -140,8 +150,15 @@ async def main(args: argparse.Namespace) -> dict:
         box = next(b for b in fleet.ordered() if b.in_flight == 0 and b.last_picked_s)  # the one it picks
         floor = FloorApp(Origin(box.config.host, box.config.port))
         figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream}
-        for name, app in (("router", router), ("floor", floor), ("router_again", router)):
-            thread_us, process_us, wall_s = await drive(app, args.calls, args.concurrency, body, 0)
+        runs = [("router", router, body), ("floor", floor, body), ("router_again", router, body)]
+        if args.alias:
+            boxes_config.edit(boxes_file, lambda file: box_aliases.set_alias(file, ALIAS, ALIAS_CHAIN))
+            await fleet.reload()
+            aliased = body.replace(b'"tiny-llama"', b'"%s"' % ALIAS.encode())
+            runs[1:1] = [("router_alias", router, aliased)]
+            runs.append(("router_alias_again", router, aliased))
+        for name, app, call_body in runs:
+            thread_us, process_us, wall_s = await drive(app, args.calls, args.concurrency, call_body, 0)
             figures[name] = {"loop_us": round(thread_us, 1), "process_us": round(process_us, 1),
                              "calls_per_s": round(args.calls / wall_s)}
             print(f"{name:13s} loop thread {thread_us:6.1f} µs/call, process {process_us:6.1f} µs/call, "
@@ -151,6 +168,10 @@ async def main(args: argparse.Namespace) -> dict:
         figures["ratio_loop"] = round(router_loop / figures["floor"]["loop_us"], 2)
         figures["ratio_process"] = round(router_process / figures["floor"]["process_us"], 2)
         print(f"router ÷ bare proxy: loop thread {figures['ratio_loop']}×, process {figures['ratio_process']}×")
+        if args.alias:
+            alias_loop = (figures["router_alias"]["loop_us"] + figures["router_alias_again"]["loop_us"]) / 2
+            figures["alias_us"] = round(alias_loop - router_loop, 1)
+            print(f"an alias its first model serves: {figures['alias_us']:+.1f} µs/call of loop thread (budget 3)")
         await stop_router()
         return figures
     finally:
@@ -163,6 +184,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--stream", action="store_true", help="20-chunk streams instead of non-stream calls")
+    parser.add_argument("--alias", action="store_true", help="also measure calls naming an alias (issue 22)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     figures = uvloop.run(main(args))

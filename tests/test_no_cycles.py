@@ -20,15 +20,24 @@ import pytest
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from callpath_cpu import BODY, STREAM_BODY, one_call, routable, scope, start_router, start_sim  # noqa: E402
+from callpath_cpu import (  # noqa: E402
+    ALIAS, ALIAS_CHAIN, BODY, STREAM_BODY, one_call, routable, scope, start_router, start_sim,
+)
+
+from router.boxes import aliases as box_aliases  # noqa: E402
+from router.boxes import config as boxes_config  # noqa: E402
 
 CALLS = 50
 
 
-@pytest.mark.parametrize("body", [BODY, STREAM_BODY], ids=["non-stream", "stream"])
+ALIAS_BODY = BODY.replace(b'"tiny-llama"', b'"%s"' % ALIAS.encode())
+
+
+@pytest.mark.parametrize("body", [BODY, STREAM_BODY, ALIAS_BODY], ids=["non-stream", "stream", "alias"])
 def test_an_ended_call_leaves_no_cyclic_garbage(tmp_path, body):
     boxes_file = tmp_path / "boxes.json"
     sim = start_sim(boxes_file, 1)
+    boxes_config.edit(boxes_file, lambda file: box_aliases.set_alias(file, ALIAS, ALIAS_CHAIN))
 
     async def main() -> list:
         router, stop = await start_router(boxes_file, tmp_path)

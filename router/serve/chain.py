@@ -31,7 +31,7 @@ from router.core.aliases import Alias, Move, resolve
 from router.core.decide import decide
 from router.core.names import box_model_name
 from router.core.refusal import RefusalCode
-from router.core.types import BoxFacts, Call, Decision, Path
+from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
 from router.facades.body import with_model
 
 if TYPE_CHECKING:  # the proxy imports this module: its type only, for the signatures
@@ -113,7 +113,9 @@ class ChainCall:
     # -- rules 2-4, per attempt ----------------------------------------------------------------
     def body_for(self, proxy: ProxyCall, box: BoxState) -> bytes:
         """The body `box` gets (rule 3)."""
-        name = box_model_name(box.config.kind, self.alias.chain[self.current], box.inventory.catalog)
+        name = self.alias.chain[self.current]
+        if box.config.kind is BoxKind.OLLAMA:  # the only kind with a spelling of its own
+            name = box_model_name(BoxKind.OLLAMA, name, box.inventory.catalog)
         body = self.bodies.get(name)
         if body is None:
             body = self.bodies[name] = with_model(self.body, proxy.edge.header("content-type") or "",
