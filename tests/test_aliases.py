@@ -153,6 +153,17 @@ def test_when_every_model_is_full_the_call_takes_whichever_frees_first(fleet):
         assert busy_a.result()[0] == 200 and busy_b.result()[0] == 200
 
 
+def test_a_pinned_alias_call_stays_on_its_box(fleet):
+    router, a, b = fleet()
+    status, headers, _ = call(router, headers={"X-Router-Box": "b"})  # b has no big: small, on b
+    assert status == 200 and (headers["x-hugpy-box"], headers["x-router-model"]) == ("b", "small")
+    assert models_seen(a) == []
+    a.script("big", Behavior.refuse(503, "insufficient_resources"))
+    status, headers, _ = call(router, alloc={"worker": "a"})  # a refuses big and has no small
+    assert status == 503 and headers["x-hugpy-box"] == "a"
+    assert models_seen(b) == ["small"]
+
+
 def test_a_plain_400_goes_back_as_sent(fleet):
     router, a, b = fleet()
     a.script("big", Behavior.refuse(400, "invalid_request_error", "max_tokens is too large"))

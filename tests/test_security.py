@@ -551,6 +551,8 @@ def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in
     ("PUT", "/v1/boxes/a", {"max_inflight": 1}),
     ("POST", "/v1/boxes", {"name": "x", "url": "http://127.0.0.1:1"}),
     ("GET", "/v1/router/events", None),
+    ("GET", "/v1/aliases", None),
+    ("PUT", "/v1/aliases/fast", {"chain": ["tiny", "small"]}),
 ])
 def test_the_admin_edits_refuse_every_caller_but_an_admin(start_fleet_in_process, method, path, body):
     """Each admin route added beside the table's examples keeps the admin row's rule: from
