@@ -9,7 +9,6 @@ The fleet of most tests: box `a` serves `big`, box `b` serves `small`, and the a
 from __future__ import annotations
 
 import concurrent.futures
-import http.client
 import json
 import subprocess
 import sys
@@ -23,23 +22,11 @@ from router.sim import SimLlamaCpp, SimOllama
 from router.sim.hugpy import Behavior, SimBox
 
 from conftest import wait_for
+from test_admission import request
 
 pytestmark = pytest.mark.timeout(60)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-def request(router, method: str, path: str, doc: object = None, *, headers: dict | None = None,
-            url: str | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
-    host, port = (url or router.url).removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        conn.request(method, path, body=None if doc is None else json.dumps(doc),
-                     headers={"Content-Type": "application/json", **(headers or {})})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
 
 
 def call(router, model: str = "coder", *, headers: dict | None = None, **extra) -> tuple[int, dict, dict]:
