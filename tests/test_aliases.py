@@ -151,6 +151,19 @@ def test_a_pinned_alias_call_stays_on_its_box(fleet):
     assert models_seen(b) == ["small"]
 
 
+def test_a_refused_model_then_a_full_one_waits_for_it(fleet):
+    router, a, b = fleet(boxes_extra={"b": {"max_inflight": 1}})
+    a.script("big", Behavior.refuse(503, "insufficient_resources"))
+    b.script("small", Behavior.hang(0.5))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(call, router, "small")
+        assert wait_for(lambda: len(models_seen(b)) == 1)
+        status, headers, _ = call(router)
+        assert status == 200 and headers["x-router-model"] == "small"
+        assert busy.result()[0] == 200
+    assert fallbacks(router) == {("coder", "big", "small", "refused"): 1}
+
+
 def test_a_plain_400_goes_back_as_sent(fleet):
     router, a, b = fleet()
     a.script("big", Behavior.refuse(400, "invalid_request_error", "max_tokens is too large"))

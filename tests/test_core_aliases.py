@@ -140,11 +140,13 @@ def reference_resolve(states, left, current, tried, pin, max_boxes, fallback):
         else:
             full.append(position)
     kept = sorted(moves)
+    if full:  # nothing can answer now: wait on the first full model, for any of them
+        return full[0], FULL, kept
     if first is None:
         return current, NONE, kept
-    # nothing can answer: the waiting models' decision, else the first model's own (a spent
-    # model's may still rank or wait: next_attempt stops it, max boxes or pin first)
-    return first, (FULL if full else states[first]), kept
+    # the first model's own decision (a spent model's may still rank or wait: next_attempt
+    # stops it, its pin or max boxes first)
+    return first, states[first], kept
 
 
 states_st = st.lists(st.sampled_from([RANKS, FULL, NONE]), min_size=1, max_size=5)
@@ -272,7 +274,6 @@ def test_a_call_along_its_chain(boxes, chain, refuses, pin, fallback):
             if position in left:
                 continue
             call = Call(chain[position], ALL_KINDS, pin=pin)
-            decision = decide(call, boxes, tried if position == current else (),
-                              None if position != current else None)
+            decision = decide(call, boxes, tried if position == current else ())
             spent = position == current and tried and (pin is not None or len(tried) >= 3)
             assert not decision.boxes or spent, (position, got)

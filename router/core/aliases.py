@@ -62,9 +62,10 @@ class Alias(NamedTuple):
 
 
 class Resolved(NamedTuple):
-    """The model the call goes to now (its `position` in the chain, or the first model in reach
-    when none can answer), its `decision` (REFUSED, perhaps waiting, when none can answer), and
-    the models passed over on the way with why (`passed`, in chain order)."""
+    """The model the call goes to now (its `position` in the chain; when none can answer, the
+    first full one, else the first model in reach), its `decision` (REFUSED, perhaps waiting,
+    when none can answer), and the models passed over on the way with why (`passed`, in chain
+    order)."""
 
     position: int
     decision: Decision
@@ -130,7 +131,7 @@ def resolve(
     Returns a Resolved; never raises for a model that cannot answer (that is a REFUSED decision).
     """
     passed: list[tuple[int, Move]] = []
-    waiting: list[Decision] = []
+    waiting: list[tuple[int, Decision]] = []
     first: tuple[int, Decision] | None = None
     for position in range(reach(chain, fallback)):
         if position in left:
@@ -146,12 +147,14 @@ def resolve(
         elif decision.boxes:
             return Resolved(position, decision, tuple(passed))
         else:  # full: passed over only if a later model has room
-            waiting.append(decision)
+            waiting.append((position, decision))
             passed.append((position, Move.FULL))
     kept = tuple(step for step in passed if step[1] is not Move.FULL)
+    if waiting:  # the call waits on the first full model, for whichever frees first
+        return Resolved(waiting[0][0], wait_for_any([decision for _, decision in waiting]), kept)
     if first is None:  # every model in reach is left for good
         return Resolved(current, Decision(Path.REFUSED, (), {}, {}), kept)
-    return Resolved(first[0], wait_for_any(waiting) if waiting else first[1], kept)
+    return Resolved(first[0], first[1], kept)
 
 
 def wait_for_any(decisions: Sequence[Decision]) -> Decision:

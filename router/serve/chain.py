@@ -94,7 +94,7 @@ class ChainCall:
         for position, move in resolved.passed:
             if move is not Move.FULL:
                 self.left[position] = move
-        if resolved.position != current and resolved.decision.boxes:
+        if resolved.position != current and (resolved.decision.boxes or resolved.decision.waits_for):
             self.move_to(proxy, resolved.position, resolved.decision, resolved.passed)
         return resolved.decision
 
@@ -105,7 +105,7 @@ class ChainCall:
             self.counts[(self.alias.name, chain[was], chain[position], move.value)] += 1
         self.current = position
         proxy.tried.clear()
-        proxy.eligible = frozenset(decision.boxes)
+        proxy.eligible = frozenset(decision.boxes) if decision.boxes else None  # (a wait: once handed out)
         proxy.record.call = self.call_at(position)
         proxy.record.fallback = position
         proxy.reply.model_headers = model_headers(chain[position], position)
