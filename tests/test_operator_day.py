@@ -115,3 +115,39 @@ def test_serve_help_says_loopback_manages_without_a_key():
     text = " ".join(done.stdout.split())
     assert "--require-key {never,outside,always}" in text
     assert "loopback manages the router (admin routes) without a key" in text
+
+
+def test_sim_starts_boxes_of_each_kind_and_prints_lines_that_build_a_working_fleet(tmp_path):
+    from conftest import RouterProcess
+    import socket
+
+    with socket.socket() as probe:  # a free port for the Ollama box, as an operator would pick one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sim = subprocess.Popen([sys.executable, "-m", "router.sim", "--kind", "ollama", "--port", str(port),
+                            "--kind", "hugpy", "--kind", "lmstudio", "--models", "tiny-llama"],
+                           stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    router = None
+    try:
+        assert sim.stdout.readline().startswith("sim fleet ready: 3 boxes")
+        lines = [sim.stdout.readline().strip() for _ in range(3)]
+        assert lines[0] == f"router boxes add --name sim-ollama-1 --url http://127.0.0.1:{port} --kind ollama"
+        assert " --kind hugpy --key hpk_box_" in lines[1] and lines[2].endswith("--kind lmstudio")
+        boxes = tmp_path / "boxes.json"
+        for line in lines:  # pasted as they are, with this checkout's `router`
+            argv = line.split()[1:]
+            done = _router_cli("--boxes", str(boxes), *argv, home=tmp_path / "home")
+            assert done.returncode == 0, done.stderr
+        router = RouterProcess(boxes)
+        pins = ["sim-ollama-1", "sim-hugpy-2", "sim-lmstudio-3"]
+        for pin in pins:
+            status, _ = request(router.url, "POST", "/v1/chat/completions",
+                                json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}],
+                                            "alloc": {"worker": pin}}).encode())
+            assert status == 200, pin
+        assert [row["box"] for row in _rows_written(router, 3)] == pins
+    finally:
+        if router is not None:
+            router.stop()
+        sim.terminate()
+        sim.wait(10)
