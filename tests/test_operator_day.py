@@ -151,3 +151,38 @@ def test_sim_starts_boxes_of_each_kind_and_prints_lines_that_build_a_working_fle
             router.stop()
         sim.terminate()
         sim.wait(10)
+
+
+def test_install_dry_run_prints_the_unit_and_env_files_it_would_write_key_masked(tmp_path):
+    from test_install import EXE, home_env
+
+    env = home_env(tmp_path)
+    home = tmp_path / "home"
+    env_file = home / ".config" / "hugpy" / "router.env"
+    env_file.parent.mkdir(parents=True)
+    env_file.write_text("HUGPY_ROUTER_KEY=hpk_admin_SECRET123\n")
+    done = subprocess.run([str(EXE), "install", "--user", "--port", "18433", "--dry-run", "--no-local-box"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    unit = home / ".config" / "systemd" / "user" / "hugpy-router.service"
+    assert f"--- {env_file} (would be written) ---" in out and f"--- {unit} (would be written) ---" in out
+    assert "HUGPY_ROUTER_PORT=18433" in out and "HUGPY_ROUTER_KEY=hpk_…(kept)" in out
+    assert "[Service]" in out and "ExecReload=/bin/kill -HUP $MAINPID" in out
+    assert "SECRET123" not in out + done.stderr
+    assert not unit.exists() and env_file.read_text() == "HUGPY_ROUTER_KEY=hpk_admin_SECRET123\n"
+
+
+def test_the_dashboard_has_a_legend_for_every_load_column(start_fleet_in_process):
+    import re
+
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
+    status, page = request(router.url, "GET", "/ui")
+    assert status == 200
+    page = page.decode()
+    legend = page[page.index('<details id="legend"'):page.index("</details>")]
+    terms = re.findall(r"<dt>(.*?)</dt>", legend)
+    assert terms == ["GPU pressure 0–3", "pending", "reservations", "in flight / limit", "back-off"]
+    columns = re.findall(r"<th>(.*?)</th>", page[page.index('<table id="boxes">'):page.index("</thead>")])
+    assert all(term.replace(" 0–3", "") in columns for term in terms)
+    assert "How a box is chosen" in legend
