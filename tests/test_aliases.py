@@ -353,3 +353,29 @@ def test_the_cli_sets_lists_and_removes_aliases(tmp_path):
     assert cli("remove", "nothing").returncode == 1
     assert cli("remove", "coder").returncode == 0
     assert cli("list").stdout == ""
+
+
+# --------------------------------------------------------------------------------------------
+# The body each box gets
+# --------------------------------------------------------------------------------------------
+def test_the_body_keeps_every_byte_but_the_model():
+    from router.facades import ollama as ollama_facade
+    from router.facades import openai as openai_facade
+    from router.facades.body import read_call, with_model
+
+    chat = next(r for r in openai_facade.FACADE.routes if r.path == "/v1/chat/completions")
+    body = b'{"messages": [{"role": "user", "content": "say \\"coder\\""}], "mod\\u0065l" : "coder", "n": 1}'
+    rewritten = with_model(body, "application/json", chat, "qwen3:8b")
+    assert rewritten == body.replace(b'"coder", "n"', b'"qwen3:8b", "n"')
+    assert read_call(rewritten, "application/json", chat, openai_facade.FACADE, None, None).call.model == "qwen3:8b"
+
+    show = next(r for r in ollama_facade.FACADE.routes if r.path == "/api/show")
+    assert json.loads(with_model(b'{"name": "fast"}', "application/json", show, "llama3:latest")) == {
+        "name": "llama3:latest"}
+
+    transcribe = next(r for r in openai_facade.FACADE.routes if r.path == "/v1/audio/transcriptions")
+    boundary = b"xyz"
+    form = (b'--xyz\r\nContent-Disposition: form-data; name="model"\r\n\r\ncoder\r\n'
+            b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF coder\r\n--xyz--\r\n')
+    content_type = "multipart/form-data; boundary=" + boundary.decode()
+    assert with_model(form, content_type, transcribe, "whisper-1") == form.replace(b"\r\n\r\ncoder", b"\r\n\r\nwhisper-1")

@@ -93,11 +93,8 @@ async def put_alias(app: RouterApp, edge: Edge) -> None:
         await _admin()._error(app, edge, 400, "invalid_alias", 'the body must be {"chain": [model, ...]}')
         return
     fleet = app.shared.fleet
-    boxes = fleet.ordered()
-
-    def served(model: str) -> bool:
-        return bool(box_aliases.served_by(boxes, model))
-
+    shadowed = frozenset([name] if box_aliases.served_by(fleet.ordered(), name) else [])  # read on the loop
+    served = shadowed.__contains__
     done, added = await _edit(app, edge, lambda file: box_aliases.set_alias(file, name, chain, served))
     if not done:
         return
