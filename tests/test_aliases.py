@@ -108,6 +108,9 @@ def test_a_model_no_box_serves_moves_down_the_chain(fleet):
     status, headers, _ = call(router)
     assert status == 200 and headers["x-router-model"] == "small"
     assert fallbacks(router) == {("coder", "ghost", "small", "no_owner"): 1}
+    assert put_alias(router, "coder", "ghost", "phantom")[0] == 200
+    status, _, body = call(router)
+    assert status == 503 and "alias 'coder'" in body["error"]["message"]
 
 
 def test_a_full_model_moves_down_the_chain_and_the_call_does_not_queue(fleet):
@@ -233,6 +236,34 @@ def test_the_ollama_client_through_an_alias_on_the_dedicated_port(start_fleet_in
     assert [m for m in models_seen(first) if m] and all(m == "llama3:latest" for m in models_seen(first))
     listed = {m.model: m for m in client.list().models}
     assert "fast" in listed and "llama3:latest" in listed
+
+
+def test_every_model_bearing_route_falls_back_through_the_openai_client(fleet):
+    """Embeddings (JSON) and a transcription (a multipart form): the same step, the same rewrite."""
+    router, a, b = fleet()
+    a.script("big", Behavior.refuse(503, "insufficient_resources"), Behavior.refuse(503, "insufficient_resources"))
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    raw = client.embeddings.with_raw_response.create(model="coder", input="hello")
+    assert raw.headers["x-router-model"] == "small" and raw.parse().data
+    raw = client.audio.transcriptions.with_raw_response.create(model="coder", file=("a.wav", b"RIFF....WAVE"))
+    assert raw.headers["x-router-model"] == "small"
+    assert [(r.path, r.model) for r in b.calls if r.path != "/v1/telemetry/state"][-2:] == [
+        ("/v1/embeddings", "small"), ("/v1/audio/transcriptions", "small")]
+
+
+def test_an_alias_on_the_lmstudio_port(start_fleet_in_process):
+    from router.sim.lmstudio import SimLMStudio
+
+    first = SimLMStudio("l1", models=["qwen/qwen3-8b"], loaded=["qwen/qwen3-8b"])
+    second = SimLMStudio("l2", models=["google/gemma-3-4b"], loaded=["google/gemma-3-4b"])
+    router = start_fleet_in_process(first, second, extra_args=("--lmstudio-port", "auto"))
+    assert put_alias(router, "chat", "qwen/qwen3-8b", "google/gemma-3-4b")[0] == 201
+    first.script("qwen/qwen3-8b", Behavior.refuse(503, None))
+    client = openai.OpenAI(base_url=router.urls["lmstudio"] + "/v1", api_key="lm-studio", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="chat", messages=MESSAGES)
+    assert raw.headers["x-router-model"] == "google/gemma-3-4b" and raw.headers["x-router-fallback"] == "1"
+    rows = json.loads(request(router, "GET", "/api/v0/models")[2])["data"]
+    assert [r["id"] for r in rows if r.get("alias")] == ["chat"]
 
 
 # --------------------------------------------------------------------------------------------

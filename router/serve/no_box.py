@@ -23,11 +23,12 @@ log = logging.getLogger("router.proxy")
 async def refuse(reply: Reply, call: Call, decision: Decision) -> None:
     """Rule 1."""
     what = f"box {call.pin}" if call.pin is not None else "no box"
-    call_id = reply.record.call_id
+    call_id, alias = reply.record.call_id, reply.record.alias
+    named = f"model {call.model!r}" if alias is None else f"alias {alias!r} (nor any model of its chain)"
     await reply.error(
         reply.facade.no_box_status,
         "no_box",
-        f"{what} can serve model {call.model!r}",
+        f"{what} can serve {named}",
         {"type": "no_box", "reasons": decision.reasons_text(), "request_id": call_id},
         state="refused",
     )
