@@ -24,7 +24,7 @@ from router.serve.edge import ClientLeft, Edge
 from router.serve.record import CallRecord
 
 # Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
-# those about the box itself: `Server` and `Via` name its software and path (nothing a client of
+# those about the box itself: `Server`, `X-Powered-By` and `Via` name its software and path (nothing a client of
 # the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
 # with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
@@ -42,8 +42,12 @@ HOP_HEADERS = frozenset(
         b"server",
         b"set-cookie",
         b"via",
+        b"x-powered-by",
     }
 )
+# Headers a box names as its own internals (`X-Internal-Trace`, `X-Internal-Host`), dropped as
+# `Server` is.
+INTERNAL_PREFIX = b"x-internal-"
 KEEPALIVE_COMMENT = b": waiting\n\n"
 JSON = b"application/json"
 
@@ -115,7 +119,8 @@ class Reply:
         kept = [
             (lower, value)
             for name, value in headers
-            if (lower := name.lower()) not in HOP_HEADERS and not lower.startswith(b"access-control-")
+            if (lower := name.lower()) not in HOP_HEADERS
+            and not lower.startswith(b"access-control-") and not lower.startswith(INTERNAL_PREFIX)
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
