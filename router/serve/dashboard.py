@@ -67,7 +67,7 @@ SSE_HEADERS = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 
 async def ui(app, edge) -> None:
     content_type = UI_FILES[edge.path][1]
-    await edge.respond(200, [(b"content-type", content_type), *UI_HEADERS], _UI_BODIES[edge.path])
+    await edge.respond_page(200, [(b"content-type", content_type), *UI_HEADERS], _UI_BODIES[edge.path])
 
 
 def _resident(key: str, resident, box) -> dict:
