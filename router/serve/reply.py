@@ -8,6 +8,10 @@ Rules:
    that head goes out in the stream, as an error frame (`in_band_frame`).
 2. Once the answer is about to go out no keep-alive follows, and a keep-alive write in progress
    ends first (`settle`).
+4. A box's whole 2xx answer after that head goes out as the stream the call asked for
+   (`Facade.whole_as_stream`: one data frame and the stream's end). One the stream cannot carry
+   (not JSON) ends the stream with an error frame that says so, and the row is `failed`
+   (`answer_not_a_stream`): never `done` for an answer the client did not get (issue 20 item 9).
 3. Every answer carries the call's id (`x-hugpy-router-request-id`); a box's answer also names the
    box and loses its hop-by-hop headers and the headers about the box itself (`HOP_HEADERS`).
 """
@@ -49,6 +53,9 @@ HOP_HEADERS = frozenset(
 # `Server` is.
 INTERNAL_PREFIX = b"x-internal-"
 KEEPALIVE_COMMENT = b": waiting\n\n"
+NOT_A_STREAM = "answer_not_a_stream"
+NOT_A_STREAM_FRAME = (b'data: {"error": {"message": "the box answered whole, in a form the stream cannot carry", '
+                      b'"type": "upstream_error", "code": "answer_not_a_stream"}}\n\n')
 JSON = b"application/json"
 
 
@@ -97,7 +104,7 @@ class Reply:
         """A whole answer; in-band, as the stream's last frame, once a keep-alive sent a head."""
         await self.settle()
         if self.headed:
-            frame = in_band_frame(status, body)
+            frame = self.in_stream(status, body)
             self.record.bytes_out += len(frame)
             try:
                 await self.edge.write(frame)
@@ -107,6 +114,17 @@ class Reply:
             return
         self.record.bytes_out += len(body)
         await self.edge.respond(status, headers, body)
+
+    def in_stream(self, status: int, body: bytes) -> bytes:
+        """A whole answer as the end of a stream whose head went out (rules 1 and 4)."""
+        if status >= 300:
+            return in_band_frame(status, body)
+        whole_as_stream = self.facade.whole_as_stream
+        frames = whole_as_stream(body) if whole_as_stream is not None else None
+        if frames is None:
+            self.record.ended("failed", NOT_A_STREAM)
+            return NOT_A_STREAM_FRAME
+        return frames
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """The head of a relayed answer (a keep-alive may have sent one already)."""
