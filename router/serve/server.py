@@ -261,6 +261,7 @@ class Running:
             max_event_streams=config.max_event_streams,
         )
         shared.tracer = tracer
+        log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys), name="keys"),
