@@ -11,6 +11,7 @@ import pytest
 from router.serve import hops
 from router.sim import SimBox
 
+from test_box_answers import RawBox
 from test_faults import request, rows
 from conftest import wait_for
 
@@ -18,30 +19,13 @@ pytestmark = pytest.mark.timeout(60)
 CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}).encode()
 
 
-class Forwarder:
+class Forwarder(RawBox):
     """An `openai`-kind box that is a plain TCP proxy to `target_port` (set once the router is up):
     it passes every byte on, `Via` included, as a proxy in front of another router would."""
 
-    kind = "openai"
-
     def __init__(self, name: str) -> None:
-        self.name = name
-        self.port = 0
+        super().__init__(name, answer=None)
         self.target_port = 0
-        self._server: asyncio.AbstractServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not self.target_port:

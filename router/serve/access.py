@@ -19,9 +19,19 @@ from router.serve.edge import Edge
 from router.store.keys import KeyStore
 
 
-# Distinct client addresses whose "inside" verdict is remembered: parsing an address and
-# walking the nets costs a few µs per call, a dict lookup well under one.
+# Distinct client addresses (and Host values) whose verdict is remembered: parsing an address
+# and walking the nets costs a few µs per call, a dict lookup well under one.
 INSIDE_CACHE_SIZE = 4096
+
+
+def _remembered(verdicts: dict, value: str | None, judge, setting) -> bool:
+    """`judge(value, setting)`, looked up in `verdicts` first (cleared when full)."""
+    verdict = verdicts.get(value)
+    if verdict is None:
+        if len(verdicts) >= INSIDE_CACHE_SIZE:
+            verdicts.clear()
+        verdict = verdicts[value] = judge(value, setting)
+    return verdict
 
 
 class AccessGate:
@@ -48,21 +58,11 @@ class AccessGate:
                 "loopback manages without a key in every mode")
 
     def inside(self, addr: str | None) -> bool:
-        verdict = self._inside.get(addr)
-        if verdict is None:
-            if len(self._inside) >= INSIDE_CACHE_SIZE:
-                self._inside.clear()
-            verdict = self._inside[addr] = access.is_inside(addr, self.inside_nets)
-        return verdict
+        return _remembered(self._inside, addr, access.is_inside, self.inside_nets)
 
     def host_served(self, host: str | None) -> bool:
-        """Whether a keyless use call may be served under `host` (rule 8c), remembered per value."""
-        verdict = self._host_served.get(host)
-        if verdict is None:
-            if len(self._host_served) >= INSIDE_CACHE_SIZE:
-                self._host_served.clear()
-            verdict = self._host_served[host] = access.serves_host(host, self.use_hosts)
-        return verdict
+        """Whether a keyless use call may be served under `host` (rule 8c)."""
+        return _remembered(self._host_served, host, access.serves_host, self.use_hosts)
 
     def caller(self, edge: Edge) -> Caller:
         """Who is calling (router.core.access rules 3-6)."""
