@@ -8,12 +8,12 @@ Rules:
    that head goes out in the stream, as an error frame (`in_band_frame`).
 2. Once the answer is about to go out no keep-alive follows, and a keep-alive write in progress
    ends first (`settle`).
-4. A box's whole 2xx answer after that head goes out as the stream the call asked for
+3. Every answer carries the call's id (`x-hugpy-router-request-id`); a box's answer also names the
+   box and loses its hop-by-hop headers and the headers about the box itself (`HOP_HEADERS`).
+4. A box's whole 2xx answer after a keep-alive's head goes out as the stream the call asked for
    (`Facade.whole_as_stream`: one data frame and the stream's end). One the stream cannot carry
    (not JSON) ends the stream with an error frame that says so, and the row is `failed`
    (`answer_not_a_stream`): never `done` for an answer the client did not get (issue 20 item 9).
-3. Every answer carries the call's id (`x-hugpy-router-request-id`); a box's answer also names the
-   box and loses its hop-by-hop headers and the headers about the box itself (`HOP_HEADERS`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from router.serve.edge import ClientLeft, Edge
 from router.serve.record import CallRecord
 
 # Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
-# those about the box itself: `Server`, `X-Powered-By` and `Via` name its software and path (nothing a client of
-# the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
-# with one box that the next call, on another box, does not have. A box's CORS headers
+# those about the box itself: `Server`, `X-Powered-By` and `Via` name its software and path
+# (nothing a client of the router needs, and a map for an attacker), `Set-Cookie` would bind the
+# client to a session with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
 # answers to every web page: the router grants no cross-origin reads (README, Security model).
 HOP_HEADERS = frozenset(
