@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 
 import apsw
@@ -35,6 +36,13 @@ from router.serve.dashboard import SSE_HEADERS, STREAM_TICK_S, TAIL_ROWS, next_s
 # Frames a stream may fall behind (about this many seconds): more is a client that stopped reading.
 STREAM_BACKLOG = 64
 ENDED = b""  # the frame that ends a stream (rule 4; the router's stop ends it otherwise)
+
+log = logging.getLogger("router.serve")
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the event feed stopped: %r", task.exception())
 
 
 class Listener:
@@ -71,8 +79,9 @@ class EventFeed:
         self.listeners.add(listener)
         if everything and self.ticked:
             self._send(listener, self._welcome())
-        if self.task is None:
+        if self.task is None or self.task.done():  # (done: it failed, and said so in the log)
             self.task = asyncio.get_running_loop().create_task(self._produce(), name="event-feed")
+            self.task.add_done_callback(_log_failure)
         return listener
 
     def leave(self, listener: Listener) -> None:
