@@ -88,12 +88,13 @@ class AccessGate:
         addr, via_proxy = self.caller(edge)
         edge.caller = addr
         host = edge.header("host")
-        origin = edge.header("origin")  # None from anything but a browser's cross-origin call
+        origin = edge.header("origin")  # None from SDKs and curl, and a browser's same-origin GET
         origin_ok = origin is None or access.origin_allowed(origin, host, self.origins)
         admin = scope == "admin"
         if not admin:
             host_served = self.host_served(host)
-            if origin_ok and host_served and (self.mode == "never" or (self.mode == "outside" and self.inside(addr))):
+            keyless = self.mode == "never" or (self.mode == "outside" and self.inside(addr))
+            if keyless and origin_ok and host_served:
                 return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
         token = access.bearer_token(edge.header("authorization"))
         key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
