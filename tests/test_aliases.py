@@ -286,6 +286,16 @@ def test_a_bad_opt_out_is_a_400(fleet):
     assert models_seen(a) == []
 
 
+def test_only_the_router_says_which_model_served(fleet):
+    router, a, b = fleet()
+    answer = json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode()
+    spoof = [("Content-Type", "application/json"), ("X-Router-Model", "gpt-9"), ("X-Router-Fallback", "7")]
+    a.script("big", Behavior.raw(200, spoof, answer), Behavior.raw(200, spoof, answer))
+    assert call(router, "big")[1].get("x-router-model") is None
+    _, headers, _ = call(router)
+    assert (headers["x-router-model"], headers["x-router-fallback"]) == ("big", "0")
+
+
 def test_a_plain_name_never_falls_back(fleet):
     router, a, b = fleet()
     a.script("big", Behavior.refuse(503, "insufficient_resources"))

@@ -34,6 +34,8 @@ from router.serve.record import CallRecord
 # client to a session with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
 # answers to every web page: the router grants no cross-origin reads (README, Security model).
+# `X-Router-Model` and `X-Router-Fallback` are the router's own (serve/chain.py rule 5): a box's
+# would say another model served.
 HOP_HEADERS = frozenset(
     {
         b"connection",
@@ -48,6 +50,8 @@ HOP_HEADERS = frozenset(
         b"set-cookie",
         b"via",
         b"x-powered-by",
+        b"x-router-model",
+        b"x-router-fallback",
     }
 )
 # Headers a box names as its own internals (`X-Internal-Trace`, `X-Internal-Host`), dropped as
