@@ -33,6 +33,7 @@ from router.core.names import box_model_name
 from router.core.refusal import RefusalCode
 from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
 from router.facades.body import with_model
+from router.facades.table import Body
 
 if TYPE_CHECKING:  # the proxy imports this module: its type only, for the signatures
     from router.boxes.state import BoxState
@@ -51,8 +52,7 @@ class ChainCall:
     """One call's walk along one alias's chain. It keeps no reference to its ProxyCall (which
     holds it): an ended call is freed by reference counting (tests/test_no_cycles.py)."""
 
-    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies",
-                 "deadline_s", "counts", "timeout_s")
+    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies", "deadline_s")
 
     def __init__(self, proxy: ProxyCall, alias: Alias, asked: Call, fallback: bool) -> None:
         self.alias = alias
@@ -64,8 +64,6 @@ class ChainCall:
         self.body = proxy.body  # as the client sent it
         self.bodies: dict[str, bytes] = {}  # the model as a box gets it -> the body with it
         self.deadline_s: float | None = None  # loop time, once the first attempt went out
-        self.counts = proxy.app.shared.metrics.fallbacks
-        self.timeout_s = proxy.app.first_byte_timeout_s
         proxy.record.call = self.call_at(0)
         proxy.record.alias = alias.name
         proxy.reply.model_headers = model_headers(alias.chain[0], 0)
@@ -83,6 +81,10 @@ class ChainCall:
         if self.deadline_s is not None and asyncio.get_running_loop().time() >= self.deadline_s:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
+        if current == 0 and not tried and not self.left:  # the common case: the first model
+            decision = decide(self.calls[0], facts, tried, eligible)  # type: ignore[arg-type]
+            if decision.boxes:
+                return decision  # resolve's answer too: the first model in reach ranks a box
 
         def decide_model(position: int) -> Decision:
             if position == current:
@@ -100,9 +102,9 @@ class ChainCall:
 
     def move_to(self, proxy: ProxyCall, position: int, decision: Decision,
                 passed: tuple[tuple[int, Move], ...]) -> None:
-        chain = self.alias.chain
+        chain, counts = self.alias.chain, proxy.app.shared.metrics.fallbacks
         for was, move in passed:
-            self.counts[(self.alias.name, chain[was], chain[position], move.value)] += 1
+            counts[(self.alias.name, chain[was], chain[position], move.value)] += 1
         self.current = position
         proxy.tried.clear()
         proxy.eligible = frozenset(decision.boxes) if decision.boxes else None  # (a wait: once handed out)
@@ -118,21 +120,25 @@ class ChainCall:
             name = box_model_name(BoxKind.OLLAMA, name, box.inventory.catalog)
         body = self.bodies.get(name)
         if body is None:
-            body = self.bodies[name] = with_model(self.body, proxy.edge.header("content-type") or "",
-                                                  proxy.route, name)
+            route = proxy.route
+            content_type = (proxy.edge.header("content-type") or "") if route.body is Body.FORM else ""
+            body = self.bodies[name] = with_model(self.body, content_type, route, name)
         return body
 
-    def first_byte_s(self) -> float:
-        """The attempt's first-byte timeout: what is left of the chain's one deadline (rule 4)."""
+    def first_byte_s(self, timeout_s: float) -> float:
+        """The attempt's first-byte timeout: what is left of the chain's one deadline, the
+        router's first-byte timeout `timeout_s` from the first attempt (rule 4)."""
         now = asyncio.get_running_loop().time()
         if self.deadline_s is None:
-            self.deadline_s = now + self.timeout_s
+            self.deadline_s = now + timeout_s
         return max(self.deadline_s - now, 0.0)
 
     @property
     def context_moves_on(self) -> bool:
-        """A later model is in reach: a context-length 400 moves the call to it (rule 2)."""
-        return self.fallback and any(p not in self.left for p in range(self.current + 1, len(self.alias.chain)))
+        """A later model is in reach: a context-length 400 moves the call to it (rule 2). (When
+        every later model was left already, the 400 still goes back as the box sent it: the
+        call finds no model and answers with the last refusal.)"""
+        return self.fallback and self.current + 1 < len(self.alias.chain)
 
     def refused(self, code: RefusalCode) -> None:
         if code is RefusalCode.CONTEXT_LENGTH:
