@@ -214,3 +214,19 @@ def test_the_queue_and_each_boxs_limit_show_live(start_fleet, browser):
         assert first.result()[0] == 200 and waiting.result()[0] == 200
     expect(page.locator("#queue tbody tr")).to_have_count(0, timeout=SEEN_WITHIN_MS)
     assert errors == []
+
+
+def test_the_page_shows_aliases_and_their_first_available_model(start_fleet_in_process, browser):
+    a = SimBox("a", residents=["big"])
+    router = start_fleet_in_process(a)
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("PUT", "/v1/aliases/coder", body=json.dumps({"chain": ["ghost", "big"]}),
+                 headers={"Content-Type": "application/json"})
+    assert conn.getresponse().status == 201
+    conn.close()
+    page, errors = browser(router.url)
+    row = page.locator('#aliases tr[data-alias="coder"]')
+    expect(row).to_contain_text("ghost → big", timeout=SEEN_WITHIN_MS)
+    expect(row.locator("td").nth(2)).to_have_text("big")
+    assert errors == []
