@@ -12,6 +12,9 @@ Rules:
    at the next probe, not at the end of a capped back-off.
 3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
    jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
+4. A failed probe says why in the operator's words (`why_down`, kept as the box's `down` for the
+   state, the refusals' `offline: ...` and the dashboard): connection refused, timeout, TLS,
+   the box refusing our key (401/403), or an answer that is not this kind's (wrong kind?).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import random
 from router.boxes.state import BoxState, Inventory
 from router.core.backoff import Streak
 from router.upstream.fetch import fetch
+from router.upstream.pool import ConnectFailed, FirstByteTimeout
 
 log = logging.getLogger("router.boxes")
 
@@ -43,6 +47,7 @@ class InventoryError(Exception):
 class Link:
     health_path = "/health"
     mode = "poll"  # how the inventory is followed, as the admin state reports it
+    speaks = "hugpy-wrapper"  # what a healthy answer comes from, for `why_down`
 
     def __init__(self, box: BoxState) -> None:
         self.box = box
@@ -54,6 +59,20 @@ class Link:
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
+
+    def why_down(self, status: int | None, exc: BaseException | None = None) -> str:
+        """Rule 4: why a probe that answered `status` (None: raised `exc`) failed."""
+        if isinstance(exc, ConnectFailed):
+            return exc.cause or "unreachable"
+        if isinstance(exc, FirstByteTimeout):
+            return f"timeout: no answer to GET {self.health_path} within {HEALTH_TIMEOUT_S:g} s"
+        if exc is not None:
+            return f"{type(exc).__name__} on GET {self.health_path}"
+        if status in (401, 403):
+            return f"{status} from the box: it refuses the router's key (check the box's key)"
+        if status == 200 or status == 404:
+            return f"wrong kind? GET {self.health_path} did not answer as {self.speaks} does ({status})"
+        return f"GET {self.health_path} answered {status}"
 
     def start(self) -> None:
         self.tasks = [
@@ -94,16 +113,17 @@ class Link:
                 box.origin, "GET", self.health_path, headers=box.auth_header, timeout_s=HEALTH_TIMEOUT_S
             )
             ok = self.healthy(status, body)
-            self.probe_error = "" if ok else f"answered {status}"
+            self.probe_error = "" if ok else self.why_down(status)
         except Exception as exc:  # whatever broke, a missed probe (rule 2)
             ok = False
-            self.probe_error = type(exc).__name__
+            self.probe_error = self.why_down(None, exc)
         now = asyncio.get_running_loop().time()
         if ok:
             box.last_ok_s = now
             box.reachable()
             self.answering.set()
         was_online = box.online
+        box.set_down(self.probe_error)
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
         if was_online != box.online:
             if box.online:

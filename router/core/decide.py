@@ -64,7 +64,7 @@ def _why_not(
     if named is None:
         return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
     if not box.online:
-        return Reason(ReasonCode.OFFLINE)
+        return Reason(ReasonCode.OFFLINE, box.down)
     if (box.pool or None) != (call.pool or None) and (call.pin is None or call.pool):
         return Reason(ReasonCode.OTHER_POOL, box.pool or "")
     if box.blocked:
