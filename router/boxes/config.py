@@ -124,7 +124,7 @@ class BoxesFile:
         """Removes and returns the named box. Raises UnknownBox."""
         return self.boxes.pop(self._index(name))
 
-    def update(self, name: str, **fields) -> BoxConfig:
+    def update(self, name: str, /, **fields) -> BoxConfig:
         """Changes the named box's `UPDATABLE` fields (and `blocked`). Raises UnknownBox, or
         ConfigError for a field that may not change or a value that does not validate."""
         index = self._index(name)

@@ -41,7 +41,13 @@ FIRST_READ_TIMEOUT_S = 5.0
 
 
 class InventoryError(Exception):
-    """A box answered its inventory request with something we cannot read."""
+    """A box answered its inventory request with something we cannot read; `status` is the
+    answer's status when that was the trouble."""
+
+    def __init__(self, message: str, status: int | None = None, target: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.target = target
 
 
 class Link:
@@ -55,24 +61,33 @@ class Link:
         self.first_inventory = asyncio.Event()  # set once the first inventory is in
         self.streak = Streak()  # the inventory loop's failures in a row (rule 2)
         self.probe_error = ""  # why the last probe failed, for the offline line
+        self.inventory_error = ""  # why the inventory loop's last read failed ("" once one works)
         self.answering = asyncio.Event()  # set by a good probe; wakes the inventory loop's wait
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
 
-    def why_down(self, status: int | None, exc: BaseException | None = None) -> str:
-        """Rule 4: why a probe that answered `status` (None: raised `exc`) failed."""
+    def why_down(self, status: int | None, exc: BaseException | None = None, target: str = "") -> str:
+        """Rule 4: why a request to `target` (the health path by default) that answered `status`
+        (None: raised `exc`) failed."""
+        target = target or self.health_path
+        if isinstance(exc, InventoryError):
+            status, target = exc.status, exc.target
         if isinstance(exc, ConnectFailed):
             return exc.cause or "unreachable"
         if isinstance(exc, FirstByteTimeout):
-            return f"timeout: no answer to GET {self.health_path} within {HEALTH_TIMEOUT_S:g} s"
-        if exc is not None:
-            return f"{type(exc).__name__} on GET {self.health_path}"
+            return f"timeout: no answer to GET {target}"
         if status in (401, 403):
-            return f"{status} from the box: it refuses the router's key (check the box's key)"
+            return f"{status} from the box on GET {target}: it refuses the router's key (check the box's key)"
         if status == 200 or status == 404:
-            return f"wrong kind? GET {self.health_path} did not answer as {self.speaks} does ({status})"
-        return f"GET {self.health_path} answered {status}"
+            return f"wrong kind? GET {target} did not answer as {self.speaks} does ({status})"
+        if status is not None:
+            return f"GET {target} answered {status}"
+        return f"{type(exc).__name__} on GET {target}"
+
+    def say_down(self) -> None:
+        """The box's `down`: the probe's failure, else the inventory's (rule 4)."""
+        self.box.set_down(self.probe_error or self.inventory_error)
 
     def start(self) -> None:
         self.tasks = [
@@ -92,7 +107,7 @@ class Link:
             self.box.origin, "GET", target, headers=self.box.auth_header, timeout_s=timeout_s
         )
         if status != 200:
-            raise InventoryError(f"{target} answered {status}")
+            raise InventoryError(f"{target} answered {status}", status, target.partition("?")[0])
         return body
 
     async def first_read(self) -> None:
@@ -123,7 +138,7 @@ class Link:
             box.reachable()
             self.answering.set()
         was_online = box.online
-        box.set_down(self.probe_error)
+        self.say_down()
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
         if was_online != box.online:
             if box.online:
@@ -145,11 +160,13 @@ class Link:
                 await self.follow_inventory()
                 return
             except Exception as exc:  # rule 2: a link task that dies leaves a frozen inventory
+                self.inventory_error = self.why_down(None, exc)
+                self.say_down()
                 wait_s, say = streak.failed(loop.time(), random.random())
                 if say:
                     log.warning(
                         "box %s inventory link failing (%d in a row, retrying every %.1f s at most): %s",
-                        self.box.name, streak.failures, streak.cap_s, type(exc).__name__,
+                        self.box.name, streak.failures, streak.cap_s, self.inventory_error,
                     )
                 await self._retry_after(wait_s)
 
@@ -165,6 +182,9 @@ class Link:
     def publish(self, inventory: Inventory) -> None:
         self.box.set_inventory(inventory)
         self.first_inventory.set()
+        if self.inventory_error:
+            self.inventory_error = ""
+            self.say_down()
         if self.streak.failures:
             self.streak.succeeded()
             log.info("box %s inventory link recovered", self.box.name)
