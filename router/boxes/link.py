@@ -63,6 +63,7 @@ class Link:
         self.probe_error = ""  # why the last probe failed, for the offline line
         self.inventory_error = ""  # why the inventory loop's last read failed ("" once one works)
         self.answering = asyncio.Event()  # set by a good probe; wakes the inventory loop's wait
+        self.probed = False  # the first probe is always logged: a box down from the start says so
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
@@ -140,7 +141,8 @@ class Link:
         was_online = box.online
         self.say_down()
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
-        if was_online != box.online:
+        if was_online != box.online or not self.probed:
+            self.probed = True
             if box.online:
                 log.info("box %s is online", box.name)
             else:

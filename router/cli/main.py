@@ -211,7 +211,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(description=__doc__)
+    # `python -m router` would be called "__main__.py" in every message: an internal name.
+    prog = os.path.basename(sys.argv[0]).replace("__main__.py", "router")
+    parser = Parser(description=__doc__, prog=prog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--boxes", type=Path, default=None, dest="boxes_top",
                         help="boxes file for serve and boxes (0.0.4's option; as their --boxes-file)")
