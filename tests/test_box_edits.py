@@ -230,12 +230,17 @@ def test_a_box_that_is_this_router_is_refused(start_fleet_in_process):
     assert path.read_bytes() == before
     # another port on this machine is another server
     assert boxes_cli(path, "add", "--name", "other", "--url", "http://127.0.0.1:9").returncode == 0
+
+    def names() -> list[str]:
+        return [b["name"] for b in json.loads(request(router.url, "GET", "/v1/boxes")[1])["boxes"]]
+
+    assert wait_for(lambda: names() == ["a", "other"], 5, 0.1)
     # an editor that writes the file by hand: the reload refuses it and the fleet stays
     doc = json.loads(path.read_text())
     doc["boxes"].append({"name": "loop", "url": router.url})
     path.write_text(json.dumps(doc))
     assert wait_for(lambda: "entry 3: box loop: url" in router.log_text(), 5)
-    assert [b["name"] for b in json.loads(request(router.url, "GET", "/v1/boxes")[1])["boxes"]] == ["a", "other"]
+    assert names() == ["a", "other"]
 
 
 def test_a_stopped_router_leaves_no_listeners_record(tmp_path):
