@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -42,22 +43,27 @@ class NamesThisRouter(ConfigError):
         self.number = number
 
 
-@dataclass(frozen=True)
+@dataclass
 class Listening:
     host: str  # the bind address
     ports: frozenset[int]
-    own_hosts: frozenset[str]  # this machine's names and addresses, lower case
+    own_hosts: frozenset[str] | None = None  # this machine's names and addresses, once needed
 
     def check(self, boxes: Iterable[BoxConfig]) -> None:
-        """Raises NamesThisRouter for the first box whose URL is one of these listeners."""
+        """Raises NamesThisRouter for the first box whose URL is one of these listeners. The
+        machine's own names are looked up only for a box on one of the ports (`own_hosts`)."""
         for number, box in enumerate(boxes, 1):
-            if names_listener(box.host, box.port, self.host, self.ports, self.own_hosts):
+            port = box.port
+            if port not in self.ports:
+                continue
+            if self.own_hosts is None:
+                self.own_hosts = own_hosts()
+            if names_listener(box.host, port, self.host, self.ports, self.own_hosts):
                 raise NamesThisRouter(number, box)
 
 
 def own_hosts() -> frozenset[str]:
-    """This machine's host name and the addresses it resolves to (may wait on the resolver:
-    call it off the event loop)."""
+    """This machine's host name and the addresses it resolves to (may wait on the resolver)."""
     name = socket.gethostname().lower()
     found = {name}
     with contextlib.suppress(OSError):
@@ -72,9 +78,10 @@ def record_path(boxes_path: Path) -> Path:
 def write_record(boxes_path: Path, host: str, ports: Iterable[int]) -> None:
     """Rule 2: a failure is logged, never fatal."""
     path = record_path(boxes_path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        tmp.write_bytes(orjson.dumps({"pid": os.getpid(), "host": host, "ports": sorted(ports)}))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # O_EXCL, never a planted link
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(orjson.dumps({"pid": os.getpid(), "host": host, "ports": sorted(ports)}))
         os.replace(tmp, path)
     except OSError as exc:
         log.info("no listeners record beside %s (%s): `router boxes` cannot check for this router's "
@@ -101,4 +108,4 @@ def read_record(boxes_path: Path) -> Listening | None:
         return None
     except PermissionError:
         pass  # alive, another user's (a system unit)
-    return Listening(host, ports, own_hosts())
+    return Listening(host, ports)

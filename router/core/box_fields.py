@@ -78,7 +78,10 @@ def check_url(field: str, url: object, schemes: tuple[str, ...] = BOX_SCHEMES) -
     want = f"{' or '.join(s + '://' for s in schemes)}host:port"
     if not _VISIBLE_RE.fullmatch(url):
         raise ConfigError(f"{field} must be {want}, without spaces or control characters")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unbalanced IPv6 bracket
+        raise ConfigError(f"{field} has no valid host (got {clip(url, ECHO_CHARS)!r})") from None
     if "@" in parts.netloc:  # before anything echoes the URL: it may hold a password
         raise ConfigError(f"{field} must not carry a user or password (a box key goes in `key`)")
     shown = clip(url, ECHO_CHARS)

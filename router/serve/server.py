@@ -296,8 +296,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     running = Running(config)
     ports = [port for _, _, port, _ in listeners]
-    hosts = await asyncio.get_running_loop().run_in_executor(None, own_listeners.own_hosts)
-    running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports), hosts)
+    running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
     shared = await running.start(tracer)
     own_listeners.write_record(config.boxes_path, config.host, ports)
     servers = [
