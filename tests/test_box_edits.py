@@ -6,6 +6,7 @@ refused."""
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -145,13 +146,15 @@ def test_a_bad_edit_of_the_file_is_not_applied_and_the_next_good_one_is(start_fl
         refused = f"boxes file {path}, entry 2: box b: url port must be 1-65535"
         assert wait_for(lambda: refused in router.log_text(), 5)
         assert "not applied, the last good fleet (1 boxes) keeps serving" in router.log_text()
+        router.signal(signal.SIGHUP)  # a unit's ExecReload: the same line, and no traceback
+        assert wait_for(lambda: "(1 boxes, the file not applied) and keys" in router.log_text(), 5)
         # the fleet is the last good one, and still serves
         assert request(router.url, "POST", "/v1/chat/completions", chat_body())[0] == 200
         # later edits still apply: the watch goes on
         write_boxes(path, [a, b])
         assert wait_for(lambda: request(router.url, "POST", "/v1/chat/completions", chat_body(),
                                         {"X-Router-Box": "b"})[0] == 200, 5, 0.1)
-        assert router.log_text().count(refused) == 1  # said once, not at every check
+        assert router.log_text().count(refused) == 2  # once per reload (watch, SIGHUP), not at every check
         assert "Traceback" not in router.log_text()
     finally:
         others.stop()

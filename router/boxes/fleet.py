@@ -145,9 +145,9 @@ class Fleet:
             except Exception:  # a bug: said with its traceback, and the watch goes on (rule 3)
                 log.exception("boxes file watch: reload failed")
 
-    async def reload(self) -> None:
+    async def reload(self) -> bool:
         """Re-reads the boxes file now and applies it (rules 1 and 3). A file that is gone or
-        does not validate is logged and leaves the fleet as it is."""
+        does not validate is logged and leaves the fleet as it is. Returns whether it applied."""
         loop = asyncio.get_running_loop()
         async with self._reloading:
             stamp = self._stamp = await loop.run_in_executor(None, self._file_stamp)
@@ -155,7 +155,7 @@ class Fleet:
                 if self.boxes:
                     log.warning("boxes file %s is gone: the last fleet (%d boxes) keeps serving; "
                                 "write a file with no boxes for an empty fleet", self.path, len(self.boxes))
-                    return
+                    return False
                 configs: list[BoxConfig] = []
             else:
                 try:
@@ -163,8 +163,9 @@ class Fleet:
                 except ConfigError as exc:
                     log.warning("%s: not applied, the last good fleet (%d boxes) keeps serving", exc,
                                 len(self.boxes))
-                    return
+                    return False
             self._apply(configs)
+            return True
 
     def facts(self) -> list[BoxFacts]:
         """The facts of every box, in boxes-file order, with live reservation counts."""

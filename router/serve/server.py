@@ -394,9 +394,10 @@ KEY_REFRESH_S = 1.0
 async def _reload(fleet: Fleet, keys: KeyStore) -> None:
     """SIGHUP: the boxes file and the keys, read again now (notify.py rule 2)."""
     notify("RELOADING=1")
-    await fleet.reload()
+    applied = await fleet.reload()
     await asyncio.get_running_loop().run_in_executor(None, keys.reload)
-    log.info("reloaded: boxes file %s (%d boxes) and keys", fleet.path, len(fleet.ordered()))
+    log.info("reloaded: boxes file %s (%d boxes%s) and keys", fleet.path, len(fleet.ordered()),
+             "" if applied else ", the file not applied")
     notify("READY=1")
 
 
