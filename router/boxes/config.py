@@ -157,7 +157,7 @@ class BoxExists(ConfigError):
 
 
 def kind_of(name: str, value: object) -> BoxKind:
-    """The BoxKind named by `value`. Raises ConfigError."""
+    """The BoxKind named by `value`. Raises ConfigError naming the box `name`."""
     try:
         return BoxKind(value)
     except (ValueError, TypeError):
@@ -182,7 +182,7 @@ def validate(box: BoxConfig, *, new_store: bool = False) -> BoxConfig:
         if box.agent is not None:
             box_fields.check_url("agent", box.agent, box_fields.AGENT_SCHEMES)
         if not isinstance(box.kind, BoxKind):
-            kind_of(box.name, box.kind)
+            raise ConfigError(f"kind must be one of {', '.join(k.value for k in BoxKind)}")
         box_fields.check_key(box.key)
         pool = box_fields.check_pool(box.pool)
         box_fields.check_blocked(box.blocked)
