@@ -122,6 +122,9 @@ def test_the_admin_api_refuses_every_bad_field_with_400_and_writes_nothing(start
     ({"url": "http://127.0.0.1:1", "max_inflight": True}, "max_inflight must be an integer"),
     ({"url": "http://127.0.0.1:1", "blocked": "false"}, "blocked must be true or false"),
     ({"url": "http://127.0.0.1:1", "kind": "vllm"}, "kind must be one of"),
+    ({"url": "http://admin:hunter2@127.0.0.1:1"}, "user or password"),
+    ({"url": "http://127.0.0.1:1/?token=hunter2"}, "path, query or fragment"),
+    ({"url": "http://127.0.0.1:1", "key": "hpk_box_hunter2\r\nX-Injected: 1"}, "visible ASCII"),
 ])
 def test_serve_on_a_corrupt_boxes_file_exits_2_naming_the_file_the_entry_and_why(tmp_path, entry, says):
     path = tmp_path / "boxes.json"
@@ -132,6 +135,7 @@ def test_serve_on_a_corrupt_boxes_file_exits_2_naming_the_file_the_entry_and_why
     assert done.returncode == 2
     line = one_line(done.stderr)
     assert f"boxes file {path}, entry 2: box gpu9:" in line and says in line, line
+    assert "hunter2" not in line  # a secret in a bad entry is never shown
 
 
 def test_a_bad_edit_of_the_file_is_not_applied_and_the_next_good_one_is(start_fleet_in_process):

@@ -81,10 +81,11 @@ def check_url(field: str, url: object, schemes: tuple[str, ...] = BOX_SCHEMES) -
     try:
         parts = urlsplit(url)
     except ValueError:  # an unbalanced IPv6 bracket
-        raise ConfigError(f"{field} has no valid host (got {clip(url, ECHO_CHARS)!r})") from None
+        raise ConfigError(f"{field} has no valid host") from None
     if "@" in parts.netloc:  # before anything echoes the URL: it may hold a password
         raise ConfigError(f"{field} must not carry a user or password (a box key goes in `key`)")
-    shown = clip(url, ECHO_CHARS)
+    # Only the scheme and the host part are echoed: a path or query may carry a token.
+    shown = clip(f"{parts.scheme}://{parts.netloc}" if parts.scheme else parts.netloc or url.split("?")[0], ECHO_CHARS)
     if parts.scheme not in schemes:
         raise ConfigError(f"{field} must be {want} (got {shown!r})")
     if parts.path not in ("", "/") or parts.query or parts.fragment or "#" in url or "?" in url:
