@@ -83,6 +83,8 @@ def write_record(boxes_path: Path, host: str, ports: Iterable[int]) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(orjson.dumps({"pid": os.getpid(), "host": host, "ports": sorted(ports)}))
         os.replace(tmp, path)
+    except FileNotFoundError:  # no folder yet (no boxes file): nothing for the CLI to find
+        log.debug("no listeners record: %s does not exist", path.parent)
     except OSError as exc:
         log.info("no listeners record beside %s (%s): `router boxes` cannot check for this router's "
                  "ports, the reload still does", boxes_path, exc.strerror)
