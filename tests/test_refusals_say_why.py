@@ -35,7 +35,9 @@ def test_a_pin_to_an_unknown_box_is_404_naming_it_in_each_facades_shape(start_fl
     assert refused.value.status_code == 404 and "no box named 'gpu9'" in refused.value.error
     # a known box that cannot serve the model is still the no-box answer
     status, data = request(router.url, "POST", "/v1/chat/completions", chat_body(), {"X-Router-Box": "o"})
-    assert status == 503 and json.loads(data)["error"]["code"] == "no_box"
+    error = json.loads(data)["error"]
+    assert status == 503 and error["code"] == "no_box"
+    assert error["message"] == "box o cannot serve model 'tiny': no_model: tiny:latest"
 
 
 def test_a_box_that_is_down_says_why_in_the_state_the_refusal_and_the_log(start_fleet_in_process):

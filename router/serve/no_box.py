@@ -35,8 +35,10 @@ async def refuse(reply: Reply, call: Call, decision: Decision, boxes_path: Path)
             {"type": "unknown_box", "reasons": decision.reasons_text(), "request_id": call_id}, state="refused",
         )
         return
-    what = f"box {call.pin}" if call.pin is not None else "no box"
-    message = f"{what} can serve model {call.model!r}"
+    if pinned is not None:
+        message = f"box {call.pin} cannot serve model {call.model!r}: {pinned.text()}"
+    else:
+        message = f"no box can serve model {call.model!r}"
     if not decision.refused:
         message += f": the fleet is empty (no boxes in {boxes_path})"
     await reply.error(
