@@ -68,23 +68,25 @@ class Link:
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
 
-    def why_down(self, status: int | None, exc: BaseException | None = None, target: str = "") -> str:
-        """Rule 4: why a request to `target` (the health path by default) that answered `status`
+    def why_down(self, status: int | None, exc: BaseException | None = None, *, inventory: bool = False) -> str:
+        """Rule 4: why the health probe (`inventory`: an inventory read) that answered `status`
         (None: raised `exc`) failed."""
-        target = target or self.health_path
+        asked = "an inventory read" if inventory else f"GET {self.health_path}"
         if isinstance(exc, InventoryError):
-            status, target = exc.status, exc.target
+            status, asked = exc.status, f"GET {exc.target}"
         if isinstance(exc, ConnectFailed):
             return exc.cause or "unreachable"
         if isinstance(exc, FirstByteTimeout):
-            return f"timeout: no answer to GET {target}"
+            return f"timeout: no answer to {asked}"
         if status in (401, 403):
-            return f"{status} from the box on GET {target}: it refuses the router's key (check the box's key)"
+            return f"{status} from the box on {asked}: it refuses the router's key (check the box's key)"
         if status == 200 or status == 404:
-            return f"wrong kind? GET {target} did not answer as {self.speaks} does ({status})"
+            return f"wrong kind? {asked} did not answer as {self.speaks} does ({status})"
         if status is not None:
-            return f"GET {target} answered {status}"
-        return f"{type(exc).__name__} on GET {target}"
+            return f"{asked} answered {status}"
+        if inventory:
+            return f"its inventory could not be read ({type(exc).__name__})"
+        return f"{type(exc).__name__} on {asked}"
 
     def say_down(self) -> None:
         """The box's `down`: the probe's failure, else the inventory's (rule 4)."""
@@ -162,7 +164,7 @@ class Link:
                 await self.follow_inventory()
                 return
             except Exception as exc:  # rule 2: a link task that dies leaves a frozen inventory
-                self.inventory_error = self.why_down(None, exc)
+                self.inventory_error = self.why_down(None, exc, inventory=True)
                 self.say_down()
                 wait_s, say = streak.failed(loop.time(), random.random())
                 if say:
