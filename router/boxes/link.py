@@ -12,9 +12,10 @@ Rules:
    at the next probe, not at the end of a capped back-off.
 3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
    jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
-4. A failed probe says why in the operator's words (`why_down`, kept as the box's `down` for the
-   state, the refusals' `offline: ...` and the dashboard): connection refused, timeout, TLS,
-   the box refusing our key (401/403), or an answer that is not this kind's (wrong kind?).
+4. A failed probe or inventory read says why in the operator's words (`why_down`), kept as the
+   box's `down` (the probe's reason first; "" once both work) for the state, the refusals'
+   `offline: ...` / `no_model: ...` and the dashboard: connection refused, timeout, TLS, the
+   box refusing our key (401/403), or an answer that is not this kind's (wrong kind?).
 """
 
 from __future__ import annotations
