@@ -23,8 +23,8 @@ decisions and carries out its answer:
 
 from __future__ import annotations
 
-import asyncio
 import functools
+import time
 from typing import TYPE_CHECKING
 
 from router.core.aliases import Alias, Move, resolve
@@ -52,19 +52,20 @@ class ChainCall:
     """One call's walk along one alias's chain. It keeps no reference to its ProxyCall (which
     holds it): an ended call is freed by reference counting (tests/test_no_cycles.py)."""
 
-    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies", "deadline_s")
+    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies")
 
     def __init__(self, proxy: ProxyCall, alias: Alias, asked: Call, fallback: bool) -> None:
         self.alias = alias
         self.asked = asked  # the call as the client made it, for the alias's name
-        self.calls: list[Call | None] = [None] * len(alias.chain)
+        first = Call(alias.chain[0], asked.kinds, asked.settings, asked.pin, asked.pool)
+        self.calls: list[Call | None] = [None] * len(alias.chain)  # each model's, once needed
+        self.calls[0] = first
         self.current = 0
         self.left: dict[int, Move] = {}  # places passed over for good (rule 2)
         self.fallback = fallback
         self.body = proxy.body  # as the client sent it
         self.bodies: dict[str, bytes] = {}  # the model as a box gets it -> the body with it
-        self.deadline_s: float | None = None  # loop time, once the first attempt went out
-        proxy.record.call = self.call_at(0)
+        proxy.record.call = first
         proxy.record.alias = alias.name
         proxy.reply.model_headers = model_headers(alias.chain[0], 0)
 
@@ -78,7 +79,8 @@ class ChainCall:
 
     # -- rule 1 --------------------------------------------------------------------------------
     def decide(self, proxy: ProxyCall, facts: list[BoxFacts]) -> Decision:
-        if self.deadline_s is not None and asyncio.get_running_loop().time() >= self.deadline_s:
+        t_sent = proxy.record.t_sent  # (perf_counter) the first attempt's send, once there was one
+        if t_sent and time.perf_counter() - t_sent >= proxy.app.first_byte_timeout_s:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
         if current == 0 and not tried and not self.left:  # the common case: the first model
@@ -125,13 +127,12 @@ class ChainCall:
             body = self.bodies[name] = with_model(self.body, content_type, route, name)
         return body
 
-    def first_byte_s(self, timeout_s: float) -> float:
+    @staticmethod
+    def first_byte_s(timeout_s: float, t_sent: float, t_now: float) -> float:
         """The attempt's first-byte timeout: what is left of the chain's one deadline, the
-        router's first-byte timeout `timeout_s` from the first attempt (rule 4)."""
-        now = asyncio.get_running_loop().time()
-        if self.deadline_s is None:
-            self.deadline_s = now + timeout_s
-        return max(self.deadline_s - now, 0.0)
+        router's first-byte timeout `timeout_s` from the first attempt's send `t_sent` (rule 4;
+        perf_counter times, the record's, so that no clock is read for it)."""
+        return max(timeout_s - (t_now - t_sent), 0.0)
 
     @property
     def context_moves_on(self) -> bool:

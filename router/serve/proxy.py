@@ -262,8 +262,8 @@ class ProxyCall:
             attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s, app.stream_idle_timeout_s)
         else:
             self.body = chain.body_for(self, box)
-            attempt = Attempt(box, self.call_id, self.life, chain.first_byte_s(app.first_byte_timeout_s),
-                              app.stream_idle_timeout_s)
+            first_byte_s = chain.first_byte_s(app.first_byte_timeout_s, record.t_sent, t_started)
+            attempt = Attempt(box, self.call_id, self.life, first_byte_s, app.stream_idle_timeout_s)
             attempt.context_moves_on = chain.context_moves_on
         self.attempt = attempt
         refusal = None
