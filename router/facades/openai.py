@@ -79,8 +79,8 @@ def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
 
 
 ROUTES = (
-    Route("POST", "/v1/chat/completions", Body.JSON),
-    Route("POST", "/v1/completions", Body.JSON),
+    Route("POST", "/v1/chat/completions", Body.JSON, asks_usage=True),
+    Route("POST", "/v1/completions", Body.JSON, asks_usage=True),
     Route("POST", "/v1/embeddings", Body.JSON),
     Route("POST", "/v1/responses", Body.JSON),
     Route("POST", "/v1/messages", Body.JSON),

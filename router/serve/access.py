@@ -65,10 +65,13 @@ class AccessGate:
             return access.ALLOW
         addr, via_proxy = self.caller(edge)
         edge.caller = addr
-        if scope == "use" and (self.mode == "never" or (self.mode == "outside" and self.inside(addr))):
-            return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
         token = access.bearer_token(edge.header("authorization"))
-        key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
+        held = self.keys.holder(token, time.time(), self.admin_key) if token else None
+        key_scope = None
+        if held is not None:  # whose limits the call counts against (serve/tenancy.py)
+            edge.key_id, key_scope = held
+        if scope == "use" and (self.mode == "never" or (self.mode == "outside" and self.inside(addr))):
+            return access.ALLOW  # an inside caller's bad key is not refused (hugpy's rule)
         admin = scope == "admin"
         host = edge.header("host") if admin else None
         verdict = access.decide_access(

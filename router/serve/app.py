@@ -28,6 +28,7 @@ from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
 from router.serve.record import CallRecord
+from router.serve.tenancy import Tenancy
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -45,7 +46,8 @@ class Shared:
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
-                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0) -> None:
+                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
+                 default_rpm: int | None = None, default_tpm: int | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -55,6 +57,8 @@ class Shared:
         self.access = AccessGate(keys)
         self.metrics = Metrics()
         self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.tenancy = Tenancy(keys, default_rpm=default_rpm, default_tpm=default_tpm)
+        self.tenancy.admission = self.admission
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.clock = CallClock(self.admission.sweep)
@@ -81,6 +85,7 @@ class RouterApp:
         self.reservations = shared.reservations
         self.clock = shared.clock
         self.admission = shared.admission
+        self.tenancy = shared.tenancy
         self.access = shared.access
         self.scheduler = shared.scheduler
         self.max_body_bytes = shared.max_body_bytes

@@ -12,6 +12,8 @@ Rules:
    longer than the stream idle timeout has failed too, and a hugpy box also gets its cancel.
 4. A close-delimited SSE stream (hugpy's) ends with `data: [DONE]`; an EOF before it is a box
    that died, not a finished answer.
+5. A stream whose usage the router asked for (facades/usage.py) reaches the client without that
+   usage chunk, otherwise byte for byte; the chunk goes to the call's record.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 from router._fastpath import NDJSON, SSE, Relay
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle
+from router.facades.usage import UsageStrip
 from router.serve.attempt import Attempt, Judged
 from router.serve.edge import ClientLeft
 from router.serve.reply import Reply
@@ -58,7 +61,7 @@ class Delivery:
         """The stream's end (`data: [DONE]`) reached the client: a hang-up now cancels nothing."""
         return self.relay is not None and self.relay.delivered
 
-    async def send(self, box: BoxState, judged: Judged, attempt: Attempt) -> None:
+    async def send(self, box: BoxState, judged: Judged, attempt: Attempt, asked_usage: bool = False) -> None:
         """Rules 1 and 2."""
         self.life.fire(Event.COMMITTED)
         reply, record = self.reply, self.reply.record
@@ -73,13 +76,19 @@ class Delivery:
             await reply.respond(judged.status, headers, judged.body)
             return
         await reply.start(judged.status, headers)
-        await self.relay_answer(judged, attempt)
+        await self.relay_answer(judged, attempt, asked_usage)
 
-    async def relay_answer(self, judged: Judged, attempt: Attempt) -> None:
+    async def relay_answer(self, judged: Judged, attempt: Attempt, asked_usage: bool) -> None:
         relay = self.relay = Relay(judged.scanner)
         exchange, edge, record = judged.exchange, self.reply.edge, self.reply.record
+        write, strip = edge.write, None
+        if asked_usage and judged.scanner is not None and judged.scanner.framing == SSE:  # rule 5
+            strip = UsageStrip(write)
+            write = strip.write
         try:
-            await relay.run(judged.first, edge.write, exchange.next_chunks)
+            await relay.run(judged.first, write, exchange.next_chunks)
+            if strip is not None:
+                await strip.flush()
             if exchange.close_delimited and not relay.complete():  # rule 4
                 raise ConnectionLost("stream closed before its end")
             record.tail = (relay.last, relay.data)  # a whole answer's end: a trace's token usage
@@ -91,6 +100,9 @@ class Delivery:
                 await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
         finally:
             record.bytes_out += relay.bytes_out
+            if strip is not None:
+                record.bytes_out -= strip.dropped_bytes
+                record.usage_frame = strip.usage
 
     async def failed_mid_answer(self, judged: Judged, attempt: Attempt, silent: bool) -> None:
         """Rule 3."""

@@ -119,6 +119,7 @@ class Reply:
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
+        kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/tenancy.py)
         return kept
 
     # -- keep-alive of a long wait (rule 1) ----------------------------------------------------
