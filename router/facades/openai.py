@@ -28,6 +28,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "upstream_error",

@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 from urllib.parse import quote
 
@@ -257,7 +258,8 @@ async def usage(app: RouterApp, edge: Edge) -> None:
     current and previous period, what is left of each limit, when it resets."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("usage").rstrip("/")
     tenancy = app.shared.tenancy
-    docs = await asyncio.get_running_loop().run_in_executor(None, tenancy.stored_usage, [key_id] if key_id else None)
+    docs = await asyncio.get_running_loop().run_in_executor(
+        None, app.shared.keys.usage_report, [key_id] if key_id else None, time.time())
     docs = [tenancy.with_left(doc) for doc in docs]
     if not key_id:
         await _json(edge, 200, {"keys": docs})

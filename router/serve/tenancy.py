@@ -158,28 +158,8 @@ class Tenancy:
             self.seeded[key_id] = wanted
 
     # -- reading -------------------------------------------------------------------------------
-    def stored_usage(self, key_ids: list[str] | None = None) -> list[dict]:
-        """Off the loop: each key's (every live key's, for None) limits and usage in its current
-        and previous period (its budget's, else the UTC day) from the store."""
-        listed = self.keys.list(include_revoked=key_ids is not None)
-        now = time.time()
-        docs = []
-        for row in listed:
-            key_id = row["id"]
-            if key_ids is not None and key_id not in key_ids:
-                continue
-            limits = self.keys.limits_of(key_id)
-            current = rules.period_bounds(limits.budget_period, now)
-            previous = rules.previous_period(limits.budget_period, now)
-            docs.append({
-                "id": key_id, "name": row["name"], "limits": limits.doc(), "period": limits.budget_period,
-                "current": {"start": current[0], "end": current[1], **self.keys.usage(key_id, *current)},
-                "previous": {"start": previous[0], "end": previous[1], **self.keys.usage(key_id, *previous)},
-            })
-        return docs
-
     def with_left(self, doc: dict) -> dict:
-        """On the loop: `doc` (stored_usage's) with what is left of each limit now and when it
+        """On the loop: `doc` (KeyStore.usage_report's) with what is left of each limit now and when it
         is whole again (seconds)."""
         limits = self.keys.limits_of(doc["id"])
         left = self.counters.left("key:" + doc["id"], limits, time.time())

@@ -47,7 +47,7 @@ import apsw
 from router.core.access import KEY_PREFIX, hash_secret, parse_key
 from router.core.admission import Priority
 from router.core.errors import BadRequest
-from router.core.limits import NO_LIMITS, Limits, parse_limits
+from router.core.limits import NO_LIMITS, Limits, parse_limits, period_bounds, previous_period
 from router.store import db
 
 log = logging.getLogger(__name__)
@@ -313,6 +313,24 @@ class KeyStore:
                 (key_id, int(start // SECONDS_PER_DAY), int(end // SECONDS_PER_DAY)),
             ).fetchone()
         return dict(zip(USAGE_SUMS, found))
+
+    def usage_report(self, key_ids: list[str] | None, now: float) -> list[dict[str, Any]]:
+        """Each key's (every live key's, for None) limits and usage in its current and previous
+        period (its budget's, else the UTC day), from `key_usage`."""
+        docs = []
+        for row in self.list(include_revoked=key_ids is not None):
+            key_id = row["id"]
+            if key_ids is not None and key_id not in key_ids:
+                continue
+            limits = self.limits_of(key_id)
+            current = period_bounds(limits.budget_period, now)
+            previous = previous_period(limits.budget_period, now)
+            docs.append({
+                "id": key_id, "name": row["name"], "limits": limits.doc(), "period": limits.budget_period,
+                "current": {"start": current[0], "end": current[1], **self.usage(key_id, *current)},
+                "previous": {"start": previous[0], "end": previous[1], **self.usage(key_id, *previous)},
+            })
+        return docs
 
     def revoke(self, key_id: str) -> bool:
         """Revokes a key (again: a no-op keeping the first time). Returns False when no key
