@@ -28,7 +28,7 @@ from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
 from router.serve.record import CallRecord
-from router.serve.tenancy import Tenancy
+from router.serve.tenancy import KeyCollector, Tenancy
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -61,6 +61,7 @@ class Shared:
         self.tenancy.admission = self.admission
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
+        self.scraped.register(KeyCollector(self.tenancy))
         self.clock = CallClock(self.admission.sweep)
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s

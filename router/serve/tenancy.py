@@ -28,6 +28,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from prometheus_client.core import CounterMetricFamily
+
 from router.core import limits as rules
 from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, reset_text
 from router.core.types import Call
@@ -171,3 +173,25 @@ class Tenancy:
             "parallel": left.parallel,
         }
         return doc
+
+
+class KeyCollector:
+    """`router_key_tokens_total{key,kind}` and `router_key_limited_total{key,reason}` at scrape
+    time, from the Tenancy's dicts (rule 6: `key` is a key's id, `admin` or `none`; `kind` one of
+    TOKEN_KINDS; `reason` one of router.core.limits.REASONS)."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+
+    def collect(self):
+        tokens = CounterMetricFamily("router_key_tokens", "Tokens by key and kind (prompt, completion, cached).",
+                                     labels=["key", "kind"])
+        for (key, kind), count in sorted(self.tenancy.tokens.items()):
+            tokens.add_metric([key, kind], count)
+        yield tokens
+        limited = CounterMetricFamily(
+            "router_key_limited", "Calls refused for a key's limits, by reason (rate_limited, budget_exceeded, "
+            "model_not_allowed).", labels=["key", "reason"])
+        for (key, reason), count in sorted(self.tenancy.limited.items()):
+            limited.add_metric([key, reason], count)
+        yield limited

@@ -308,13 +308,13 @@ class RouteLogWriter:
         it deleted a full batch (more may be waiting). A failure is logged, never raised: the
         log must go on."""
         conn = self._conn
-        try:  # one statement: its own transaction
+        try:  # each statement its own transaction; key_usage is small (keys × days)
+            conn.execute("DELETE FROM key_usage WHERE day < ?", (int(before // SECONDS_PER_DAY),))
             conn.execute(
                 "DELETE FROM route_log WHERE id IN (SELECT id FROM route_log WHERE received_at < ? LIMIT ?)",
                 (before, PRUNE_BATCH_ROWS),
             )
             deleted = conn.changes()
-            conn.execute("DELETE FROM key_usage WHERE day < ?", (int(before // SECONDS_PER_DAY),))
         except apsw.Error as exc:
             log.warning("route_log: pruning old rows failed (%s)", exc)
             return False
