@@ -110,8 +110,6 @@ def _count(name: str, value: Any, minimum: int) -> int | None:
 def _models(value: Any) -> frozenset[str] | None:
     if value is None:
         return None
-    if isinstance(value, str):  # the CLI's `a,b`
-        value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, list) or not value or len(value) > MAX_MODELS or not all(
         isinstance(m, str) and 0 < len(m.strip()) <= MAX_MODEL_CHARS for m in value
     ):

@@ -71,7 +71,7 @@ class Charge:
     def settle(self, tokens: Tokens) -> None:
         """Rule 4; once, at the call's end."""
         tenancy = self.tenancy
-        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, time.time())
+        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, tenancy.clock())
         if self.slot:
             self.slot = False
             tenancy.counters.give_parallel(self.name)
@@ -89,6 +89,7 @@ class Tenancy:
         self.tokens: Counter[tuple[str, str]] = Counter()  # (key label, kind) -> tokens
         self.limited: Counter[tuple[str, str]] = Counter()  # (key label, reason) -> calls
         self.seeded: dict[str, tuple[int, str]] = {}  # key id -> (budget, period) seeded (rule 5)
+        self.clock = time.time  # epoch seconds: budget periods are UTC calendar periods (tests set it)
 
     # -- the call path -------------------------------------------------------------------------
     def admit(self, edge: Edge, call: Call, body_bytes: int, max_tokens: int | None) -> Charge | Refused | None:
@@ -102,7 +103,7 @@ class Tenancy:
             name = "addr:" + (edge.caller or "unknown")
         if limits is NO_LIMITS:
             return None
-        now = time.time()
+        now = self.clock()
         ask = Ask(call.model, rules.reservation(body_bytes, max_tokens) if limits.counts_tokens else 0)
         refused = self.counters.admit(name, limits, ask, now)
         if refused is not None:
@@ -142,7 +143,7 @@ class Tenancy:
     def seeds(self) -> list[tuple[str, int, tuple[float, float], tuple[int, str]]]:
         """Off the loop: the keys whose budget is not counted from the store yet, with their
         current period's tokens there."""
-        now = time.time()
+        now = self.clock()
         found = []
         for key_id, limits in self.keys.budgets().items():
             wanted = (limits.budget_tokens, limits.budget_period)
@@ -164,7 +165,7 @@ class Tenancy:
         """On the loop: `doc` (KeyStore.usage_report's) with what is left of each limit now and when it
         is whole again (seconds)."""
         limits = self.keys.limits_of(doc["id"])
-        left = self.counters.left("key:" + doc["id"], limits, time.time())
+        left = self.counters.left("key:" + doc["id"], limits, self.clock())
         doc["left"] = {
             "requests": left.requests, "requests_reset_s": round(left.requests_reset_s, 3),
             "tokens": left.tokens, "tokens_reset_s": round(left.tokens_reset_s, 3),
