@@ -223,9 +223,11 @@ def _catch_up(tally: Tally, limits: Limits, now: float) -> None:
     elapsed = now - tally.stamp
     if elapsed > 0:
         if tally.req_drawn and limits.rpm is not None:
-            tally.req_drawn = max(0.0, tally.req_drawn - elapsed * limits.rpm / WINDOW_S)
+            drawn = tally.req_drawn - elapsed * limits.rpm / WINDOW_S
+            tally.req_drawn = drawn if drawn > 0.0 else 0.0
         if tally.tok_drawn and limits.tpm is not None:
-            tally.tok_drawn = max(0.0, tally.tok_drawn - elapsed * limits.tpm / WINDOW_S)
+            drawn = tally.tok_drawn - elapsed * limits.tpm / WINDOW_S
+            tally.tok_drawn = drawn if drawn > 0.0 else 0.0
         tally.stamp = now
     if now >= tally.period_end and limits.budget_tokens is not None:
         tally.period_start, tally.period_end = period_bounds(limits.budget_period, now)
@@ -263,7 +265,8 @@ def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
 def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float) -> None:
     """Rule 5: a call that reserved `reserved` tokens ended having used `used`."""
     _catch_up(tally, limits, now)
-    tally.tok_drawn = max(0.0, tally.tok_drawn + used - reserved)
+    drawn = tally.tok_drawn + used - reserved
+    tally.tok_drawn = drawn if drawn > 0.0 else 0.0
     tally.reserved -= reserved
     tally.used += used
 
@@ -296,20 +299,50 @@ class Left(NamedTuple):
     parallel: int | None
 
 
+class Windows(NamedTuple):
+    """What is left of rpm and tpm right after an admission, and when each bucket is empty."""
+
+    requests: int
+    requests_reset_s: float
+    tokens: int
+    tokens_reset_s: float
+
+
+def windows_after(tally: Tally, limits: Limits) -> Windows:
+    """Right after `admit` (the tally is caught up to now): (requests left, seconds until the
+    rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
+    not set. The served call's headers, at a few subtractions."""
+    rpm, tpm = limits.rpm, limits.tpm
+    requests = requests_reset = tokens = tokens_reset = 0
+    if rpm is not None:
+        drawn = tally.req_drawn
+        requests, requests_reset = int(rpm - drawn) if drawn < rpm else 0, drawn * WINDOW_S / rpm
+    if tpm is not None:
+        drawn = tally.tok_drawn
+        tokens, tokens_reset = int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm
+    return Windows(requests, requests_reset, tokens, tokens_reset)
+
+
 def left(tally: Tally, limits: Limits, now: float) -> Left:
-    """The headers' and the usage API's view of `tally` (reads, never changes, what counts)."""
+    """The headers' and the usage API's view of `tally` (reads, never changes, what counts).
+    Right after a step (`tally.stamp == now`, the call path's case) it is a few subtractions."""
     requests = tokens = budget = parallel = None
     requests_reset = tokens_reset = budget_reset = 0.0
-    elapsed = max(0.0, now - tally.stamp)
-    if limits.rpm is not None:
-        drawn = max(0.0, tally.req_drawn - elapsed * limits.rpm / WINDOW_S)
-        requests, requests_reset = max(0, math.floor(limits.rpm - drawn)), drawn * WINDOW_S / limits.rpm
-    if limits.tpm is not None:
-        drawn = max(0.0, tally.tok_drawn - elapsed * limits.tpm / WINDOW_S)
-        tokens, tokens_reset = max(0, math.floor(limits.tpm - drawn)), drawn * WINDOW_S / limits.tpm
+    elapsed = now - tally.stamp if now > tally.stamp else 0.0
+    rpm, tpm = limits.rpm, limits.tpm
+    if rpm is not None:
+        drawn = tally.req_drawn - elapsed * rpm / WINDOW_S if elapsed else tally.req_drawn
+        drawn = drawn if drawn > 0.0 else 0.0
+        requests, requests_reset = max(0, math.floor(rpm - drawn)), drawn * WINDOW_S / rpm
+    if tpm is not None:
+        drawn = tally.tok_drawn - elapsed * tpm / WINDOW_S if elapsed else tally.tok_drawn
+        drawn = drawn if drawn > 0.0 else 0.0
+        tokens, tokens_reset = max(0, math.floor(tpm - drawn)), drawn * WINDOW_S / tpm
     if limits.budget_tokens is not None:
-        start, end = period_bounds(limits.budget_period, now)
-        used = tally.used if tally.period_start == start else 0
+        if tally.period_start <= now < tally.period_end:
+            used, end = tally.used, tally.period_end
+        else:
+            used, end = 0, period_bounds(limits.budget_period, now)[1]
         budget, budget_reset = max(0, limits.budget_tokens - used - tally.reserved), end - now
     if limits.max_parallel is not None:
         parallel = max(0, limits.max_parallel - tally.parallel)
@@ -339,11 +372,12 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
 def reset_text(seconds: float) -> str:
     """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`."""
     if seconds < 1.0:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
+        return "%dms" % -(-seconds * 1000 // 1) if seconds > 0 else "0ms"
     if seconds < 60.0:
-        return f"{math.ceil(seconds * 10) / 10:g}s"
-    minutes, rest = divmod(math.ceil(seconds), 60)
-    return f"{minutes}m{rest}s"
+        tenths = -(-seconds * 10 // 1)
+        return "%ds" % (tenths // 10) if tenths % 10 == 0 else "%.1fs" % (tenths / 10)
+    minutes, rest = divmod(-(-seconds // 1), 60)
+    return "%dm%ds" % (minutes, rest)
 
 
 class Tokens(NamedTuple):

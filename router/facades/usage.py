@@ -5,8 +5,9 @@ Rules:
    body or of a stream's last writes. Prompt tokens are OpenAI's `prompt_tokens` (the Responses
    and Messages APIs' and LM Studio's stats' `input_tokens`, Ollama's `prompt_eval_count`);
    completion tokens `completion_tokens` (`output_tokens`, `total_output_tokens`, `eval_count`);
-   cached tokens `prompt_tokens_details.cached_tokens` (`cache_read_input_tokens`). The last
-   occurrence of each wins (a stream's running counts end with the whole call's). A JSON key is
+   cached tokens `prompt_tokens_details.cached_tokens` (`cache_read_input_tokens`). One API
+   speaks one of the names: the first name in that order found counts, its last occurrence (a
+   stream's running counts end with the whole call's). A JSON key is
    found by its quoted name followed by `:`: inside a JSON string a quote is escaped, so a
    model's text can never read as a count. A hugpy box's own accounting is its final `usage`
    frame, read the same way.
@@ -48,16 +49,16 @@ class Reported(NamedTuple):
 
 
 def _last(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | None:
-    best_at, best = -1, None
+    """The value of the last occurrence of the first of `keys` the tail holds (one API speaks
+    one of them), or None."""
     for key in keys:
         at = tail.rfind(key, floor)
-        while at > best_at:
+        while at >= 0:
             found = _VALUE.match(tail, at + len(key))
             if found is not None:
-                best_at, best = at, int(found.group(1))
-                break
+                return int(found.group(1))
             at = tail.rfind(key, floor, at)
-    return best
+    return None
 
 
 def reported(tail: bytes) -> Reported | None:
@@ -67,7 +68,8 @@ def reported(tail: bytes) -> Reported | None:
     completion = _last(tail, COMPLETION_KEYS, floor)
     if prompt is None and completion is None:
         return None
-    return Reported(prompt, completion, _last(tail, CACHED_KEYS, floor))
+    cached = _last(tail, CACHED_KEYS, floor) if b"cache" in tail else None
+    return Reported(prompt, completion, cached)
 
 
 def ask_usage(body: bytes) -> bytes | None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily
 
 from router.core import limits as rules
-from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, reset_text
+from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, Windows, reset_text
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
 from router.store.keys import KeyStore
@@ -46,23 +46,38 @@ STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_A
 TOKEN_KINDS = ("prompt", "completion", "cached")
 
 
+def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
+    """OpenAI's `x-ratelimit-*` for the limits set, right after the call's admission (rule 2)."""
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    if limits.rpm is not None:
+        headers = ((b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
+                   (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
+                   (b"x-ratelimit-reset-requests", reset_text(windows.requests_reset_s).encode()))
+    if limits.tpm is not None:
+        headers += ((b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
+                    (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
+                    (b"x-ratelimit-reset-tokens", reset_text(windows.tokens_reset_s).encode()))
+    return headers
+
+
 class Charge:
     """One admitted call's account with its key (rules 2-4)."""
 
     __slots__ = ("tenancy", "name", "limits", "reserved", "slot", "headers")
 
-    def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int, now: float) -> None:
+    def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int,
+                 headers: tuple[tuple[bytes, bytes], ...]) -> None:
         self.tenancy = tenancy
         self.name = name  # the tally's name: `key:<id>` or `addr:<address>`
         self.limits = limits
         self.reserved = reserved
         self.slot = False  # holds one of the key's max_parallel slots
-        self.headers = tenancy.rate_headers(name, limits, now)
+        self.headers = headers
 
     def take_slot(self) -> bool:
         """Rule 3: the call holds a slot (True), or its key has none free."""
         if not self.slot:
-            self.slot = self.tenancy.counters.take_parallel(self.name, self.limits)
+            self.slot = self.limits.max_parallel is None or self.tenancy.counters.take_parallel(self.name, self.limits)
         return self.slot
 
     def has_room(self) -> bool:
@@ -70,13 +85,11 @@ class Charge:
 
     def settle(self, tokens: Tokens) -> None:
         """Rule 4; once, at the call's end."""
-        tenancy = self.tenancy
-        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, tenancy.clock())
-        if self.slot:
-            self.slot = False
-            tenancy.counters.give_parallel(self.name)
-            if tenancy.admission is not None:
-                tenancy.admission.offer()
+        tenancy, slot = self.tenancy, self.slot and self.limits.max_parallel is not None
+        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, tenancy.clock(), slot)
+        self.slot = False
+        if slot and tenancy.admission is not None:
+            tenancy.admission.offer()
 
 
 class Tenancy:
@@ -103,29 +116,12 @@ class Tenancy:
             name = "addr:" + (edge.caller or "unknown")
         if limits is NO_LIMITS:
             return None
-        now = self.clock()
         ask = Ask(call.model, rules.reservation(body_bytes, max_tokens) if limits.counts_tokens else 0)
-        refused = self.counters.admit(name, limits, ask, now)
-        if refused is not None:
-            self.limited[(key_id or NO_KEY, refused.reason)] += 1
-            return refused
-        return Charge(self, name, limits, ask.tokens, now)
-
-    def rate_headers(self, name: str, limits: Limits, now: float) -> tuple[tuple[bytes, bytes], ...]:
-        """OpenAI's `x-ratelimit-*` for the limits set (rule 2)."""
-        if limits.rpm is None and limits.tpm is None:
-            return ()
-        left = self.counters.left(name, limits, now)
-        headers = []
-        if limits.rpm is not None:
-            headers += [(b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
-                        (b"x-ratelimit-remaining-requests", b"%d" % left.requests),
-                        (b"x-ratelimit-reset-requests", reset_text(left.requests_reset_s).encode())]
-        if limits.tpm is not None:
-            headers += [(b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
-                        (b"x-ratelimit-remaining-tokens", b"%d" % left.tokens),
-                        (b"x-ratelimit-reset-tokens", reset_text(left.tokens_reset_s).encode())]
-        return tuple(headers)
+        admitted = self.counters.admit(name, limits, ask, self.clock())
+        if admitted.__class__ is Refused:
+            self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
+            return admitted  # type: ignore[return-value]
+        return Charge(self, name, limits, ask.tokens, rate_headers(limits, admitted))  # type: ignore[arg-type]
 
     def ended(self, record: CallRecord, charge: Charge | None) -> None:
         """A call ended: its tokens counted, its charge settled (rule 4)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from router.core import limits as rules
-from router.core.limits import Ask, Limits, Left, Refused, Tally
+from router.core.limits import Ask, Left, Limits, Refused, Tally, Windows
 
 # Distinct addresses counted at once for `--default-rpm/--default-tpm`; beyond it the idle ones
 # are forgotten (a forgotten address starts with a full minute, which it would have anyway).
@@ -31,13 +31,13 @@ MAX_ADDRESS_TALLIES = 65_536
 class Counters(Protocol):
     """One atomic step of router.core.limits on one key's tally (rules 1-2)."""
 
-    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | None: ...
+    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | Windows:
+        """`rules.admit`; admitted: `rules.windows_after` (the served call's headers)."""
 
-    def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float) -> None: ...
+    def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
+        """`rules.settle`, and `rules.give_parallel` when the call held a slot."""
 
     def take_parallel(self, key: str, limits: Limits) -> bool: ...
-
-    def give_parallel(self, key: str) -> None: ...
 
     def has_room(self, key: str, limits: Limits) -> bool: ...
 
@@ -60,19 +60,19 @@ class LocalCounters:
             tally = self.tallies[key] = Tally()
         return tally
 
-    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | None:
-        return rules.admit(self._tally(key), limits, ask, now)
+    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | Windows:
+        tally = self.tallies.get(key) or self._tally(key)
+        refused = rules.admit(tally, limits, ask, now)
+        return refused if refused is not None else rules.windows_after(tally, limits)
 
-    def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float) -> None:
-        rules.settle(self._tally(key), limits, reserved, used, now)
+    def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
+        tally = self.tallies.get(key) or self._tally(key)
+        rules.settle(tally, limits, reserved, used, now)
+        if slot:
+            rules.give_parallel(tally)
 
     def take_parallel(self, key: str, limits: Limits) -> bool:
         return rules.take_parallel(self._tally(key), limits)
-
-    def give_parallel(self, key: str) -> None:
-        tally = self.tallies.get(key)
-        if tally is not None:
-            rules.give_parallel(tally)
 
     def has_room(self, key: str, limits: Limits) -> bool:
         tally = self.tallies.get(key)
