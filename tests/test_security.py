@@ -484,6 +484,7 @@ ROW_REQUESTS = {
     "model listing": ("GET", "/v1/models", None, 200),
     "engine management": ("POST", "/api/pull", {"model": "llama3", "stream": False}, 200),
     "admin and keys": ("GET", "/v1/keys", None, 200),
+    "limits and usage": ("GET", "/v1/keys/usage", None, 200),
     "box relay": ("GET", "/v1/boxes/a/v1/telemetry/state", None, 200),
     "metrics": ("GET", "/metrics", None, 200),
     "dashboard page": ("GET", "/ui", None, 200),
