@@ -79,10 +79,6 @@ class Limits:
     models: frozenset[str] | None = None
 
     @property
-    def none(self) -> bool:
-        return self == NO_LIMITS
-
-    @property
     def counts_tokens(self) -> bool:
         return self.tpm is not None or self.budget_tokens is not None
 

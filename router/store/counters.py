@@ -10,8 +10,8 @@ them atomically; it never decides anything itself:
    MULTI on the fields, or a compare-and-set of a versioned record), so the counts are exact
    across routers and the rules are still router.core.limits', unchanged. Its losing the engine
    falls back to a `LocalCounters` (issue 23's `--shared-down open`).
-3. Tallies of callers without a key (by address) are bounded: past MAX_ADDRESS_TALLIES the idle
-   ones (nothing drawn, nothing in flight) are dropped, and a dropped tally is a fresh one.
+3. Tallies of callers without a key (by address) are bounded: past MAX_ADDRESS_TALLIES the ones
+   with nothing reserved and nothing in flight are dropped; a dropped address starts afresh.
 4. `seed(key, used, period)` installs what the store says a key's budget period has used so
    far, so a restart or a changed period counts from the store, not from zero.
 """
@@ -23,8 +23,9 @@ from typing import Protocol
 from router.core import limits as rules
 from router.core.limits import Ask, Left, Limits, Refused, Tally, Windows
 
-# Distinct addresses counted at once for `--default-rpm/--default-tpm`; beyond it the idle ones
-# are forgotten (a forgotten address starts with a full minute, which it would have anyway).
+# Distinct addresses counted at once for `--default-rpm/--default-tpm` (~200 B each: ~13 MB); past
+# it the idle ones are forgotten (rule 3): an address spray could then reset another address's
+# minute, but one that sprays addresses has a minute per address anyway.
 MAX_ADDRESS_TALLIES = 65_536
 
 
