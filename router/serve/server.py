@@ -264,6 +264,7 @@ class Running:
             default_tpm=config.default_tpm,
         )
         shared.tracer = tracer
+        log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
         shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
