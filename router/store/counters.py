@@ -13,7 +13,8 @@ them atomically; it never decides anything itself:
 3. Tallies of callers without a key (by address) are bounded: past MAX_ADDRESS_TALLIES the ones
    with nothing reserved and nothing in flight are dropped; a dropped address starts afresh.
 4. `seed(key, used, period)` installs what the store says a key's budget period has used so
-   far, so a restart or a changed period counts from the store, not from zero.
+   far, so a restart or a changed period counts from the store, not from zero (never less than
+   what this process already counted in that period: the store is a flush behind).
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class LocalCounters:
 
     def seed(self, key: str, used: int, period: tuple[float, float]) -> None:
         tally = self._tally(key)
+        if tally.period_start == period[0]:  # the store is up to a flush behind what settled here
+            used = max(used, tally.used)
         tally.used = used
         tally.period_start, tally.period_end = period
 
