@@ -50,7 +50,7 @@ from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
-from router.serve import no_box
+from router.serve import hops, no_box
 from router.serve.admission import Seat
 from router.serve.attempt import Attempt, Refusal
 from router.serve.deliver import Delivery
@@ -134,7 +134,9 @@ class ProxyCall:
         self.started_s = asyncio.get_running_loop().time()
         clock.calls.add(self)
         try:
-            if await self.read():
+            if hops.looped(self.edge):
+                await self.reply.error(508, "loop_detected", hops.LOOP_MESSAGE)
+            elif await self.read():
                 await self.route_call()
         finally:
             clock.calls.discard(self)

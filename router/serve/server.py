@@ -94,6 +94,7 @@ class ServeConfig:
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
     stream_keepalive_s: float = 15.0  # 0: never
+    max_event_streams: int = 32  # admin event streams open at once
     log_retention_days: float = 30.0  # 0 = keep every route_log row
     default_rpm: int | None = None  # callers without a key, per resolved address (docs/tenancy.md)
     default_tpm: int | None = None
@@ -260,6 +261,7 @@ class Running:
             queue_size=config.queue_size,
             queue_timeout_s=config.queue_timeout_s,
             stream_keepalive_s=config.stream_keepalive_s,
+            max_event_streams=config.max_event_streams,
             default_rpm=config.default_rpm,
             default_tpm=config.default_tpm,
         )
