@@ -158,3 +158,24 @@ def test_a_change_keeps_what_it_does_not_name_and_null_removes():
 
 def test_reset_text_is_openais():
     assert [rules.reset_text(s) for s in (0.0204, 1.5, 6.0, 360.0)] == ["21ms", "1.5s", "6s", "6m0s"]
+
+
+def test_the_local_counters_apply_the_rules_and_seed_from_the_store():
+    from router.store import counters as counters_module
+    from router.store.counters import LocalCounters
+
+    counters, limits = LocalCounters(), Limits(budget_tokens=100, rpm=10)
+    period = period_bounds("day", T0)
+    counters.seed("key:a", 90, period)  # what the store says this period used
+    assert counters.admit("key:a", limits, Ask("m", 20), T0).requests == 9  # admitted: the windows after it
+    assert counters.admit("key:a", limits, Ask("m", 1), T0).reason == rules.BUDGET_EXCEEDED
+    counters.settle("key:a", limits, 20, 5, T0, slot=False)
+    counters.seed("key:a", 90, period)  # the store a flush behind: never lowers what was counted
+    assert counters.left("key:a", limits, T0).budget == 5
+    counters.tallies.update({f"addr:{n}": Tally() for n in range(3)})
+    counters_module.MAX_ADDRESS_TALLIES, saved = 4, counters_module.MAX_ADDRESS_TALLIES
+    try:
+        counters.admit("addr:new", Limits(rpm=1), Ask("m", 0), T0)
+    finally:
+        counters_module.MAX_ADDRESS_TALLIES = saved
+    assert set(counters.tallies) == {"key:a", "addr:new"}  # idle addresses forgotten, keys kept
