@@ -72,7 +72,11 @@ def test_rpm_is_exact_in_a_burst_and_served_calls_carry_openais_headers(start_fl
     assert all(int(h["retry-after"]) >= 1 and b["error"]["code"] == "rate_limited" for h, b in refused)
     metrics = request(router, "GET", "/metrics")[2].decode()
     assert f'router_key_limited_total{{key="{key_id}",reason="rate_limited"}} 7.0' in metrics
-    assert key not in metrics and key.split("_")[2] not in metrics
+    secret = key.split("_", 2)[2]
+    assert key not in metrics and secret not in metrics
+    logged = rows(router)
+    assert {r["key_id"] for r in logged} == {key_id}  # the route log names the key by its id only
+    assert secret not in json.dumps(logged) and secret not in router.log_text()
 
 
 def test_tpm_overshoots_by_at_most_one_call(start_fleet_in_process):
