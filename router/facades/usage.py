@@ -29,6 +29,7 @@ from typing import Awaitable, Callable, NamedTuple
 import orjson
 
 from router._fastpath import json_members
+from router.facades.genai import OPERATIONS
 
 # A usage report sits at the end of an answer: OpenAI's `usage` is the body's last member, an
 # Ollama answer's counts are its final line's last fields, LM Studio's `stats` follow `usage`.
@@ -39,6 +40,9 @@ CACHED_KEYS = (b'"cached_tokens"', b'"cache_read_input_tokens"')
 _VALUE = re.compile(rb"\s*:\s*(\d{1,15})")
 _USAGE_CHUNK = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 STREAM_OPTIONS = (b"stream_options",)
+# Routes whose answer is generated text: only there is an answer's size an estimate of tokens
+# (speech is audio, an image is an image, an embedding has no completion).
+TEXT_ANSWER_ROUTES = frozenset(path for path, operation in OPERATIONS.items() if operation != "embeddings")
 INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 

@@ -193,7 +193,7 @@ class ProxyCall:
 
     async def admitted(self, max_tokens: int | None) -> bool:
         """The call against its key's limits (serve/tenancy.py rule 1); False when refused."""
-        charge = self.app.tenancy.admit(self.edge, self.record.call, len(self.body), max_tokens)  # type: ignore[arg-type]
+        charge = self.app.tenancy.admit(self.edge, self.record.call, self.record.text_bytes, max_tokens)  # type: ignore[arg-type]
         if isinstance(charge, Refused):
             await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, state="refused",
                                    retry_after_s=charge.retry_after_s or None)

@@ -17,7 +17,7 @@ from router.core.limits import Tokens, tokens_of
 from router.core.refusal import RefusalCode
 from router.core.types import Call, Decision
 from router.facades.table import Facade, Route
-from router.facades.usage import reported
+from router.facades.usage import TEXT_ANSWER_ROUTES, reported
 from router.serve.edge import Edge
 from router.store.route_log import Row
 
@@ -107,12 +107,20 @@ class CallRecord:
         """A box answered the call with a success (its tokens count)."""
         return self.box is not None and 200 <= self.status < 300 and self.first_byte_at is not None
 
+    @property
+    def text_bytes(self) -> int:
+        """The request body's size as text a prompt is made of: a multipart upload (audio, an
+        image) is no prompt to estimate tokens from."""
+        content_type = self.edge.header("content-type")
+        return 0 if content_type is not None and content_type.startswith("multipart/") else self.bytes_in
+
     def count_tokens(self) -> Tokens | None:
         """The call's tokens, once it ended: what its box reported at the answer's end, else
         estimated from sizes (router.core.limits.tokens_of); None when no box served it."""
         if self.served:
             report = reported(self.usage_frame or b"".join(self.tail)) if self.tail or self.usage_frame else None
-            self.tokens = tokens_of(report, self.bytes_in, self.bytes_out, self.stream)
+            answer_bytes = self.bytes_out if self.route.path in TEXT_ANSWER_ROUTES else 0
+            self.tokens = tokens_of(report, self.text_bytes, answer_bytes, self.stream)
         return self.tokens
 
     def row(self) -> Row:
