@@ -158,8 +158,9 @@ def test_a_change_keeps_what_it_does_not_name_and_null_removes():
     assert changed == Limits(rpm=None, tpm=100, budget_tokens=10, budget_period="week", models=frozenset({"a"}))
 
 
-def test_reset_text_is_openais():
-    assert [rules.reset_text(s) for s in (0.0204, 1.5, 6.0, 360.0)] == ["21ms", "1.5s", "6s", "6m0s"]
+def test_reset_headers_are_written_as_openai_writes_them():
+    assert [rules.reset_header(s) for s in (0.0, 0.0204, 1.5, 6.0, 59.95, 360.0)] == [
+        b"0ms", b"21ms", b"1.5s", b"6s", b"60s", b"6m0s"]
 
 
 def test_the_local_counters_apply_the_rules_and_seed_from_the_store():

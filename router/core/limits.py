@@ -365,15 +365,16 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
     return -(-answer_bytes // (STREAM_BYTES_PER_TOKEN if stream else BYTES_PER_TOKEN))
 
 
-def reset_text(seconds: float) -> str:
-    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`."""
-    if seconds < 1.0:
-        return "%dms" % -(-seconds * 1000 // 1) if seconds > 0 else "0ms"
-    if seconds < 60.0:
-        tenths = -(-seconds * 10 // 1)
-        return "%ds" % (tenths // 10) if tenths % 10 == 0 else "%.1fs" % (tenths / 10)
-    minutes, rest = divmod(-(-seconds // 1), 60)
-    return "%dm%ds" % (minutes, rest)
+def reset_header(seconds: float) -> bytes:
+    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`
+    (rounded up; integer arithmetic, as it runs for every served call of a limited key)."""
+    ms = -int(-seconds * 1000.0 // 1.0) if seconds > 0.0 else 0
+    if ms < 1000:
+        return b"%dms" % ms
+    if ms < 60_000:
+        tenths = (ms + 99) // 100
+        return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
+    return b"%dm%ds" % divmod((ms + 999) // 1000, 60)
 
 
 class Tokens(NamedTuple):

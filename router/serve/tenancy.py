@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily
 
 from router.core import limits as rules
-from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, Windows, reset_text
+from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, Windows, reset_header
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
 from router.store.keys import KeyStore
@@ -52,11 +52,11 @@ def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes],
     if limits.rpm is not None:
         headers = ((b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
                    (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
-                   (b"x-ratelimit-reset-requests", reset_text(windows.requests_reset_s).encode()))
+                   (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
     if limits.tpm is not None:
         headers += ((b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
                     (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
-                    (b"x-ratelimit-reset-tokens", reset_text(windows.tokens_reset_s).encode()))
+                    (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
     return headers
 
 
