@@ -54,6 +54,8 @@ class Route:
     prefix: bool = False  # the path is a prefix (`/api/v0/models/` + a model id)
     scope: str = "use"  # access scope: "public", "use" or "admin"
     aliases: AliasListing | None = None  # a model list: the aliases are listed too
+    # an OpenAI-shaped stream whose usage the box gives only when asked (facades/usage.py rule 2)
+    asks_usage: bool = False
 
 
 def _no_settings(doc: dict) -> str | None:

@@ -64,7 +64,7 @@ class ChainCall:
         self.left: dict[int, Move] = {}  # places passed over for good (rule 2)
         self.fallback = fallback
         self.body = proxy.body  # as the client sent it
-        self.bodies: dict[str, bytes] = {}  # the model as a box gets it -> the body with it
+        self.bodies: dict[tuple[str, bool], bytes] = {}  # (the model as a box gets it, usage asked) -> body
         proxy.record.call = first
         proxy.record.alias = alias.name
         proxy.reply.model_headers = model_headers(alias.chain[0], 0)
@@ -115,16 +115,18 @@ class ChainCall:
         proxy.reply.model_headers = model_headers(chain[position], position)
 
     # -- rules 2-4, per attempt ----------------------------------------------------------------
-    def body_for(self, proxy: ProxyCall, box: BoxState) -> bytes:
-        """The body `box` gets (rule 3)."""
+    def body_for(self, proxy: ProxyCall, box: BoxState, asks_usage: bool) -> bytes:
+        """The body `box` gets (rule 3): the client's, or the one that asks for a stream's usage
+        (`asks_usage`, serve/tenancy's), with the model in the box's spelling."""
         name = self.alias.chain[self.current]
         if box.config.kind is BoxKind.OLLAMA:  # the only kind with a spelling of its own
             name = box_model_name(BoxKind.OLLAMA, name, box.inventory.catalog)
-        body = self.bodies.get(name)
+        body = self.bodies.get((name, asks_usage))
         if body is None:
             route = proxy.route
             content_type = (proxy.edge.header("content-type") or "") if route.body is Body.FORM else ""
-            body = self.bodies[name] = with_model(self.body, content_type, route, name)
+            base = proxy.usage_body if asks_usage else self.body
+            body = self.bodies[(name, asks_usage)] = with_model(base, content_type, route, name)  # type: ignore[arg-type]
         return body
 
     @staticmethod

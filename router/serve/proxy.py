@@ -44,12 +44,14 @@ from typing import TYPE_CHECKING
 
 from router.boxes.state import BoxState
 from router.core.admission import Priority
+from router.core.limits import Refused
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
-from router.core.types import BoxFacts, Decision, Path
+from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
+from router.facades.usage import ask_usage
 from router.serve import hops, no_box
 from router.serve.admission import Seat
 from router.serve.attempt import Attempt, Refusal
@@ -59,6 +61,7 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
+from router.serve.tenancy import STATUS, Charge
 
 if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
     from router.serve.app import RouterApp
@@ -96,7 +99,7 @@ class ProxyCall:
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
-        "chain",
+        "charge", "usage_body", "chain",
     )
     max_boxes = MAX_BOXES_PER_CALL
 
@@ -120,6 +123,8 @@ class ProxyCall:
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
+        self.charge: Charge | None = None  # its account with its key's limits (serve/tenancy.py)
+        self.usage_body: bytes | None = None  # the body asking the box for a stream's usage
         self.chain: ChainCall | None = None  # a call for an alias: where it is on the chain
 
     @property
@@ -148,6 +153,7 @@ class ProxyCall:
             # the loop ~40 µs a call when every call was left to it; bench/callpath_cpu.py).
             self.reply.on_left = None  # type: ignore[assignment]
             self.load.release()
+            self.app.tenancy.ended(self.record, self.charge)
             try:
                 if self.life.phase is not Phase.ENDED:
                     self.life.fire(Event.DONE)
@@ -180,7 +186,7 @@ class ProxyCall:
         record.bytes_in = len(self.body)
         self.life.fire(Event.BODY_IN)
         try:
-            record.call, stream, self.asked_priority, fallback = await self.inspect()
+            record.call, stream, self.asked_priority, max_tokens, fallback = await self.inspect()
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
@@ -189,6 +195,21 @@ class ProxyCall:
             self.chain = ChainCall(self, alias, record.call, fallback)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
+        if stream and self.route.asks_usage:
+            self.usage_body = ask_usage(self.body)
+        return await self.admitted(max_tokens)
+
+    async def admitted(self, max_tokens: int | None) -> bool:
+        """The call against its key's limits (serve/tenancy.py rule 1); False when refused."""
+        call = self.record.call if self.chain is None else self.chain.asked  # a key's `models` name what it asks
+        charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens)  # type: ignore[arg-type]
+        if isinstance(charge, Refused):
+            await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, state="refused",
+                                   retry_after_s=charge.retry_after_s or None)
+            return False
+        if charge is not None:
+            self.charge = charge
+            self.record.limit_headers = charge.headers
         return True
 
     async def inspect(self) -> Inspected:
@@ -229,6 +250,11 @@ class ProxyCall:
             box = fleet.get(choice)
             if box is None:  # removed from the boxes file since the decision
                 self.tried.append(choice)
+            elif self.charge is not None and not self.charge.take_slot():  # full for its caller
+                decision = await self.wait_turn(decision)
+                if decision is None or self.gone:
+                    return
+                continue
             elif (refusal := await self.try_box(box)) is None:
                 return
             else:
@@ -258,24 +284,27 @@ class ProxyCall:
         if not record.attempts:
             record.t_sent = t_started
         app, chain = self.app, self.chain
+        # A hugpy box reports a stream's usage on its own (its final frame): it is not asked.
+        asks_usage = self.usage_body is not None and box.config.kind is not BoxKind.HUGPY
         if chain is None:
+            body = self.usage_body if asks_usage else self.body
             attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s, app.stream_idle_timeout_s)
         else:
-            self.body = chain.body_for(self, box)
+            body = chain.body_for(self, box, asks_usage)
             first_byte_s = chain.first_byte_s(app.first_byte_timeout_s, record.t_sent, t_started)
             attempt = Attempt(box, self.call_id, self.life, first_byte_s, app.stream_idle_timeout_s)
             attempt.context_moves_on = chain.context_moves_on
         self.attempt = attempt
         refusal = None
         try:
-            verdict = await attempt.send(self.edge, self.body)
+            verdict = await attempt.send(self.edge, body)
             if isinstance(verdict, Refusal):
                 refusal = verdict
                 self.refused_by(box, refusal)
                 if chain is not None:
                     chain.refused(refusal.code)
             elif verdict is not None:
-                await self.delivery.send(box, verdict, attempt)
+                await self.delivery.send(box, verdict, attempt, asked_usage=asks_usage)
         finally:
             attempt.done()
             self.attempt = None
@@ -293,7 +322,7 @@ class ProxyCall:
     async def wait_turn(self, decision: Decision) -> Decision | None:
         """Every owner left is full or cooling: wait for a slot (None: answered instead)."""
         caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
-        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now)
+        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now, self.charge)
         try:
             if not await seat.join(decision, caller, priority):
                 return None

@@ -149,6 +149,7 @@ class Reply:
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
+        kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/tenancy.py)
         if self.model_headers:
             kept.extend(self.model_headers)
         return kept
