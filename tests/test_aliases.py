@@ -420,3 +420,33 @@ def test_the_body_keeps_every_byte_but_the_model():
             b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF coder\r\n--xyz--\r\n')
     content_type = "multipart/form-data; boundary=" + boundary.decode()
     assert with_model(form, content_type, transcribe, "whisper-1") == form.replace(b"\r\n\r\ncoder", b"\r\n\r\nwhisper-1")
+
+
+def test_a_stream_the_router_asks_usage_for_gets_the_model_too(start_fleet_in_process):
+    """An OpenAI stream to a box that reports usage only when asked (tenancy's usage body): the
+    body with the question is the one rewritten for each model."""
+    from router.sim.lmstudio import SimLMStudio
+
+    first = SimLMStudio("l1", models=["qwen/qwen3-8b"], loaded=["qwen/qwen3-8b"])
+    second = SimLMStudio("l2", models=["google/gemma-3-4b"], loaded=["google/gemma-3-4b"])
+    router = start_fleet_in_process(first, second)
+    assert put_alias(router, "chat", "qwen/qwen3-8b", "google/gemma-3-4b")[0] == 201
+    first.script("qwen/qwen3-8b", Behavior.refuse(503, None))
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    chunks = list(client.chat.completions.create(model="chat", messages=MESSAGES, stream=True))
+    assert chunks and all(c.usage is None for c in chunks)  # asked by the router, kept from the client
+    assert [r.model for r in second.calls if r.path == "/v1/chat/completions"] == ["google/gemma-3-4b"]
+    assert [r.model for r in first.calls if r.path == "/v1/chat/completions"] == ["qwen/qwen3-8b"]
+
+
+def test_a_keys_models_name_what_it_asks_for(fleet):
+    router, a, b = fleet()
+
+    def key_for(*models):
+        status, _, body = request(router, "POST", "/v1/keys", {"name": "team", "limits": {"models": list(models)}})
+        assert status == 201, body
+        return {"Authorization": "Bearer " + json.loads(body)["key"]}
+
+    assert call(router, headers=key_for("coder"))[0] == 200
+    status, _, body = call(router, headers=key_for("big", "small"))
+    assert status == 403 and body["error"]["code"] == "model_not_allowed"
