@@ -103,6 +103,22 @@ class Lifecycle:
         return event in TRANSITIONS[self.phase]
 
 
+def row_state(ended_by: Event | None, status: int, failure: str | None, turned_away: bool) -> str:
+    """The route-log state of a call that ended by `ended_by`, whose answer (if any went out) had
+    `status`, its error code `failure`, and came from the router itself when `turned_away`:
+    - the client left: `cancelled`;
+    - a deadline passed, or the box failed after the first byte: `failed`;
+    - otherwise (DONE) the answer says: `refused` when the router turned the call away (no box,
+      queue full), `failed` for an error answer or none at all, else `done`."""
+    if ended_by is Event.CLIENT_LEFT:
+        return "cancelled"
+    if ended_by is Event.DEADLINE or ended_by is Event.BOX_FAILED:
+        return "failed"
+    if turned_away:
+        return "refused"
+    return "failed" if failure is not None or not status else "done"
+
+
 class Stop(str, Enum):
     """Why a call tries no further box."""
 

@@ -173,7 +173,7 @@ class Seat:
         if self.waiter is None:
             await self.reply.error(
                 429, "queue_full", "every box for this model is full and the queue is full",
-                {"boxes": decision.reasons_text()}, state="refused", retry_after_s=admission.retry_after_s(),
+                {"boxes": decision.reasons_text()}, turned_away=True, retry_after_s=admission.retry_after_s(),
             )
             return False
         loop = asyncio.get_running_loop()
@@ -194,7 +194,7 @@ class Seat:
             if turn_future.cancelled() or not turn_future.done():  # type: ignore[union-attr]
                 admission.leave(self.waiter, "left")  # type: ignore[arg-type]
             self.waiter = None
-        self.reply.record.waited_ms = round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3)
+        self.reply.record.queued(round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3))
         if turn is None and self.life.ended_by is Event.DEADLINE:
             await self.reply.error(
                 503, "queue_timeout", f"no box for this model had room within {admission.timeout_s:g} s",
@@ -205,7 +205,7 @@ class Seat:
     def admit(self, decision: Decision) -> None:
         """The queue hands the call a slot: it counts on its box now, before anything else runs
         (rule 2), then the call wakes."""
-        self.reply.record.decision = decision
+        self.reply.record.decided(decision)
         self.life.fire(Event.DECIDED)
         self.load.count_on(self.fleet.get(decision.boxes[0]))
         self.turn.set_result(decision)  # type: ignore[union-attr]

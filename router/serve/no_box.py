@@ -29,7 +29,7 @@ async def refuse(reply: Reply, call: Call, decision: Decision) -> None:
         "no_box",
         f"{what} can serve model {call.model!r}",
         {"type": "no_box", "reasons": decision.reasons_text(), "request_id": call_id},
-        state="refused",
+        turned_away=True,
     )
     if log.isEnabledFor(logging.DEBUG):
         log.debug("call %s refused: %s", call_id, decision.reasons_text())
@@ -44,7 +44,7 @@ async def give_up(reply: Reply, last: Refusal | None) -> None:
         return
     box_name = record.box.name  # type: ignore[union-attr]
     if last.status >= 400:
-        record.answered(last.status, "failed", last.code)
+        record.answered(last.status, last.code)
         await reply.respond(last.status, reply.box_headers(box_name, list(last.headers)), last.body)
         return
     status = in_band_status(last.code, last.frame)
@@ -55,5 +55,5 @@ async def give_up(reply: Reply, last: Refusal | None) -> None:
         message = "the box refused the call"
     body = reply.facade.shape_error(status, last.code, message, fields)
     headers = [(b"content-type", JSON), (b"x-hugpy-box", box_name.encode()), reply.id_header()]
-    record.answered(status, "failed", last.code)
+    record.answered(status, last.code)
     await reply.respond(status, headers, body)

@@ -37,7 +37,6 @@ import asyncio
 import itertools
 import logging
 import os
-import time
 from typing import TYPE_CHECKING
 
 from router.boxes.state import BoxState
@@ -102,7 +101,7 @@ class ProxyCall:
         self.route = route
         self.call_id = new_call_id()
         self.life = Lifecycle()
-        self.record = CallRecord(self.call_id, facade, route, edge)
+        self.record = CallRecord(self.call_id, facade, route, edge, self.life)
         self.reply = Reply(edge, facade, self.record, self.client_left)
         self.load = Load(app.reservations, app.scheduler, app.admission)
         self.body = b""
@@ -164,15 +163,14 @@ class ProxyCall:
         except ClientLeft:
             # The client left mid-upload, or sent a body the server could not frame (a bad
             # chunked encoding reads as a disconnect): answer in case it is still there.
-            await reply.error(400, "bad_body", "the request body could not be read", state="cancelled")
-            self.record.failure = "client_left"
+            self.life.fire(Event.CLIENT_LEFT)
+            await reply.error(400, "bad_body", "the request body could not be read")
             return False
-        record = self.record
-        record.t_body = time.perf_counter()
-        record.bytes_in = len(self.body)
+        self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
         try:
-            record.call, stream, self.asked_priority = await self.inspect()
+            call, stream, self.asked_priority = await self.inspect()
+            self.record.asked(call)
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
@@ -194,7 +192,8 @@ class ProxyCall:
         """Decides, waits for room if it must, then tries the decision's boxes in turn (the
         failover step: router.core.lifecycle's next_attempt) until one takes the call."""
         fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
-        record.decision = decision = self.decide_now(fleet.facts())
+        decision = self.decide_now(fleet.facts())
+        record.decided(decision)
         if decision.path is Path.REFUSED and not decision.waits_for:
             await no_box.refuse(self.reply, self.record.call, decision)  # type: ignore[arg-type]
             return
@@ -237,11 +236,8 @@ class ProxyCall:
         if self.life.phase is Phase.DECIDING:  # (a call the queue admitted is dispatched)
             self.life.fire(Event.DECIDED)
         record = self.record
-        record.box = box
         self.load.reserve(box)
-        t_started = time.perf_counter()
-        if not record.attempts:
-            record.t_sent = t_started
+        t_started = record.attempting(box)
         app = self.app
         attempt = self.attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s,
                                          app.stream_idle_timeout_s)
@@ -256,7 +252,7 @@ class ProxyCall:
         finally:
             attempt.done()
             self.attempt = None
-            record.attempt_ended(box.name, t_started, refusal.status if refusal else record.status,
+            record.attempted(box.name, t_started, refusal.status if refusal else record.status,
                                  refusal.code if refusal else None)
         return refusal
 
@@ -305,14 +301,13 @@ class ProxyCall:
         if not self.life.can(Event.CLIENT_LEFT):
             return  # the call has ended already
         if self.seat is not None and self.seat.leave(Event.CLIENT_LEFT, "left"):
-            self.record.ended("cancelled", "client_left")
             return
-        self.life.fire(Event.CLIENT_LEFT)
-        if self.delivery.delivered:  # the answer is whole: a hang-up now cancels nothing
+        if self.delivery.delivered:  # the answer is whole: the call is done, a hang-up cancels nothing
+            self.life.fire(Event.DONE)
             if self.attempt is not None:
                 self.attempt.abort("client left after the end")
             return
-        self.record.ended("cancelled", "client_left")
+        self.life.fire(Event.CLIENT_LEFT)
         attempt = self.attempt
         if attempt is not None and attempt.abort("client left"):
             attempt.cancel()

@@ -78,15 +78,16 @@ class Reply:
         return (b"x-hugpy-router-request-id", self.record.call_id.encode())
 
     async def error(
-        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed",
+        self, status: int, code: str, message: str, extra: dict | None = None, turned_away: bool = False,
         retry_after_s: int | None = None,
     ) -> None:
-        """The router's own answer, in the facade's shape."""
+        """The router's own answer, in the facade's shape; `turned_away` when it says that no box
+        would take the call (the row's state `refused`)."""
         body = self.facade.shape_error(status, code, message, extra)
         headers = [(b"content-type", JSON), self.id_header()]
         if retry_after_s is not None:
             headers.append((b"retry-after", b"%d" % retry_after_s))
-        self.record.answered(status, state, code)
+        self.record.answered(status, code, turned_away=turned_away)
         await self.respond(status, headers, body)
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
@@ -94,14 +95,14 @@ class Reply:
         await self.settle()
         if self.headed:
             frame = in_band_frame(status, body)
-            self.record.bytes_out += len(frame)
+            self.record.sent(len(frame))
             try:
                 await self.edge.write(frame)
                 await self.edge.finish()
             except ClientLeft:
                 self.on_left()
             return
-        self.record.bytes_out += len(body)
+        self.record.sent(len(body))
         await self.edge.respond(status, headers, body)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -144,7 +145,7 @@ class Reply:
                     self.id_header(),
                 ])
             await self.edge.write(KEEPALIVE_COMMENT)
-            self.record.bytes_out += len(KEEPALIVE_COMMENT)
+            self.record.sent(len(KEEPALIVE_COMMENT))
         except ClientLeft:
             self.on_left()
 
