@@ -10,7 +10,7 @@ import orjson
 import uvloop
 
 from router.facades.openai import FACADE
-from router.core.lifecycle import Event, Lifecycle
+from router.core.lifecycle import Event
 from router.serve import clock as call_clock, proxy
 from router.serve.clock import CallClock
 from router.serve.edge import AsgiEdge
@@ -69,15 +69,19 @@ def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch
 
 def test_the_watcher_starts_only_once_the_body_is_in():
     watched = []
-    call = types.SimpleNamespace(life=Lifecycle(), started_s=0.0, watch=None, attempt=None,
-                                 reply=types.SimpleNamespace(keepalive_s=0.0),
-                                 edge=types.SimpleNamespace(watch_disconnect=watched.append),
-                                 client_left=object())
-    ProxyCall.tick(call, now=10.0)  # long past WATCH_AFTER_S, but the body is still due
+
+    class WatchedEdge(AsgiEdge):
+        def watch_disconnect(self, on_left):
+            watched.append(on_left)
+
+    route, _ = FACADE.route("POST", "/v1/chat/completions")
+    edge = WatchedEdge(SCOPE, StubClient().receive, StubClient().send)
+    call = ProxyCall(stub_app(CallClock(), []), edge, FACADE, route)
+    call.tick(now=10.0)  # long past WATCH_AFTER_S, but the body is still due
     assert watched == []
     for event in (Event.BODY_IN, Event.DECIDED, Event.SENT):
         call.life.fire(event)
-    ProxyCall.tick(call, now=proxy.WATCH_AFTER_S / 2)
+    call.tick(now=proxy.WATCH_AFTER_S / 2)
     assert watched == []  # too early: most calls end before their watcher would start
-    ProxyCall.tick(call, now=proxy.WATCH_AFTER_S)
+    call.tick(now=proxy.WATCH_AFTER_S)
     assert watched == [call.client_left]

@@ -7,7 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.core.lifecycle import (
+    AT_A_BOX,
+    TICK_DUTIES,
     TRANSITIONS,
+    Duty,
     Event,
     IllegalTransition,
     Lifecycle,
@@ -21,10 +24,13 @@ events = st.lists(st.sampled_from(list(Event)), max_size=40)
 
 
 def walk(sequence: list[Event]) -> list[tuple[Phase, Event, Phase]]:
-    """The steps the table accepts, stopping at the first illegal event."""
+    """The steps the table accepts, stopping at the first illegal event or at the end (after it,
+    events are late news that move nothing: rule 2)."""
     life, steps = Lifecycle(), []
     for event in sequence:
         before = life.phase
+        if before is Phase.ENDED:
+            break
         try:
             after = life.fire(event)
         except IllegalTransition as exc:
@@ -58,8 +64,8 @@ def test_no_path_leaves_a_slot_held(sequence):
         steps.append((last, Event.CLIENT_LEFT, TRANSITIONS[last][Event.CLIENT_LEFT]))
     held = False
     for before, event, after in steps:
-        if event is Event.DECIDED:
-            held = True  # taken, or moved to the next box
+        if event in (Event.DECIDED, Event.ADMITTED):
+            held = True  # taken (by the call, or by the queue's hand-out), or moved to the next box
         if after in (Phase.QUEUED, Phase.ENDED):
             held = False
         if after is Phase.QUEUED:
@@ -69,13 +75,37 @@ def test_no_path_leaves_a_slot_held(sequence):
     assert steps[-1][2] is Phase.ENDED and not held
 
 
-def test_every_phase_can_end_and_ended_takes_nothing():
+def test_every_phase_can_end_and_deadline_is_the_calls_own():
     for phase in Phase:
-        if phase is Phase.ENDED:
-            assert TRANSITIONS[phase] == {}
-            continue
         assert TRANSITIONS[phase][Event.CLIENT_LEFT] is Phase.ENDED
-        assert TRANSITIONS[phase][Event.DEADLINE] is Phase.ENDED
+        has_deadline = Duty.BODY_DEADLINE in TICK_DUTIES[phase] or Duty.QUEUE_DEADLINE in TICK_DUTIES[phase]
+        if phase is not Phase.ENDED:  # rule 5: a deadline fires where a tick duty keeps one
+            assert (Event.DEADLINE in TRANSITIONS[phase]) == has_deadline
+
+
+@settings(max_examples=300, deadline=None)
+@given(events, st.lists(st.sampled_from(list(Event)), min_size=1, max_size=12))
+def test_an_event_after_the_end_is_expected(sequence, late):
+    """Rule 2 (issue 20 item 6): once ENDED, any event is late news. It raises nothing, and the
+    call stays ended by the event that ended it."""
+    life = Lifecycle()
+    for event in sequence:
+        if event in TRANSITIONS[life.phase]:
+            life.fire(event)
+    life.fire(Event.CLIENT_LEFT)
+    ended_by = life.ended_by
+    for event in late:
+        assert life.fire(event) is Phase.ENDED
+    assert (life.phase, life.ended_by, life.ended) == (Phase.ENDED, ended_by, True)
+
+
+def test_the_tick_duties_cover_every_phase():
+    assert set(TICK_DUTIES) == set(Phase)
+    assert TICK_DUTIES[Phase.ENDED] == ()
+    for phase in AT_A_BOX:  # at a box: the client is watched and the box's deadline kept
+        assert {Duty.WATCH_CLIENT, Duty.BOX_DEADLINE} <= set(TICK_DUTIES[phase])
+    for phase in set(Phase) - AT_A_BOX:  # never before the body is in, nor in the queue (it watches)
+        assert Duty.WATCH_CLIENT not in TICK_DUTIES[phase]
 
 
 def test_an_illegal_event_names_the_phase_and_the_event():
@@ -86,8 +116,8 @@ def test_an_illegal_event_names_the_phase_and_the_event():
                   Event.DONE):
         life.fire(event)
     assert (life.phase, life.ended_by) == (Phase.ENDED, Event.DONE)
-    with pytest.raises(IllegalTransition):
-        life.fire(Event.CLIENT_LEFT)
+    life.fire(Event.CLIENT_LEFT)  # late: the call stays as it ended (rule 2)
+    assert (life.phase, life.ended_by) == (Phase.ENDED, Event.DONE)
 
 
 def test_a_refusal_before_the_first_byte_decides_again_after_it_ends_the_call():

@@ -206,20 +206,20 @@ class Seat:
         """The queue hands the call a slot: it counts on its box now, before anything else runs
         (rule 2), then the call wakes."""
         self.reply.record.decided(decision)
-        self.life.fire(Event.DECIDED)
+        self.life.fire(Event.ADMITTED)
         self.load.count_on(self.fleet.get(decision.boxes[0]))
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
-    def leave(self, event: Event, outcome: str) -> bool:
-        """The client left (`left`) or the wait passed the timeout (`queue_timeout`): out of the
+    def leave(self, event: Event) -> bool:
+        """The client left (CLIENT_LEFT) or the wait passed the timeout (DEADLINE): out of the
         queue without a box. False when it is not waiting (or was handed out already)."""
+        outcome = "queue_timeout" if event is Event.DEADLINE else "left"
         if self.waiter is None or not self.admission.leave(self.waiter, outcome):
             return False
         self.life.fire(event)
         self.turn.set_result(None)  # type: ignore[union-attr]
         return True
 
-    def expire(self, now_s: float) -> None:
-        """The CallClock's look (rule 3)."""
-        if now_s - self.queued_s > self.admission.timeout_s:
-            self.leave(Event.DEADLINE, "queue_timeout")
+    def overdue(self, now_s: float) -> bool:
+        """The wait has passed the queue's timeout (rule 3)."""
+        return now_s - self.queued_s > self.admission.timeout_s

@@ -28,7 +28,7 @@ import orjson
 
 from router._fastpath import FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG, FrameScanner
 from router.boxes.state import BoxState
-from router.core.lifecycle import Event, Lifecycle, Phase
+from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
 from router.core.types import BoxKind
 from router.serve.edge import Edge
@@ -142,8 +142,7 @@ class Attempt:
                 exchange.abort(ExchangeAborted("client left"))
                 self.cancel()
                 return LEFT
-            if self.life.phase is Phase.DISPATCHING:  # (a resend after a stale-connection race: SENT)
-                self.life.fire(Event.SENT)
+            self.life.fire(Event.SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
             exchange.arm_deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte"))
             try:
                 return await self.judge(exchange)

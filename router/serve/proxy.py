@@ -10,9 +10,9 @@ DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover
 - `Attempt` (attempt.py): send to one box and judge the answer; it returns a verdict;
 - `Delivery` (deliver.py): commit once, then the answer whole or relayed (_fastpath.Relay);
 - no_box.py: the answers when no box takes the call.
-Two things reach the call from outside its task, as events: the CallClock's time (`tick`:
-a deadline, the start of the disconnect watcher, a keep-alive) and the client's leaving
-(`client_left`).
+Two things reach the call from outside its task: the CallClock's time (`tick`, which does the
+phase's duties, router.core.lifecycle.TICK_DUTIES) and the client's leaving; the events they
+bring (deadline, client_left) have one entry, `outside`.
 
 Rules:
 1. Nothing reaches the client before the box's answer is judged (attempt.py). A refusal excludes
@@ -43,7 +43,7 @@ from router.boxes.state import BoxState
 from router.core.admission import Priority
 from router.core.decide import decide
 from router.core.errors import BadRequest
-from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
+from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
 from router.core.types import BoxFacts, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
@@ -74,8 +74,6 @@ WATCH_AFTER_S = 0.05
 # a larger one on a worker thread, where the scan holds no GIL, so the loop goes on serving
 # (bench/body_stall.py). A thread hop costs ~0.1 ms, more than scanning a small body.
 INLINE_INSPECT_BYTES = 256 << 10
-# The phases in which a call is at a box: its client is watched and its exchange's deadline kept.
-AT_A_BOX = frozenset({Phase.DISPATCHING, Phase.SENT, Phase.HELD, Phase.JUDGED, Phase.RELAYING})
 
 _CALL_PREFIX = "rt-" + os.urandom(8).hex()  # this process's; the counter makes each id unique
 _call_numbers = itertools.count(1)
@@ -140,8 +138,7 @@ class ProxyCall:
             self.reply.on_left = None  # type: ignore[assignment]
             self.load.release()
             try:
-                if self.life.phase is not Phase.ENDED:
-                    self.life.fire(Event.DONE)
+                self.life.fire(Event.DONE)  # (an ended call stays as it ended)
             finally:
                 self.app.observe(self.record)
 
@@ -233,8 +230,7 @@ class ProxyCall:
     # -- one box -------------------------------------------------------------------------------
     async def try_box(self, box: BoxState) -> Refusal | None:
         """Sends the call to `box` and delivers its answer; the refusal when it refused."""
-        if self.life.phase is Phase.DECIDING:  # (a call the queue admitted is dispatched)
-            self.life.fire(Event.DECIDED)
+        self.life.fire(Event.DECIDED)
         record = self.record
         self.load.reserve(box)
         t_started = record.attempting(box)
@@ -278,36 +274,62 @@ class ProxyCall:
 
     # -- events from outside the call's task ---------------------------------------------------
     def tick(self, now: float) -> None:
-        """The CallClock's look at this call: a deadline passed, or time to watch the client."""
-        phase = self.life.phase
-        if phase is Phase.RECEIVING:
-            if now - self.started_s > BODY_TIMEOUT_S:
-                self.life.fire(Event.DEADLINE)
-                self.task.cancel()  # type: ignore[union-attr]  # (rule 5)
-        elif phase is Phase.QUEUED:
-            self.seat.expire(now)  # type: ignore[union-attr]
-        elif phase in AT_A_BOX:
-            # Only once the body is in: until then receive() belongs to the body.
-            if self.watch is None and now - self.started_s >= WATCH_AFTER_S:
-                self.watch = self.edge.watch_disconnect(self.client_left)
-            attempt = self.attempt
-            if attempt is not None and attempt.exchange is not None:
-                attempt.exchange.expire(now)
+        """The CallClock's look at this call: the duties of its phase (TICK_DUTIES)."""
+        for duty in TICK_DUTIES[self.life.phase]:
+            DUTIES[duty](self, now)
+
+    def body_overdue(self, now: float) -> None:
+        if now - self.started_s > BODY_TIMEOUT_S:
+            self.outside(Event.DEADLINE)
+
+    def queue_overdue(self, now: float) -> None:
+        if self.seat is not None and self.seat.overdue(now):
+            self.outside(Event.DEADLINE)
+
+    def watch_client(self, now: float) -> None:
+        if self.watch is None and now - self.started_s >= WATCH_AFTER_S:
+            self.watch = self.edge.watch_disconnect(self.client_left)
+
+    def box_overdue(self, now: float) -> None:
+        attempt = self.attempt
+        if attempt is not None and attempt.exchange is not None:
+            attempt.exchange.expire(now)  # the box failing: its attempt sees the error
+
+    def keepalive_due(self, now: float) -> None:
         if self.reply.keepalive_s:
             self.reply.keep_alive_due(now, self.started_s)
 
     def client_left(self) -> None:
-        """The client went away: end the box's work now. Safe to call more than once."""
-        if not self.life.can(Event.CLIENT_LEFT):
-            return  # the call has ended already
-        if self.seat is not None and self.seat.leave(Event.CLIENT_LEFT, "left"):
+        """The client went away (the disconnect watcher, or a write that found it gone)."""
+        self.outside(Event.CLIENT_LEFT)
+
+    def outside(self, event: Event) -> None:
+        """The one entry for events from outside the call's task: the client left, or a deadline
+        of the call's own passed (router.core.lifecycle rule 5). Safe to call more than once."""
+        life = self.life
+        if life.ended:
+            return  # late: the call has ended already (lifecycle rule 2)
+        if self.seat is not None and self.seat.leave(event):
+            return  # out of the queue without a box; its task answers (or not: the client left)
+        if event is Event.DEADLINE:  # the body's: the one deadline that cancels the task (rule 5)
+            life.fire(event)
+            self.task.cancel()  # type: ignore[union-attr]
             return
         if self.delivery.delivered:  # the answer is whole: the call is done, a hang-up cancels nothing
-            self.life.fire(Event.DONE)
+            life.fire(Event.DONE)
             if self.attempt is not None:
                 self.attempt.abort("client left after the end")
             return
-        self.life.fire(Event.CLIENT_LEFT)
+        life.fire(Event.CLIENT_LEFT)
         attempt = self.attempt
         if attempt is not None and attempt.abort("client left"):
             attempt.cancel()
+
+
+DUTIES = {
+    Duty.BODY_DEADLINE: ProxyCall.body_overdue,
+    Duty.QUEUE_DEADLINE: ProxyCall.queue_overdue,
+    Duty.WATCH_CLIENT: ProxyCall.watch_client,
+    Duty.BOX_DEADLINE: ProxyCall.box_overdue,
+    Duty.KEEPALIVE: ProxyCall.keepalive_due,
+}
