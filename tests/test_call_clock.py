@@ -11,7 +11,7 @@ import uvloop
 
 from router.facades.openai import FACADE
 from router.core.lifecycle import Event
-from router.serve import clock as call_clock, proxy
+from router.serve import body, clock as call_clock, proxy
 from router.serve.clock import CallClock
 from router.serve.edge import AsgiEdge
 from router.serve.proxy import ProxyCall
@@ -42,7 +42,7 @@ def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
 
 
 def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch):
-    monkeypatch.setattr(proxy, "BODY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(body, "BODY_TIMEOUT_S", 0.2)
 
     async def main():
         clock = CallClock()

@@ -78,9 +78,10 @@ def test_no_path_leaves_a_slot_held(sequence):
 def test_every_phase_can_end_and_deadline_is_the_calls_own():
     for phase in Phase:
         assert TRANSITIONS[phase][Event.CLIENT_LEFT] is Phase.ENDED
-        has_deadline = Duty.BODY_DEADLINE in TICK_DUTIES[phase] or Duty.QUEUE_DEADLINE in TICK_DUTIES[phase]
-        if phase is not Phase.ENDED:  # rule 5: a deadline fires where a tick duty keeps one
-            assert (Event.DEADLINE in TRANSITIONS[phase]) == has_deadline
+    # rule 5: the body's deadline while it is read, the queue's (a tick duty) while it waits
+    assert {p for p in Phase if p is not Phase.ENDED and Event.DEADLINE in TRANSITIONS[p]} == {
+        Phase.RECEIVING, Phase.QUEUED}
+    assert [p for p in Phase if Duty.QUEUE_DEADLINE in TICK_DUTIES[p]] == [Phase.QUEUED]
 
 
 @settings(max_examples=300, deadline=None)

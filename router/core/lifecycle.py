@@ -26,16 +26,17 @@ Rules:
    none, an ended call holds none (the serve layer does each at its event).
 5. DEADLINE is the call's own deadlines only: its body's (RECEIVING) and its queue's (QUEUED).
    A box's deadlines (its first byte, its silence after it) are that box failing: BOX_FAILED.
-6. Each CallClock tick does the `TICK_DUTIES` of the call's phase, and nothing else.
+6. Each CallClock tick does the `TICK_DUTIES` of the call's phase, and nothing else (the body's
+   deadline is kept for its read by the same clock: serve/body.py).
 7. `next_attempt` is the failover step: the next box to try, or why none (`Stop`). A pinned
    call is never rerouted; at most `max_boxes` boxes are tried; a decision that ranked nothing
    but left full or cooling boxes waits for room.
 
 Who fires what (router/serve): the call's task fires its own steps through the piece that takes
-them (proxy.py: body_in, decided, box_failed before the first byte, done; admission.py's Seat:
-queued, admitted; attempt.py: sent, head, judged; deliver.py: committed, box_failed after it).
-Events from outside the call's task (client_left, deadline) have one entry,
-`ProxyCall.outside`. The one exception: the queue's hand-out (`Seat.admit`) runs in the task of
+them (proxy.py: body_in, decided, box_failed before the first byte, done, and deadline and
+client_left as the body's read fails; admission.py's Seat: queued, admitted; attempt.py: sent,
+head, judged; deliver.py: committed, box_failed after it). Events from outside the call's task
+(client_left, the queue's deadline) have one entry, `ProxyCall.outside`. The one exception: the queue's hand-out (`Seat.admit`) runs in the task of
 the call that freed the slot, and fires ADMITTED there, so that no arrival takes the slot first.
 """
 
@@ -108,7 +109,6 @@ AT_A_BOX = frozenset({Phase.DISPATCHING, Phase.SENT, Phase.HELD, Phase.JUDGED, P
 class Duty(str, Enum):
     """What a CallClock tick does for a call (rule 6)."""
 
-    BODY_DEADLINE = "body_deadline"  # its body is overdue: DEADLINE, and its read is cancelled
     QUEUE_DEADLINE = "queue_deadline"  # it waited longer than the queue's timeout: DEADLINE
     WATCH_CLIENT = "watch_client"  # start the disconnect watcher (never before the body is in:
     # until then the client's receive() belongs to the body)
@@ -119,7 +119,7 @@ class Duty(str, Enum):
 _AT_A_BOX_DUTIES = (Duty.WATCH_CLIENT, Duty.BOX_DEADLINE, Duty.KEEPALIVE)
 
 TICK_DUTIES: dict[Phase, tuple[Duty, ...]] = {
-    Phase.RECEIVING: (Duty.BODY_DEADLINE,),
+    Phase.RECEIVING: (),  # the body's deadline is its read's own (serve/body.py)
     Phase.DECIDING: (Duty.KEEPALIVE,),
     Phase.QUEUED: (Duty.QUEUE_DEADLINE, Duty.KEEPALIVE),
     **dict.fromkeys(AT_A_BOX, _AT_A_BOX_DUTIES),

@@ -26,8 +26,8 @@ Rules:
    hugpy box also gets `POST /v1/requests/<call id>/cancel`; a call it leaves in the queue is
    never sent to a box.
 5. Its deadlines (the body's, the box's first byte, the box's silence after it, the queue's) are
-   the CallClock's (clock.py). The body's is the one that cancels the call's task: nothing else
-   interrupts an edge's read of the body.
+   the CallClock's (clock.py). The body's (body.py) is the one that cancels the call's task:
+   nothing else interrupts an edge's read of the body.
 6. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
@@ -37,8 +37,10 @@ import asyncio
 import itertools
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from router._fastpath import Reservations
+from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
 from router.core.admission import Priority
 from router.core.decide import decide
@@ -48,23 +50,39 @@ from router.core.types import BoxFacts, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
 from router.serve import no_box
-from router.serve.admission import Seat
+from router.serve.access import AccessGate
+from router.serve.admission import Admission, Seat
 from router.serve.attempt import Attempt, Refusal
+from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
+from router.serve.clock import CallClock
 from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
+from router.telemetry.scheduler import Scheduler
 
-if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
-    from router.serve.app import RouterApp
+
+class CallHost(Protocol):
+    """What a call reads of the app it runs in (app.py's `RouterApp`, which imports this module:
+    a protocol, so that this module need not import it back): shared pieces and limits."""
+
+    fleet: Fleet
+    reservations: Reservations
+    scheduler: Scheduler
+    admission: Admission
+    access: AccessGate
+    clock: CallClock
+    max_body_bytes: int
+    first_byte_timeout_s: float
+    stream_idle_timeout_s: float
+    stream_keepalive_s: float
+
+    def observe(self, record: CallRecord) -> None: ...
 
 log = logging.getLogger("router.proxy")
 
 MAX_BOXES_PER_CALL = 3
-# A client that stalls mid-upload must not hold a connection forever; a 64 MiB upload at
-# 10 Mbit/s still fits (nginx's client_body_timeout is 60 s between reads, ours is the whole).
-BODY_TIMEOUT_S = 60.0
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
@@ -89,10 +107,10 @@ class ProxyCall:
 
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
-        "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
+        "attempt", "delivery", "tried", "eligible", "started_s", "watch", "seat", "asked_priority",
     )
 
-    def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
+    def __init__(self, app: CallHost, edge: Edge, facade: Facade, route: Route) -> None:
         self.app = app
         self.edge = edge
         self.facade = facade
@@ -107,7 +125,6 @@ class ProxyCall:
         self.delivery = Delivery(self.reply, self.life)
         self.tried: list[str] = []  # boxes that refused it (failover never returns to them)
         self.eligible: frozenset[str] | None = None  # the first decision's boxes, once decided
-        self.task: asyncio.Task | None = None
         self.started_s = 0.0  # loop time when the call began
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
@@ -121,7 +138,6 @@ class ProxyCall:
     # -- the call's own task -------------------------------------------------------------------
     async def run(self) -> None:
         clock = self.app.clock
-        self.task = asyncio.current_task()
         self.started_s = asyncio.get_running_loop().time()
         clock.calls.add(self)
         try:
@@ -145,23 +161,15 @@ class ProxyCall:
     async def read(self) -> bool:
         """The body, then what the call asks for. False when it was answered instead (400,
         408, 413)."""
-        reply = self.reply
+        reply, limit = self.reply, self.app.max_body_bytes
         try:
-            self.body = await self.edge.read_body(self.app.max_body_bytes)
-        except asyncio.CancelledError:
-            if self.life.ended_by is not Event.DEADLINE:
-                raise
-            self.task.uncancel()  # type: ignore[union-attr]
-            await reply.error(408, "body_timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s")
-            return False
-        except BodyTooLarge:
-            await reply.error(413, "body_too_large", f"body over {self.app.max_body_bytes} bytes")
-            return False
-        except ClientLeft:
-            # The client left mid-upload, or sent a body the server could not frame (a bad
-            # chunked encoding reads as a disconnect): answer in case it is still there.
-            self.life.fire(Event.CLIENT_LEFT)
-            await reply.error(400, "bad_body", "the request body could not be read")
+            self.body = await read_body(self.edge, limit, body_deadline(self.started_s), self.app.clock)
+        except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
+            if isinstance(exc, ClientLeft):  # answered in case it is still there
+                self.life.fire(Event.CLIENT_LEFT)
+            elif isinstance(exc, BodyTimeout):
+                self.life.fire(Event.DEADLINE)
+            await reply.error(*refusal(exc, limit))
             return False
         self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
@@ -278,10 +286,6 @@ class ProxyCall:
         for duty in TICK_DUTIES[self.life.phase]:
             DUTIES[duty](self, now)
 
-    def body_overdue(self, now: float) -> None:
-        if now - self.started_s > BODY_TIMEOUT_S:
-            self.outside(Event.DEADLINE)
-
     def queue_overdue(self, now: float) -> None:
         if self.seat is not None and self.seat.overdue(now):
             self.outside(Event.DEADLINE)
@@ -311,10 +315,8 @@ class ProxyCall:
             return  # late: the call has ended already (lifecycle rule 2)
         if self.seat is not None and self.seat.leave(event):
             return  # out of the queue without a box; its task answers (or not: the client left)
-        if event is Event.DEADLINE:  # the body's: the one deadline that cancels the task (rule 5)
-            life.fire(event)
-            self.task.cancel()  # type: ignore[union-attr]
-            return
+        if event is Event.DEADLINE:
+            return  # the queue's, for a call it handed a slot meanwhile: the slot won
         if self.delivery.delivered:  # the answer is whole: the call is done, a hang-up cancels nothing
             life.fire(Event.DONE)
             if self.attempt is not None:
@@ -327,7 +329,6 @@ class ProxyCall:
 
 
 DUTIES = {
-    Duty.BODY_DEADLINE: ProxyCall.body_overdue,
     Duty.QUEUE_DEADLINE: ProxyCall.queue_overdue,
     Duty.WATCH_CLIENT: ProxyCall.watch_client,
     Duty.BOX_DEADLINE: ProxyCall.box_overdue,
