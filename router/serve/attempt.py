@@ -14,7 +14,8 @@ Rules:
 3. A sized answer up to INLINE_BODY_LIMIT is read whole; a larger or unsized one waits for its
    first body bytes, so that broken framing before them is a refusal, not a cut 200.
 4. The box's first byte must come within the first-byte timeout; after it, the box may be silent
-   for the stream idle timeout (both are deadlines the CallClock keeps, `Exchange.expire`).
+   for the stream idle timeout (the exchange's one deadline at a time, which the CallClock keeps:
+   `Exchange.keep`, `Exchange.expire`).
 5. A reused connection that the box closed as the request went out (it read nothing) is retried
    once on a fresh one (`Exchange.stale_race`).
 """
@@ -35,6 +36,7 @@ from router.serve.edge import Edge
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ConnectFailed,
+    Deadline,
     Exchange,
     ExchangeAborted,
     FirstByteTimeout,
@@ -143,7 +145,7 @@ class Attempt:
                 self.cancel()
                 return LEFT
             self.life.fire(Event.SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
-            exchange.arm_deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte"))
+            exchange.keep(Deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte")))
             try:
                 return await self.judge(exchange)
             except UpstreamError as exc:
@@ -202,7 +204,7 @@ class Attempt:
             return await self.hold_first_frame(exchange, framing)
         if sized and int(length) <= INLINE_BODY_LIMIT:  # rule 3
             data = await exchange.read_all(INLINE_BODY_LIMIT)  # still under the first-byte timer
-            exchange.disarm()
+            exchange.keep(None)
             return self.judged(exchange, data)
         chunks = await exchange.next_chunks()
         self.watch_silence(exchange)
@@ -246,4 +248,4 @@ class Attempt:
     def watch_silence(self, exchange: Exchange) -> None:
         """The first byte is in: from now the box may be silent for the stream idle timeout."""
         timeout_s = self.idle_timeout_s
-        exchange.arm_idle(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"))
+        exchange.keep(Deadline(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"), silence=True))
