@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, RELAY, SSE, TOO_BIG
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.types import BoxFacts, Call, ReasonCode, Tier
 
 __all__ = [

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.core.decide import decide, why_not
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.types import (
     BoxFacts,
     BoxKind,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from router.core.admission import is_full
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.types import (
     BoxFacts,
     Call,

@@ -32,6 +32,7 @@ from router.boxes import config as boxes_config
 from router.boxes.fleet import Fleet
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
+from router.core.kinds import Capability, can
 from router.core.types import BoxKind
 from router.serve import dashboard
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
@@ -373,7 +374,7 @@ async def relay(app: AdminApp, edge: Edge) -> None:
         await _error(app, edge, 405, "method_not_allowed", f"{edge.method} is not relayed")
         return
     target = relay_target(path, edge.query)
-    if box.config.kind is not BoxKind.HUGPY or target is None:
+    if not can(box.config.kind, Capability.RELAY) or target is None:
         await _error(app, edge, 403, "not_relayed", "this is not a relayed management path")
         return
     body = await _body(app, edge, app.shared.max_body_bytes)

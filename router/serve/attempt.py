@@ -31,7 +31,7 @@ from router._fastpath import FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG, FrameSca
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
-from router.core.types import BoxKind
+from router.core.kinds import Capability, can
 from router.serve.edge import Edge
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
@@ -122,7 +122,7 @@ class Attempt:
         only the PASSED_HEADERS of the client's."""
         box = self.box
         lines = [box.auth_header]
-        if box.config.kind is BoxKind.HUGPY:
+        if can(box.config.kind, Capability.CALL_ID):
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:
             value = edge.header(name)
@@ -174,7 +174,7 @@ class Attempt:
     def cancel(self) -> None:
         """Posts the call's cancel to a hugpy box, in the background: a box in the middle of a
         cold load, or stuck mid-answer, may not notice a closed socket."""
-        if self.box.config.kind is BoxKind.HUGPY:
+        if can(self.box.config.kind, Capability.CANCEL):
             task = asyncio.get_running_loop().create_task(self._post_cancel())
             _CANCELS.add(task)
             task.add_done_callback(_CANCELS.discard)
