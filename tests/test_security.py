@@ -503,9 +503,9 @@ CALLERS = {  # README column -> how the test makes that caller
 
 
 def security_table() -> dict[tuple[str, str], list[str]]:
-    """(row, column) -> [no key, use key, admin key] cells of README's security table."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Security model", 1)[1].split("\n#", 1)[0]
+    """(row, column) -> [no key, use key, admin key] cells of the security table (docs/security.md)."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text.split("## Who may call what", 1)[1].split("\n#", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     columns = [c.strip() for c in lines[0].strip("|").split("|")][1:]
     table = {}

@@ -28,7 +28,7 @@ from router.serve.record import CallRecord
 # the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
 # with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
-# answers to every web page: the router grants no cross-origin reads (README, Security model).
+# answers to every web page: the router grants no cross-origin reads (docs/security.md).
 HOP_HEADERS = frozenset(
     {
         b"connection",
