@@ -18,7 +18,11 @@ from router.core.lifecycle import (
     Stop,
     next_attempt,
 )
+from router._fastpath import Reservations
+from router.boxes.config import BoxConfig
+from router.boxes.state import BoxState
 from router.core.types import Decision, Path, Reason, ReasonCode, Tier, Why
+from router.serve.load import Load
 
 events = st.lists(st.sampled_from(list(Event)), max_size=40)
 
@@ -54,25 +58,45 @@ def test_nothing_reaches_the_client_before_the_judge(sequence):
             assert seen[:4] == [Event.DECIDED, Event.SENT, Event.HEAD, Event.JUDGED]
 
 
+class Queue:
+    """The scheduler and the wait queue, as a call's Load sees them."""
+
+    generation = 0
+
+    def poke(self) -> None:
+        pass
+
+    def freed(self, box) -> None:
+        pass
+
+
 @settings(max_examples=500, deadline=None)
 @given(events)
 def test_no_path_leaves_a_slot_held(sequence):
-    """Rule 3 played on every accepted path: taken on DECIDED, released on QUEUED and ENDED."""
+    """Rule 4 played on every accepted path, with the serve layer's own Load on a real box and
+    reservation table: the slot is taken on DECIDED (or the queue's ADMITTED), released on
+    QUEUED and ENDED; at a box the call holds exactly one slot; at the end, none."""
     steps = walk(sequence)
     last = steps[-1][2] if steps else Phase.RECEIVING
     if last is not Phase.ENDED:  # whatever the phase, the client can still leave
         steps.append((last, Event.CLIENT_LEFT, TRANSITIONS[last][Event.CLIENT_LEFT]))
-    held = False
+    reservations, queue = Reservations(), Queue()
+    box = BoxState(BoxConfig("b", "http://127.0.0.1:9"), 0, 0)
+    load = Load(reservations, queue, queue)  # type: ignore[arg-type]
     for before, event, after in steps:
-        if event in (Event.DECIDED, Event.ADMITTED):
-            held = True  # taken (by the call, or by the queue's hand-out), or moved to the next box
+        if event is Event.DECIDED:
+            load.reserve(box)  # taken, or moved to the next box
+        elif event is Event.ADMITTED:
+            load.count_on(box)  # the queue's hand-out counts it before it wakes
         if after in (Phase.QUEUED, Phase.ENDED):
-            held = False
+            load.release()
         if after is Phase.QUEUED:
             assert before is Phase.DECIDING  # a call waits only from a decision, never from a box
         if after in (Phase.SENT, Phase.HELD, Phase.JUDGED, Phase.RELAYING):
-            assert held
-    assert steps[-1][2] is Phase.ENDED and not held
+            assert box.in_flight == 1 and reservations.count(box.index) == 1
+        assert box.in_flight in (0, 1)
+    assert steps[-1][2] is Phase.ENDED
+    assert box.in_flight == 0 and reservations.count(box.index) == 0 and load.token == 0
 
 
 def test_every_phase_can_end_and_deadline_is_the_calls_own():
