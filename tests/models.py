@@ -227,7 +227,7 @@ class RefDecision:
     path: str  # "pinned" | "ranked" | "refused"
     boxes: tuple[str, ...]
     tiers: dict[str, Tier] = field(default_factory=dict)
-    refused: dict[str, ReasonCode] = field(default_factory=dict)
+    ruled_out: dict[str, ReasonCode] = field(default_factory=dict)
 
 
 def reference_gate(
@@ -270,13 +270,13 @@ def reference_decide(
     first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the most
     free GPU bytes (unknown = 0), then the smallest last_picked_s."""
     tried = frozenset(tried)
-    refused: dict[str, ReasonCode] = {}
+    ruled_out: dict[str, ReasonCode] = {}
     serving: list[tuple] = []
     load: list[tuple] = []
     for box in boxes:
         code = reference_gate(call, box, tried, eligible)
         if code is not None:
-            refused[box.id] = code
+            ruled_out[box.id] = code
             continue
         key, settings = call_key(box.kind, call.model, call.settings)
         resident = box.residents.get(key)
@@ -297,15 +297,15 @@ def reference_decide(
             load.append((carried, box.pressure, -free, box.last_picked_s, box.order, box.id))
     known = [box.id for box in boxes]
     if call.pin is not None and call.pin not in known:
-        refused[call.pin] = ReasonCode.UNKNOWN_BOX
+        ruled_out[call.pin] = ReasonCode.UNKNOWN_BOX
     serving.sort()
     load.sort()
     ranked = tuple(row[-1] for row in serving) + tuple(row[-1] for row in load)
     tiers = {row[-1]: Tier.SERVING for row in serving}
     tiers.update({row[-1]: Tier.LOAD for row in load})
     if not ranked:
-        return RefDecision("refused", (), {}, refused)
-    return RefDecision("pinned" if call.pin is not None else "ranked", ranked, tiers, refused)
+        return RefDecision("refused", (), {}, ruled_out)
+    return RefDecision("pinned" if call.pin is not None else "ranked", ranked, tiers, ruled_out)
 
 
 # --------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ class Reply:
         self.edge = edge
         self.facade = facade
         self.record = record
-        self.on_left = on_left  # the call's client_left: a write found the client gone
+        self.on_left = on_left  # the call's client_left: a write found the client gone (RSGI: edge.ClientLeft)
         self.keepalive_s = 0.0  # > 0 once the call is a stream of an SSE facade (rule 1)
         self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
         self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
