@@ -54,8 +54,8 @@ def room_of(module: str) -> str | None:
 
 
 def modules(room: str) -> list[Path]:
-    if room == "_fastpath":
-        return [ROUTER / "_fastpath.pyx"]
+    if room == "_fastpath":  # the entry module and the subject files it includes
+        return [ROUTER / "_fastpath.pyx", *sorted(ROUTER.glob("_fastpath_*.pxi"))]
     return sorted((ROUTER / room).rglob("*.py"))
 
 
@@ -69,7 +69,7 @@ def imported(path: Path) -> list[tuple[int, str]]:
     """(line, dotted target) for every import in the file; `from a import b` yields `a.b`, so
     that `from router import serve` names the room it reaches."""
     text = path.read_text()
-    if path.suffix == ".pyx":
+    if path.suffix in (".pyx", ".pxi"):
         return [(text.count("\n", 0, m.start()) + 1, m.group(1) or m.group(2))
                 for m in _CYTHON_IMPORT_RE.finditer(text)]
     package = dotted(path) if path.name == "__init__.py" else dotted(path).rpartition(".")[0]
