@@ -34,7 +34,7 @@ from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.kinds import Capability, can
 from router.core.types import BoxKind
-from router.serve import dashboard
+from router.serve import dashboard, event_feed
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
 from router.serve.clock import CallClock
 from router.serve.dashboard import box_view
@@ -42,7 +42,6 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
 from router.store import route_log
 from router.store.keys import KeyStore
-from router.telemetry.scheduler import Scheduler
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
@@ -52,7 +51,6 @@ class AdminState(Protocol):
 
     fleet: Fleet
     keys: KeyStore
-    scheduler: Scheduler
     clock: CallClock
     max_body_bytes: int
     store_path: Path
@@ -143,22 +141,6 @@ def _query(edge: Edge) -> dict[str, str]:
 
 async def state(app: AdminApp, edge: Edge) -> None:
     await _json(edge, 200, dashboard.state_doc(app.shared))
-
-
-async def schedule(app: AdminApp, edge: Edge) -> None:
-    """`schedule:priority` server-sent events, one per published snapshot, until the client
-    leaves or the router stops."""
-    scheduler = app.shared.scheduler
-    queue = scheduler.subscribe()
-    gone, end_watch = dashboard.until_over(app.shared, edge)
-    try:
-        await edge.start(200, list(dashboard.SSE_HEADERS))
-        while (snapshot := await dashboard.next_snapshot(queue, gone, None)) is not None:
-            await edge.write(dashboard.sse_event(b"schedule:priority", snapshot.to_event()))
-        await edge.finish()
-    finally:
-        end_watch()
-        scheduler.unsubscribe(queue)
 
 
 async def telemetry(app: AdminApp, edge: Edge) -> None:
@@ -252,13 +234,23 @@ async def boxes(app: AdminApp, edge: Edge) -> None:
     await _json(edge, 200, {"boxes": [box_view(box) for box in shared.fleet.ordered()]})
 
 
-async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int = 200) -> None:
+async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int = 200,
+                      note: dict | None = None) -> None:
     """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
-    off the loop; the fleet applies it before the answer, which shows the box (never its key)."""
+    off the loop; a box that is this router itself is refused before anything is written. The
+    fleet applies the edit before the answer, which shows the box (never its key) and `note`,
+    which `change` may fill in."""
     shared = app.shared
+    fleet = shared.fleet
+
+    def checked(boxes: boxes_config.BoxesFile):
+        result = change(boxes)
+        if fleet.listening is not None:
+            fleet.listening.check(boxes.boxes)
+        return result
+
     try:
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, boxes_config.edit, shared.fleet.path, change)
+        result = await asyncio.get_running_loop().run_in_executor(None, boxes_config.edit, fleet.path, checked)
     except boxes_config.UnknownBox as exc:
         await _error(app, edge, 404, "unknown_box", str(exc))
         return
@@ -267,14 +259,14 @@ async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int 
         return
     except OSError as exc:  # e.g. a system unit's read-only /etc (ProtectSystem=strict)
         await _error(app, edge, 503, "boxes_file_unwritable",
-                     f"cannot write the boxes file {shared.fleet.path}: {exc.strerror or exc}")
+                     f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}")
         return
-    await shared.fleet.reload()
-    box = shared.fleet.get(name)
+    await fleet.reload()
+    box = fleet.get(name)
     if box is None:
         await _json(edge, status, {"name": name, "removed": True})
         return
-    await _json(edge, 201 if result is True else status, box_view(box))
+    await _json(edge, 201 if result is True else status, {**box_view(box), **(note or {})})
 
 
 async def box_put(app: AdminApp, edge: Edge) -> None:
@@ -302,7 +294,15 @@ async def box_put(app: AdminApp, edge: Edge) -> None:
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
         return
-    await _edit_boxes(app, edge, box.name, lambda boxes: boxes.put(box))
+    note: dict = {}
+
+    def change(boxes: boxes_config.BoxesFile) -> bool:
+        old = boxes.find(box.name)
+        if old is not None and old.key and not box.key:  # never dropped without saying so
+            note["key_dropped"] = True
+        return boxes.put(box)
+
+    await _edit_boxes(app, edge, box.name, change, note=note)
 
 
 def _box_name(edge) -> str:
@@ -316,7 +316,8 @@ async def box_delete(app: AdminApp, edge: Edge) -> None:
 
 
 async def box_update(app: AdminApp, edge: Edge) -> None:
-    """PUT /v1/boxes/<name>: change its pool, kind, store, agent or max_inflight (null clears one)."""
+    """PUT /v1/boxes/<name>: change its pool, kind, store, agent, max_inflight or key (null
+    clears one); every other field stays."""
     name = _box_name(edge)
     fields = await _json_object(app, edge, BOX_BODY_MAX_BYTES)
     if fields is None:
@@ -387,14 +388,14 @@ async def metrics(app: AdminApp, edge: Edge) -> None:
 
 EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/router/state"): state,
-    ("GET", "/v1/router/schedule"): schedule,
+    ("GET", "/v1/router/schedule"): event_feed.schedule,
     ("GET", "/v1/telemetry"): telemetry,
     ("GET", "/v1/keys"): keys,
     ("POST", "/v1/keys"): keys,
     ("GET", "/v1/boxes"): boxes,
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
-    ("GET", "/v1/router/events"): dashboard.events,
+    ("GET", "/v1/router/events"): event_feed.events,
     **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
 

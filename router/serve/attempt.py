@@ -33,6 +33,7 @@ from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
 from router.core.kinds import Capability, can
 from router.serve.edge import Edge
+from router.serve.hops import via_line
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ConnectFailed,
@@ -118,10 +119,10 @@ class Attempt:
         self.idle_timeout_s = idle_timeout_s
 
     def request(self, edge: Edge, length: int) -> bytes:
-        """The client's request line as the box gets it: the box's auth, hugpy's parent id, and
-        only the PASSED_HEADERS of the client's."""
+        """The client's request line as the box gets it: the box's auth, this router's hop
+        (hops.py), hugpy's parent id, and only the PASSED_HEADERS of the client's."""
         box = self.box
-        lines = [box.auth_header]
+        lines = [box.auth_header, via_line(edge)]
         if can(box.config.kind, Capability.CALL_ID):
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:

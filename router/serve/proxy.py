@@ -49,7 +49,7 @@ from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, nex
 from router.core.types import BoxFacts, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
-from router.serve import no_box
+from router.serve import hops, no_box
 from router.serve.access import AccessGate
 from router.serve.admission import Admission, Seat
 from router.serve.attempt import Attempt, Refusal
@@ -141,7 +141,9 @@ class ProxyCall:
         self.started_s = asyncio.get_running_loop().time()
         clock.calls.add(self)
         try:
-            if await self.read():
+            if hops.looped(self.edge):
+                await self.reply.error(508, "loop_detected", hops.LOOP_MESSAGE)
+            elif await self.read():
                 await self.route_call()
         finally:
             clock.calls.discard(self)
@@ -200,7 +202,7 @@ class ProxyCall:
         decision = self.decide_now(fleet.facts())
         record.decided(decision)
         if decision.path is Path.REFUSED and not decision.waits_for:
-            await no_box.refuse(self.reply, self.record.call, decision)  # type: ignore[arg-type]
+            await no_box.refuse(self.reply, self.record.call, decision, fleet.path)  # type: ignore[arg-type]
             return
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
