@@ -33,10 +33,10 @@ Rules:
    but left full or cooling boxes waits for room.
 
 Who fires what (router/serve): the call's task fires its own steps through the piece that takes
-them (proxy.py: body_in, decided, box_failed before the first byte, done, and deadline and
-client_left as the body's read fails; admission.py's Seat: queued, admitted; attempt.py: sent,
-head, judged; deliver.py: committed, box_failed after it). Events from outside the call's task
-(client_left, the queue's deadline) have one entry, `ProxyCall.outside`. The one exception: the queue's hand-out (`Seat.admit`) runs in the task of
+them (proxy.py: body_in, decided, box_failed before the first byte, done, and the body's deadline
+as its read runs out; admission.py's Seat: queued, admitted; attempt.py: sent, head, judged;
+deliver.py: committed, box_failed after it). Events from outside the call (client_left, however
+it is seen, and the queue's deadline) have one entry, `ProxyCall.outside`. The one exception: the queue's hand-out (`Seat.admit`) runs in the task of
 the call that freed the slot, and fires ADMITTED there, so that no arrival takes the slot first.
 """
 

@@ -168,7 +168,7 @@ class ProxyCall:
             self.body = await read_body(self.edge, limit, body_deadline(self.started_s), self.app.clock)
         except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
             if isinstance(exc, ClientLeft):  # answered in case it is still there
-                self.life.fire(Event.CLIENT_LEFT)
+                self.outside(Event.CLIENT_LEFT)
             elif isinstance(exc, BodyTimeout):
                 self.life.fire(Event.DEADLINE)
             await reply.error(*refusal(exc, limit))
