@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Sequence
 from router.boxes.config import BoxesFile
 from router.core.aliases import Alias, check_alias
 from router.core.errors import ConfigError
-from router.core.names import call_key
+from router.core.kinds import KINDS
 
 
 class UnknownAlias(ConfigError):
@@ -57,7 +57,7 @@ def served_by(boxes: Iterable, model: str) -> list[str]:
     """The names of `boxes` (router.boxes.state.BoxState) advertising `model` (rule 2)."""
     names = []
     for box in boxes:
-        named = call_key(box.config.kind, model, None)
+        named = KINDS[box.config.kind].call_key(model, None)
         if named is not None and (named[0] in box.catalog or named[0] in box.residents):
             names.append(box.config.name)
     return names

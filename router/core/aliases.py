@@ -160,13 +160,13 @@ def resolve(
 def wait_for_any(decisions: Sequence[Decision]) -> Decision:
     """One REFUSED decision waiting for the boxes of every one of `decisions` (all full): a box
     keeps the first waiting reason any model gave it, else its first reason."""
-    refused: dict[str, Reason] = {}
+    ruled_out: dict[str, Reason] = {}
     for decision in decisions:
-        for box, reason in decision.refused.items():
-            kept = refused.get(box)
+        for box, reason in decision.ruled_out.items():
+            kept = ruled_out.get(box)
             if kept is None or (kept.code not in WAIT_REASONS and reason.code in WAIT_REASONS):
-                refused[box] = reason
-    return Decision(Path.REFUSED, (), {}, refused)
+                ruled_out[box] = reason
+    return Decision(Path.REFUSED, (), {}, ruled_out)
 
 
 # Rule 5: what boxes say when the prompt does not fit the model's context. OpenAI's `code`;

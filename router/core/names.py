@@ -1,4 +1,5 @@
-"""Model names per box kind: how a client's string becomes a box's inventory key.
+"""Model names per box kind: how a client's string becomes a box's inventory key (each kind's
+rule is named in its description, router.core.kinds).
 
 Rules (one per kind; a call reaching a box uses that box's kind's rule):
 1. hugpy: `base@options`. The key is the base before the first `@`, stripped. Options split on
@@ -12,16 +13,15 @@ Rules (one per kind; a call reaching a box uses that box's kind's rule):
    per-part validity; the key is the shortest display form, lower-cased (lookups are
    case-insensitive). Invalid → None.
 3. lmstudio and openai: the id exactly as sent, byte for byte.
-4. A model the router chose (an alias's chain) goes to the box in the box's own spelling
-   (`box_model_name`).
+4. A model the router chose (an alias's chain) goes to the box in the box's own spelling (its
+   kind's `sent_name`): Ollama's as the box lists it (`:latest` included), the others' as
+   written.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Mapping
-
-from router.core.types import BoxKind
 
 OLLAMA_DEFAULT_HOST = "registry.ollama.ai"
 OLLAMA_DEFAULT_NAMESPACE = "library"
@@ -79,8 +79,10 @@ def ollama_key(name: str) -> str | None:
         rest, slash, namespace = rest.rpartition("/")
         if slash:
             # What is left is the host, whatever it holds (a `/` in it fails the part rule);
-            # Ollama cuts any `scheme://` off the host alone, never off a whole name.
-            host = rest.split("://", 1)[-1]
+            # Ollama cuts any `scheme://` off the host alone, never off a whole name, and a
+            # scheme with nothing after it leaves the host empty: the default, as when absent.
+            # An empty part before a `/` is missing, which no part rule accepts.
+            host = (rest.split("://", 1)[-1] or OLLAMA_DEFAULT_HOST) if rest else ""
     for kind, value in (("host", host), ("namespace", namespace), ("model", model), ("tag", tag)):
         if not _PART_RE[kind].fullmatch(value):
             return None
@@ -93,30 +95,37 @@ def ollama_key(name: str) -> str | None:
     return shown.lower()
 
 
-def inventory_key(kind: BoxKind, advertised: str) -> str | None:
-    """The key under which a box's own advertised name is stored in its inventory view."""
-    if kind is BoxKind.OLLAMA:
-        return ollama_key(advertised)
-    return advertised
+def hugpy_call_key(model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Rule 1: (base, settings) of a call's model on a hugpy box; None if it has no base."""
+    base, settings = hugpy_split(model)
+    return (base, settings) if base else None
 
 
-def call_key(kind: BoxKind, model: str, body_settings: str | None) -> tuple[str, str | None] | None:
-    """Returns (key, settings) for a call's model on a box of `kind`, or None if invalid there."""
-    if kind is BoxKind.HUGPY:
-        base, settings = hugpy_split(model)
-        return (base, settings) if base else None
-    if kind is BoxKind.OLLAMA:
-        key = ollama_key(model)
-        return None if key is None else (key, body_settings)
+def ollama_call_key(model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Rule 2: (key, the body's runner options) on an ollama box; None if Ollama would refuse
+    the name."""
+    key = ollama_key(model)
+    return None if key is None else (key, body_settings)
+
+
+def exact_call_key(model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Rule 3: the id exactly as sent, with no settings; None if empty."""
     return (model, None) if model else None
 
 
-def box_model_name(kind: BoxKind, model: str, advertised: Mapping[str, str]) -> str:
-    """The model name a box of `kind` gets in a call's body when the router chose the model (an
-    alias's chain entry `model`): Ollama's own spelling of it (`advertised`: inventory key ->
-    the name as the box writes it, `:latest` included), hugpy's name with its `@options`, and
-    LM Studio's and OpenAI-compatible servers' exact ids, as written."""
-    if kind is BoxKind.OLLAMA:
-        key = ollama_key(model)
-        return advertised.get(key, key) if key is not None else model
+def exact_key(advertised: str) -> str | None:
+    """Rule 3 for a box's own advertised name: as it is."""
+    return advertised
+
+
+def ollama_sent_name(model: str, advertised: Mapping[str, str]) -> str:
+    """Rule 4 for Ollama: the box's own spelling of a model the router chose (`advertised`:
+    inventory key -> the name as the box writes it, `:latest` included)."""
+    key = ollama_key(model)
+    return advertised.get(key, key) if key is not None else model
+
+
+def exact_sent_name(model: str, advertised: Mapping[str, str]) -> str:
+    """Rule 4 for the other kinds: as written (hugpy's `@options` included, LM Studio's and
+    OpenAI-compatible servers' exact ids)."""
     return model

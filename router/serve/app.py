@@ -94,6 +94,7 @@ class RouterApp:
         self.scheduler = shared.scheduler
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
+        self.fallbacks = shared.metrics.fallbacks  # an alias call's moves (serve/chain.py)
         self.stream_idle_timeout_s = shared.stream_idle_timeout_s
         self.stream_keepalive_s = shared.stream_keepalive_s
 

@@ -12,7 +12,7 @@ decisions and carries out its answer:
    (`refused`) where a later model is in reach (`context_moves_on`); otherwise it goes back as
    the box sent it.
 3. Each box gets the body with the model in its kind's spelling (router.core.names
-   `box_model_name`), every other byte as the client sent it.
+   `sent_name`, router.core.kinds), every other byte as the client sent it.
 4. One deadline bounds the chain: from the call's first send, every attempt's first byte must
    come within the router's first-byte timeout in all (`first_byte_s`); once it has passed no
    further model is tried.
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 from router.core.aliases import Alias, Move, resolve
 from router.core.decide import decide
-from router.core.names import box_model_name
+from router.core.kinds import KINDS
 from router.core.refusal import RefusalCode
-from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
+from router.core.types import BoxFacts, Call, Decision, Path
 from router.facades.body import with_model
 from router.facades.table import Body
 
@@ -65,8 +65,7 @@ class ChainCall:
         self.fallback = fallback
         self.body = proxy.body  # as the client sent it
         self.bodies: dict[tuple[str, bool], bytes] = {}  # (the model as a box gets it, usage asked) -> body
-        proxy.record.call = first
-        proxy.record.alias = alias.name
+        proxy.record.aliased(alias.name, 0, first)
         proxy.reply.model_headers = model_headers(alias.chain[0], 0)
 
     def call_at(self, position: int) -> Call:
@@ -104,23 +103,20 @@ class ChainCall:
 
     def move_to(self, proxy: ProxyCall, position: int, decision: Decision,
                 passed: tuple[tuple[int, Move], ...]) -> None:
-        chain, counts = self.alias.chain, proxy.app.shared.metrics.fallbacks
+        chain, counts = self.alias.chain, proxy.app.fallbacks
         for was, move in passed:
             counts[(self.alias.name, chain[was], chain[position], move.value)] += 1
         self.current = position
         proxy.tried.clear()
         proxy.eligible = frozenset(decision.boxes) if decision.boxes else None  # (a wait: once handed out)
-        proxy.record.call = self.call_at(position)
-        proxy.record.fallback = position
+        proxy.record.aliased(self.alias.name, position, self.call_at(position))
         proxy.reply.model_headers = model_headers(chain[position], position)
 
     # -- rules 2-4, per attempt ----------------------------------------------------------------
     def body_for(self, proxy: ProxyCall, box: BoxState, asks_usage: bool) -> bytes:
         """The body `box` gets (rule 3): the client's, or the one that asks for a stream's usage
         (`asks_usage`, serve/tenancy's), with the model in the box's spelling."""
-        name = self.alias.chain[self.current]
-        if box.config.kind is BoxKind.OLLAMA:  # the only kind with a spelling of its own
-            name = box_model_name(BoxKind.OLLAMA, name, box.inventory.catalog)
+        name = KINDS[box.config.kind].sent_name(self.alias.chain[self.current], box.inventory.catalog)
         body = self.bodies.get((name, asks_usage))
         if body is None:
             route = proxy.route
