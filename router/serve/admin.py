@@ -23,7 +23,7 @@ import asyncio
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import apsw
 import orjson
@@ -425,6 +425,23 @@ async def metrics(app: AdminApp, edge: Edge) -> None:
     await edge.respond(200, [(b"content-type", content_type)], body)
 
 
+async def aliases(app: AdminApp, edge: Edge) -> None:
+    await _json(edge, 200, {"aliases": alias_admin.alias_views(app.shared.fleet)})
+
+
+async def alias_edit(app: AdminApp, edge: Edge) -> None:
+    """PUT /v1/aliases/<name> {"chain": [...]} and DELETE /v1/aliases/<name> (alias_admin.py)."""
+    doc = None
+    if edge.method == "PUT" and (doc := await _json_object(app, edge, alias_admin.ALIAS_BODY_MAX_BYTES)) is None:
+        return
+    try:
+        status, answer = await alias_admin.edit(app.shared.fleet, unquote(edge.path.removeprefix("/v1/aliases/")), doc)
+    except alias_admin.AliasRefused as exc:
+        await _error(app, edge, exc.status, exc.code, str(exc))
+        return
+    await _json(edge, status, answer)
+
+
 EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/router/state"): state,
     ("GET", "/v1/router/schedule"): event_feed.schedule,
@@ -434,7 +451,7 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/boxes"): boxes,
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
-    ("GET", "/v1/aliases"): alias_admin.list_aliases,
+    ("GET", "/v1/aliases"): aliases,
     ("GET", "/v1/router/events"): event_feed.events,
     **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
@@ -450,7 +467,7 @@ BOX_ROUTES: dict[tuple[str, str], Handler] = {
 
 
 # /v1/aliases/<name>: the alias edits (alias_admin.py).
-ALIAS_ROUTES: dict[str, Handler] = {"PUT": alias_admin.put_alias, "DELETE": alias_admin.delete_alias}
+ALIAS_ROUTES: dict[str, Handler] = {"PUT": alias_edit, "DELETE": alias_edit}
 
 
 def route(method: str, path: str) -> tuple[Handler, str] | None:

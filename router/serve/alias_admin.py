@@ -1,4 +1,5 @@
-"""The admin API's aliases: `GET /v1/aliases`, `PUT /v1/aliases/<name>`, `DELETE /v1/aliases/<name>`.
+"""The admin API's aliases (`GET /v1/aliases`, `PUT|DELETE /v1/aliases/<name>`): what they do;
+admin.py reads the request and writes the answer.
 
 Rules:
 1. Every change is one boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code
@@ -15,29 +16,25 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 from router.boxes import aliases as box_aliases
 from router.boxes import config as boxes_config
+from router.boxes.fleet import Fleet
 from router.core.decide import decide
 from router.core.errors import ConfigError
 from router.core.types import BoxKind, Call
-
-if TYPE_CHECKING:
-    from router.boxes.fleet import Fleet
-    from router.serve.app import RouterApp
-    from router.serve.edge import Edge
 
 ALIAS_BODY_MAX_BYTES = 64 * 1024
 ALL_KINDS = frozenset(BoxKind)
 
 
-def _admin():
-    """The admin module's answer helpers (it imports this module for its routing table)."""
-    from router.serve import admin
+class AliasRefused(Exception):
+    """An alias request refused (rule 2): its status, stable code and one line."""
 
-    return admin
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 def first_available(fleet: Fleet, chain: tuple[str, ...]) -> str | None:
@@ -56,55 +53,32 @@ def alias_views(fleet: Fleet) -> list[dict]:
             for alias in fleet.aliases.values()]
 
 
-async def list_aliases(app: RouterApp, edge: Edge) -> None:
-    await _admin()._json(edge, 200, {"aliases": alias_views(app.shared.fleet)})
-
-
-def _name(edge: Edge) -> str:
-    return unquote(edge.path.removeprefix("/v1/aliases/"))
-
-
-async def _edit(app: RouterApp, edge: Edge, change) -> tuple[bool, object]:
-    """Rule 1: (done, what `change` returned); not done once a refusal was answered."""
-    fleet = app.shared.fleet
+async def _edit(fleet: Fleet, change) -> object:
+    """Rule 1: what `change` returned. Raises AliasRefused."""
     try:
         result = await asyncio.get_running_loop().run_in_executor(None, boxes_config.edit, fleet.path, change)
     except box_aliases.UnknownAlias as exc:
-        await _admin()._error(app, edge, 404, "unknown_alias", str(exc))
-        return False, None
+        raise AliasRefused(404, "unknown_alias", str(exc)) from None
     except ConfigError as exc:
-        await _admin()._error(app, edge, 400, "invalid_alias", str(exc))
-        return False, None
+        raise AliasRefused(400, "invalid_alias", str(exc)) from None
     except OSError as exc:
-        await _admin()._error(app, edge, 503, "boxes_file_unwritable",
-                           f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}")
-        return False, None
+        raise AliasRefused(503, "boxes_file_unwritable",
+                           f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}") from None
     await fleet.reload()
-    return True, result
+    return result
 
 
-async def put_alias(app: RouterApp, edge: Edge) -> None:
-    name = _name(edge)
-    doc = await _admin()._json_object(app, edge, ALIAS_BODY_MAX_BYTES)
+async def edit(fleet: Fleet, name: str, doc: dict | None) -> tuple[int, dict]:
+    """`PUT` (`doc`, the body) or `DELETE` (`doc` None) of alias `name`: (status, answer).
+    Raises AliasRefused."""
     if doc is None:
-        return
+        await _edit(fleet, lambda file: box_aliases.remove_alias(file, name))
+        return 200, {"name": name, "removed": True}
     chain = doc.get("chain")
     if set(doc) != {"chain"} or not isinstance(chain, list):
-        await _admin()._error(app, edge, 400, "invalid_alias", 'the body must be {"chain": [model, ...]}')
-        return
-    fleet = app.shared.fleet
+        raise AliasRefused(400, "invalid_alias", 'the body must be {"chain": [model, ...]}')
     shadowed = frozenset([name] if box_aliases.served_by(fleet.ordered(), name) else [])  # read on the loop
-    served = shadowed.__contains__
-    done, added = await _edit(app, edge, lambda file: box_aliases.set_alias(file, name, chain, served))
-    if not done:
-        return
+    added = await _edit(fleet, lambda file: box_aliases.set_alias(file, name, chain, shadowed.__contains__))
     alias = fleet.aliases[name]
-    await _admin()._json(edge, 201 if added else 200, {"name": name, "chain": list(alias.chain),
-                                                     "first_available": first_available(fleet, alias.chain)})
-
-
-async def delete_alias(app: RouterApp, edge: Edge) -> None:
-    name = _name(edge)
-    done, _ = await _edit(app, edge, lambda file: box_aliases.remove_alias(file, name))
-    if done:
-        await _admin()._json(edge, 200, {"name": name, "removed": True})
+    return (201 if added else 200), {"name": name, "chain": list(alias.chain),
+                                     "first_available": first_available(fleet, alias.chain)}

@@ -25,19 +25,35 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from router.core.aliases import Alias, Move, resolve
 from router.core.decide import decide
 from router.core.kinds import KINDS
 from router.core.refusal import RefusalCode
 from router.core.types import BoxFacts, Call, Decision, Path
+from router.boxes.state import BoxState
 from router.facades.body import with_model
-from router.facades.table import Body
+from router.facades.table import Body, Route
+from router.serve.edge import Edge
+from router.serve.record import CallRecord
+from router.serve.reply import Reply
 
-if TYPE_CHECKING:  # the proxy imports this module: its type only, for the signatures
-    from router.boxes.state import BoxState
-    from router.serve.proxy import ProxyCall
+
+class OnTheChain(Protocol):
+    """What a chain reads and moves of its call (proxy.py's `ProxyCall`, which imports this
+    module: a protocol, so that this module need not import it back)."""
+
+    app: object  # its CallHost: `first_byte_timeout_s`, `fallbacks`
+    edge: Edge
+    route: Route
+    record: CallRecord
+    reply: Reply
+    body: bytes
+    usage_body: bytes | None
+    tried: list[str]
+    eligible: frozenset[str] | None
+    max_boxes: int
 
 NO_TIME_LEFT = Decision(Path.REFUSED, (), {}, {})
 
@@ -54,7 +70,7 @@ class ChainCall:
 
     __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies")
 
-    def __init__(self, proxy: ProxyCall, alias: Alias, asked: Call, fallback: bool) -> None:
+    def __init__(self, proxy: OnTheChain, alias: Alias, asked: Call, fallback: bool) -> None:
         self.alias = alias
         self.asked = asked  # the call as the client made it, for the alias's name
         first = Call(alias.chain[0], asked.kinds, asked.settings, asked.pin, asked.pool)
@@ -77,7 +93,7 @@ class ChainCall:
         return call
 
     # -- rule 1 --------------------------------------------------------------------------------
-    def decide(self, proxy: ProxyCall, facts: list[BoxFacts]) -> Decision:
+    def decide(self, proxy: OnTheChain, facts: list[BoxFacts]) -> Decision:
         t_sent = proxy.record.t_sent  # (perf_counter) the first attempt's send, once there was one
         if t_sent and time.perf_counter() - t_sent >= proxy.app.first_byte_timeout_s:
             return NO_TIME_LEFT  # rule 4
@@ -101,7 +117,7 @@ class ChainCall:
             self.move_to(proxy, resolved.position, resolved.decision, resolved.passed)
         return resolved.decision
 
-    def move_to(self, proxy: ProxyCall, position: int, decision: Decision,
+    def move_to(self, proxy: OnTheChain, position: int, decision: Decision,
                 passed: tuple[tuple[int, Move], ...]) -> None:
         chain, counts = self.alias.chain, proxy.app.fallbacks
         for was, move in passed:
@@ -113,7 +129,7 @@ class ChainCall:
         proxy.reply.model_headers = model_headers(chain[position], position)
 
     # -- rules 2-4, per attempt ----------------------------------------------------------------
-    def body_for(self, proxy: ProxyCall, box: BoxState, asks_usage: bool) -> bytes:
+    def body_for(self, proxy: OnTheChain, box: BoxState, asks_usage: bool) -> bytes:
         """The body `box` gets (rule 3): the client's, or the one that asks for a stream's usage
         (`asks_usage`, serve/tenancy's), with the model in the box's spelling."""
         name = KINDS[box.config.kind].sent_name(self.alias.chain[self.current], box.inventory.catalog)
