@@ -53,6 +53,9 @@ CREATE TABLE IF NOT EXISTS gpu_state (
 CREATE TABLE IF NOT EXISTS host_state (
   worker TEXT PRIMARY KEY, mem_total INTEGER, mem_available INTEGER, swap_total INTEGER,
   swap_free INTEGER, hugpy_ram TEXT, reason TEXT, changes INTEGER, at REAL);
+CREATE TABLE IF NOT EXISTS pair_settings (
+  worker TEXT NOT NULL, model_key TEXT NOT NULL, settings TEXT NOT NULL DEFAULT '{}',
+  env_profile TEXT, updated_at REAL, PRIMARY KEY (worker, model_key));
 CREATE TABLE IF NOT EXISTS call_log (
   id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT, request_id TEXT, model TEXT,
   call_state TEXT, received_at REAL, done_at REAL);

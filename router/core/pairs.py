@@ -77,16 +77,22 @@ EMPTY = PairView()
 
 
 def pair_view(rows: Iterable[Mapping[str, Any]], worker: str | None) -> PairView:
-    """The view of `pair_settings` rows (state long-poll or store rows) for `worker` (rule 1).
+    """The view of `pair_settings` rows (state long-poll or store rows) for `worker` (rule 1;
+    None: the rows are already that worker's, as a store read filters them).
 
-    Rows of another worker, without a string key or whose settings are not an object are
-    skipped (a router never trusts the shape of a box's table)."""
+    Rows of another worker, without a string key or whose settings are not an object (or JSON
+    text of one, as the store holds it) are skipped: a router never trusts a box's table."""
     blanket: Mapping[str, Any] = {}
     own: dict[str, Mapping[str, Any]] = {}
     for row in rows:
-        if row.get("worker") != worker:
+        if worker is not None and row.get("worker") != worker:
             continue
         key, settings = row.get("model_key"), row.get("settings")
+        if isinstance(settings, str):
+            try:
+                settings = json.loads(settings)
+            except ValueError:
+                continue
         if not isinstance(key, str) or not isinstance(settings, dict):
             continue
         if key == BLANKET_KEY:
