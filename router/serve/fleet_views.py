@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from router.serve.edge import Edge
 
 ASK_TIMEOUT_S = 5.0
-JSON = [(b"content-type", b"application/json")]
+JSON = (b"content-type", b"application/json")
 
 
 def box_state(box: BoxState, link) -> dict[str, Any]:
@@ -82,7 +82,7 @@ async def verdicts(app: RouterApp, edge: Edge) -> None:
         age = round(max(0.0, time.time() - reader.read_at), 1)
         rows += [{"box": box.name, "read_s_ago": age, **row} for row in reader.rows
                  if model is None or row.get("model_key") == model]
-    await edge.respond(200, JSON, orjson.dumps({"verdicts": rows, "unanswered": unanswered}))
+    await edge.respond(200, [JSON], orjson.dumps({"verdicts": rows, "unanswered": unanswered}))
 
 
 async def settings(app: RouterApp, edge: Edge) -> None:
@@ -99,7 +99,7 @@ async def settings(app: RouterApp, edge: Edge) -> None:
                      "effective": dict(view.blanket)})
         rows += [{"box": box.name, "model_key": key, "blocked": blocked_by(view, key) is not None,
                   "effective": effective(view, key)} for key in keys]
-    await edge.respond(200, JSON, orjson.dumps({"settings": rows, "unanswered": unanswered}))
+    await edge.respond(200, [JSON], orjson.dumps({"settings": rows, "unanswered": unanswered}))
 
 
 async def _ask_residents(box: BoxState) -> list[dict] | str:
@@ -124,7 +124,7 @@ async def residents(app: RouterApp, edge: Edge) -> None:
             unanswered.append({"box": box.name, "why": _offline(box, link) or found})
         else:
             rows += [{"box": box.name, **row} for row in found]
-    await edge.respond(200, JSON, orjson.dumps({"residents": rows, "unanswered": unanswered}))
+    await edge.respond(200, [JSON], orjson.dumps({"residents": rows, "unanswered": unanswered}))
 
 
 ROUTES = {

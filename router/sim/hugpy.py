@@ -31,6 +31,8 @@ steps, disconnects and threads follow `router.sim.server`; the rules of this kin
    frames as one piece, so without a cadence the whole stream is one write);
    `stall_after(n, s)` goes silent for s seconds after n content frames (connection open),
    `stall_body(...)` likewise inside a sized body. All are recorded calls.
+9. Pair and box settings, verdicts and `/residents` (§11): `router.sim.hugpy_settings`. A seat
+   is reused only under the same load contract (pair settings included, §11.2.6).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from email.policy import HTTP as EMAIL_HTTP_POLICY
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs
 
+from router.sim.hugpy_settings import ROUTES as SETTINGS_ROUTES, PairSettings
 from router.sim.server import (
     CT_JSON,
     STREAM_TOKEN,
@@ -140,7 +143,7 @@ class _Connection(Connection):
 # The box
 
 
-class SimBox(SimServer):
+class SimBox(PairSettings, SimServer):
     """One simulated hugpy-wrapper box. See the module docstring for the rules."""
 
     kind = "hugpy"
@@ -170,6 +173,9 @@ class SimBox(SimServer):
         self._waiters: set[asyncio.Future[None]] = set()  # pending long-polls
         self._epoch = 0  # bumped by restart(): pending long-polls answer at once
         self._live: dict[str, tuple[_Connection, Exchange]] = {}  # parent id -> call in progress
+        self._init_pair_settings()
+        for key, seat in self.residents.items():
+            seat["contract"] = self.seat_contract(key, None)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -208,6 +214,7 @@ class SimBox(SimServer):
                            "busy": {}, "hugpy_cpus": {}, "free_cores": 8, "reserved_cores": [],
                            "pressure_some": 0.0, "reason": "watch", "changes": self.changes, "at": now,
                            "reclaimable_cores": 0, "busy_held_cores": 0, "obtainable_cores": 8}],
+            "pair_settings": self.pair_rows(),
             "store_id": self.store_id,
             "changes": self.changes,
             "data_service": {"protocol": "hugpy-wrapper-data", "version": 1, "authority": "wrapper",
@@ -546,8 +553,10 @@ class SimBox(SimServer):
         resident, is resident under other settings (§5: reloaded), or is loading/errored."""
         now = time.time()
         seat = self.residents.get(base)
-        if seat is None or seat.get("settings") != settings:
-            seat = {"settings": settings, "busy": 0, "state": "loading", "last_used": now, "since": now}
+        contract = self.seat_contract(base, settings)
+        if seat is None or seat.get("contract", self.seat_contract(base, seat.get("settings"))) != contract:
+            seat = {"settings": settings, "contract": contract, "busy": 0, "state": "loading", "last_used": now,
+                    "since": now}
             self.residents[base] = seat
         loading = seat.get("state") in ("loading", "error")
         seat["busy"] = seat.get("busy", 0) + 1
@@ -699,6 +708,7 @@ _ROUTES: Routes = {
     ("POST", "/v1/chat/completions"): SimBox._chat,
     ("POST", "/chat/completions"): SimBox._chat,
     **{("POST", path): SimBox._task for path in _TASK_REPLIES},
+    **SETTINGS_ROUTES,
 }
 # §7: a parent id is `[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}`.
 _PATTERN_ROUTES: PatternRoutes = [
