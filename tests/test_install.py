@@ -62,6 +62,9 @@ def test_units_pass_systemd_analyze_verify(mode, tmp_path):
         assert line in text.splitlines()
     hardened = [line for line in HARDENING if line in text.splitlines()]
     assert hardened == (list(HARDENING) if mode == "system" else [])
+    # the one writable place in the config dir: the router's own folder (install rule 6)
+    writable = [line for line in text.splitlines() if line.startswith("ReadWritePaths=")]
+    assert writable == ([f"ReadWritePaths={tmp_path / 'router'}"] if mode == "system" else [])
     assert ("User=hugpy-router" in text) is (mode == "system")
 
 

@@ -12,7 +12,9 @@ Rules:
 5. Every change (the CLI's `boxes add|remove|block|unblock`, the admin API's box routes) is
    one `edit`: under an exclusive lock on `<file>.lock` (flock: other processes and other
    threads wait), read the file, change it, validate, write it (rule 2). So two edits at once
-   never lose one, whoever makes them. A change that fails writes nothing.
+   never lose one, whoever makes them. A change that fails writes nothing. A path that is a
+   symbolic link is followed first: the lock and the temp file live beside the real file (a
+   system install links 0.0.4's path to the file in the router's own writable folder).
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def locked(path: Path) -> Iterator[None]:
 def edit(path: Path | None, change: Callable[[BoxesFile], T]) -> T:
     """Reads the file under its lock, applies `change` to it and writes it (rule 5). Returns
     what `change` returns. Raises ConfigError (UnknownBox included) with nothing written."""
-    path = path or default_path()
+    path = Path(os.path.realpath(path or default_path()))
     with locked(path):
         boxes = load(path)
         result = change(boxes)
