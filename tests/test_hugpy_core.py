@@ -22,6 +22,7 @@ KEY = "hpk_box_corekey0000000000000000"
 def quick_verdicts(monkeypatch):
     """The box coalesces settings writes for 1 s before pricing; the sim prices at once."""
     monkeypatch.setattr(verdict_reader, "SETTLE_S", 0.05)
+    monkeypatch.setattr(verdict_reader, "NO_ROW_GRACE_S", 1.0)
 
 
 def request(router, method: str, path: str, doc=None, headers: dict | None = None):
@@ -186,6 +187,13 @@ def test_verdicts_are_read_again_when_the_catalog_or_settings_move(start_fleet_i
     a.catalog.add("new")
     a.changed()
     wait_for(lambda: state(router)["a"]["verdicts"]["fits"] == {"new": "gpu", "tiny": "unknown"})
+    # a model the box has not priced yet is unknown for a grace, then fits nowhere
+    a.catalog.add("late")
+    a.verdicts["late"] = "none"
+    a.changed()
+    assert wait_for(lambda: state(router)["a"]["verdicts"]["fits"].get("late") == "unknown")
+    wait_for(lambda: state(router)["a"]["verdicts"]["fits"].get("late") == "none")
+    assert state(router)["a"]["verdicts"]["fits"]["late"] == "none"
     reads = a.verdict_reads
     assert reads >= 2
     for _ in range(5):  # calls never read verdicts, though each moves the box's counter

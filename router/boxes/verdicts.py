@@ -7,7 +7,12 @@ contracts/hugpy-wrapper.md §11.1. Rules:
    burst of writes for 1 s before it prices (§11.1.1), and a burst of changes is one read.
 2. A failed read (the box key is a use key: 403; the box is down) keeps what was last read and
    says why in the state; it is tried again after `RETRY_S`, or at the next change.
-3. What is kept: the fit per catalog key (router.core.pairs rule 6) for the decision, and the
+3. A model with no verdict row fits nowhere (router.core.pairs rule 6), but a model that joined
+   the catalog less than `NO_ROW_GRACE_S` ago may simply not be priced yet (the box prices after
+   it records the catalog): it counts as unknown, and the verdicts are read again every
+   `SETTLE_S` until it has a row or its grace is over. A router that just started counts every
+   model as new.
+4. What is kept: the fit per catalog key (router.core.pairs rule 6) for the decision, and the
    rows themselves for the fleet view (`/v1/fleet/verdicts`) with when they were read.
 """
 
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from router.core.pairs import fits_by_model
+from router.core.pairs import Fit, fits_by_model
 
 if TYPE_CHECKING:
     from router.boxes.hugpy import HugpyLink
@@ -32,6 +37,7 @@ PATH = "/v1/verdicts"
 SETTLE_S = 2.0  # the box's 1 s coalescing plus pricing a few files (§11.1.4: ~1.45 s seen)
 RETRY_S = 30.0
 READ_TIMEOUT_S = 10.0
+NO_ROW_GRACE_S = 10.0  # §11.1.4: a new model was priced 1.45 s after the catalog refresh
 
 
 class VerdictReader:
@@ -40,6 +46,8 @@ class VerdictReader:
         self.wanted = asyncio.Event()
         self.seen: tuple | None = None  # (catalog keys, pair settings) last asked about
         self.first = True
+        self.first_seen: dict[str, float] = {}  # catalog key -> loop time it was first seen (rule 3)
+        self.recheck_at: float | None = None
         # what the fleet view and the state show
         self.rows: list[dict[str, Any]] = []
         self.read_at: float | None = None  # wall clock of the last good read
@@ -49,19 +57,22 @@ class VerdictReader:
         """After each published inventory: ask for a read when the catalog or settings moved."""
         seen = (frozenset(inventory.catalog), inventory.pairs)
         if seen != self.seen:
+            now = asyncio.get_running_loop().time()
+            self.first_seen = {key: self.first_seen.get(key, now) for key in seen[0]}
             self.seen = seen
             self.wanted.set()
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            if self.error:
-                try:
-                    async with asyncio.timeout(RETRY_S):
-                        await self.wanted.wait()
-                except TimeoutError:
-                    pass
-            else:
-                await self.wanted.wait()
+            wait_s = RETRY_S if self.error else None
+            if self.recheck_at is not None:
+                wait_s = max(0.0, min(wait_s or RETRY_S, self.recheck_at - loop.time()))
+            try:
+                async with asyncio.timeout(wait_s):
+                    await self.wanted.wait()
+            except TimeoutError:
+                pass
             if not self.first:
                 await asyncio.sleep(SETTLE_S)
             self.wanted.clear()
@@ -83,7 +94,15 @@ class VerdictReader:
         rows = [row for row in rows if isinstance(row, dict)]
         self.first, self.error = False, ""
         self.rows, self.read_at = rows, time.time()
-        box.set_fits(fits_by_model(rows, box.catalog))
+        fits = fits_by_model(rows, box.catalog)
+        priced = {row.get("model_key") for row in rows}
+        now = asyncio.get_running_loop().time()
+        young = [key for key, fit in fits.items() if fit is Fit.NONE and key not in priced
+                 and now - self.first_seen.get(key, now) < NO_ROW_GRACE_S]
+        for key in young:  # rule 3
+            fits[key] = Fit.UNKNOWN
+        self.recheck_at = now + SETTLE_S if young else None
+        box.set_fits(fits)
 
     def state(self) -> dict[str, Any]:
         """Per catalog key its fit and how old the read is, for the admin state."""
