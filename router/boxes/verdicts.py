@@ -105,8 +105,15 @@ class VerdictReader:
         box.set_fits(fits)
 
     def state(self) -> dict[str, Any]:
-        """Per catalog key its fit and how old the read is, for the admin state."""
+        """For the admin state: per catalog key its fit, how long ago the verdicts were read,
+        and when the box last priced each model (its rows' newest `at`, §11.1.4)."""
         box = self.link.box
         age = None if self.read_at is None else round(time.time() - self.read_at, 1)
+        priced: dict[str, float] = {}
+        for row in self.rows:
+            key, at = row.get("model_key"), row.get("at")
+            if isinstance(key, str) and isinstance(at, (int, float)):
+                priced[key] = max(priced.get(key, at), at)
         return {"read_s_ago": age, "error": self.error or None,
-                "fits": {key: fit.name.lower() for key, fit in sorted(box.fits.items())}}
+                "fits": {key: fit.name.lower() for key, fit in sorted(box.fits.items())},
+                "priced_at": priced}
