@@ -12,7 +12,8 @@ from router.core.pairs import BLANKET_KNOBS, EMPTY, Fit
 
 KNOBS = ["max_wait_s", "tolerance", "kv_cache_type", "alloc_mode", "blocked", "resident_priority",
          "model_paths", "frobnicate", "ctx_pct", "residency"]
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 3), st.sampled_from(["q8_0", "slowest", "ram-only"]))
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 3), st.sampled_from([1.0, 0.5, "q8_0", "slowest", "ram-only"]),
+                   st.lists(st.sampled_from([0, 1, True, "gpu-only"]), max_size=2))
 knob_dicts = st.dictionaries(st.sampled_from(KNOBS), VALUES, max_size=5)
 
 
@@ -45,7 +46,7 @@ def test_merge_matches_the_boxs_order(blanket, pair, call):
     assert merged.get("blocked") == pair.get("blocked")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(blanket=knob_dicts, pair=knob_dicts, other=knob_dicts)
 def test_contracts_are_equal_exactly_when_the_merged_knobs_are(blanket, pair, other):
     rows = [{"worker": "w", "model_key": "*", "settings": blanket}, {"worker": "w", "model_key": "m", "settings": pair}]
@@ -53,7 +54,7 @@ def test_contracts_are_equal_exactly_when_the_merged_knobs_are(blanket, pair, ot
     a = pairs.contract(pairs.pair_view(rows, "w"), "m", "ram-only")
     b = pairs.contract(pairs.pair_view(edited, "w"), "m", "ram-only")
 
-    def reloads(knobs):
+    def reloads(knobs):  # the box compares seat contracts as Python dicts: False == 0, 1.0 == 1
         return {k: v for k, v in model_merge(blanket, knobs, {"alloc_mode": "ram-only"}).items()
                 if k not in pairs.NOT_CONTRACT and v is not None}
 

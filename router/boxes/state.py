@@ -105,8 +105,9 @@ class BoxState:
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
-        for key in inventory.residents.keys() - self.loaded.keys():  # a seat first seen (rule 2)
-            self.loaded[key] = contract(inventory.pairs, key, None)
+        if self.config.kind is BoxKind.HUGPY:
+            for key in inventory.residents.keys() - self.loaded.keys():  # a seat first seen (rule 2)
+                self.loaded[key] = contract(inventory.pairs, key, None)
         if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity,
                 inventory.pairs) != (old.catalog, old.residents, old.free_gpu_bytes, old.capacity, old.pairs):
             self.catalog = frozenset(inventory.catalog)
@@ -219,8 +220,8 @@ class BoxState:
                 blocked=config.blocked,
                 catalog=self.catalog,
                 residents=self.inventory.residents,
-                contracts={k: v for k, v in (self.loaded if config.kind is BoxKind.HUGPY else self.contracts).items()
-                           if v is not None},
+                contracts={k: v for k, v in (self.loaded if config.kind is BoxKind.HUGPY
+                                             else self.contracts).items() if v is not None},
                 free_gpu_bytes=self.inventory.free_gpu_bytes,
                 pending=max(self.in_flight - reservations, self.busy_seats),
                 pressure=self.pressure,

@@ -26,7 +26,8 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
 4. Rank inside a tier, ascending by the tuple of the small key functions below:
    load (pending + pressure + reservations + recent placement refusals), then pressure, then
    the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: the verdicts' fit
-   (GPU, unknown, RAM only), most free GPU memory, least recently picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
+   (GPU, unknown, RAM only), most free GPU memory, least recently picked), then the stable id
+   (position in the boxes file, then name). SERVING before LOAD.
 """
 
 from __future__ import annotations

@@ -196,12 +196,26 @@ def contract(view: PairView, key: str, options: str | None) -> str | None:
     if seen is not None and seen[0] is view:
         return seen[1]
     knobs = merge(effective(view, key), option_knobs(options))
-    kept = {k: v for k, v in knobs.items() if k not in NOT_CONTRACT and v is not None}
+    kept = {k: _equal_as_python(v) for k, v in knobs.items() if k not in NOT_CONTRACT and v is not None}
     result = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str) if kept else None
     if len(_contracts) >= CONTRACT_MEMO:
         _contracts.clear()
     _contracts[memo_key] = (view, result)
     return result
+
+
+def _equal_as_python(value: Any) -> Any:
+    """`value` in the form whose JSON is equal exactly when Python's `==` is: the box compares
+    seat contracts as Python dicts (`_same_contract`), where False == 0, True == 1, 1.0 == 1."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(k): _equal_as_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_equal_as_python(v) for v in value]
+    return value
 
 
 def fit_of(rows: Iterable[Mapping[str, Any]]) -> Fit:
