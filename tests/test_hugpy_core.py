@@ -229,6 +229,12 @@ def test_the_relay_and_the_fleet_views_are_admin_only(start_fleet_in_process):
     assert status == 200 and json.loads(body) == {"model_key": "tiny", "settings": {"max_wait_s": 30}}
     read = json.loads(request(router, "GET", "/v1/boxes/a/v1/settings/pair?model_key=tiny")[2])
     assert read["effective"] == {"max_wait_s": 30}
+    # the box has no PUT: the relay passes the method on and the box's own 501 comes back
+    status, head, body = request(router, "PUT", "/v1/boxes/a/v1/settings/pair",
+                                 {"model_key": "tiny", "settings": {"max_wait_s": 1}})
+    assert status == 501 and head["content-type"].startswith("text/html") and b"Unsupported method ('PUT')" in body
+    assert json.loads(request(router, "GET", "/v1/boxes/a/v1/settings/pair?model_key=tiny")[2])["settings"] == {
+        "max_wait_s": 30}
     assert request(router, "GET", "/v1/boxes/a/v1/keys")[0] == 403
     outside = {"X-Forwarded-For": "203.0.113.5"}
     for path in ("/v1/boxes/a/v1/verdicts", "/v1/boxes/a/residents", "/v1/fleet/verdicts",

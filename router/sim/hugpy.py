@@ -109,6 +109,11 @@ _KEY_INVALID = _json({"error": {
 _CHAT_REQUIRED = _json({"error": {"message": "model and messages required", "code": 400}})
 _MODEL_REQUIRED = _json({"error": {"message": "model required", "code": 400}})
 _DONE = b"data: [DONE]\n\n"
+_UNSUPPORTED = (b'<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">\n'
+                b"        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n"
+                b"        <p>Error code: 501</p>\n        <p>Message: Unsupported method ('%s').</p>\n"
+                b"        <p>Error code explanation: 501 - Server does not support this operation.</p>\n"
+                b"    </body>\n</html>\n")
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\n"
     b"Content-Type: text/event-stream\r\n"
@@ -265,6 +270,10 @@ class SimBox(PairSettings, SimServer):
     # -- routing ------------------------------------------------------------------------------
 
     def _dispatch(self, conn: _Connection, ex: Exchange) -> Steps | None:
+        if ex.method in ("PUT", "PATCH", "DELETE"):  # §11: no do_PUT & co: the stdlib's 501, then close
+            ex.keep_alive = False
+            conn.respond(ex, 501, _UNSUPPORTED % ex.method.encode(), b"text/html;charset=utf-8")
+            return None
         handler = find_route(_ROUTES, _PATTERN_ROUTES, ex)
         if handler is None:
             conn.respond(ex, 404, _NOT_FOUND)  # also POST /v1/completions: not on the box (§8)
