@@ -122,6 +122,14 @@ def test_verdicts_and_pair_settings_of_a_real_box_through_the_router(wrapper, tm
                                   {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
         assert status == 503 and refused["error"]["reasons"] == {"realbox": f"blocked_pair: {MODEL}"}
         assert request(url, "GET", "/v1/boxes/realbox/v1/keys")[0] == 403  # never relayed
+        # the box has no PUT (§11): its own 501 comes back through the relay
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("PUT", "/v1/boxes/realbox/v1/settings/pair", body=b"{}",
+                     headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 501 and b"Unsupported method ('PUT')" in answer.read()
+        conn.close()
         assert request(url, "GET", "/v1/fleet/residents")[1] == {"residents": [], "unanswered": []}
     finally:
         router.stop()
