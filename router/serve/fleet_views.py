@@ -74,8 +74,8 @@ async def verdicts(app: RouterApp, edge: Edge) -> None:
     for box, link in _hugpy(app):
         why = _offline(box, link)
         reader = getattr(link, "verdicts", None)
-        if why is None and reader is not None and reader.read_at is None:
-            why = f"verdicts not read: {reader.error}" if reader.error else "verdicts not read yet"
+        if why is None and (reader is None or reader.read_at is None):
+            why = f"verdicts not read: {reader.error}" if reader is not None and reader.error else "verdicts not read yet"
         if why is not None:
             unanswered.append({"box": box.name, "why": why})
             continue
