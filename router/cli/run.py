@@ -41,6 +41,7 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         queue_size=args.queue_size,
         queue_timeout_s=args.queue_timeout,
         stream_keepalive_s=args.stream_keepalive,
+        max_event_streams=args.max_event_streams,
         log_retention_days=args.log_retention_days,
         idle_timeout_s=args.idle_timeout,
         max_conns_per_client=args.max_conns_per_client,
