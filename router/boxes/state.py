@@ -59,7 +59,7 @@ class BoxState:
         self.config = config
         self.index = index  # slot in the reservation table, fixed for the process lifetime
         self.order = order
-        self.origin = Origin(config.host, config.port)
+        self.origin = Origin(config.host, config.port, tls=config.url.startswith("https:"))
         self.auth_header = (
             f"Authorization: Bearer {config.key}\r\n".encode("latin-1") if config.key else b""
         )
@@ -79,6 +79,7 @@ class BoxState:
         self.refusals: dict[str, int] = {}
         self.cooling: dict[str, tuple[float, int]] = {}
         self.unreachable = False
+        self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
         self._facts_key: tuple[int, int, int] = (-1, -1, -1)
@@ -93,6 +94,11 @@ class BoxState:
     def set_online(self, online: bool) -> None:
         if online != self.online:
             self.online = online
+            self.changed()
+
+    def set_down(self, why: str) -> None:
+        if why != self.down:
+            self.down = why
             self.changed()
 
     @property
@@ -216,6 +222,7 @@ class BoxState:
                 kind=config.kind,
                 order=self.order,
                 online=self.online and not self.unreachable,
+                down=self.down,
                 pool=config.pool,
                 blocked=config.blocked,
                 catalog=self.catalog,

@@ -10,7 +10,8 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    call's pool"): a call without a pool goes only to boxes without a pool, a call with a pool
    only to that pool's boxes, and a pin without a pool reaches the pinned box whatever its pool.
    An empty pool is no pool. Failover passes `eligible` (the first decision's ranked set) so
-   that a retry never broadens past it.
+   that a retry never broadens past it. `offline` and `no_model` carry the box's `down` (why
+   its link fails: connection refused, TLS, a refused key ...) when there is one.
    Blocked also covers a hugpy box's own pair settings (`blocked_pair`, router.core.pairs rule
    5), right after the operator's block; a pin cannot pass it. `does_not_fit` comes right after
    the model check: the box's verdicts say the model fits in no placement mode and it is not
@@ -73,7 +74,7 @@ def _why_not(
     if named is None:
         return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
     if not box.online:
-        return Reason(ReasonCode.OFFLINE)
+        return Reason(ReasonCode.OFFLINE, box.down)
     if (box.pool or None) != (call.pool or None) and (call.pin is None or call.pool):
         return Reason(ReasonCode.OTHER_POOL, box.pool or "")
     if box.blocked:
@@ -86,7 +87,7 @@ def _why_not(
         return Reason(ReasonCode.NOT_ELIGIBLE)
     key = named[0]
     if key not in box.residents and key not in box.catalog:
-        return Reason(ReasonCode.NO_MODEL, key)
+        return Reason(ReasonCode.NO_MODEL, f"{key} ({box.down})" if box.down else key)
     if call.pin is None and box.fits.get(key) is Fit.NONE and key not in box.residents:
         return Reason(ReasonCode.DOES_NOT_FIT, key)
     ceiling = box.cooling.get(key)

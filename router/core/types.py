@@ -94,9 +94,10 @@ class BoxFacts:
     none); `cooling` maps each model key it refused to place lately to the calls it had in
     flight then (its learned ceiling for that model while the back-off lasts), and
     `recent_refusals` counts those refusals (they count as load: a box that fails fast never
-    looks idle). `pairs` is a hugpy box's own pair settings and `fits` what its verdicts say
-    per catalog key (absent: unknown) (router.core.pairs); for a hugpy box `contracts` holds
-    the load contract each seat was loaded under (`pairs.contract`).
+    looks idle). `down` says why an offline box is offline ("" when unknown). `pairs` is a hugpy
+    box's own pair settings and `fits` what its verdicts say per catalog key (absent: unknown)
+    (router.core.pairs); for a hugpy box `contracts` holds the load contract each seat was
+    loaded under (`pairs.contract`).
     """
 
     id: str
@@ -117,6 +118,7 @@ class BoxFacts:
     max_inflight: int | None = None
     cooling: Mapping[str, int] = field(default_factory=dict)
     recent_refusals: int = 0
+    down: str = ""
     pairs: PairView = EMPTY
     fits: Mapping[str, Fit] = field(default_factory=dict)
 
