@@ -64,7 +64,8 @@ def main() -> int:
     chunk = b'data: {"id":"fe-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
     scanner = FrameScanner(SSE)
     scanner.feed(b'data: {"choices":[]}\n\n')
-    rows.append((f"frame scanner feed, one {len(chunk)} B SSE chunk", per_op_us(lambda: scanner.feed(chunk), 200000)))
+    rows.append((f"frame scanner keep (a relayed chunk's tail), one {len(chunk)} B SSE chunk",
+                 per_op_us(lambda: scanner.keep(chunk), 200000)))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "router.sqlite3"
         writer = RouteLogWriter(path)

@@ -34,10 +34,10 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.names import call_key
+from router.core.kinds import Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
-from router.core.types import BoxFacts, BoxKind, Call, Resident
+from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
 
 
@@ -111,7 +111,7 @@ class BoxState:
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
-        if self.config.kind is BoxKind.HUGPY:
+        if can(self.config.kind, Capability.PAIR_SETTINGS):
             for key in inventory.residents.keys() - self.loaded.keys():  # a seat first seen (rule 2)
                 self.loaded[key] = contract(inventory.pairs, key, None)
         if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity,
@@ -139,7 +139,7 @@ class BoxState:
         the call's settings, and it had room for it."""
         named = call_key(self.config.kind, call.model, call.settings)
         if named is not None:
-            if self.config.kind is BoxKind.HUGPY:
+            if can(self.config.kind, Capability.PAIR_SETTINGS):
                 self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1])
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
@@ -227,7 +227,7 @@ class BoxState:
                 blocked=config.blocked,
                 catalog=self.catalog,
                 residents=self.inventory.residents,
-                contracts={k: v for k, v in (self.loaded if config.kind is BoxKind.HUGPY
+                contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
                                              else self.contracts).items() if v is not None},
                 free_gpu_bytes=self.inventory.free_gpu_bytes,
                 pending=max(self.in_flight - reservations, self.busy_seats),

@@ -9,7 +9,7 @@ Rules:
    within `ASK_TIMEOUT_S`.
 2. Every row carries its `box`. A box with nothing to show is listed under `unanswered` with
    why (offline, its verdicts could not be read, it did not answer), never silently left out.
-3. Only hugpy boxes are listed: other kinds have no pair settings or verdicts.
+3. Only boxes of a kind with its own pair settings and verdicts (hugpy) are listed.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from urllib.parse import unquote
 
 import orjson
 
+from router.core.kinds import Capability, can
 from router.core.pairs import BLANKET_KEY, blocked_by, effective
-from router.core.types import BoxKind
 from router.upstream.fetch import fetch
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ JSON = (b"content-type", b"application/json")
 
 def box_state(box: BoxState, link) -> dict[str, Any]:
     """A hugpy box's own settings and verdicts for the admin state; {} for other kinds."""
-    if box.config.kind is not BoxKind.HUGPY or link is None:
+    if not can(box.config.kind, Capability.PAIR_SETTINGS) or link is None:
         return {}
     view = box.inventory.pairs
     return {
@@ -51,7 +51,7 @@ def box_state(box: BoxState, link) -> dict[str, Any]:
 
 def _hugpy(app: RouterApp) -> list[tuple[BoxState, Any]]:
     fleet = app.shared.fleet
-    return [(box, fleet.links.get(box.name)) for box in fleet.ordered() if box.config.kind is BoxKind.HUGPY]
+    return [(box, fleet.links.get(box.name)) for box in fleet.ordered() if can(box.config.kind, Capability.PAIR_SETTINGS)]
 
 
 def _model(edge: Edge) -> str | None:
