@@ -25,9 +25,8 @@ from router.core.kinds import Capability, can
 from router.core.pairs import BLANKET_KEY, blocked_by, effective
 from router.upstream.fetch import fetch
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not the app's type: the app imports this module (through the dashboard)
     from router.boxes.state import BoxState
-    from router.serve.app import RouterApp
     from router.serve.edge import Edge
 
 ASK_TIMEOUT_S = 5.0
@@ -49,7 +48,7 @@ def box_state(box: BoxState, link) -> dict[str, Any]:
     }
 
 
-def _hugpy(app: RouterApp) -> list[tuple[BoxState, Any]]:
+def _hugpy(app) -> list[tuple[BoxState, Any]]:
     fleet = app.shared.fleet
     return [(box, fleet.links.get(box.name)) for box in fleet.ordered() if can(box.config.kind, Capability.PAIR_SETTINGS)]
 
@@ -68,7 +67,7 @@ def _offline(box: BoxState, link) -> str | None:
     return "offline" + (f" ({link.probe_error})" if link is not None and link.probe_error else "")
 
 
-async def verdicts(app: RouterApp, edge: Edge) -> None:
+async def verdicts(app, edge: Edge) -> None:
     model = _model(edge)
     rows, unanswered = [], []
     for box, link in _hugpy(app):
@@ -85,7 +84,7 @@ async def verdicts(app: RouterApp, edge: Edge) -> None:
     await edge.respond(200, [JSON], orjson.dumps({"verdicts": rows, "unanswered": unanswered}))
 
 
-async def settings(app: RouterApp, edge: Edge) -> None:
+async def settings(app, edge: Edge) -> None:
     model = _model(edge)
     rows, unanswered = [], []
     for box, link in _hugpy(app):
@@ -115,7 +114,7 @@ async def _ask_residents(box: BoxState) -> list[dict] | str:
         return f"did not answer ({type(exc).__name__})"
 
 
-async def residents(app: RouterApp, edge: Edge) -> None:
+async def residents(app, edge: Edge) -> None:
     boxes = _hugpy(app)
     asked = await asyncio.gather(*(_ask_residents(box) for box, _ in boxes))
     rows, unanswered = [], []
