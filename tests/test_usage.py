@@ -70,3 +70,15 @@ def test_the_usage_chunk_is_taken_out_and_nothing_else_changes_however_the_strea
     strip = asyncio.run(relay())
     assert b"".join(written) == OPENAI_STREAM + DONE
     assert strip.usage == USAGE_CHUNK and strip.dropped_bytes == len(USAGE_CHUNK)
+
+
+class WholeScanRefused(bytes):
+    def __contains__(self, part):
+        raise AssertionError("scanned the whole answer, not its last USAGE_WINDOW bytes")
+
+
+def test_counts_are_read_off_the_window_only_however_long_the_answer():
+    """A whole answer is its tail: a 100 MB embedding list is read for its last 16 KiB only, on
+    the loop, for every call."""
+    answer = WholeScanRefused(b'{"data":[' + b"0.1," * 50_000 + b'0.1],"usage":{"prompt_tokens":4,"total_tokens":4}}')
+    assert reported(answer) == (4, None, None)

@@ -72,7 +72,7 @@ def reported(tail: bytes) -> Reported | None:
     completion = _last(tail, COMPLETION_KEYS, floor)
     if prompt is None and completion is None:
         return None
-    cached = _last(tail, CACHED_KEYS, floor) if b"cache" in tail else None
+    cached = _last(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
     return Reported(prompt, completion, cached)
 
 
