@@ -82,3 +82,14 @@ def test_counts_are_read_off_the_window_only_however_long_the_answer():
     the loop, for every call."""
     answer = WholeScanRefused(b'{"data":[' + b"0.1," * 50_000 + b'0.1],"usage":{"prompt_tokens":4,"total_tokens":4}}')
     assert reported(answer) == (4, None, None)
+
+
+def test_a_count_the_client_echoed_before_the_usage_never_counts():
+    """A Responses answer echoes the call's tools, whose JSON schemas may hold any key: a client
+    that names `prompt_tokens` and `completion_tokens` there must not set its own charge."""
+    schema = b'{"type":"object","properties":{},"prompt_tokens":0,"completion_tokens":0,"cached_tokens":0}'
+    answer = (b'{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text",'
+              b'"text":"hi"}]}],"tools":[{"type":"function","name":"f","parameters":' + schema + b'}],'
+              b'"usage":{"input_tokens":900,"input_tokens_details":{"cached_tokens":100},"output_tokens":50,'
+              b'"total_tokens":950},"user":null}')
+    assert reported(answer) == (900, 50, 100)

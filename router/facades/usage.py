@@ -5,9 +5,10 @@ Rules:
    body or of a stream's last writes. Prompt tokens are OpenAI's `prompt_tokens` (the Responses
    and Messages APIs' and LM Studio's stats' `input_tokens`, Ollama's `prompt_eval_count`);
    completion tokens `completion_tokens` (`output_tokens`, `total_output_tokens`, `eval_count`);
-   cached tokens `prompt_tokens_details.cached_tokens` (`cache_read_input_tokens`). One API
-   speaks one of the names: the first name in that order found counts, its last occurrence (a
-   stream's running counts end with the whole call's). A JSON key is
+   cached tokens `prompt_tokens_details.cached_tokens` (`cache_read_input_tokens`). The
+   occurrence of any of the names nearest the end counts: a stream's running counts end with
+   the whole call's, and whatever an answer echoes of the call (a Responses answer's tools,
+   whose schemas may hold any key) comes before its usage. A JSON key is
    found by its quoted name followed by `:`: inside a JSON string a quote is escaped, so a
    model's text can never read as a count. A hugpy box's own accounting is its final `usage`
    frame, read the same way.
@@ -53,16 +54,18 @@ class Reported(NamedTuple):
 
 
 def _last(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | None:
-    """The value of the last occurrence of the first of `keys` the tail holds (one API speaks
-    one of them), or None."""
+    """The value of the last occurrence in the tail of any of `keys`, or None. Each name after
+    the first is looked for only past what was found, so a report at the end costs little."""
+    value, after = None, floor
     for key in keys:
-        at = tail.rfind(key, floor)
+        at = tail.rfind(key, after)
         while at >= 0:
             found = _VALUE.match(tail, at + len(key))
             if found is not None:
-                return int(found.group(1))
-            at = tail.rfind(key, floor, at)
-    return None
+                value, after = int(found.group(1)), at + 1
+                break
+            at = tail.rfind(key, after, at)
+    return value
 
 
 def reported(tail: bytes) -> Reported | None:
