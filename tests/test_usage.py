@@ -93,3 +93,10 @@ def test_a_count_the_client_echoed_before_the_usage_never_counts():
               b'"usage":{"input_tokens":900,"input_tokens_details":{"cached_tokens":100},"output_tokens":50,'
               b'"total_tokens":950},"user":null}')
     assert reported(answer) == (900, 50, 100)
+
+
+def test_a_null_stream_options_is_a_client_that_did_not_ask():
+    """`"stream_options": null` is how some clients write "not given": the router asks the box
+    for the usage all the same, rather than charging the stream by an estimate."""
+    asked = ask_usage(b'{"model":"m","stream":true,"stream_options":null}')
+    assert asked == b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'

@@ -15,7 +15,7 @@ Rules:
 2. `ask_usage(body)`: the body of an OpenAI-shaped stream with `stream_options.include_usage`
    true, or None when the client asked for usage itself (then its usage chunk is its own).
    Nothing else in the body changes: the member is added after the opening `{`, or an existing
-   `stream_options` object is rewritten with the flag on.
+   `stream_options` object (or `null`) is rewritten with the flag on.
 3. `UsageStrip` is the client's side of a stream the router asked usage for: it passes every
    SSE event through byte for byte except the usage chunk (`"choices":[]` with a `usage`), which
    it keeps for rule 1. An event is written once it is whole, so a chunk boundary inside one
@@ -89,6 +89,8 @@ def ask_usage(body: bytes) -> bytes | None:
         return body[:start] + joiner + body[start:]
     start, end, _ = span
     options = orjson.loads(body[start:end])
+    if options is None:  # `"stream_options": null` (some clients' default) asks for nothing
+        options = {}
     if not isinstance(options, dict):
         return None  # not ours to fix: the box answers the client's own mistake
     if options.get("include_usage") is True:
