@@ -281,7 +281,7 @@ def test_a_decision_is_logged_as_its_ranking_and_refusals(tmp_path):
     conn.close()
     assert orjson.loads(text) == {
         "boxes": ["b", "a"], "why": {"b": "serving", "a": "load"},
-        "refused": {"c": decision.refused["c"].text()},
+        "refused": {"c": decision.ruled_out["c"].text()},
     }
 
 
