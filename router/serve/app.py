@@ -45,7 +45,8 @@ class Shared:
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
-                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0) -> None:
+                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
+                 queue_per_caller: int | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -54,7 +55,7 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
-        self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.admission = Admission(fleet, queue_size, queue_timeout_s, queue_per_caller)
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.clock = CallClock(self.admission.sweep)

@@ -92,6 +92,7 @@ class ServeConfig:
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
+    queue_per_caller: int | None = None  # None: router.core.admission.fair_share(queue_size)
     stream_keepalive_s: float = 15.0  # 0: never
     log_retention_days: float = 30.0  # 0 = keep every route_log row
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
@@ -256,6 +257,7 @@ class Running:
             stream_idle_timeout_s=config.stream_idle_timeout_s,
             queue_size=config.queue_size,
             queue_timeout_s=config.queue_timeout_s,
+            queue_per_caller=config.queue_per_caller,
             stream_keepalive_s=config.stream_keepalive_s,
         )
         shared.tracer = tracer
