@@ -34,7 +34,7 @@ MAX_COUNT = 1 << 30
 MAX_SECONDS = 7 * 86400.0
 # A size in bytes: 1 TiB, far above any request body.
 MAX_BYTES = 1 << 40
-SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 INTEGER_RE = re.compile(r"[+-]?[0-9]{1,24}")  # ASCII digits only; long enough for any range
 
 
@@ -83,7 +83,7 @@ def finite_seconds(value: str | float, *, zero_ok: bool = False, high: float = M
 
 
 def size_bytes(value: str) -> int:
-    """A size such as `65536`, `64MiB`, `1.5g` (k, m, g: powers of 1024), from 1 byte to
+    """A size such as `65536`, `64MiB`, `1.5g` (k, m, g, t: powers of 1024), from 1 byte to
     MAX_BYTES (rule 3). Raises ValueError otherwise."""
     text = value.strip().lower().removesuffix("ib").removesuffix("b")
     scale = SIZE_UNITS.get(text[-1:], 1)
