@@ -170,7 +170,8 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
         "--max-conns-per-client",
         type=_conns,
         default=DEFAULT_MAX_CONNS_PER_CLIENT,
-        help="most open connections one client address may hold; the newest over it are closed. "
+        help="most idle connections one client address may hold; over it, its longest-idle ones are "
+        "closed (a connection with a call in flight never is). "
         "Trusted proxies (HUGPY_ROUTER_TRUSTED_PROXIES) are exempt; 0 = no cap "
         f"(default {DEFAULT_MAX_CONNS_PER_CLIENT})",
     )

@@ -64,6 +64,9 @@ class Shared:
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
+        # client port -> requests in flight from it: the connection cap never closes those
+        # connections (serve/conn_cap.py rule 2)
+        self.working_ports: dict[int, int] = {}
         self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
@@ -103,6 +106,8 @@ class RouterApp:
         shared = self.shared
         shared.in_flight += 1
         shared.idle.clear()
+        working, port = shared.working_ports, edge.port
+        working[port] = working.get(port, 0) + 1
         facade = self.mount(edge.path)
         try:
             owned = admin.route(edge.method, edge.path) if self.admin else None
@@ -134,6 +139,11 @@ class RouterApp:
             shared.in_flight -= 1
             if shared.in_flight == 0:
                 shared.idle.set()
+            left = working[port] - 1
+            if left:
+                working[port] = left
+            else:
+                del working[port]
 
     async def allowed(self, edge: Edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
         """Checks access; answers 401/403/415 in the facade's shape when the caller may not."""

@@ -14,8 +14,9 @@ Invariants:
 3. `watch_disconnect(callback)` calls `callback()` at most once, when the client goes away; the
    returned task is cancelled by the caller when the call ends.
 4. `finish()` ends a streamed answer; after it, the edge holds nothing that keeps the answer open.
-5. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`);
-   `caller` is who the access gate found calling (None: unknown, or not judged).
+5. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`),
+   `port` its port (0: unknown); `caller` is who the access gate found calling (None: unknown,
+   or not judged).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Edge(Protocol):
     path: str
     query: str
     client: str  # the TCP peer's address (invariant 5)
+    port: int  # the TCP peer's port
     caller: str | None  # who the access gate found calling
 
     def header(self, name: str) -> str | None: ...
@@ -86,7 +88,7 @@ class Edge(Protocol):
 
 
 class AsgiEdge:
-    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "caller", "_headers")
+    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "port", "caller", "_headers")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -97,6 +99,7 @@ class AsgiEdge:
         self.query: str = scope["query_string"].decode("latin-1")
         client = scope.get("client")
         self.client: str = client[0] if client else ""
+        self.port: int = client[1] if client else 0
         self.caller: str | None = None
         self._headers: dict[str, str] | None = None
 
@@ -166,7 +169,7 @@ def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
 
 
 class RsgiEdge:
-    __slots__ = ("scope", "proto", "method", "path", "query", "client", "caller", "stream")
+    __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -175,6 +178,8 @@ class RsgiEdge:
         self.path: str = scope.path
         self.query: str = scope.query_string
         self.client: str = peer_address(scope.client) if scope.client else ""
+        port = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
+        self.port: int = int(port) if port.isdigit() else 0
         self.caller: str | None = None
         self.stream = None
 

@@ -18,7 +18,8 @@ Connections (issue 11 item 1):
    the box connection a call opens).
 2. A connection that has not sent a whole request head within `idle_timeout_s` of opening, or of
    its last answer, is closed (hyper's header_read_timeout covers both; measured).
-3. No address holds more than `max_conns_per_client` connections: router.serve.conn_cap.
+3. No address holds more than `max_conns_per_client` idle connections, and a listener near its
+   permits closes its longest-idle connections: router.serve.conn_cap.
 4. TLS (`ssl_certfile`/`ssl_keyfile`) is Granian's (rustls) on every listener, HTTP/1.1 only.
 
 Stop (SIGTERM or SIGINT): stop accepting, let calls in flight finish for up to the grace period,
@@ -302,6 +303,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     ]
     conn_cap = ConnCap(
         config.host, [port for _, port, _ in servers], config.max_conns_per_client, shared.access.proxies,
+        limit=max_conns, working_ports=lambda: frozenset(shared.working_ports),
     )
     loop = asyncio.get_running_loop()
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
