@@ -26,9 +26,11 @@ Rules:
 4. `cap` 0 is no cap.
 5. Near the limit (issue 20 item 8). When a listener's connections, less those rule 3 closes,
    reach NEAR_LIMIT of its `limit` (Granian's accept permits: at the limit it stops accepting,
-   and a new client, a health probe included, waits in the kernel's backlog), its idle
-   connections are closed, the longest idle first, until DRAIN_TO of the limit remain or none
-   is idle. Every address counts, trusted proxies too: an idle keep-alive connection costs its
+   and a new client, a health probe included, waits in the kernel's accept queue), its idle
+   connections are closed, the longest idle first, until none is idle or what remains leaves
+   room for every connection `waiting` in that queue below DRAIN_TO of the limit (but no more
+   than down to DRAIN_FLOOR of it): the queue is first in, first out, so a probe behind a burst
+   of idle sockets gets a permit at the next look, not after the burst. Every address counts, trusted proxies too: an idle keep-alive connection costs its
    client only a reconnect. So many addresses, each under the cap, cannot hold every permit with
    idle sockets. (nginx does the same when it runs out of connections: it closes idle keep-alive
    connections, oldest first, `ngx_drain_connections`.) `limit` 0 is no limit.
@@ -49,6 +51,9 @@ V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
 # tenth of the permits: a burst of idle sockets is drained over a few looks, not all at once.
 NEAR_LIMIT = 0.9
 DRAIN_TO = 0.8
+# However long the accept queue, a look leaves at least half the permits held: a flood that
+# refills the queue as fast as it drains is closed a half at a time, not all at once.
+DRAIN_FLOOR = 0.5
 
 
 class Conn(NamedTuple):
@@ -90,9 +95,10 @@ def over_cap(conns: Iterable[Conn], cap: int, trusted_proxies: Iterable[Network]
     return cut
 
 
-def near_limit(conns: Iterable[Conn], limit: int, closing: Iterable[int] = ()) -> list[int]:
+def near_limit(conns: Iterable[Conn], limit: int, closing: Iterable[int] = (), waiting: int = 0) -> list[int]:
     """The ids of one listener's connections to close near its `limit` (rule 5), besides those
-    in `closing` (rule 3's, already going). A `limit` of 0 or less is no limit."""
+    in `closing` (rule 3's, already going); `waiting`: the connections in its accept queue. A
+    `limit` of 0 or less is no limit."""
     if limit <= 0:
         return []
     gone = set(closing)
@@ -100,7 +106,8 @@ def near_limit(conns: Iterable[Conn], limit: int, closing: Iterable[int] = ()) -
     if len(left) < limit * NEAR_LIMIT:
         return []
     idle = sorted((c for c in left if not c.working), key=_longest_idle_first)
-    return [c.conn_id for c in idle[: max(0, len(left) - int(limit * DRAIN_TO))]]
+    keep = max(int(limit * DRAIN_TO) - waiting, int(limit * DRAIN_FLOOR))
+    return [c.conn_id for c in idle[: max(0, len(left) - keep)]]
 
 
 def _trusted(peer: bytes, proxies: tuple[Network, ...]) -> bool:

@@ -64,9 +64,9 @@ class Shared:
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
-        # client port -> requests in flight from it: the connection cap never closes those
-        # connections (serve/conn_cap.py rule 2)
-        self.working_ports: dict[int, int] = {}
+        # client port (as the interface gives it) -> requests in flight from it: the connection
+        # cap never closes those connections (serve/conn_cap.py rule 2)
+        self.working_ports: dict[str | int, int] = {}
         self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()

@@ -8,12 +8,14 @@ idle connections that take Granian's accept permits. So the cap looks at the soc
 
 1. Every SWEEP_S or so, one sock_diag (netlink) dump per listener port lists the TCP connections on it
    with their peer, inode, the bytes the kernel holds unread and unsent, and its tcp_info (the
-   time since data last went either way: how long it has been idle). The kernel filters by
+   time since data last went either way: how long it has been idle); and the listener itself,
+   whose unread count is the length of its accept queue. The kernel filters by
    local port; no privilege is needed and no system call is made per connection. A connection
    still in the kernel's accept queue (inode 0) is not the router's yet and is not counted.
 2. A connection is working when a request on it is in flight: the app counts its requests by
-   the client's port (`Shared.working_ports`, one dict update at a request's start and end),
-   and the sweep takes a copy of the ports on the loop. Matching by port alone can only take an
+   the client's port (`Shared.working_ports`, one dict update at a request's start and end,
+   keyed by the port as the interface gives it: Granian's ASGI gives text), and the sweep
+   takes their numbers (`port_numbers`) on the loop. Matching by port alone can only take an
    idle connection for a working one (another address's connection on the same port number),
    never the reverse, so an error spares a socket and never cuts a call.
 3. router.core.conn_cap picks the idle connections to close: over the per-client cap (trusted
@@ -83,8 +85,10 @@ DIAG_SOCKID_REST = 44
 # ESTABLISHED 1, FIN_WAIT1 4, FIN_WAIT2 5, CLOSE_WAIT 8, LAST_ACK 9, CLOSING 11. Not asked for:
 # the listener (LISTEN 10), what holds no descriptor (SYN_RECV 3, TIME_WAIT 6, NEW_SYN_RECV 12),
 # and bound sockets never connected (CLOSE 7, BOUND_INACTIVE 13: dumped without the port filter).
-DIAG_STATES = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 8) | (1 << 9) | (1 << 11)
-# In inet_diag_msg (72 bytes): the peer's port at 6 (network order), the local address at 8,
+# LISTEN 10 is asked for too: the listener's message gives its accept queue's length.
+TCP_LISTEN = 10
+DIAG_STATES = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 8) | (1 << 9) | (1 << 11) | (1 << TCP_LISTEN)
+# In inet_diag_msg (72 bytes): the state at 1, the peer's port at 6 (network order), the local address at 8,
 # the peer address at 24 (16 bytes), the bytes unread and unsent at 56 and 60, the inode at 68.
 MSG_PEER_PORT = 6
 MSG_LOCAL = 8
@@ -169,10 +173,10 @@ class ConnCap:
         if (self.cap <= 0 or fds <= self.cap) and (self.limit <= 0 or fds < self.drain_from):
             return 0, 0  # nothing can be over: skip the dump's walk of the socket table
         by_port = {port: self.connections(port, working) for port in self.ports}
-        over = conn_cap.over_cap((c for conns in by_port.values() for c in conns), self.cap, self.proxies)
+        over = conn_cap.over_cap((c for conns, _ in by_port.values() for c in conns), self.cap, self.proxies)
         near: list[int] = []
-        for conns in by_port.values():
-            near += conn_cap.near_limit(conns, self.limit, over)
+        for conns, waiting in by_port.values():
+            near += conn_cap.near_limit(conns, self.limit, over, waiting)
         if not over and not near:
             return 0, 0
         fds_of = _fds_by_inode({*over, *near})
@@ -180,9 +184,9 @@ class ConnCap:
         self.closed_total += closed[0] + closed[1]
         return closed[0], closed[1]
 
-    def connections(self, port: int, working: frozenset[int] = frozenset()) -> list[Conn]:
-        """Each accepted connection on `port` (rule 1); `working`: the client ports with a
-        request in flight (rule 2)."""
+    def connections(self, port: int, working: frozenset[int] = frozenset()) -> tuple[list[Conn], int]:
+        """Each accepted connection on `port` (rule 1), and how many wait in its listener's
+        accept queue; `working`: the client ports with a request in flight (rule 2)."""
         if self._netlink is None:
             self._netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
         request = (
@@ -195,13 +199,14 @@ class ConnCap:
         self._netlink.sendto(header + request, (0, 0))
         size, local = (4 if self.family == socket.AF_INET else 16), self.local
         out: list[Conn] = []
+        waiting = 0
         while True:
             data = self._netlink.recv(1 << 20)
             offset = 0
             while offset < len(data):
                 length, kind = NLMSG_HEADER.unpack_from(data, offset)[:2]
                 if kind == NLMSG_DONE:
-                    return out
+                    return out, waiting
                 if kind == NLMSG_ERROR:
                     errno_ = -struct.unpack_from("=i", data, offset + NLMSG_HEADER.size)[0]
                     raise OSError(errno_, os.strerror(errno_))
@@ -209,10 +214,18 @@ class ConnCap:
                 inode = U32.unpack_from(data, msg + MSG_INODE)[0]
                 if inode and (local is None or data[msg + MSG_LOCAL:msg + MSG_LOCAL + size] == local):
                     unread, unsent = QUEUES.unpack_from(data, msg + MSG_QUEUES)
-                    busy = bool(unread or unsent) or PORT.unpack_from(data, msg + MSG_PEER_PORT)[0] in working
-                    out.append(Conn(data[msg + MSG_PEER:msg + MSG_PEER + size], inode,
-                                    _idle_ms(data, msg + MSG_SIZE, offset + length), busy))
+                    if data[msg + 1] == TCP_LISTEN:  # the listener: `unread` is its accept queue
+                        waiting += unread
+                    else:
+                        busy = bool(unread or unsent) or PORT.unpack_from(data, msg + MSG_PEER_PORT)[0] in working
+                        out.append(Conn(data[msg + MSG_PEER:msg + MSG_PEER + size], inode,
+                                        _idle_ms(data, msg + MSG_SIZE, offset + length), busy))
                 offset += (length + 3) & ~3
+
+
+def port_numbers(ports) -> frozenset[int]:
+    """The client ports of `Shared.working_ports` as numbers (rule 2); an unknown one is left out."""
+    return frozenset(int(port) for port in ports if isinstance(port, int) or port.isdigit())
 
 
 def _idle_ms(data: bytes, start: int, end: int) -> int:

@@ -15,7 +15,7 @@ Invariants:
    returned task is cancelled by the caller when the call ends.
 4. `finish()` ends a streamed answer; after it, the edge holds nothing that keeps the answer open.
 5. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`),
-   `port` its port (0: unknown); `caller` is who the access gate found calling (None: unknown,
+   `port` its port as the interface gives it (Granian's ASGI: text; "" when unknown); `caller` is who the access gate found calling (None: unknown,
    or not judged).
 """
 
@@ -67,7 +67,7 @@ class Edge(Protocol):
     path: str
     query: str
     client: str  # the TCP peer's address (invariant 5)
-    port: int  # the TCP peer's port
+    port: str | int  # the TCP peer's port, as the interface gives it (invariant 5)
     caller: str | None  # who the access gate found calling
 
     def header(self, name: str) -> str | None: ...
@@ -99,7 +99,7 @@ class AsgiEdge:
         self.query: str = scope["query_string"].decode("latin-1")
         client = scope.get("client")
         self.client: str = client[0] if client else ""
-        self.port: int = client[1] if client else 0
+        self.port: str | int = client[1] if client else ""
         self.caller: str | None = None
         self._headers: dict[str, str] | None = None
 
@@ -178,8 +178,7 @@ class RsgiEdge:
         self.path: str = scope.path
         self.query: str = scope.query_string
         self.client: str = peer_address(scope.client) if scope.client else ""
-        port = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
-        self.port: int = int(port) if port.isdigit() else 0
+        self.port: str | int = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
         self.caller: str | None = None
         self.stream = None
 

@@ -55,7 +55,7 @@ from router.facades import mounts
 from router.facades.mounts import Mount
 from router.serve import tracing
 from router.serve.app import RouterApp, Shared
-from router.serve.conn_cap import ConnCap
+from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
 from router.store import paths as store_paths
@@ -303,7 +303,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     ]
     conn_cap = ConnCap(
         config.host, [port for _, port, _ in servers], config.max_conns_per_client, shared.access.proxies,
-        limit=max_conns, working_ports=lambda: frozenset(shared.working_ports),
+        limit=max_conns, working_ports=lambda: port_numbers(shared.working_ports),
     )
     loop = asyncio.get_running_loop()
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
