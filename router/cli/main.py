@@ -1,4 +1,4 @@
-"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router demo`,
+"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router log`, `router demo`,
 `router agent`, `router install | uninstall | status`.
 
 `router` and `hugpy-router` are the same entry point.
@@ -18,6 +18,7 @@ from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
+from router.cli.log import add_log_parser, log_command
 from router.core import bounds
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
@@ -179,6 +180,15 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="serve HTTPS on every listener with this PEM certificate (chain)")
     parser.add_argument("--ssl-keyfile", type=Path, default=None,
                         help="the PEM private key of --ssl-certfile")
+    parser.add_argument(
+        "--require-key",
+        choices=["never", "outside", "always"],
+        default=None,
+        help="who needs a key on the use routes: never; outside (the default: callers outside "
+        "the trusted nets); always. Beats $HUGPY_ROUTER_REQUIRE_KEY. In every mode, always "
+        "included, a caller on loopback manages the router (admin routes) without a key, as "
+        "hugpy does: keep the port on loopback or behind a proxy that sends its own address",
+    )
     parser.add_argument("--otel", action="store_true",
                         help="export an OpenTelemetry span per call over OTLP (needs the otel extra; "
                         "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
@@ -221,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("name")
     add_agent_parser(sub)
     add_keys_parser(sub)
+    add_log_parser(sub)
     add_install_parsers(sub)
     return parser
 
@@ -274,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             return agent_command(args)
         if args.command == "keys":
             return keys_command(args)
+        if args.command == "log":
+            return log_command(args)
         if args.command in ("install", "uninstall", "status"):
             return install_command(args)
         from router.cli.run import run_demo, run_serve

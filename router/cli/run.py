@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,9 @@ log = logging.getLogger("router.cli")
 
 
 def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None = None) -> ServeConfig:
+    if args.require_key:
+        # The access gate reads its settings from the environment at start; the flag beats it.
+        os.environ["HUGPY_ROUTER_REQUIRE_KEY"] = args.require_key
     return ServeConfig(
         store_path=store_path,
         host=args.host,

@@ -34,6 +34,13 @@ class AccessGate:
         self.origins = access.allowed_origins(environ.get("HUGPY_ROUTER_ALLOWED_ORIGINS"))
         self._inside: dict[str | None, bool] = {}
 
+    def describe(self) -> str:
+        """The start-up line: the key mode in force, the trusted nets and proxies."""
+        nets = ", ".join(str(net) for net in self.inside_nets)
+        proxies = ", ".join(str(net) for net in self.proxies) or "none"
+        return (f"access: require-key {self.mode}; trusted nets {nets}; trusted proxies {proxies}; "
+                "loopback manages without a key in every mode")
+
     def inside(self, addr: str | None) -> bool:
         verdict = self._inside.get(addr)
         if verdict is None:

@@ -262,6 +262,7 @@ class Running:
             stream_keepalive_s=config.stream_keepalive_s,
         )
         shared.tracer = tracer
+        log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys), name="keys"),
