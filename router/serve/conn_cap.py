@@ -147,7 +147,7 @@ class ConnCap:
                 try:
                     over, near = await loop.run_in_executor(None, self.sweep, working)
                 except OSError as exc:
-                    log.warning("per-client connection cap is off: sock_diag failed: %s", exc)
+                    log.warning("the per-client connection cap and the drain are off: sock_diag failed: %s", exc)
                     return
                 closed_since_log[0] += over
                 closed_since_log[1] += near
