@@ -41,6 +41,8 @@ BAD = [
     ("--max-conns-per-client", "-3"),
     ("--log-retention-days", "nan"),
     ("--port", "70000"),
+    ("--max-event-streams", "0"),
+    ("--max-event-streams", "nan"),
 ]
 
 

@@ -30,6 +30,11 @@ DEFAULT_IDLE_TIMEOUT_S = 20.0
 # Above what one busy host sends through its own pool (a browser holds 6, an eval harness a few
 # hundred concurrent streams), far below a listener's share of the descriptors (thousands).
 DEFAULT_MAX_CONNS_PER_CLIENT = 512
+# Admin event streams open at once (router.serve.event_feed): a dashboard or two per operator and
+# a few schedule watchers; 300 was an attack, not a fleet. The ceiling keeps a typo from meaning
+# no cap at all.
+DEFAULT_MAX_EVENT_STREAMS = 32
+MAX_EVENT_STREAMS = 4096
 
 
 # A token that may be a secret: a hugpy key anywhere, or any value argparse did not expect.
@@ -91,6 +96,7 @@ _size = _in_range(bounds.size_bytes, "size")
 _idle_seconds = _in_range(bounds.finite_seconds, "seconds", high=86400.0)
 # At most one per descriptor the process may hold.
 _conns = _in_range(bounds.non_negative_int, "count", high=1 << 20)
+_streams = _in_range(bounds.positive_int, "count", high=MAX_EVENT_STREAMS)
 
 
 def _days(value: str) -> float:
@@ -157,6 +163,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--stream-keepalive", type=_seconds_or_zero, default=15.0,
                         help="a streamed OpenAI call waiting this long (queue, cold load) gets its "
                         "stream head and an SSE comment every this many seconds (default 15; 0: never)")
+    parser.add_argument("--max-event-streams", type=_streams, default=DEFAULT_MAX_EVENT_STREAMS,
+                        help="admin event streams (/v1/router/events, /v1/router/schedule) open at "
+                        f"once; more get 429 (1-{MAX_EVENT_STREAMS}, default {DEFAULT_MAX_EVENT_STREAMS})")
     parser.add_argument("--grace", type=_seconds_or_zero, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")

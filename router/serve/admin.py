@@ -30,7 +30,7 @@ from router.boxes import config as boxes_config
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
-from router.serve import dashboard, proxy
+from router.serve import dashboard, event_feed, proxy
 from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
@@ -123,22 +123,6 @@ def _query(edge: Edge) -> dict[str, str]:
 
 async def state(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, dashboard.state_doc(app.shared))
-
-
-async def schedule(app: RouterApp, edge: Edge) -> None:
-    """`schedule:priority` server-sent events, one per published snapshot, until the client
-    leaves or the router stops."""
-    scheduler = app.shared.scheduler
-    queue = scheduler.subscribe()
-    gone, end_watch = dashboard.until_over(app.shared, edge)
-    try:
-        await edge.start(200, list(dashboard.SSE_HEADERS))
-        while (snapshot := await dashboard.next_snapshot(queue, gone, None)) is not None:
-            await edge.write(dashboard.sse_event(b"schedule:priority", snapshot.to_event()))
-        await edge.finish()
-    finally:
-        end_watch()
-        scheduler.unsubscribe(queue)
 
 
 async def telemetry(app: RouterApp, edge: Edge) -> None:
@@ -367,14 +351,14 @@ async def metrics(app: RouterApp, edge: Edge) -> None:
 
 EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/router/state"): state,
-    ("GET", "/v1/router/schedule"): schedule,
+    ("GET", "/v1/router/schedule"): event_feed.schedule,
     ("GET", "/v1/telemetry"): telemetry,
     ("GET", "/v1/keys"): keys,
     ("POST", "/v1/keys"): keys,
     ("GET", "/v1/boxes"): boxes,
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
-    ("GET", "/v1/router/events"): dashboard.events,
+    ("GET", "/v1/router/events"): event_feed.events,
     **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
 

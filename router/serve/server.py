@@ -95,6 +95,7 @@ class ServeConfig:
     queue_timeout_s: float = 120.0
     queue_per_caller: int | None = None  # None: router.core.admission.fair_share(queue_size)
     stream_keepalive_s: float = 15.0  # 0: never
+    max_event_streams: int = 32  # admin event streams open at once
     log_retention_days: float = 30.0  # 0 = keep every route_log row
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
     idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
@@ -260,6 +261,7 @@ class Running:
             queue_timeout_s=config.queue_timeout_s,
             queue_per_caller=config.queue_per_caller,
             stream_keepalive_s=config.stream_keepalive_s,
+            max_event_streams=config.max_event_streams,
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
