@@ -29,7 +29,7 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
@@ -52,7 +52,7 @@ class BoxState:
         self.config = config
         self.index = index  # slot in the reservation table, fixed for the process lifetime
         self.order = order
-        self.origin = Origin(config.host, config.port)
+        self.origin = Origin(config.host, config.port, tls=config.url.startswith("https:"))
         self.auth_header = (
             f"Authorization: Bearer {config.key}\r\n".encode("latin-1") if config.key else b""
         )
@@ -70,6 +70,7 @@ class BoxState:
         self.refusals: dict[str, int] = {}
         self.cooling: dict[str, tuple[float, int]] = {}
         self.unreachable = False
+        self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
         self._facts_key: tuple[int, int, int] = (-1, -1, -1)
@@ -84,6 +85,11 @@ class BoxState:
     def set_online(self, online: bool) -> None:
         if online != self.online:
             self.online = online
+            self.changed()
+
+    def set_down(self, why: str) -> None:
+        if why != self.down:
+            self.down = why
             self.changed()
 
     @property
@@ -201,6 +207,7 @@ class BoxState:
                 kind=config.kind,
                 order=self.order,
                 online=self.online and not self.unreachable,
+                down=self.down,
                 pool=config.pool,
                 blocked=config.blocked,
                 catalog=self.catalog,

@@ -38,6 +38,23 @@ class Inspected(NamedTuple):
     call: Call
     stream: bool  # the body asks for a stream (`"stream": true`)
     priority: Priority | None  # the class it asks for (None: its key's)
+    max_tokens: int | None  # the answer's bound it states (tenancy's reservation; None: none)
+
+
+# Where a call bounds its answer: OpenAI's chat (`max_completion_tokens`, the older
+# `max_tokens`), the Responses API (`max_output_tokens`), Ollama's `options.num_predict`.
+ANSWER_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def answer_bound(doc: dict) -> int | None:
+    """The answer's stated bound in tokens, or None (a bad value is the box's to refuse)."""
+    for name in ANSWER_BOUND_FIELDS:
+        value = doc.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    options = doc.get("options")
+    value = options.get("num_predict") if isinstance(options, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
@@ -186,7 +203,7 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + facade.settings_fields)
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -195,4 +212,4 @@ def read_call(
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority))
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), answer_bound(doc))

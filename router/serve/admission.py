@@ -11,6 +11,10 @@ its events and carries out its hand-outs:
 3. A waiter leaves without a box when its client goes (`leave`) or its wait passes the timeout
    (the CallClock's sweep: 503 queue_timeout); it is never handed out after that.
 4. Retry-After is the queue's length over the recent drain rate, within [1 s, the timeout].
+5. A call whose key is at its `max_parallel` waits too, full for its caller (serve/tenancy.py
+   rule 3), for any box its decision ranked: it is handed out only while its key has room, and
+   the hand-out takes its key's slot with its box's. A slot its key frees is offered at once
+   (`offer`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,15 @@ REFUSAL_TEXT = {
 }
 
 
+class CallerSlot(Protocol):
+    """A call's slot with its caller's `max_parallel` (serve/tenancy.py's `Charge`; a protocol,
+    since tenancy offers freed slots back to the queue: rule 5)."""
+
+    def has_room(self) -> bool: ...
+
+    def take_slot(self) -> bool: ...
+
+
 class Waiting(Protocol):
     """What a waiting call offers the queue (a `Seat`)."""
 
@@ -48,6 +61,8 @@ class Waiting(Protocol):
     queued_s: float
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision: ...
+
+    def has_room(self) -> bool: ...
 
     def admit(self, decision: Decision) -> None: ...
 
@@ -87,7 +102,10 @@ class Admission:
         offered: list[Decision] = []
 
         def fits(waiter: Waiter) -> bool:
-            """The usual decision, over the facts as they are now, ranks a box for it."""
+            """Its caller has room (rule 5) and the usual decision, over the facts as they are
+            now, ranks a box for it."""
+            if not waiter.ticket.has_room():
+                return False
             decision = waiter.ticket.decide_now(self.fleet.facts())
             if decision.boxes:
                 offered.append(decision)
@@ -105,6 +123,10 @@ class Admission:
         """The CallClock's tick: end the back-offs that are over, then offer every box."""
         for box in self.fleet.ordered():
             box.expire_cooling(now_s)
+        self.offer()
+
+    def offer(self) -> None:
+        """Every box offered to the waiters (a back-off ended, a caller's slot freed: rule 5)."""
         if self.queue:
             for box in self.fleet.ordered():
                 self.freed(box)
@@ -153,16 +175,17 @@ class Admission:
 class Seat:
     """One call's place in the queue, from join to hand-out or leaving (rules 1-3)."""
 
-    __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "waiter", "turn", "queued_s")
+    __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "charge", "waiter", "turn", "queued_s")
 
     def __init__(self, admission: Admission, reply: Reply, life: Lifecycle, load: Load,
-                 decide_now: Callable[[list[BoxFacts]], Decision]) -> None:
+                 decide_now: Callable[[list[BoxFacts]], Decision], charge: CallerSlot | None = None) -> None:
         self.admission = admission
         self.fleet = admission.fleet
         self.reply = reply
         self.life = life
         self.load = load
         self.decide_now = decide_now  # the call's own decision, never broadened (failover)
+        self.charge = charge  # its key's account: max_parallel (rule 5)
         self.waiter: Waiter | None = None
         self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
         self.queued_s = 0.0  # loop time when it joined
@@ -177,13 +200,13 @@ class Seat:
 
     async def join(self, decision: Decision, caller: str, priority: Priority) -> bool:
         """Takes a place waiting for a slot on one of `decision.waits_for`; False when the queue
-        is full (answered 429)."""
+        is full or the caller holds its share (answered 429)."""
         admission = self.admission
-        joined = admission.join(self, caller, priority, decision.waits_for)
+        joined = admission.join(self, caller, priority, decision.waits_for or frozenset(decision.boxes))
         if isinstance(joined, str):
             await self.reply.error(
                 429, joined, REFUSAL_TEXT[joined].format(share=admission.queue.per_caller, capacity=admission.queue.capacity),
-                {"boxes": decision.reasons_text()}, state="refused", retry_after_s=admission.retry_after_s(),
+                {"boxes": decision.reasons_text()}, turned_away=True, retry_after_s=admission.retry_after_s(),
             )
             return False
         self.waiter = joined
@@ -205,7 +228,7 @@ class Seat:
             if turn_future.cancelled() or not turn_future.done():  # type: ignore[union-attr]
                 admission.leave(self.waiter, "left")  # type: ignore[arg-type]
             self.waiter = None
-        self.reply.record.waited_ms = round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3)
+        self.reply.record.queued(round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3))
         if turn is None and self.life.ended_by is Event.DEADLINE:
             await self.reply.error(
                 503, "queue_timeout", f"no box for this model had room within {admission.timeout_s:g} s",
@@ -213,24 +236,29 @@ class Seat:
             )
         return turn
 
+    def has_room(self) -> bool:
+        return self.charge is None or self.charge.has_room()
+
     def admit(self, decision: Decision) -> None:
-        """The queue hands the call a slot: it counts on its box now, before anything else runs
-        (rule 2), then the call wakes."""
-        self.reply.record.decision = decision
-        self.life.fire(Event.DECIDED)
+        """The queue hands the call a slot: it counts on its box (and its key, rule 5) now,
+        before anything else runs (rule 2), then the call wakes."""
+        self.reply.record.decided(decision)
+        self.life.fire(Event.ADMITTED)
         self.load.count_on(self.fleet.get(decision.boxes[0]))
+        if self.charge is not None:
+            self.charge.take_slot()
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
-    def leave(self, event: Event, outcome: str) -> bool:
-        """The client left (`left`) or the wait passed the timeout (`queue_timeout`): out of the
+    def leave(self, event: Event) -> bool:
+        """The client left (CLIENT_LEFT) or the wait passed the timeout (DEADLINE): out of the
         queue without a box. False when it is not waiting (or was handed out already)."""
+        outcome = "queue_timeout" if event is Event.DEADLINE else "left"
         if self.waiter is None or not self.admission.leave(self.waiter, outcome):
             return False
         self.life.fire(event)
         self.turn.set_result(None)  # type: ignore[union-attr]
         return True
 
-    def expire(self, now_s: float) -> None:
-        """The CallClock's look (rule 3)."""
-        if now_s - self.queued_s > self.admission.timeout_s:
-            self.leave(Event.DEADLINE, "queue_timeout")
+    def overdue(self, now_s: float) -> bool:
+        """The wait has passed the queue's timeout (rule 3)."""
+        return now_s - self.queued_s > self.admission.timeout_s

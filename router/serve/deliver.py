@@ -15,6 +15,8 @@ Rules:
 5. A box that answers a kept-alive stream (its head went out: reply.py rule 1) with a whole
    answer rather than a stream has it read whole, up to INLINE_BODY_LIMIT, and put in the stream
    (reply.py rule 4); a larger one is `answer_not_a_stream`, never relayed raw into the stream.
+6. A stream whose usage the router asked for (facades/usage.py) reaches the client without that
+   usage chunk, otherwise byte for byte; the chunk goes to the call's record.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 from router._fastpath import NDJSON, SSE, Relay
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle
+from router.facades.usage import UsageStrip
 from router.serve.attempt import INLINE_BODY_LIMIT, Attempt, Judged
 from router.serve.edge import ClientLeft
 from router.serve.reply import NOT_A_STREAM, NOT_A_STREAM_FRAME, Reply
@@ -61,12 +64,11 @@ class Delivery:
         """The stream's end (`data: [DONE]`) reached the client: a hang-up now cancels nothing."""
         return self.relay is not None and self.relay.delivered
 
-    async def send(self, box: BoxState, judged: Judged, attempt: Attempt) -> None:
+    async def send(self, box: BoxState, judged: Judged, attempt: Attempt, asked_usage: bool = False) -> None:
         """Rules 1 and 2."""
         self.life.fire(Event.COMMITTED)
         reply, record = self.reply, self.reply.record
-        record.answered(judged.status, "failed" if judged.failure else "done", judged.failure)
-        record.stream = judged.stream
+        record.answered(judged.status, judged.failure, stream=judged.stream)
         if judged.failure is None:
             box.took(record.call, asyncio.get_running_loop().time())  # type: ignore[arg-type]
         headers = reply.box_headers(box.name, judged.headers)
@@ -75,11 +77,11 @@ class Delivery:
             return
         if judged.body is not None:
             if judged.failure is None:
-                record.tail = (judged.body,)
+                record.kept_tail((judged.body,))
             await reply.respond(judged.status, headers, judged.body)
             return
         await reply.start(judged.status, headers)
-        await self.relay_answer(judged, attempt)
+        await self.relay_answer(judged, attempt, asked_usage)
 
     async def whole_into_stream(self, judged: Judged, attempt: Attempt) -> None:
         """Rule 5."""
@@ -90,37 +92,45 @@ class Delivery:
             if self.life.ended_by is Event.CLIENT_LEFT:
                 return
             if exchange.bytes_in > INLINE_BODY_LIMIT:
-                self.reply.record.ended("failed", NOT_A_STREAM)
+                self.reply.record.ended(NOT_A_STREAM)
                 await self.end_stream(NOT_A_STREAM_FRAME)
                 return
             await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
             return
-        self.reply.record.tail = (body,)
+        self.reply.record.kept_tail((body,))
         await self.reply.respond(judged.status, [], body)
 
-    async def relay_answer(self, judged: Judged, attempt: Attempt) -> None:
+    async def relay_answer(self, judged: Judged, attempt: Attempt, asked_usage: bool) -> None:
         relay = self.relay = Relay(judged.scanner)
         exchange, edge, record = judged.exchange, self.reply.edge, self.reply.record
+        write, strip = edge.write, None
+        if asked_usage and judged.scanner is not None and judged.scanner.framing == SSE:  # rule 6
+            strip = UsageStrip(write)
+            write = strip.write
         try:
-            await relay.run(judged.first, edge.write, exchange.next_chunks)
+            await relay.run(judged.first, write, exchange.next_chunks)
+            if strip is not None:
+                await strip.flush()
             if exchange.close_delimited and not relay.complete():  # rule 4
                 raise ConnectionLost("stream closed before its end")
-            record.tail = (relay.last, relay.data)  # a whole answer's end: a trace's token usage
+            record.kept_tail((relay.last, relay.data))  # a whole answer's end: a trace's token usage
             await edge.finish()
         except ClientLeft:
             self.reply.on_left()
         except UpstreamError as exc:
-            if self.life.ended_by is not Event.CLIENT_LEFT:
+            if self.life.ended_by is None:  # (a client that left, or left after the end, ended it)
                 await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
         finally:
-            record.bytes_out += relay.bytes_out
+            record.sent(relay.bytes_out - (strip.dropped_bytes if strip is not None else 0))
+            if strip is not None:
+                record.kept_usage(strip.usage)
 
     async def failed_mid_answer(self, judged: Judged, attempt: Attempt, silent: bool) -> None:
         """Rule 3."""
         failure = StreamIdle.refusal if silent else MID_STREAM_FAILED
         log.debug("call %s: box %s %s", self.reply.record.call_id, attempt.box.name, failure)
         self.life.fire(Event.BOX_FAILED)
-        self.reply.record.ended("failed", failure)
+        self.reply.record.ended(failure)
         if silent:
             attempt.cancel()  # its connection is closed; a stuck box may not notice
         if judged.scanner is not None:

@@ -52,7 +52,9 @@ class BodyTooLarge(Exception):
 
 
 class ClientLeft(Exception):
-    """The client disconnected (its connection closed under a read or a write)."""
+    """The client disconnected, as a read of its body found (both interfaces) or a write (RSGI
+    only: on ASGI, Granian drops a write to a gone client silently, granian#650, so there the
+    disconnect watcher is what notices a client that left mid-answer)."""
 
 
 # A body up to this size is joined on the loop (~0.1 ms). A larger one on a worker thread:
@@ -83,6 +85,7 @@ class Edge(Protocol):
     client: str  # the TCP peer's address (invariant 6)
     port: str | int  # the TCP peer's port, as the interface gives it (invariant 6)
     caller: str | None  # who the access gate found calling
+    key_id: str | None  # the valid key it presented, by id (`admin`: HUGPY_ROUTER_KEY); tenancy
 
     def header(self, name: str) -> str | None: ...
 
@@ -104,7 +107,8 @@ class Edge(Protocol):
 
 
 class AsgiEdge:
-    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "port", "caller", "_headers")
+    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "port", "caller", "key_id",
+                 "_headers")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -117,6 +121,7 @@ class AsgiEdge:
         self.client: str = client[0] if client else ""
         self.port: str | int = client[1] if client else ""
         self.caller: str | None = None
+        self.key_id: str | None = None  # the valid key it presented (the access gate's)
         self._headers: dict[str, str] | None = None
 
     def header(self, name: str) -> str | None:
@@ -194,7 +199,7 @@ def _str_headers(
 
 
 class RsgiEdge:
-    __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "stream")
+    __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "key_id", "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -205,6 +210,7 @@ class RsgiEdge:
         self.client: str = peer_address(scope.client) if scope.client else ""
         self.port: str | int = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
         self.caller: str | None = None
+        self.key_id: str | None = None  # the valid key it presented (the access gate's)
         self.stream = None
 
     def header(self, name: str) -> str | None:

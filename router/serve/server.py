@@ -49,6 +49,7 @@ from granian.log import LogLevels
 from granian.server.embed import Server
 
 from router._fastpath import Reservations
+from router.boxes import listeners as own_listeners
 from router.boxes.fleet import Fleet
 from router.core.errors import ConfigError
 from router.facades import mounts
@@ -58,6 +59,7 @@ from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
+from router.serve.tenancy import Tenancy
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -97,6 +99,8 @@ class ServeConfig:
     stream_keepalive_s: float = 15.0  # 0: never
     max_event_streams: int = 32  # admin event streams open at once
     log_retention_days: float = 30.0  # 0 = keep every route_log row
+    default_rpm: int | None = None  # callers without a key, per resolved address (docs/tenancy.md)
+    default_tpm: int | None = None
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
     idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
     max_conns_per_client: int = 512  # 0 = no cap
@@ -262,12 +266,15 @@ class Running:
             queue_per_caller=config.queue_per_caller,
             stream_keepalive_s=config.stream_keepalive_s,
             max_event_streams=config.max_event_streams,
+            default_rpm=config.default_rpm,
+            default_tpm=config.default_tpm,
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
+        shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
-            loop.create_task(_key_upkeep(self.keys), name="keys"),
+            loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
             loop.create_task(watch_loop(shared.metrics), name="loop-watch"),
             loop.create_task(sample_calls(shared.metrics), name="call-series"),
         ]
@@ -299,7 +306,10 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
     tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     running = Running(config)
+    ports = [port for _, _, port, _ in listeners]
+    running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
     shared = await running.start(tracer)
+    own_listeners.write_record(config.boxes_path, config.host, ports)
     servers = [
         (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))
         for name, _, port, mount in listeners
@@ -345,6 +355,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     stop_wait.cancel()
     conn_cap_task.cancel()
     await running.stop()
+    own_listeners.remove_record(config.boxes_path)
     return 0
 
 
@@ -395,19 +406,22 @@ KEY_REFRESH_S = 1.0
 async def _reload(fleet: Fleet, keys: KeyStore) -> None:
     """SIGHUP: the boxes file and the keys, read again now (notify.py rule 2)."""
     notify("RELOADING=1")
-    await fleet.reload()
+    applied = await fleet.reload()
     await asyncio.get_running_loop().run_in_executor(None, keys.reload)
-    log.info("reloaded: boxes file %s (%d boxes) and keys", fleet.path, len(fleet.ordered()))
+    log.info("reloaded: boxes file %s (%d boxes%s) and keys", fleet.path, len(fleet.ordered()),
+             "" if applied else ", the file not applied")
     notify("READY=1")
 
 
-async def _key_upkeep(keys: KeyStore) -> None:
-    """Off the loop: reload keys changed by `router keys` or the API; note last use lazily."""
+async def _key_upkeep(keys: KeyStore, tenancy: Tenancy) -> None:
+    """Off the loop: reload keys changed by `router keys` or the API; note last use lazily; count
+    a budget set or changed since from the store (serve/tenancy.py rule 5)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(KEY_REFRESH_S)
         await loop.run_in_executor(None, keys.refresh_if_changed)
         await loop.run_in_executor(None, keys.flush_last_used, time.time())
+        tenancy.seed(await loop.run_in_executor(None, tenancy.seeds))
 
 
 async def wait_listening(host: str, port: int, serving: asyncio.Task) -> None:
