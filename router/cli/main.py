@@ -57,7 +57,8 @@ class Parser(argparse.ArgumentParser):
        is an option it does not know becomes "unrecognized arguments: --prot".
     4. No internal name: "invalid _port value" is said "invalid value".
     5. An error is one line on stderr and exit status 2 (`router serve: error: argument
-       --queue-size: must be ...`): a unit's journal shows the cause, not a page of usage.
+       --queue-size: invalid value '-1': must be ...`): a unit's journal shows the cause, not a
+       page of usage.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -103,13 +104,14 @@ def _port(value: str) -> int:
 
 def _in_range(check, name: str, **bounds):
     """An argparse `type` from a router.core.bounds check: its ValueError becomes argparse's
-    one-line error, which names the flag (`argument --queue-size: must be ...`)."""
+    one-line error, which names the flag and the value (`argument --queue-size: invalid value
+    '-1': must be ...`)."""
 
     def parse(value: str):
         try:
             return check(value, **bounds)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(f"invalid value {value!r}: {exc}") from None
 
     parse.__name__ = name
     return parse

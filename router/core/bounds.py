@@ -8,6 +8,13 @@ Rules:
 2. Text that goes back out (a refusal body, a route-log column) passes through `clip`: at
    most `limit` characters of the original, then a marker saying how many were cut. So what
    the router writes stays bounded whatever a client or a box sent.
+3. A number an operator gives (a `router serve` flag, a boxes file's field) is checked against
+   its range once, where it is read: `positive_int`, `non_negative_int`, `finite_seconds`,
+   `size_bytes`. Each returns the value or raises ValueError with one line saying the range
+   (the caller names the flag or field and shows the value: `invalid value '-1': must be ...`).
+   NaN and infinities are never in a range, and every range has an upper end: what is accepted
+   can be slept on, added to a clock, sent to Granian and written as JSON (orjson takes
+   integers up to 64 bits) without an error later.
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ def finite_seconds(value: str | float, *, zero_ok: bool = False, high: float = M
     seconds = _number(value)
     if not ((seconds >= 0 if zero_ok else seconds > 0) and seconds <= high):  # False for NaN
         low = "0 or more" if zero_ok else "more than 0"
-        raise ValueError(f"must be a number of seconds, {low} and at most {high:g}, not {value!r}")
+        raise ValueError(f"must be a number of seconds, {low} and at most {high:g}")
     return seconds
 
 
@@ -94,7 +101,7 @@ def size_bytes(value: str) -> int:
     except ValueError:
         size = float("nan")
     if not 1 <= size <= MAX_BYTES:  # False for NaN
-        raise ValueError(f"must be a size from 1 byte to 1TiB (such as 65536 or 64MiB), not {value!r}")
+        raise ValueError("must be a size from 1 byte to 1TiB (such as 65536 or 64MiB)")
     return int(size)
 
 
@@ -107,7 +114,7 @@ def _int_in(value: str | int, low: int, high: int) -> int:
         text = value.strip()
         number = int(text) if INTEGER_RE.fullmatch(text) else None
     if number is None or not low <= number <= high:
-        raise ValueError(f"must be a whole number from {low} to {high}, not {value!r}")
+        raise ValueError(f"must be a whole number from {low} to {high}")
     return number
 
 
