@@ -75,8 +75,10 @@ def ollama_key(name: str) -> str | None:
         rest, slash, namespace = rest.rpartition("/")
         if slash:
             # What is left is the host, whatever it holds (a `/` in it fails the part rule);
-            # Ollama cuts any `scheme://` off the host alone, never off a whole name.
-            host = rest.split("://", 1)[-1]
+            # Ollama cuts any `scheme://` off the host alone, never off a whole name, and a
+            # scheme with nothing after it leaves the host empty: the default, as when absent.
+            # An empty part before a `/` is missing, which no part rule accepts.
+            host = (rest.split("://", 1)[-1] or OLLAMA_DEFAULT_HOST) if rest else ""
     for kind, value in (("host", host), ("namespace", namespace), ("model", model), ("tag", tag)):
         if not _PART_RE[kind].fullmatch(value):
             return None
