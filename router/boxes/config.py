@@ -173,10 +173,7 @@ def validate(box: BoxConfig, *, new_store: bool = False) -> BoxConfig:
     """Returns `box` when every field holds (router.core.box_fields, rule 6 for the store; an
     empty pool becomes none). `new_store`: this edit sets the store, so its file must exist.
     Raises ConfigError naming the box and the field."""
-    try:
-        box_fields.check_name(box.name)
-    except ConfigError as exc:
-        raise ConfigError(f"box {exc}") from None
+    _check_name(box.name)
     try:
         box_fields.check_url("url", box.url)
         if box.agent is not None:
@@ -192,6 +189,13 @@ def validate(box: BoxConfig, *, new_store: bool = False) -> BoxConfig:
     except ConfigError as exc:
         raise ConfigError(f"box {box.name}: {exc}") from None
     return box if pool == box.pool else dataclasses.replace(box, pool=pool)
+
+
+def _check_name(name: str) -> None:
+    try:
+        box_fields.check_name(name)
+    except ConfigError as exc:
+        raise ConfigError(f"box {exc}") from None
 
 
 def check_store_file(store: str, *, must_exist: bool) -> None:
@@ -250,6 +254,7 @@ def _entry(entry: object, before: list[BoxConfig]) -> BoxConfig:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ConfigError("every box needs a string 'name'")
     name = entry["name"]
+    _check_name(name)  # first: the messages below name the box (a newline would forge a log line)
     url = entry.get("url", "")
     box = BoxConfig(
         name=name,
