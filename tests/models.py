@@ -336,8 +336,9 @@ class WaitQueueModel:
     the lowest class value, then the caller with the oldest stamp, then the oldest arrival.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, per_caller: int) -> None:
         self.capacity = capacity
+        self.per_caller = per_caller
         self.waiting: list[tuple[int, str, int, frozenset[str]]] = []  # (seq, caller, class, boxes)
         self.stamps: dict[tuple[int, str], int] = {}
         self.clock = 0
@@ -349,6 +350,8 @@ class WaitQueueModel:
 
     def push(self, caller: str, priority: int, boxes: frozenset[str]) -> int | None:
         if len(self.waiting) >= self.capacity:
+            return None
+        if sum(1 for w in self.waiting if w[1] == caller) >= self.per_caller:
             return None
         if not any(w[1] == caller and w[2] == priority for w in self.waiting):
             self.stamps[(priority, caller)] = self._tick()
