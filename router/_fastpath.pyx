@@ -24,10 +24,16 @@
 5. `form_field(body, delimiter, name)`: the byte span of text form field `name` in a
    multipart/form-data body, found by scanning part heads only (a large body without the GIL). Its plain
    model (the Python scan it replaced) is in tests/test_body.py.
+6. `prefix_chain(body, start, end, seed)`: the affinity chain of a prompt, one hash per leading
+   element, over raw bytes: the elements of the JSON array at body[start:end] (each element's
+   bytes, outer whitespace left out), or the content of a JSON string cut into fixed blocks.
+   h_0 = seed, h_i = mix(h_{i-1}, element i); nothing is decoded, nothing kept. Its plain model
+   is in tests/models.py (prefix_chain_model).
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdlib cimport malloc, realloc, free
+from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcmp, memcpy, memmove, memset
 
 
@@ -365,7 +371,7 @@ cdef class FrameScanner:
 # --- 3. json_members: the top-level members routing reads, found without building the body ----
 
 DEF MAX_DEPTH = 1024      # nesting orjson also refuses past
-DEF MAX_NAMES = 8
+DEF MAX_NAMES = 16  # a facade's routing members plus affinity's (model, alloc, stream, settings, 6 more)
 DEF MAX_NAME_BYTES = 32
 
 # Scan verdicts (0 = a JSON object); the message for each is in _SCAN_ERRORS.
@@ -844,3 +850,115 @@ cdef class Relay:
                 for index in range(count):
                     scanner.keep(chunks[index])
             data = chunks[0] if count == 1 else b"".join(chunks)
+
+
+# --- 6. prefix_chain: the hash chain of a prompt's leading elements ----------------------------
+
+# A chain covers at most this many elements (a longer history matches at its 256th element on,
+# which is as good for routing); a string prompt is cut into blocks of this many bytes (the last
+# one partial), so a prompt that grows by appending keeps its earlier blocks' hashes.
+DEF MAX_CHAIN = 256
+DEF BLOCK_BYTES = 1024
+cdef uint64_t PRIME_1 = 0x9E3779B97F4A7C15ULL  # 2^64 / golden ratio (Fibonacci hashing)
+cdef uint64_t PRIME_2 = 0xC2B2AE3D27D4EB4FULL  # xxHash64's PRIME64_2
+cdef uint64_t ELEMENT_MARK = 0x5BD1E9955BD1E995ULL  # separates elements: [ab][c] and [a][bc] differ
+cdef uint64_t HASH_MASK = 0x3FFFFFFFFFFFFFFFULL
+
+
+cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """Folds p[:n] into h, 8 bytes per multiply; the length goes in last."""
+    cdef uint64_t word
+    cdef Py_ssize_t i = 0
+    h ^= ELEMENT_MARK
+    while i + 8 <= n:
+        memcpy(&word, p + i, 8)
+        h = (h ^ word) * PRIME_1
+        h ^= h >> 32
+        i += 8
+    if i < n:
+        word = 0
+        memcpy(&word, p + i, n - i)
+        h = (h ^ word) * PRIME_1
+        h ^= h >> 32
+    h = (h ^ <uint64_t> n) * PRIME_2
+    h ^= h >> 29
+    return h
+
+
+cdef int _array_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uint64_t h,
+                      uint64_t* out) noexcept nogil:
+    """p[i:end] is a valid JSON array: the chain of its elements into `out`; their count."""
+    cdef int count = 0, depth = 0
+    cdef Py_ssize_t first, last
+    cdef unsigned char c
+    i = _skip_ws(p, i + 1, end)
+    if i >= end or p[i] == 93:  # ]
+        return 0
+    first = i
+    while i < end and count < MAX_CHAIN:
+        c = p[i]
+        if c == 34:  # a string: skip it whole (escapes included; valid JSON, so it closes)
+            i += 1
+            while p[i] != 34:
+                i += 2 if p[i] == 92 else 1
+            i += 1
+            continue
+        if c == 123 or c == 91:
+            depth += 1
+        elif c == 125 or (c == 93 and depth > 0):
+            depth -= 1
+        elif depth == 0 and (c == 44 or c == 93):  # , or the array's own ]
+            last = i
+            while last > first and (p[last - 1] == 32 or p[last - 1] == 10 or p[last - 1] == 13 or p[last - 1] == 9):
+                last -= 1
+            h = _mix(h, p + first, last - first)
+            out[count] = h
+            count += 1
+            if c == 93:
+                break
+            i = _skip_ws(p, i + 1, end)
+            first = i
+            continue
+        i += 1
+    return count
+
+
+cdef int _string_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uint64_t h,
+                       uint64_t* out) noexcept nogil:
+    """p[i:end] is a JSON string: the chain of its content's blocks into `out`; their count."""
+    cdef int count = 0
+    cdef Py_ssize_t size
+    i += 1
+    end -= 1  # the closing quote
+    while i < end and count < MAX_CHAIN:
+        size = end - i if end - i < BLOCK_BYTES else BLOCK_BYTES
+        h = _mix(h, p + i, size)
+        out[count] = h
+        count += 1
+        i += size
+    return count
+
+
+def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
+    """The chain of hashes of the prompt value at body[start:end] (a span json_members found, so
+    valid JSON): one per array element, or per BLOCK_BYTES of a string's content; () for any
+    other value. Each hash is a positive int below 2^62, never 0. A large span is hashed
+    without the GIL. Raises ValueError for a span outside the body."""
+    cdef uint64_t out[MAX_CHAIN]
+    cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(body)
+    cdef int count = 0, k
+    if start < 0 or end > PyBytes_GET_SIZE(body) or start >= end:
+        raise ValueError("span outside the body")
+    if p[start] == 91:
+        if end - start >= RELEASE_GIL_BYTES:
+            with nogil:
+                count = _array_chain(p, start, end, seed, out)
+        else:
+            count = _array_chain(p, start, end, seed, out)
+    elif p[start] == 34:
+        if end - start >= RELEASE_GIL_BYTES:
+            with nogil:
+                count = _string_chain(p, start, end, seed, out)
+        else:
+            count = _string_chain(p, start, end, seed, out)
+    return tuple([(out[k] & HASH_MASK) | 1 for k in range(count)])

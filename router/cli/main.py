@@ -18,6 +18,8 @@ from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
+from router.core.affinity import DEFAULT_SLACK
+from router.serve.affinity import DEFAULT_MEMORY_BYTES
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 
@@ -179,6 +181,17 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--otel", action="store_true",
                         help="export an OpenTelemetry span per call over OTLP (needs the otel extra; "
                         "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+    parser.add_argument("--affinity", choices=["on", "off"], default="on",
+                        help="send a conversation back to the box that holds its prefix (docs/affinity.md; "
+                        "off: the seeds' strict order, for comparison)")
+    parser.add_argument("--affinity-slack", type=float, default=DEFAULT_SLACK.absolute,
+                        help="how much more load (pending + pressure + reservations) the bound box may carry "
+                        f"than the best one and still be chosen (default {DEFAULT_SLACK.absolute:g})")
+    parser.add_argument("--affinity-slack-share", type=float, default=DEFAULT_SLACK.relative,
+                        help="and, on top, this share of the best box's load "
+                        f"(default {DEFAULT_SLACK.relative:g}; both 0: off)")
+    parser.add_argument("--affinity-memory", type=_size, default=DEFAULT_MEMORY_BYTES,
+                        help=f"memory for bindings and the prefix index, LRU (default {DEFAULT_MEMORY_BYTES >> 20}m)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -21,6 +21,7 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    load (pending + pressure + reservations + recent placement refusals), then pressure, then
    the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
    picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
+   Affinity (router.core.affinity) may then move one serving box to the front, within its slack.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from router.core.admission import is_full
+from router.core.affinity import Steer, place
 from router.core.names import call_key
 from router.core.types import (
     BoxFacts,
@@ -139,6 +141,7 @@ def decide(
     boxes: Sequence[BoxFacts],
     tried: Iterable[str] = (),
     eligible: frozenset[str] | None = None,
+    steer: Steer | None = None,
 ) -> Decision:
     """Returns the Decision for `call` over `boxes`.
 
@@ -149,7 +152,8 @@ def decide(
     parsed once per box kind, not per box.
 
     Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
-    every box (and for an unknown pin, under the pin's name).
+    every box (and for an unknown pin, under the pin's name). `steer`: the call's affinity,
+    applied to the sorted ranking (router.core.affinity.place); None: the seeds' order.
     """
     tried = frozenset(tried)
     memo: dict[str, tuple] | None = None
@@ -191,6 +195,8 @@ def decide(
     # A rank key ends with the box's unique id, so keys never tie and the plain tuple sort
     # never compares past them.
     ranked.sort()
+    if steer is not None and call.pin is None:
+        ranked, _ = place(ranked, steer.pull, steer.keyed, steer.slack, steer.spin)
     path = Path.PINNED if call.pin is not None else Path.RANKED
     return Decision(
         path,

@@ -15,6 +15,10 @@ Rules:
    `X-Router-Priority`) instead; the body wins. A class is `high`, `normal` or `low`.
 4. Every identifier read here is capped (router.core.bounds rule 1).
 5. Nothing here copies or keeps the body; errors name the field, never echo the body.
+6. Affinity (router.core.affinity) reads, in the same scan, the span of the prompt (`messages`,
+   `input` or `prompt`, first present: never parsed, only hashed later) and the small key
+   fields (`prompt_cache_key`, `user`, `previous_response_id`). They never make a call a 400:
+   one that is repeated, too large or not JSON is left out.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import orjson
 
 from router._fastpath import form_field, json_members
 from router.core.admission import Priority, parse_priority
+from router.core.affinity import BODY_KEY_FIELDS
 from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
 from router.core.types import Call
@@ -37,6 +42,13 @@ class Inspected(NamedTuple):
     call: Call
     stream: bool  # the body asks for a stream (`"stream": true`)
     priority: Priority | None  # the class it asks for (None: its key's)
+    prompt: tuple[int, int] | None = None  # the prompt's byte span (rule 6)
+    key_fields: tuple = (None, None, None)  # affinity.BODY_KEY_FIELDS' values (rule 6)
+
+
+# Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
+PROMPT_FIELDS = ("messages", "input", "prompt")
+_AFFINITY_FIELDS = PROMPT_FIELDS + BODY_KEY_FIELDS
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
@@ -49,18 +61,22 @@ def _ascii(names: tuple[str, ...]) -> tuple[bytes, ...]:
     return tuple(name.encode("ascii") for name in names)
 
 
-def json_fields(body: bytes, names: tuple[str, ...]) -> dict:
+def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) -> dict:
     """The top-level members `names` of a JSON object body, each value parsed; absent ones are
-    left out (rule 1).
+    left out (rule 1). With `found`, the same scan also finds the affinity members (rule 6) and
+    puts the prompt's span under "prompt" and the key fields' values under their names.
 
     Raises BadRequest when the body is not one JSON object, when one of `names` is a key more
     than once (keys as JSON decodes them: `"mod\\u0065l"` is `model`), or when its value is
     over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
+    scanned = names + _AFFINITY_FIELDS if found is not None else names
     try:
-        spans = json_members(body, _ascii(names))
+        spans = json_members(body, _ascii(scanned))
     except ValueError as exc:  # the message says what and where, never the content
         raise BadRequest(f"request body {exc}") from None
+    if found is not None:
+        _affinity_members(body, spans[len(names):], found)
     doc = {}
     for name, span in zip(names, spans):
         if span is None:
@@ -77,6 +93,20 @@ def json_fields(body: bytes, names: tuple[str, ...]) -> dict:
         except orjson.JSONDecodeError as exc:
             raise BadRequest(f"'{name}' is not valid JSON: {exc.msg}") from None
     return doc
+
+
+def _affinity_members(body: bytes, spans: tuple, found: dict) -> None:
+    """Rule 6: the first prompt span present, and the key fields that are one small JSON value."""
+    for span in spans[: len(PROMPT_FIELDS)]:
+        if span is not None:
+            found["prompt"] = span[:2]
+            break
+    for name, span in zip(BODY_KEY_FIELDS, spans[len(PROMPT_FIELDS):]):
+        if span is not None and span[2] == 1 and span[1] - span[0] <= MAX_FIELD_VALUE_BYTES:
+            try:
+                found[name] = orjson.loads(body[span[0]:span[1]])
+            except orjson.JSONDecodeError:
+                pass
 
 
 def alloc_pool(doc: dict) -> str | None:
@@ -158,6 +188,7 @@ def read_call(
     Raises BadRequest.
     """
     doc: dict = {}
+    found: dict = {}
     if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
         model = multipart_field(body, content_type.encode("latin-1"), b"model")
         if model is None or not model.strip():
@@ -165,7 +196,7 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + facade.settings_fields)
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + facade.settings_fields, found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -174,4 +205,5 @@ def read_call(
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority))
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), found.get("prompt"),
+                     tuple(found.get(name) for name in BODY_KEY_FIELDS))

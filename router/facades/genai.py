@@ -8,6 +8,11 @@ Rules:
    line, or a whole JSON body): OpenAI's `usage` (`prompt_tokens`/`completion_tokens`, or the
    Responses API's `input_tokens`/`output_tokens`) and Ollama's final `prompt_eval_count` and
    `eval_count`. No frame, no usage: never a guess. Nothing else of the answer is kept.
+3. Engine-cached prompt tokens (`answer_facts`), from the same last frame, the engine's way:
+   OpenAI's `usage.prompt_tokens_details.cached_tokens` (the Responses API's
+   `usage.input_tokens_details.cached_tokens`; hugpy boxes and LM Studio answer the same way),
+   llama.cpp's `timings.cache_n`. Ollama reports none (its `prompt_eval_count` is only the part
+   it evaluated). A Responses stream's last frame carries its answer under `response`.
 """
 
 from __future__ import annotations
@@ -70,3 +75,26 @@ def usage_of(tail: bytes) -> tuple[int | None, int | None] | None:
     else:
         found = (_count(frame.get("prompt_eval_count")), _count(frame.get("eval_count")))
     return None if found == (None, None) else found
+
+
+def answer_facts(tail: bytes) -> tuple[int | None, str | None]:
+    """(engine-cached prompt tokens, the answer's Responses id) in the last frame of `tail`
+    (rule 3); each None when it is not there."""
+    frame = _last_frame(tail)
+    if frame is None:
+        return None, None
+    inner = frame.get("response")
+    if isinstance(inner, dict):  # a Responses stream's `response.completed` event
+        frame = inner
+    cached = None
+    usage = frame.get("usage")
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+        if isinstance(details, dict):
+            cached = _count(details.get("cached_tokens"))
+    if cached is None:
+        timings = frame.get("timings")
+        if isinstance(timings, dict):
+            cached = _count(timings.get("cache_n"))
+    response_id = frame.get("id")
+    return cached, response_id if isinstance(response_id, str) and response_id.startswith("resp") else None

@@ -22,6 +22,7 @@ from router.facades.table import Body, Facade, Route
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
+from router.serve.affinity import Affinity
 from router.serve.edge import AsgiEdge, Edge, RsgiEdge
 from router.serve.metrics import Metrics, registry as metrics_registry
 from router.serve.clock import CallClock
@@ -45,7 +46,8 @@ class Shared:
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
-                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0) -> None:
+                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
+                 affinity: Affinity | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -57,6 +59,9 @@ class Shared:
         self.admission = Admission(fleet, queue_size, queue_timeout_s)
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
+        self.affinity = affinity if affinity is not None else Affinity()
+        self.affinity.fleet = fleet
+        self.scraped.register(self.affinity)
         self.clock = CallClock(self.admission.sweep)
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
@@ -83,6 +88,7 @@ class RouterApp:
         self.admission = shared.admission
         self.access = shared.access
         self.scheduler = shared.scheduler
+        self.affinity = shared.affinity
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
         self.stream_idle_timeout_s = shared.stream_idle_timeout_s
@@ -145,6 +151,8 @@ class RouterApp:
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""
         shared = self.shared
+        if record.affinity is not None:
+            shared.affinity.observe(record)
         row = record.row()
         shared.route_log.record(row)
         if shared.tracer is not None:  # tracing off: this check is all a call pays

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from router.boxes.state import BoxState
 from router.core.admission import Priority
+from router.core.affinity import Key, Steer
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
@@ -93,6 +94,7 @@ class ProxyCall:
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
+        "affinity_key", "steer",
     )
 
     def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
@@ -115,6 +117,8 @@ class ProxyCall:
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
+        self.affinity_key: Key | None = None  # its affinity key (serve/affinity.py), when on
+        self.steer: Steer | None = None  # where that key points, for every decision of the call
 
     @property
     def gone(self) -> bool:
@@ -172,10 +176,15 @@ class ProxyCall:
         record.bytes_in = len(self.body)
         self.life.fire(Event.BODY_IN)
         try:
-            record.call, stream, self.asked_priority = await self.inspect()
+            inspected = await self.inspect()
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
+        record.call, stream, self.asked_priority = inspected.call, inspected.stream, inspected.priority
+        affinity = self.app.affinity
+        if affinity.on and record.call.pin is None:
+            self.affinity_key = affinity.key(self.edge, inspected, self.body)
+            self.steer = affinity.steer(self.affinity_key)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
         return True
@@ -229,7 +238,7 @@ class ProxyCall:
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
         """The call's decision over `facts`, never broadening past its first one (failover)."""
-        return decide(self.record.call, facts, self.tried, self.eligible)  # type: ignore[arg-type]
+        return decide(self.record.call, facts, self.tried, self.eligible, self.steer)  # type: ignore[arg-type]
 
     # -- one box -------------------------------------------------------------------------------
     async def try_box(self, box: BoxState) -> Refusal | None:
@@ -252,6 +261,8 @@ class ProxyCall:
                 refusal = verdict
                 self.refused_by(box, refusal)
             elif verdict is not None:
+                if self.app.affinity.on and verdict.failure is None:
+                    self.app.affinity.took(self.affinity_key, self.steer, box, record)
                 await self.delivery.send(box, verdict, attempt)
         finally:
             attempt.done()

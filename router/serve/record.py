@@ -50,6 +50,8 @@ class CallRecord:
         "t_first_byte",
         "tail",
         "waited_ms",
+        "affinity",
+        "cached_tokens",
     )
 
     def __init__(self, call_id: str, facade: Facade, route: Route, edge: Edge) -> None:
@@ -75,6 +77,8 @@ class CallRecord:
         self.t_first_byte = 0.0
         self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for a trace's token usage
         self.waited_ms: float | None = None
+        self.affinity: str | None = None  # how its affinity key placed it (serve/affinity.py)
+        self.cached_tokens: int | None = None  # prompt tokens the engine served from its cache
 
     def answered(self, status: int, state: str, failure: str | None = None) -> None:
         """The answer's head is going out now."""
@@ -119,4 +123,5 @@ class CallRecord:
             responded_at=time.time(),
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            affinity=self.affinity,
         )

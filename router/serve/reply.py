@@ -119,6 +119,8 @@ class Reply:
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
+        if self.record.affinity is not None:
+            kept.append((b"x-router-affinity", self.record.affinity.encode()))
         return kept
 
     # -- keep-alive of a long wait (rule 1) ----------------------------------------------------

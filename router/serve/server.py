@@ -49,10 +49,12 @@ from granian.server.embed import Server
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.serve import tracing
+from router.serve.affinity import DEFAULT_MEMORY_BYTES, Affinity
 from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap
 from router.serve.metrics import sample_calls, watch_loop
@@ -107,6 +109,8 @@ class ServeConfig:
     # Freeze what start-up made once every listener is up (`router serve`; a process that embeds
     # serve() owns its collector and leaves this off).
     freeze_gc: bool = False
+    affinity_slack: Slack = DEFAULT_SLACK  # OFF: --affinity off
+    affinity_memory_bytes: int = DEFAULT_MEMORY_BYTES
 
 
 def free_port(host: str) -> int:
@@ -257,6 +261,7 @@ class Running:
             queue_size=config.queue_size,
             queue_timeout_s=config.queue_timeout_s,
             stream_keepalive_s=config.stream_keepalive_s,
+            affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes),
         )
         shared.tracer = tracer
         loop = asyncio.get_running_loop()

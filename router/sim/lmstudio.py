@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote
 
+from router.sim.prefix_cache import NO_PROMPT, Prefill
 from router.sim.server import (
     ANSWERED,
     STREAM_TOKEN,
@@ -271,6 +272,7 @@ class SimLMStudio(SimServer):
             return
         loading = model not in self.loaded
         if loading:
+            self.prefix_cache.forget(model)  # JIT-loaded afresh: nothing computed yet
             self.loaded.append(model)
         steps = route.answer(self, conn, ex, _Call(body, model, stream, loading, route.v0, fault))
         if steps is not None:
@@ -296,21 +298,30 @@ class SimLMStudio(SimServer):
                 conn.reset()
 
     def _openai_stream(self, conn: Connection, ex: Exchange, call: _Call, head: dict[str, Any],
-                       piece: dict[str, Any], last: dict[str, Any]) -> Steps:
+                       piece: dict[str, Any], last: dict[str, Any], prefill: Prefill = NO_PROMPT) -> Steps:
         """OpenAI SSE: `chunks` pieces, the last choice, usage when asked, `[DONE]`."""
         tail = [sse_frame({**head, "choices": [last]}, compact=True)]
         options = call.body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
-            tail.append(sse_frame({**head, "choices": [], "usage": self._usage()}, compact=True))
+            tail.append(sse_frame({**head, "choices": [], "usage": self._usage(prefill)}, compact=True))
         tail.append(_DONE)
         frame = sse_frame({**head, "choices": [piece]}, compact=True)
         return self._stream(conn, ex, CT_SSE, (), [frame] * self.chunks, tail, call.fault)
 
-    def _usage(self) -> dict[str, int]:
-        return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": self.chunks,
-                "total_tokens": PROMPT_TOKENS + self.chunks}
+    def _usage(self, prefill: Prefill = NO_PROMPT) -> dict[str, Any]:
+        """OpenAI's usage; a chat's cached prompt tokens the OpenAI way."""
+        prompt_tokens = prefill.prompt_tokens or PROMPT_TOKENS
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": self.chunks,
+                                 "total_tokens": prompt_tokens + self.chunks}
+        if prefill.prompt_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": prefill.cached_tokens}
+        return usage
 
     def _chat_completion(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
+        return self.prefix_cache.prefill(call.model, call.body, lambda prefill: self._chat_answer(
+            conn, ex, call, prefill))
+
+    def _chat_answer(self, conn: Connection, ex: Exchange, call: _Call, prefill: Prefill) -> Steps | None:
         head = {"id": "chatcmpl-" + secrets.token_hex(10), "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": call.model}
         if call.stream:
@@ -318,11 +329,11 @@ class SimLMStudio(SimServer):
                 conn, ex, call, head,
                 {"index": 0, "delta": {"role": "assistant", "content": STREAM_TOKEN}, "logprobs": None,
                  "finish_reason": None},
-                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"})
+                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}, prefill)
         self._json(conn, ex, {**head, "object": "chat.completion", "choices": [{
             "index": 0, "logprobs": None, "finish_reason": "stop",
             "message": {"role": "assistant", "content": STREAM_TOKEN * self.chunks}}],
-            "usage": self._usage(), **(_V0_EXTRAS if call.v0 else {})})
+            "usage": self._usage(prefill), **(_V0_EXTRAS if call.v0 else {})})
         return None
 
     def _completion(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:

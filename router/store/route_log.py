@@ -105,6 +105,7 @@ class Row(NamedTuple):
     bytes_in: int | None = None
     bytes_out: int | None = None
     waited_ms: float | None = None  # in the wait queue (None: it did not wait)
+    affinity: str | None = None  # hit:<kind> | miss:<kind> | none (None: --affinity off)
 
 
 COLUMNS = Row._fields
