@@ -11,6 +11,9 @@ side by side and require equal answers.
    helper functions.
 4. `WaitQueueModel`: `router.core.admission.WaitQueue` (rules 2-6), a flat list with turn stamps.
 5. `RelayModel`: `router._fastpath.Relay` (rule 4), the stream kept whole as bytes.
+6. `prefix_chain_model`: `router._fastpath.prefix_chain` (rule 6), elements found by the stdlib
+   JSON decoder and hashed with Python ints.
+7. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from router.core.names import call_key
 from router.core.types import BoxFacts, Call, ReasonCode, Tier
 
 __all__ = [
+    "prefix_chain_model",
+    "reference_place",
     "ReservationModel",
     "FrameScannerModel",
     "RefDecision",
@@ -402,3 +407,74 @@ class RelayModel:
             if not batch:
                 return
             self.stream += b"".join(batch)
+
+
+# -- 6. prefix_chain ------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+_P1, _P2, _MARK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x5BD1E9955BD1E995
+CHAIN_MAX, CHAIN_BLOCK = 256, 1024
+
+
+def _mix_model(h: int, data: bytes) -> int:
+    h ^= _MARK
+    for i in range(0, len(data), 8):
+        h = ((h ^ int.from_bytes(data[i:i + 8], "little")) * _P1) & _M64
+        h ^= h >> 32
+    h = ((h ^ len(data)) * _P2) & _M64
+    return h ^ (h >> 29)
+
+
+def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
+    """One hash per array element (its raw bytes, outer whitespace left out) or per CHAIN_BLOCK
+    bytes of a string's raw content; chained from `seed`."""
+    import json
+
+    text = value.decode()
+    if text[0] == "[":
+        decoder = json.JSONDecoder()
+        spans, i = [], 1
+        while True:
+            while text[i] in " \t\r\n":
+                i += 1
+            if text[i] == "]" or len(spans) == CHAIN_MAX:
+                break
+            _, end = decoder.raw_decode(text, i)
+            spans.append(text[i:end].encode())
+            i = end
+            while text[i] in " \t\r\n":
+                i += 1
+            if text[i] == ",":
+                i += 1
+    elif text[0] == '"':
+        raw = value[1:-1]
+        spans = [raw[i:i + CHAIN_BLOCK] for i in range(0, len(raw), CHAIN_BLOCK)][:CHAIN_MAX]
+    else:
+        spans = []
+    chain, h = [], seed
+    for span in spans:
+        h = _mix_model(h, span)
+        chain.append((h & ((1 << 62) - 1)) | 1)
+    return tuple(chain)
+
+
+# -- 7. place -------------------------------------------------------------------------------------
+
+
+def reference_place(ranked: list, pull, keyed: bool, absolute: float, relative: float, spin: int) -> list:
+    """Affinity's rules 4-6 literally: nothing when off or when the best box is not serving; else
+    the pulled box first if it serves within best + absolute + relative * best; else, with a key,
+    the spin-th of the serving boxes tied with the best on (load, pressure)."""
+    if (absolute <= 0 and relative <= 0) or not ranked or ranked[0][0][0] != 0:
+        return ranked
+    serving = [entry for entry in ranked if entry[0][0] == 0]
+    best = serving[0][0][1]
+    if pull is not None:
+        for entry in serving:
+            if entry[1] == pull.box and entry[0][1] <= best + absolute + relative * best:
+                return [entry] + [e for e in ranked if e is not entry]
+    if not keyed:
+        return ranked
+    tied = [entry for entry in serving if entry[0][1:3] == serving[0][0][1:3]]
+    chosen = tied[spin % len(tied)]
+    return [chosen] + [e for e in ranked if e is not chosen]

@@ -151,10 +151,13 @@ def test_a_model_unloaded_drops_its_prefixes(start_fleet_in_process):
     messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
     assert chat(api, messages) == (home, "hit:prefix")
     box = next(b for b in fleet if b.name == home)
-    box.residents.pop("tiny")
-    box.changed()
     resident_on = lambda: {m.id: m.model_extra["resident_on"] for m in api.models.list()}["tiny"]  # noqa: E731
+    seat = box.residents.pop("tiny")
+    box.changed()
     assert wait_for(lambda: home not in resident_on(), 5, 0.05)
+    box.residents["tiny"] = seat  # loaded again: serving, with nothing of the conversation computed
+    box.changed()
+    assert wait_for(lambda: home in resident_on(), 5, 0.05)
     messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
     _, affinity = chat(api, messages)
     assert affinity == "miss:prefix"
