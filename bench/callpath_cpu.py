@@ -13,6 +13,10 @@ the route-log writer thread included). Granian's own share (its Rust threads and
 the loop) is absent on both sides, so the difference is the router's own work, and the ratio is
 the floor the wrk figures can approach. Thread CPU clocks count only this process's running
 time, so another tenant on the machine moves the figures far less than it moves wrk's.
+
+`--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
+key, chain hash, index look-up, steered decision, lesson) at 16 and at 100 boxes, over 64
+conversations' bodies at random turns (issue 25: ≤ 5 µs at 16 boxes, ≤ 20 µs at 100).
 """
 
 from __future__ import annotations
@@ -164,7 +168,16 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--stream", action="store_true", help="20-chunk streams instead of non-stream calls")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--affinity-cost", action="store_true", help="affinity's own CPU per call, 16 and 100 boxes")
     args = parser.parse_args()
-    figures = uvloop.run(main(args))
+    if args.affinity_cost:
+        from affinity import affinity_cost
+
+        figures = {"affinity": [affinity_cost(boxes, args.calls) for boxes in (16, 100)]}
+        for row in figures["affinity"]:
+            print(f"{row['boxes']:4d} boxes: affinity {row['affinity_us']:5.2f} µs/call "
+                  f"(decide alone {row['decide_us']:5.2f} µs, bodies {row['body_kb']} kB)", flush=True)
+    else:
+        figures = uvloop.run(main(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -865,24 +865,54 @@ cdef uint64_t ELEMENT_MARK = 0x5BD1E9955BD1E995ULL  # separates elements: [ab][c
 cdef uint64_t HASH_MASK = 0x3FFFFFFFFFFFFFFFULL
 
 
+cdef inline uint64_t _round(uint64_t lane, uint64_t word) noexcept nogil:
+    lane = (lane ^ word) * PRIME_1
+    return lane ^ (lane >> 32)
+
+
 cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noexcept nogil:
-    """Folds p[:n] into h, 8 bytes per multiply; the length goes in last."""
-    cdef uint64_t word
+    """Folds p[:n] into h: four independent lanes over each 32 bytes (the multiplies overlap:
+    ~4x one lane's speed), joined, then the rest 8 bytes at a time; the length goes in last."""
+    cdef uint64_t a = h ^ ELEMENT_MARK, b = h + PRIME_2, c = h ^ PRIME_1, d = h - ELEMENT_MARK
+    cdef uint64_t w0, w1, w2, w3
     cdef Py_ssize_t i = 0
-    h ^= ELEMENT_MARK
+    while i + 32 <= n:
+        memcpy(&w0, p + i, 8)
+        memcpy(&w1, p + i + 8, 8)
+        memcpy(&w2, p + i + 16, 8)
+        memcpy(&w3, p + i + 24, 8)
+        a = _round(a, w0)
+        b = _round(b, w1)
+        c = _round(c, w2)
+        d = _round(d, w3)
+        i += 32
+    h = _round(_round(_round(a, b), c), d)
     while i + 8 <= n:
-        memcpy(&word, p + i, 8)
-        h = (h ^ word) * PRIME_1
-        h ^= h >> 32
+        memcpy(&w0, p + i, 8)
+        h = _round(h, w0)
         i += 8
     if i < n:
-        word = 0
-        memcpy(&word, p + i, n - i)
-        h = (h ^ word) * PRIME_1
-        h ^= h >> 32
+        w0 = 0
+        memcpy(&w0, p + i, n - i)
+        h = _round(h, w0)
     h = (h ^ <uint64_t> n) * PRIME_2
-    h ^= h >> 29
-    return h
+    return h ^ (h >> 29)
+
+
+cdef inline Py_ssize_t _string_close(const unsigned char* p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
+    """The index of the quote that closes the (valid) string whose content starts at `i`: the
+    first quote after an even run of backslashes."""
+    cdef const unsigned char* quote
+    cdef Py_ssize_t j, k
+    while True:
+        quote = <const unsigned char*> memchr(p + i, 34, end - i)
+        j = quote - p
+        k = j
+        while k > i and p[k - 1] == 92:
+            k -= 1
+        if (j - k) % 2 == 0:
+            return j
+        i = j + 1
 
 
 cdef int _array_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uint64_t h,
@@ -897,11 +927,8 @@ cdef int _array_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uint
     first = i
     while i < end and count < MAX_CHAIN:
         c = p[i]
-        if c == 34:  # a string: skip it whole (escapes included; valid JSON, so it closes)
-            i += 1
-            while p[i] != 34:
-                i += 2 if p[i] == 92 else 1
-            i += 1
+        if c == 34:  # a string: skip it whole (valid JSON, so it closes); memchr finds each quote
+            i = _string_close(p, i + 1, end) + 1
             continue
         if c == 123 or c == 91:
             depth += 1

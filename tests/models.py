@@ -416,11 +416,20 @@ _P1, _P2, _MARK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x5BD1E9955BD1E995
 CHAIN_MAX, CHAIN_BLOCK = 256, 1024
 
 
+def _round_model(lane: int, word: int) -> int:
+    lane = ((lane ^ word) * _P1) & _M64
+    return lane ^ (lane >> 32)
+
+
 def _mix_model(h: int, data: bytes) -> int:
-    h ^= _MARK
-    for i in range(0, len(data), 8):
-        h = ((h ^ int.from_bytes(data[i:i + 8], "little")) * _P1) & _M64
-        h ^= h >> 32
+    a, b, c, d = h ^ _MARK, (h + _P2) & _M64, h ^ _P1, (h - _MARK) & _M64
+    whole = len(data) // 32 * 32
+    for i in range(0, whole, 32):
+        w = [int.from_bytes(data[i + k:i + k + 8], "little") for k in (0, 8, 16, 24)]
+        a, b, c, d = _round_model(a, w[0]), _round_model(b, w[1]), _round_model(c, w[2]), _round_model(d, w[3])
+    h = _round_model(_round_model(_round_model(a, b), c), d)
+    for i in range(whole, len(data), 8):
+        h = _round_model(h, int.from_bytes(data[i:i + 8], "little"))
     h = ((h ^ len(data)) * _P2) & _M64
     return h ^ (h >> 29)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import sqlite3
+import time
 
 import httpx
 import openai
@@ -78,7 +79,10 @@ def test_later_turns_stick_to_their_box_under_concurrency(start_fleet_in_process
 def test_a_shared_system_prompt_alone_spreads_the_calls(start_fleet_in_process):
     router = start_fleet_in_process(*boxes(4))
     api = client(router)
-    landed = [chat(api, [SYSTEM, first_message(n)]) for n in range(24)]  # one after another: all idle
+    landed = []
+    for n in range(24):  # one after another, each once the boxes' own reports show them idle again
+        landed.append(chat(api, [SYSTEM, first_message(n)]))
+        time.sleep(0.1)
     counts = {box: sum(1 for b, _ in landed if b == box) for box in "abcd"}
     assert all(affinity == "miss:prefix" for _, affinity in landed)
     assert min(counts.values()) >= 1 and max(counts.values()) <= 12, counts  # never all on one box

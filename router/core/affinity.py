@@ -90,20 +90,20 @@ class Key(NamedTuple):
     chain: tuple[int, ...] = ()
 
 
-def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: tuple[int, ...],
+def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
            scope: str, model: str) -> Key | None:
     """The call's key (rules 1 and 2). `headers`: the values of SESSION_HEADERS, in order;
     `fields`: the body's BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent);
-    `chain`: the prompt's prefix chain, already seeded with the scope and model."""
+    `chain()`: the prompt's prefix chain, seeded with the scope and model (called only when no
+    header or field gave a key: hashing is the costly part)."""
     for value in headers:
         if value:
             return Key(SESSION, hash((scope, model, SESSION, value)))
     for kind, value in zip(_BODY_KINDS, fields):
         if isinstance(value, str) and value:
             return Key(kind, hash((scope, model, kind, value)))
-    if chain:
-        return Key(PREFIX, 0, chain)
-    return None
+    hashes = chain()
+    return Key(PREFIX, 0, hashes) if hashes else None
 
 
 def response_key(scope: str, model: str, response_id: str) -> int:
@@ -198,8 +198,11 @@ class AffinityIndex:
             return Pull(box, depth)
         return None
 
-    def learn(self, key: Key, box: str, model_key: str, epoch: int) -> None:
-        """`box` took the call: the binding moves there, its chain is recorded (rule 7)."""
+    def learn(self, key: Key, box: str, model_key: str, epoch: int, known: int = 0) -> None:
+        """`box` took the call: the binding moves there, its chain is recorded (rule 7). `known`:
+        the depth `pull` found on this same box, whose nodes and their ancestors' are as they
+        would be written again (the chain is the same up to there): only the nodes past it are
+        written, so a conversation's turn costs its new elements, not its whole history."""
         entries = self.entries
         if key.kind != PREFIX:
             entries[key.bound] = box
@@ -207,7 +210,7 @@ class AffinityIndex:
         else:
             chain = key.chain
             last = len(chain) - 1
-            for index in range(MIN_PULL_DEPTH - 1, len(chain)):
+            for index in range(max(MIN_PULL_DEPTH, known) - 1, len(chain)):
                 node_hash = chain[index]
                 following = chain[index + 1] if index < last else 0
                 old = entries.get(node_hash)

@@ -79,15 +79,15 @@ class Affinity:
         """The call's key (rules 2 and 3), or None."""
         scope = scope_of(edge)
         model = inspected.call.model
-        headers = [edge.header(name) for name in SESSION_HEADERS]
-        fields = inspected.key_fields
-        chain: tuple[int, ...] = ()
-        if inspected.prompt is not None and not any(headers) and not any(
-            isinstance(value, str) and value for value in fields
-        ):
-            seed = hash((self._salt, scope, model)) & _SEED_MASK
-            chain = prefix_chain(body, inspected.prompt[0], inspected.prompt[1], seed)
-        return key_of(headers, fields, chain, scope, model)
+        header = edge.header
+        prompt = inspected.prompt
+
+        def chain() -> tuple[int, ...]:
+            if prompt is None:
+                return ()
+            return prefix_chain(body, prompt[0], prompt[1], hash((self._salt, scope, model)) & _SEED_MASK)
+
+        return key_of([header(name) for name in SESSION_HEADERS], inspected.key_fields, chain, scope, model)
 
     def steer(self, key: Key | None) -> Steer | None:
         """What the decision applies for `key` (None: no key, the seeds' order)."""
@@ -106,10 +106,11 @@ class Affinity:
             record.affinity = "none"
             return
         pull: Pull | None = steer.pull if steer is not None else None
-        record.affinity = ("hit:" if pull is not None and pull.box == box.name else "miss:") + key.kind
+        hit = pull is not None and pull.box == box.name
+        record.affinity = ("hit:" if hit else "miss:") + key.kind
         named = call_key(box.config.kind, record.call.model, record.call.settings)  # type: ignore[union-attr]
         if named is not None:
-            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]))
+            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull.depth if hit else 0)  # type: ignore[union-attr]
 
     def observe(self, record: CallRecord) -> None:
         """A call ended: its outcome and the engine's cached tokens per (box, model); a Responses
