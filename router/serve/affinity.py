@@ -128,6 +128,24 @@ class Affinity:
         if response_id is not None and record.route.path == RESPONSES_PATH:
             self.index.bind(response_key(scope_of(record.edge), label[1], response_id), label[0])
 
+    # -- the operator's view ------------------------------------------------------------------
+    def view(self) -> dict:
+        """The dashboard's and GET /v1/router/state's `affinity`: on or off, the slack, the index's
+        size, and per box and model the outcomes, the hit ratio and the engine-cached tokens."""
+        rows: dict[tuple[str, str], dict] = {}
+        for (box, model, outcome), count in self.outcomes.items():
+            row = rows.setdefault((box, model), {"box": box, "model": model, "hit": 0, "miss": 0, "none": 0})
+            row[outcome] = count
+        for (box, model), tokens in self.cached_tokens.items():
+            rows.setdefault((box, model), {"box": box, "model": model, "hit": 0, "miss": 0, "none": 0})
+        for (box, model), row in rows.items():
+            keyed = row["hit"] + row["miss"]
+            row["hit_ratio"] = round(row["hit"] / keyed, 3) if keyed else None
+            row["cached_tokens"] = self.cached_tokens.get((box, model), 0)
+        return {"on": self.on, "slack": {"absolute": self.slack.absolute, "relative": self.slack.relative},
+                "index_entries": len(self.index), "index_capacity": self.index.capacity,
+                "by_box": [rows[k] for k in sorted(rows)]}
+
     # -- /metrics ------------------------------------------------------------------------------
     def collect(self):
         """The hit ratio per box and model, the outcomes behind it, and the engine-cached tokens."""
