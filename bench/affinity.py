@@ -133,10 +133,10 @@ async def conversation(api: openai.AsyncOpenAI, n: int, args: argparse.Namespace
                                {"role": "user", "content": f"Turn {turn + 1}: and what about the error path?"}]
 
 
-def start_router(boxes_file: Path, home: Path, affinity: str) -> tuple[subprocess.Popen, str]:
+def start_router(boxes_file: Path, home: Path, affinity: str, slack: list[str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_file),
-         "--affinity", affinity, "--log-level", "warning"],
+         "--affinity", affinity, "--log-level", "warning", *slack],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
         env={**os.environ, "HUGPY_ROUTER_HOME": str(home)})
     line = proc.stdout.readline()
@@ -157,7 +157,9 @@ async def one_run(name: str, affinity: str, args: argparse.Namespace, work: Path
     boxes_file = work / f"{name}-boxes.json"
     boxes_file.write_text(json.dumps({"boxes": [{"name": b.name, "url": b.url, "kind": "hugpy"} for b in fleet_boxes]}))
     os.chmod(boxes_file, 0o600)
-    proc, url = start_router(boxes_file, work / f"{name}-home", affinity)
+    slack = [] if args.slack is None else ["--affinity-slack", str(args.slack[0]),
+                                           "--affinity-slack-share", str(args.slack[1])]
+    proc, url = start_router(boxes_file, work / f"{name}-home", affinity, slack)
     run = Run(name)
     try:
         api = openai.AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=60)
@@ -284,6 +286,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="prefill µs per uncached token (default 40: ~25k tokens/s, a small model on one GPU)")
     parser.add_argument("--chunks", type=int, default=8, help="tokens per answer")
     parser.add_argument("--cadence-ms", type=float, default=10.0, help="ms between tokens")
+    parser.add_argument("--slack", type=float, nargs=2, metavar=("ABSOLUTE", "SHARE"), default=None,
+                        help="the router's --affinity-slack and --affinity-slack-share (default: its defaults)")
     parser.add_argument("--no-killed", dest="killed", action="store_false", help="skip the one-box-killed run")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
