@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from router.sim import SimLMStudio
 from router.sim.hugpy import SimBox
 
 from conftest import wait_for
@@ -190,3 +191,20 @@ def test_the_route_log_and_metrics_show_the_outcomes_and_cached_tokens(start_fle
         rows = [row[0] for row in conn.execute("SELECT affinity FROM route_log ORDER BY received_at")]
     assert rows == ["miss:prefix", "hit:prefix", "hit:prefix"]
 
+
+
+def test_a_responses_chain_goes_back_to_the_box_that_holds_it(start_fleet_in_process):
+    fleet = [SimLMStudio(name, models=["qwen"], loaded=["qwen"]) for name in "abcd"]
+    router = start_fleet_in_process(*fleet)
+    api = client(router)
+    raw = api.responses.with_raw_response.create(model="qwen", input="Summarise this repository.")
+    home, previous = raw.headers["x-hugpy-box"], raw.parse().id
+    for turn in range(6):  # LM Studio keeps the conversation: only its box knows `previous`
+        raw = api.responses.with_raw_response.create(model="qwen", input=f"and then {turn}?",
+                                                      previous_response_id=previous, stream=turn % 2 == 1)
+        parsed = raw.parse()
+        if turn % 2:
+            previous = next(event.response.id for event in parsed if event.type == "response.completed")
+        else:
+            previous = parsed.id
+        assert (raw.headers["x-hugpy-box"], raw.headers["x-router-affinity"]) == (home, "hit:response")
