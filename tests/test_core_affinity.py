@@ -214,3 +214,20 @@ def test_cached_tokens_and_response_ids_are_read_the_engines_way():
         "id": "resp_1", "usage": {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 3}}}}) + b"\n\n"
     assert answer_facts(completed) == (3, "resp_1")
     assert answer_facts(orjson.dumps({"prompt_eval_count": 3, "done": True})) == (None, None)  # Ollama: none
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.sampled_from("ab")), max_size=40))
+def test_learning_only_a_turns_new_nodes_finds_what_learning_everything_finds(turns):
+    """Rule 7's shortcut (`known`) against writing the whole chain on every call: equal pulls."""
+    whole, shortcut = AffinityIndex(10_000), AffinityIndex(10_000)
+    histories: dict[int, tuple[int, ...]] = {}
+    for conversation, grow, box in turns:
+        chain = histories.get(conversation, (1,)) + tuple(1000 * conversation + len(histories.get(conversation, ())) + k
+                                                          for k in range(grow))
+        histories[conversation] = chain
+        key = Key(PREFIX, 0, chain)
+        pulled = whole.pull(key, EPOCH)
+        assert shortcut.pull(key, EPOCH) == pulled
+        whole.learn(key, box, "m", 1)
+        shortcut.learn(key, box, "m", 1, pulled.depth if pulled is not None and pulled.box == box else 0)
