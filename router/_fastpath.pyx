@@ -966,6 +966,15 @@ cdef int _string_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uin
     return count
 
 
+cdef inline int _chain(const unsigned char* p, Py_ssize_t start, Py_ssize_t end, uint64_t seed,
+                       uint64_t* out) noexcept nogil:
+    if p[start] == 91:  # [
+        return _array_chain(p, start, end, seed, out)
+    if p[start] == 34:  # "
+        return _string_chain(p, start, end, seed, out)
+    return 0
+
+
 def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
     """The chain of hashes of the prompt value at body[start:end] (a span json_members found, so
     valid JSON): one per array element, or per BLOCK_BYTES of a string's content; () for any
@@ -976,16 +985,9 @@ def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
     cdef int count = 0, k
     if start < 0 or end > PyBytes_GET_SIZE(body) or start >= end:
         raise ValueError("span outside the body")
-    if p[start] == 91:
-        if end - start >= RELEASE_GIL_BYTES:
-            with nogil:
-                count = _array_chain(p, start, end, seed, out)
-        else:
-            count = _array_chain(p, start, end, seed, out)
-    elif p[start] == 34:
-        if end - start >= RELEASE_GIL_BYTES:
-            with nogil:
-                count = _string_chain(p, start, end, seed, out)
-        else:
-            count = _string_chain(p, start, end, seed, out)
+    if end - start >= RELEASE_GIL_BYTES:
+        with nogil:
+            count = _chain(p, start, end, seed, out)
+    else:
+        count = _chain(p, start, end, seed, out)
     return tuple([(out[k] & HASH_MASK) | 1 for k in range(count)])
