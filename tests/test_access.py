@@ -24,6 +24,8 @@ from router.core.access import (
     NOT_JSON,
     ORIGIN_REFUSED,
     SCOPE_TOO_NARROW,
+    USE_HOST_REFUSED,
+    USE_ORIGIN_REFUSED,
     Caller,
     allowed_hosts,
     allowed_origins,
@@ -41,6 +43,7 @@ from router.core.access import (
     peer_address,
     proxy_nets,
     require_key_mode,
+    serves_host,
 )
 from router.core.errors import ConfigError
 from router.serve.edge import AsgiEdge
@@ -425,9 +428,57 @@ def test_admin_routes_against_browsers_and_proxies(addr, via_proxy, router_host,
 
 def test_a_proxied_caller_is_judged_by_its_address_on_use_routes():
     assert decide_access("use", "outside", LAN, None, False, NETS, via_proxy=True, router_host=False,
-                         origin_ok=False) == ALLOW
+                         origin_ok=True) == ALLOW
     assert decide_access("use", "outside", OUT, None, False, NETS, via_proxy=True, router_host=True,
                          origin_ok=True) == KEY_REQUIRED
+
+
+@pytest.mark.parametrize("mode", ["never", "outside", "always"])
+@pytest.mark.parametrize("addr", [LOOP, LAN, OUT, UNKNOWN])
+@pytest.mark.parametrize("key_scope, presented", [(None, False), (None, True), ("use", True), ("admin", True)])
+def test_a_cross_site_origin_is_refused_on_use_routes_whatever_the_key(mode, addr, key_scope, presented):
+    """Issue 20 item 1 (rule 8a): as on admin routes."""
+    assert decide_access("use", mode, addr, key_scope, presented, NETS, via_proxy=False, router_host=True,
+                         origin_ok=False) == USE_ORIGIN_REFUSED
+
+
+@pytest.mark.parametrize(
+    "mode, addr, key_scope, presented, verdict",
+    [
+        # A keyless call that would be served needs a Host a rebound page cannot send (rule 8c) ...
+        ("outside", LOOP, None, False, USE_HOST_REFUSED),
+        ("outside", LAN, None, False, USE_HOST_REFUSED),
+        ("never", OUT, None, False, USE_HOST_REFUSED),
+        ("outside", LOOP, None, True, USE_HOST_REFUSED),  # an invalid key is no key
+        # ... which a valid key does not.
+        ("outside", LOOP, "use", True, ALLOW),
+        ("never", OUT, "admin", True, ALLOW),
+        ("always", LOOP, "use", True, ALLOW),
+        # A caller that needs a key anyway is told so first.
+        ("outside", OUT, None, False, KEY_REQUIRED),
+        ("always", LOOP, None, True, KEY_INVALID),
+    ],
+)
+def test_a_keyless_use_call_under_a_foreign_host_is_refused(mode, addr, key_scope, presented, verdict):
+    """Issue 20 item 2: DNS rebinding on use routes."""
+    assert decide_access("use", mode, addr, key_scope, presented, NETS, via_proxy=False, router_host=False,
+                         origin_ok=True, host_served=False) == verdict
+
+
+@pytest.mark.parametrize(
+    "host, served",
+    [
+        (None, True), ("127.0.0.1:8080", True), ("192.168.1.5:8080", True), ("203.0.113.5", True),
+        ("[fd00::5]:1", True), ("[::1]:8080", True), ("0.0.0.0:11434", True),
+        ("localhost", True), ("LOCALHOST:8080", True), ("app.localhost", True), ("gpu-box.local:11434", True),
+        ("gpu-box.internal", True), ("gpu-box", True), ("GPU-Box.:8080", True), ("router.lan", True),
+        ("evil.example", False), ("evil.example:11434", False), ("localhost.evil.example", False),
+        ("gpu-box.evil.example", False), ("", False), ("[", False), ("1.2.3.4.evil", False),
+        ("printer:8080", True), ("x", True),  # a single label: hosts file or search domain, never public DNS
+    ],
+)
+def test_serves_host(host, served):
+    assert serves_host(host, frozenset({"gpu-box", "router.lan"})) is served
 
 
 @pytest.mark.parametrize(

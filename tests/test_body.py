@@ -88,6 +88,24 @@ def test_a_routing_member_twice_is_400(body):
     assert "more than once" in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "alloc": {"worker": "a", "worker": "b"}}',
+        b'{"model": "m", "alloc": {"worker": "a", "w\\u006frker": "b"}}',  # as JSON decodes it
+        b'{"model": "m", "alloc": {"pool": "p", "priority": "low", "pool": "q"}}',
+        b'{"model": "m", "alloc": {"gpu": {"id": 0, "id": 1}}}',  # at any depth inside alloc
+    ],
+)
+def test_a_key_twice_inside_alloc_is_400(body):
+    """Issue 20 item 13: as a duplicate `model` is; a box keeping the first `worker` would run
+    the call where it was not routed."""
+    with pytest.raises(BadRequest) as exc:
+        json_fields(body, ROUTING)
+    assert "more than once" in str(exc.value)
+    no_echo(exc)
+
+
 def test_keys_that_only_look_alike_are_not_duplicates():
     body = b'{"model": "a", "model ": 1, "Model": 2, "mod\\u00e9l": 3, "x": {"model": "b"}}'
     assert json_fields(body, ROUTING) == {"model": "a"}

@@ -220,6 +220,7 @@ def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fl
     raw = RawBox("raw", answer_with(
         JSON_HEAD + b"Server: BoxServer/9.9\r\nSet-Cookie: session=box-secret\r\nVia: 1.1 box-proxy\r\n"
         b"Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Credentials: true\r\n"
+        b"X-Powered-By: Express\r\nX-Internal-Host: gpu-7.corp\r\nx-internal-trace: 42\r\n"
         b"X-Box-Own: kept\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
     router = start_fleet_in_process(raw)
     status, headers, data = post_chat(router)
@@ -227,4 +228,6 @@ def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fl
     assert headers["x-box-own"] == "kept"  # the box's other headers still go through
     assert "set-cookie" not in headers and "via" not in headers
     assert not [name for name in headers if name.startswith("access-control-")]
+    assert "x-powered-by" not in headers  # issue 20 item 13: the box's stack and internals
+    assert not [name for name in headers if name.startswith("x-internal-")]
     assert "BoxServer" not in headers.get("server", "")

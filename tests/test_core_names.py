@@ -64,9 +64,10 @@ def test_ollama_installed_name_matches_any_casing():
         # rule 1 then rule 2: after `:cloud` goes, the rest is parsed for its tag
         ("qwen3:8b:cloud", "qwen3:8b"),
         ("ns/qwen3:8b:local", "ns/qwen3:8b"),
-        # rule 3: a scheme on the host is removed; a present host keeps its namespace
+        # rule 3: a scheme on the host part is removed, any scheme; a present host keeps its namespace
         ("https://registry.ollama.ai/library/llama3", "llama3:latest"),
         ("http://example.com/library/m:t", "example.com/library/m:t"),
+        ("ftp://example.com/library/m:t", "example.com/library/m:t"),
         # rule 6: host and namespace defaults compare case-insensitively
         ("REGISTRY.OLLAMA.AI/Library/Llama3:8B", "llama3:8b"),
         ("registry.ollama.ai/user/m", "user/m:latest"),
@@ -89,6 +90,8 @@ def test_ollama_rules(sent, key):
         "ho st/ns/m",
         "m:cloud-cloud",  # two source suffixes: Ollama's ParseRef refuses a conflicting source
         "m:8b-cloud-cloud",
+        "http://model",  # a scheme is cut off a host only: here `http:` is a namespace, `/` a model
+        "https://ns/model",
     ],
 )
 def test_ollama_invalid_parts(sent):

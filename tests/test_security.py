@@ -169,8 +169,8 @@ def test_browser_borne_requests_cannot_manage_a_keyless_loopback_router(start_fl
     status, _, body = call(router.url, "POST", "/api/pull", {"model": "llama3", "stream": False},
                            headers={"Origin": "https://evil.example"})
     assert status == 403 and "Origin" in json.loads(body)["error"]  # Ollama's shape
-    assert call(router.url, "POST", "/v1/chat/completions", CHAT,
-                headers={"Origin": "https://evil.example"})[0] == 200  # use routes are not admin
+    status, _, body = call(router.url, "POST", "/v1/chat/completions", CHAT, headers={"Origin": "https://evil.example"})
+    assert status == 403 and error_code(body) == "origin_not_allowed"  # use routes too (issue 20 item 1)
     # DNS rebinding: the page's own name resolves to 127.0.0.1, so Host and Origin agree.
     rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
     status, _, body = call(router.url, "POST", "/v1/keys", {"name": "stolen"}, headers=rebound)
@@ -494,6 +494,8 @@ CALLERS = {  # README column -> how the test makes that caller
     "private net": via(LAN),
     "outside": via(OUT),
     "via trusted proxy": via("127.0.0.1"),
+    "foreign Host": {"headers": {"Host": "evil.example"}},  # a rebound page (issue 20 item 2)
+    "cross-site page": {"headers": {"Origin": "https://evil.example"}},  # issue 20 item 1
 }
 
 
@@ -512,12 +514,12 @@ def security_table() -> dict[tuple[str, str], list[str]]:
     return table
 
 
-def expected_in(mode: str, row: str, cells: list[str]) -> list[str]:
+def expected_in(mode: str, row: str, column: str, cells: list[str]) -> list[str]:
     """The README's `outside` cells under another mode, by its "Other modes" rule."""
-    if row not in USE_ROWS or mode == "outside":
+    if row not in USE_ROWS or mode == "outside" or column == "cross-site page":
         return cells
     if mode == "never":
-        return ["ok", "ok", "ok"]
+        return ["403" if column == "foreign Host" else "ok", "ok", "ok"]
     return ["401", "ok", "ok"]  # always
 
 
@@ -538,7 +540,7 @@ def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in
     got, want = {}, {}
     for (row, column), cells in security_table().items():
         method, path, body, ok_status = ROW_REQUESTS[row]
-        for key, cell in zip((None, use_key, ADMIN_KEY), expected_in(mode, row, cells)):
+        for key, cell in zip((None, use_key, ADMIN_KEY), expected_in(mode, row, column, cells)):
             status, _, _ = call(router.url, method, path, body, key=key, **CALLERS[column])
             got[(row, column, key)] = "ok" if status == ok_status else str(status)
             want[(row, column, key)] = cell

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from router.core.names import ollama_key
 from router.sim.ollama_names import fold_key, parse
 
@@ -31,6 +34,9 @@ RULE_CASES = [
     "REGISTRY.OLLAMA.AI/Library/Llama3:8B", "registry.ollama.ai/user/m",
     "/m", "a/b/c/d", "ns.x/model", "model@sha", "-model", "m:-tag", "m:" + "t" * 80,
     "m:" + "t" * 81, "m" * 80, "m" * 81, "ho st/ns/m", "_m", "m.", "h:1/n/m", "n/m:t:u",
+    # a scheme is cut off the host part only, and any scheme is (ParseNameBare's strings.Cut)
+    "http://model", "https://ns/model", "ftp://example.com/library/m:t", "HTTP://Example.com/ns/m",
+    "git+ssh://h:22/ns/m", "http://http://h/n/m", "://h/n/m", "h://", "https://m:cloud",
 ]
 
 
@@ -46,4 +52,25 @@ def test_sim_refuses_the_contract_invalid_names(sent):
 
 @pytest.mark.parametrize("sent", [s for s, _ in CONTRACT_TABLE] + CONTRACT_INVALID + RULE_CASES)
 def test_sim_and_router_agree(sent):
+    assert fold_key(sent) == ollama_key(sent)
+
+
+_piece = st.text(alphabet="aZ9_.-:", min_size=0, max_size=6)
+
+
+@st.composite
+def names_with_schemes(draw):
+    """Names of one to four `/`-parts, a scheme anywhere, tags and source suffixes: the shapes
+    where a reading of Ollama's parse can go wrong."""
+    parts = draw(st.lists(_piece, min_size=1, max_size=4))
+    if draw(st.booleans()):
+        at = draw(st.integers(0, len(parts) - 1))
+        parts[at] = draw(st.sampled_from(["http://", "https://", "ftp://", "x+y://", "://"])) + parts[at]
+    name = "/".join(parts)
+    return name + draw(st.sampled_from(["", ":t", ":cloud", ":8b-cloud", ":local", ":"]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(sent=st.one_of(names_with_schemes(), st.text(max_size=16)))
+def test_sim_and_router_agree_on_any_name(sent):
     assert fold_key(sent) == ollama_key(sent)

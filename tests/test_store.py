@@ -470,12 +470,22 @@ def test_create_mints_hugpy_shaped_keys_and_scope_of_checks_them(store):
 @pytest.mark.parametrize(
     "name, scope, days, code",
     [(" ", "use", None, "invalid_name"), ("x", "root", None, "invalid_scope"), ("x", "use", 0, "invalid_expiry"),
-     ("x", "use", float("nan"), "invalid_expiry")],
+     ("x", "use", float("nan"), "invalid_expiry"),
+     # issue 20 item 13: names are printable (no NUL, control or bidi characters)
+     ("a\x00b", "use", None, "invalid_name"), ("ops\r\nFAKE LINE", "use", None, "invalid_name"),
+     ("\x1b[31mred", "use", None, "invalid_name"), ("evil\u202etxt.exe", "use", None, "invalid_name"),
+     ("a\u2066b", "use", None, "invalid_name"), ("a\u200fb", "use", None, "invalid_name")],
 )
 def test_create_rejects_bad_input(store, name, scope, days, code):
     with pytest.raises(BadRequest) as err:
         store.create(name, scope, days)
     assert err.value.code == code
+
+
+def test_printable_names_of_any_script_are_kept(store):
+    for name in ("laptop 2", "Jürgen's box", "研究室", "ops-α"):
+        key_id, _ = store.create(name, "use")
+        assert next(k["name"] for k in store.list() if k["id"] == key_id) == name
 
 
 def test_expiry_is_strictly_after_expires_at(store):

@@ -272,6 +272,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     blocker: str | None = None  # why it cannot run here (rule 1)
+    files: list[tuple[Path, str]] = field(default_factory=list)  # what it writes, shown by a dry run
 
     def add(self, name: str, detail: str, run: Callable[[], None]) -> None:
         self.steps.append(Step(name, detail, run))
@@ -328,6 +329,9 @@ def plan_install(args: argparse.Namespace) -> Plan:
              lambda: _config(lay, values))
     plan.add("service", f"{lay.unit_path} (Type=notify, ExecReload), enabled and (re)started",
              lambda: _service(lay))
+    # A dry run shows these two files as they would be written, the admin key masked.
+    shown = {**values, "HUGPY_ROUTER_KEY": "hpk_…" + ("(kept)" if current.get("HUGPY_ROUTER_KEY") else "(made at install)")}
+    plan.files += [(lay.env_file, render_env(shown)), (lay.unit_path, render_unit(lay))]
     plan.add("ready", f"wait for {url_of(args.host, port)}/health", lambda: _ready(lay, args.host, port))
     plan.add("endpoint", f"{lay.endpoint_file} (no secret)", lambda: _endpoint(lay, args.host, port))
     return plan
@@ -434,6 +438,8 @@ def execute(plan: Plan, dry_run: bool, out=sys.stdout) -> None:
     for note in plan.notes:
         print(f"note: {note}", file=out, flush=True)
     if dry_run:
+        for path, text in plan.files:
+            print(f"--- {path} (would be written) ---\n{text.rstrip()}\n---", file=out, flush=True)
         if plan.blocker:
             print(f"note: this would stop before step 1: {plan.blocker}", file=out, flush=True)
         print("dry run: nothing was changed", file=out, flush=True)

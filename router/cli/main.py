@@ -1,4 +1,4 @@
-"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router demo`,
+"""The command line: `router serve`, `router boxes ...`, `router keys ...`, `router log`, `router demo`,
 `router agent`, `router install | uninstall | status`.
 
 `router` and `hugpy-router` are the same entry point.
@@ -18,10 +18,11 @@ from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
+from router.cli.log import add_log_parser, log_command
 from router.core.affinity import DEFAULT_SLACK
-from router.serve.affinity import DEFAULT_MEMORY_BYTES
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
+from router.serve.affinity import DEFAULT_MEMORY_BYTES
 
 # Above the idle expiry of the common pooled clients (httpx 5 s, aiohttp 15 s), so that they drop
 # an idle connection before the router does and never send into one being closed; below nginx's
@@ -30,6 +31,11 @@ DEFAULT_IDLE_TIMEOUT_S = 20.0
 # Above what one busy host sends through its own pool (a browser holds 6, an eval harness a few
 # hundred concurrent streams), far below a listener's share of the descriptors (thousands).
 DEFAULT_MAX_CONNS_PER_CLIENT = 512
+# Admin event streams open at once (router.serve.event_feed): a dashboard or two per operator and
+# a few schedule watchers; 300 was an attack, not a fleet. The ceiling keeps a typo from meaning
+# no cap at all.
+DEFAULT_MAX_EVENT_STREAMS = 32
+MAX_EVENT_STREAMS = 4096
 
 
 # A token that may be a secret: a hugpy key anywhere, or any value argparse did not expect.
@@ -77,6 +83,13 @@ def _count(value: str) -> int:
     count = int(value)
     if count < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
+    return count
+
+
+def _streams(value: str) -> int:
+    count = int(value)
+    if not 1 <= count <= MAX_EVENT_STREAMS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_EVENT_STREAMS}")
     return count
 
 
@@ -156,6 +169,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--stream-keepalive", type=float, default=15.0,
                         help="a streamed OpenAI call waiting this long (queue, cold load) gets its "
                         "stream head and an SSE comment every this many seconds (default 15; 0: never)")
+    parser.add_argument("--max-event-streams", type=_streams, default=DEFAULT_MAX_EVENT_STREAMS,
+                        help="admin event streams (/v1/router/events, /v1/router/schedule) open at "
+                        f"once; more get 429 (1-{MAX_EVENT_STREAMS}, default {DEFAULT_MAX_EVENT_STREAMS})")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
@@ -178,6 +194,15 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="serve HTTPS on every listener with this PEM certificate (chain)")
     parser.add_argument("--ssl-keyfile", type=Path, default=None,
                         help="the PEM private key of --ssl-certfile")
+    parser.add_argument(
+        "--require-key",
+        choices=["never", "outside", "always"],
+        default=None,
+        help="who needs a key on the use routes: never; outside (the default: callers outside "
+        "the trusted nets); always. Beats $HUGPY_ROUTER_REQUIRE_KEY. In every mode, always "
+        "included, a caller on loopback manages the router (admin routes) without a key, as "
+        "hugpy does: keep the port on loopback or behind a proxy that sends its own address",
+    )
     parser.add_argument("--otel", action="store_true",
                         help="export an OpenTelemetry span per call over OTLP (needs the otel extra; "
                         "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
@@ -231,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("name")
     add_agent_parser(sub)
     add_keys_parser(sub)
+    add_log_parser(sub)
     add_install_parsers(sub)
     return parser
 
@@ -284,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             return agent_command(args)
         if args.command == "keys":
             return keys_command(args)
+        if args.command == "log":
+            return log_command(args)
         if args.command in ("install", "uninstall", "status"):
             return install_command(args)
         from router.cli.run import run_demo, run_serve

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,9 @@ log = logging.getLogger("router.cli")
 
 
 def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None = None) -> ServeConfig:
+    if args.require_key:
+        # The access gate reads its settings from the environment at start; the flag beats it.
+        os.environ["HUGPY_ROUTER_REQUIRE_KEY"] = args.require_key
     return ServeConfig(
         store_path=store_path,
         host=args.host,
@@ -38,6 +42,7 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         queue_size=args.queue_size,
         queue_timeout_s=args.queue_timeout,
         stream_keepalive_s=args.stream_keepalive,
+        max_event_streams=args.max_event_streams,
         log_retention_days=args.log_retention_days,
         idle_timeout_s=args.idle_timeout,
         max_conns_per_client=args.max_conns_per_client,

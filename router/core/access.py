@@ -37,9 +37,18 @@ The caller (`client_address`, returning a `Caller`):
 
 Access (`decide_access`), in this order:
 7. Public routes (the liveness probes) are open to everyone in every mode.
-8. Use routes: mode `never` lets everyone in; `outside` (the default) lets inside callers in
-   without looking at the key at all, so a bad key from inside passes (as hugpy); `always`, and
-   an outside caller under `outside`, need a valid key of either scope.
+8. Use routes (inference, listings, metrics):
+   a. a browser's `Origin` must be the router's own or allowed, as rule 9a, whatever the key:
+      a cross-site page may not post to a box through the router (issue 20 item 1).
+   b. mode `never` lets everyone in; `outside` (the default) lets inside callers in without
+      looking at the key at all, so a bad key from inside passes (as hugpy); `always`, and an
+      outside caller under `outside`, need a valid key of either scope.
+   c. a call served without a valid key needs a `Host` that a rebound page cannot send
+      (`serves_host`): none, an IP literal, a loopback name, a name that public DNS never
+      answers (a single label such as `gpu-box`, which only the hosts file or a local search
+      domain resolves, or a name under `.localhost`, `.local`, `.internal`, as Ollama's own
+      check), one of this machine's names, or one of `HUGPY_ROUTER_ALLOWED_HOSTS`. Otherwise
+      403 `host_not_allowed` (DNS rebinding, issue 20 item 2); with a valid key, any Host.
 9. Admin routes (the router's own API and engine management on the facades):
    a. a browser's `Origin` must be the router's own (its host and port are the request's
       `Host`) or one of `HUGPY_ROUTER_ALLOWED_ORIGINS`; no `Origin` is a client that is not a
@@ -95,6 +104,10 @@ DEFAULT_TRUSTED_NETS: tuple[Network, ...] = tuple(
 FORWARDED_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
 # Host names that are this machine whatever DNS says (rule 9c); loopback addresses also count.
 LOOPBACK_NAMES = frozenset({"localhost"})
+# Top-level domains that public DNS never answers, so no page's name under them can be rebound
+# from outside (rule 8c; Ollama's allowedHost list; `localhost` itself is a single label): RFC 6761's `localhost`, mDNS's `local`,
+# and `internal`, which ICANN keeps for private use (2024).
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 DEFAULT_PORTS = {"http": "80", "https": "443"}
 
 # The client-visible texts, word for word hugpy's (auth.py:98-99, 240-248), except that the
@@ -109,6 +122,14 @@ MSG_ORIGIN = (
 MSG_HOST = (
     "managing the router without a key needs a Host that names it (localhost, 127.x, [::1] or "
     "one of HUGPY_ROUTER_ALLOWED_HOSTS); or send an admin key"
+)
+MSG_USE_ORIGIN = (
+    "this Origin may not call the router: only the router's own pages and the origins in "
+    "HUGPY_ROUTER_ALLOWED_ORIGINS may"
+)
+MSG_USE_HOST = (
+    "a call without a key needs a Host that names this router (an IP address, localhost, this "
+    "machine's name or one of HUGPY_ROUTER_ALLOWED_HOSTS); or send a key"
 )
 MSG_NOT_JSON = "this route takes a JSON body: send Content-Type: application/json"
 CODE_INVALID_KEY = "invalid_api_key"
@@ -128,6 +149,8 @@ KEY_INVALID = Verdict(False, 401, CODE_INVALID_KEY, MSG_KEY_INVALID)
 SCOPE_TOO_NARROW = Verdict(False, 403, CODE_INSUFFICIENT_SCOPE, MSG_SCOPE_USE)
 ORIGIN_REFUSED = Verdict(False, 403, "origin_not_allowed", MSG_ORIGIN)
 HOST_REFUSED = Verdict(False, 403, "host_not_allowed", MSG_HOST)
+USE_ORIGIN_REFUSED = Verdict(False, 403, "origin_not_allowed", MSG_USE_ORIGIN)
+USE_HOST_REFUSED = Verdict(False, 403, "host_not_allowed", MSG_USE_HOST)
 NOT_JSON = Verdict(False, 415, "unsupported_media_type", MSG_NOT_JSON)
 
 
@@ -418,6 +441,20 @@ def names_router(host: str | None, allowed: frozenset[str]) -> bool:
     return ip is not None and ip.is_loopback
 
 
+def serves_host(host: str | None, names: frozenset[str]) -> bool:
+    """True when a use call without a valid key may be served under this `Host` (rule 8c):
+    none sent, an IP literal, a loopback or local name, or one of `names` (this machine's own
+    and `allowed_hosts`, as `host_name` gives them)."""
+    if host is None:
+        return True  # HTTP/1.0 without Host: no browser sends that
+    name = host_name(host)
+    if name is None:
+        return False
+    if "." not in name or name in names or name.endswith(LOCAL_SUFFIXES):
+        return True  # (a bare IPv6 address has no dot either: it is an IP literal)
+    return _ip(name) is not None
+
+
 def _origin(text: str) -> str | None:
     """`scheme://host[:port]` lower-cased, without a default port; None unless http(s)."""
     scheme, sep, authority = text.strip().lower().partition("://")
@@ -470,15 +507,16 @@ def decide_access(
     via_proxy: bool,
     router_host: bool,
     origin_ok: bool,
+    host_served: bool = True,
     local_addr: str | None = None,
 ) -> Verdict:
     """Returns the verdict for one request (rules 7-10).
 
     `addr` and `via_proxy` are `client_address(...)`'s; `key_scope` is what the key store said
     of the presented key (None when missing or invalid); `key_presented` tells a missing key
-    from an invalid one. `router_host` (`names_router`) and `origin_ok` (`origin_allowed`)
-    matter for admin routes only. Passing a `route_scope` or `mode` outside their literals is a
-    bug.
+    from an invalid one. `origin_ok` (`origin_allowed`) matters for use and admin routes,
+    `router_host` (`names_router`) for admin routes, `host_served` (`serves_host`) for use
+    routes. Passing a `route_scope` or `mode` outside their literals is a bug.
     """
     if route_scope == "public":
         return ALLOW
@@ -495,8 +533,13 @@ def decide_access(
         if key_presented:
             return KEY_INVALID
         return HOST_REFUSED if local else KEY_REQUIRED
-    if mode == "never" or (mode == "outside" and is_inside(addr, trusted_nets)):
-        return ALLOW
+    if not origin_ok:
+        return USE_ORIGIN_REFUSED
+    keyless = mode == "never" or (mode == "outside" and is_inside(addr, trusted_nets))
+    if keyless and host_served:
+        return ALLOW  # the key is not looked at (rule 8b)
     if key_scope is not None:
         return ALLOW
+    if keyless:
+        return USE_HOST_REFUSED
     return KEY_INVALID if key_presented else KEY_REQUIRED

@@ -5,10 +5,12 @@ Rules (one per kind; a call reaching a box uses that box's kind's rule):
    `+` or `,`, tokens are case-insensitive, so the settings are the lower-cased tokens, sorted
    and joined with `+` (`ctx-low+RAM-only` == `ram-only+ctx-low`); no tokens means default (None).
    The full string still goes to the box unchanged.
-2. ollama: Ollama's own parse (contracts/ollama-lmstudio.md §2): trim, drop an `http(s)://`
-   scheme, drop one `:cloud`/`:local` source or `-cloud` tag suffix (a second is a conflict), split host/namespace/model from the right, a tag only after
-   the last `/`, defaults `registry.ollama.ai`/`library`/`latest`, per-part validity; the key is
-   the shortest display form, lower-cased (lookups are case-insensitive). Invalid → None.
+2. ollama: Ollama's own parse (contracts/ollama-lmstudio.md §2): trim, drop one `:cloud`/`:local`
+   source or `-cloud` tag suffix (a second is a conflict), a tag only after the last `/`, split
+   model, namespace and host from the right, any `scheme://` cut off the host part only (a
+   name without a host keeps it, and fails), defaults `registry.ollama.ai`/`library`/`latest`,
+   per-part validity; the key is the shortest display form, lower-cased (lookups are
+   case-insensitive). Invalid → None.
 3. lmstudio and openai: the id exactly as sent, byte for byte.
 """
 
@@ -29,7 +31,6 @@ _PART_RE = {
     "model": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
     "tag": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
 }
-_SCHEME_RE = re.compile(r"^https?://", re.IGNORECASE)
 
 
 def hugpy_split(name: str) -> tuple[str, str | None]:
@@ -63,22 +64,20 @@ def _strip_source(name: str) -> str | None:
 
 def ollama_key(name: str) -> str | None:
     """Returns the case-folded shortest display name, or None when Ollama would reject it."""
-    s = _SCHEME_RE.sub("", name.strip())
-    s = _strip_source(s)
+    s = _strip_source(name.strip())
     if s is None:
         return None
-    slash = s.rfind("/")
-    colon = s.rfind(":")
-    tag: str | None = None
-    if colon > slash:
-        s, tag = s[:colon], s[colon + 1 :]
-    parts = s.split("/")
-    if len(parts) > 3:
-        return None
-    model = parts[-1]
-    namespace = parts[-2] if len(parts) >= 2 else OLLAMA_DEFAULT_NAMESPACE
-    host = parts[-3] if len(parts) == 3 else OLLAMA_DEFAULT_HOST
-    tag = OLLAMA_DEFAULT_TAG if tag is None else tag
+    tag = OLLAMA_DEFAULT_TAG
+    if s.rfind(":") > s.rfind("/"):  # a tag only after the last `/`
+        s, _, tag = s.rpartition(":")
+    namespace, host = OLLAMA_DEFAULT_NAMESPACE, OLLAMA_DEFAULT_HOST
+    rest, slash, model = s.rpartition("/")
+    if slash:
+        rest, slash, namespace = rest.rpartition("/")
+        if slash:
+            # What is left is the host, whatever it holds (a `/` in it fails the part rule);
+            # Ollama cuts any `scheme://` off the host alone, never off a whole name.
+            host = rest.split("://", 1)[-1]
     for kind, value in (("host", host), ("namespace", namespace), ("model", model), ("tag", tag)):
         if not _PART_RE[kind].fullmatch(value):
             return None

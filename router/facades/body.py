@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import functools
+import json
 import re
 from typing import NamedTuple
 
@@ -54,6 +55,10 @@ _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
 # a larger one is refused before it is parsed, so no client can make the router build a big object.
 MAX_FIELD_VALUE_BYTES = 64 << 10
+# Members whose objects must not repeat a key at any depth: `alloc` routes the call (worker, pool,
+# class), and a box whose parser keeps the first of two `worker`s would run where it was not
+# routed, as with a duplicate `model`.
+UNIQUE_KEYS_INSIDE = frozenset({"alloc"})
 
 
 @functools.cache
@@ -92,6 +97,8 @@ def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) 
             doc[name] = orjson.loads(body[start:end])
         except orjson.JSONDecodeError as exc:
             raise BadRequest(f"'{name}' is not valid JSON: {exc.msg}") from None
+        if name in UNIQUE_KEYS_INSIDE and isinstance(doc[name], dict):
+            _refuse_duplicate_keys(name, body[start:end])
     return doc
 
 
@@ -107,6 +114,20 @@ def _affinity_members(body: bytes, spans: tuple, found: dict) -> None:
                 found[name] = orjson.loads(body[span[0]:span[1]])
             except orjson.JSONDecodeError:
                 pass
+
+
+def _refuse_duplicate_keys(name: str, value: bytes) -> None:
+    """Raises BadRequest when an object in `value` (a member's JSON, already parsed once, so
+    valid) holds a key twice, keys compared as JSON decodes them. Only for UNIQUE_KEYS_INSIDE
+    members, which are small and rare: orjson has no hook for the pairs, json's does."""
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        doc = dict(items)
+        if len(doc) != len(items):  # (the key itself is the body's: not echoed, rule 5)
+            raise BadRequest(f"'{name}' holds a key more than once")
+        return doc
+
+    json.loads(value, object_pairs_hook=pairs)
 
 
 def alloc_pool(doc: dict) -> str | None:

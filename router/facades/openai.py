@@ -41,6 +41,32 @@ def shape_error(status: int, code: str, message: str, extra: dict | None = None)
     return orjson.dumps({"error": error})
 
 
+def _as_delta(choice: object) -> object:
+    if not isinstance(choice, dict) or "message" not in choice:
+        return choice
+    chunk = {key: value for key, value in choice.items() if key != "message"}
+    chunk["delta"] = choice["message"]
+    return chunk
+
+
+def whole_as_stream(body: bytes) -> bytes | None:
+    """A box's whole answer as the SSE stream a `stream: true` call expects (a box that answered
+    whole after a keep-alive had sent the stream's head): one data frame, then `data: [DONE]`.
+    A chat completion becomes the one chunk that sums it up (`object` `chat.completion.chunk`,
+    each choice's `message` as its `delta`), which the SDKs read as a stream; a text completion's
+    chunks have its own shape, and any other JSON object goes as it is. None when the body is
+    not a JSON object."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("object") == "chat.completion" and isinstance(doc.get("choices"), list):
+        doc = {**doc, "object": "chat.completion.chunk", "choices": [_as_delta(c) for c in doc["choices"]]}
+    return b"data: " + orjson.dumps(doc) + b"\n\ndata: [DONE]\n\n"
+
+
 def _models(boxes: Sequence) -> dict[str, dict]:
     """The union of catalogs by model name, each with its `boxes` and `resident_on`."""
     models: dict[str, dict] = {}
@@ -108,4 +134,5 @@ FACADE = Facade(
     no_box_status=503,
     shape_error=shape_error,
     sse_keepalive=True,
+    whole_as_stream=whole_as_stream,
 )

@@ -57,6 +57,9 @@ class Facade:
     unknown: Callable[[str, str], tuple[int, bytes]] | None = None
     # its streams are SSE, whose comments can keep a long wait alive (NDJSON has no comments)
     sse_keepalive: bool = False
+    # whole_as_stream(body) -> a box's whole 2xx answer as the frames of the stream the call
+    # asked for, ending it (None: the stream cannot carry it); for a kept-alive stream's head
+    whole_as_stream: Callable[[bytes], bytes | None] | None = None
     _exact: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -75,4 +78,4 @@ class Facade:
     def serving(self, kinds: frozenset[BoxKind], no_box_status: int, name: str) -> "Facade":
         """The same routes restricted to some box kinds (a dedicated engine listener)."""
         return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings,
-                      self.settings_fields, self.unknown, self.sse_keepalive)
+                      self.settings_fields, self.unknown, self.sse_keepalive, self.whole_as_stream)

@@ -9,6 +9,7 @@ task refreshes off the event loop.
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 from router.core import access
@@ -18,9 +19,19 @@ from router.serve.edge import Edge
 from router.store.keys import KeyStore
 
 
-# Distinct client addresses whose "inside" verdict is remembered: parsing an address and
-# walking the nets costs a few µs per call, a dict lookup well under one.
+# Distinct client addresses (and Host values) whose verdict is remembered: parsing an address
+# and walking the nets costs a few µs per call, a dict lookup well under one.
 INSIDE_CACHE_SIZE = 4096
+
+
+def _remembered(verdicts: dict, value: str | None, judge, setting) -> bool:
+    """`judge(value, setting)`, looked up in `verdicts` first (cleared when full)."""
+    verdict = verdicts.get(value)
+    if verdict is None:
+        if len(verdicts) >= INSIDE_CACHE_SIZE:
+            verdicts.clear()
+        verdict = verdicts[value] = judge(value, setting)
+    return verdict
 
 
 class AccessGate:
@@ -32,15 +43,26 @@ class AccessGate:
         self.proxies = access.proxy_nets(environ.get("HUGPY_ROUTER_TRUSTED_PROXIES"))
         self.hosts = access.allowed_hosts(environ.get("HUGPY_ROUTER_ALLOWED_HOSTS"))
         self.origins = access.allowed_origins(environ.get("HUGPY_ROUTER_ALLOWED_ORIGINS"))
+        # The names a keyless use call may come under (router.core.access rule 8c): the allowed
+        # hosts and this machine's own name, whole and as its first label.
+        hostname = socket.gethostname().lower().rstrip(".")
+        self.use_hosts = self.hosts | {hostname, hostname.partition(".")[0]} - {""}
         self._inside: dict[str | None, bool] = {}
+        self._host_served: dict[str | None, bool] = {}
+
+    def describe(self) -> str:
+        """The start-up line: the key mode in force, the trusted nets and proxies."""
+        nets = ", ".join(str(net) for net in self.inside_nets)
+        proxies = ", ".join(str(net) for net in self.proxies) or "none"
+        return (f"access: require-key {self.mode}; trusted nets {nets}; trusted proxies {proxies}; "
+                "loopback manages without a key in every mode")
 
     def inside(self, addr: str | None) -> bool:
-        verdict = self._inside.get(addr)
-        if verdict is None:
-            if len(self._inside) >= INSIDE_CACHE_SIZE:
-                self._inside.clear()
-            verdict = self._inside[addr] = access.is_inside(addr, self.inside_nets)
-        return verdict
+        return _remembered(self._inside, addr, access.is_inside, self.inside_nets)
+
+    def host_served(self, host: str | None) -> bool:
+        """Whether a keyless use call may be served under `host` (rule 8c)."""
+        return _remembered(self._host_served, host, access.serves_host, self.use_hosts)
 
     def caller(self, edge: Edge) -> Caller:
         """Who is calling (router.core.access rules 3-6)."""
@@ -65,17 +87,23 @@ class AccessGate:
             return access.ALLOW
         addr, via_proxy = self.caller(edge)
         edge.caller = addr
-        if scope == "use" and (self.mode == "never" or (self.mode == "outside" and self.inside(addr))):
-            return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
+        host = edge.header("host")
+        origin = edge.header("origin")  # None from SDKs and curl, and a browser's same-origin GET
+        origin_ok = origin is None or access.origin_allowed(origin, host, self.origins)
+        admin = scope == "admin"
+        if not admin:
+            host_served = self.host_served(host)
+            keyless = self.mode == "never" or (self.mode == "outside" and self.inside(addr))
+            if keyless and origin_ok and host_served:
+                return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
         token = access.bearer_token(edge.header("authorization"))
         key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
-        admin = scope == "admin"
-        host = edge.header("host") if admin else None
         verdict = access.decide_access(
             scope, self.mode, addr, key_scope, token is not None, self.inside_nets,
             via_proxy=via_proxy,
             router_host=admin and access.names_router(host, self.hosts),
-            origin_ok=not admin or access.origin_allowed(edge.header("origin"), host, self.origins),
+            origin_ok=origin_ok,
+            host_served=admin or host_served,
         )
         if verdict.ok and admin and json_body and not access.is_json(edge.header("content-type")):
             return access.NOT_JSON

@@ -30,11 +30,11 @@ from router.boxes import config as boxes_config
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
-from router.serve import dashboard, proxy
+from router.serve import dashboard, event_feed, proxy
 from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
-from router.store import db
+from router.store import route_log
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
@@ -125,55 +125,26 @@ async def state(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, dashboard.state_doc(app.shared))
 
 
-async def schedule(app: RouterApp, edge: Edge) -> None:
-    """`schedule:priority` server-sent events, one per published snapshot, until the client
-    leaves or the router stops."""
-    scheduler = app.shared.scheduler
-    queue = scheduler.subscribe()
-    gone, end_watch = dashboard.until_over(app.shared, edge)
-    try:
-        await edge.start(200, list(dashboard.SSE_HEADERS))
-        while (snapshot := await dashboard.next_snapshot(queue, gone, None)) is not None:
-            await edge.write(dashboard.sse_event(b"schedule:priority", snapshot.to_event()))
-        await edge.finish()
-    finally:
-        end_watch()
-        scheduler.unsubscribe(queue)
-
-
-def _read_route_log(path, since: int, limit: int) -> dict:
-    conn = db.connect(path)
-    # Rows as dicts, named while the statement runs (an empty result has no description after).
-    conn.row_trace = lambda cursor, row: dict(zip((d[0] for d in cursor.get_description()), row))
-    try:
-        rows = list(conn.execute(
-            "SELECT * FROM route_log WHERE id > ? ORDER BY id LIMIT ?", (since, limit + 1)
-        ))
-    finally:
-        conn.close()
-    for row in rows:
-        for column in ("decision", "attempts"):
-            if isinstance(row.get(column), str):
-                row[column] = orjson.loads(row[column])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {"table": "route_log", "rows": rows, "next": rows[-1]["id"] if rows else since, "more": more}
-
-
 async def telemetry(app: RouterApp, edge: Edge) -> None:
+    """The route-log cursor: `since` (after that id) and `limit`, oldest first as 0.0.4; or
+    `tail=N`, the newest N rows (still oldest first, with `next` to follow on from)."""
     query = _query(edge)
     try:
         since = int(query.get("since", "0"))
         limit = max(1, min(CURSOR_LIMIT_MAX, int(query.get("limit", str(CURSOR_LIMIT_DEFAULT)))))
+        tail = int(query["tail"]) if "tail" in query else None
     except ValueError:
-        await _error(app, edge, 400, "bad_query", "since and limit must be numbers")
+        await _error(app, edge, 400, "bad_query", "since, limit and tail must be numbers")
         return
     if not 0 <= since <= CURSOR_SINCE_MAX:
         await _error(app, edge, 400, "bad_query", f"since must be 0 to {CURSOR_SINCE_MAX}")
         return
+    if tail is not None and not 1 <= tail <= CURSOR_LIMIT_MAX:
+        await _error(app, edge, 400, "bad_query", f"tail must be 1 to {CURSOR_LIMIT_MAX}")
+        return
     loop = asyncio.get_running_loop()
     try:
-        doc = await loop.run_in_executor(None, _read_route_log, app.shared.store_path, since, limit)
+        doc = await loop.run_in_executor(None, route_log.read_rows, app.shared.store_path, since, limit, tail)
     except apsw.Error as exc:
         await _error(app, edge, 503, "store_unavailable", f"route log unreadable: {type(exc).__name__}")
         return
@@ -380,14 +351,14 @@ async def metrics(app: RouterApp, edge: Edge) -> None:
 
 EXACT: dict[tuple[str, str], Handler] = {
     ("GET", "/v1/router/state"): state,
-    ("GET", "/v1/router/schedule"): schedule,
+    ("GET", "/v1/router/schedule"): event_feed.schedule,
     ("GET", "/v1/telemetry"): telemetry,
     ("GET", "/v1/keys"): keys,
     ("POST", "/v1/keys"): keys,
     ("GET", "/v1/boxes"): boxes,
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
-    ("GET", "/v1/router/events"): dashboard.events,
+    ("GET", "/v1/router/events"): event_feed.events,
     **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
 

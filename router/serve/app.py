@@ -24,6 +24,7 @@ from router.serve.access import AccessGate
 from router.serve.admission import Admission
 from router.serve.affinity import Affinity
 from router.serve.edge import AsgiEdge, Edge, RsgiEdge
+from router.serve.event_feed import EventFeed
 from router.serve.metrics import Metrics, registry as metrics_registry
 from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
@@ -47,7 +48,7 @@ class Shared:
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
                  queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
-                 affinity: Affinity | None = None) -> None:
+                 max_event_streams: int = 32, affinity: Affinity | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -57,6 +58,7 @@ class Shared:
         self.access = AccessGate(keys)
         self.metrics = Metrics()
         self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.affinity = affinity if affinity is not None else Affinity()

@@ -32,6 +32,7 @@ from router.core.lifecycle import Event, Lifecycle, Phase
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
 from router.core.types import BoxKind
 from router.serve.edge import Edge
+from router.serve.hops import via_line
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ConnectFailed,
@@ -116,10 +117,10 @@ class Attempt:
         self.idle_timeout_s = idle_timeout_s
 
     def request(self, edge: Edge, length: int) -> bytes:
-        """The client's request line as the box gets it: the box's auth, hugpy's parent id, and
-        only the PASSED_HEADERS of the client's."""
+        """The client's request line as the box gets it: the box's auth, this router's hop
+        (hops.py), hugpy's parent id, and only the PASSED_HEADERS of the client's."""
         box = self.box
-        lines = [box.auth_header]
+        lines = [box.auth_header, via_line(edge)]
         if box.config.kind is BoxKind.HUGPY:
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:

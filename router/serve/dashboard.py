@@ -8,7 +8,7 @@ Rules:
 2. Everything the page shows comes from `GET /v1/router/events`, an admin route: loopback
    without a key, anyone else with an admin key that the page sends as `Authorization: Bearer`
    (read with fetch(), since EventSource cannot send a header). It is read-only.
-3. The stream is server-sent events: `state` (the same document as `GET /v1/router/state`) and
+3. The stream (event_feed.py: one producer for every stream) is server-sent events: `state` (the same document as `GET /v1/router/state`) and
    `calls` (new route-log rows) every `STREAM_TICK_S`; `series` (the per-box one-second points of
    metrics.CallSeries, the whole history first); `schedule:priority` for each scheduler snapshot
    as it is published. A box that goes offline is shown within one tick, under the health
@@ -22,11 +22,9 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Callable
 
-import apsw
 import orjson
 
 from router.store import db
@@ -68,7 +66,7 @@ SSE_HEADERS = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 
 async def ui(app, edge) -> None:
     content_type = UI_FILES[edge.path][1]
-    await edge.respond(200, [(b"content-type", content_type), *UI_HEADERS], _UI_BODIES[edge.path])
+    await edge.respond_page(200, [(b"content-type", content_type), *UI_HEADERS], _UI_BODIES[edge.path])
 
 
 def _resident(key: str, resident, box) -> dict:
@@ -141,7 +139,7 @@ def state_doc(shared) -> dict:
     }
 
 
-def _route_log_tail(path, since: int, limit: int) -> list[dict]:
+def route_log_tail(path, since: int, limit: int) -> list[dict]:
     """The newest `limit` rows after `since`, oldest first (rule 4). Raises apsw.Error."""
     conn = db.connect(path)
     try:
@@ -177,7 +175,8 @@ def until_over(shared, edge) -> tuple[asyncio.Event, Callable[[], None]]:
 
 
 async def next_snapshot(queue: asyncio.Queue, gone: asyncio.Event, timeout_s: float | None):
-    """The next scheduler snapshot from `queue`; None once `gone` is set or `timeout_s` passed."""
+    """The next item of `queue` (a scheduler snapshot, a stream's frame); None once `gone` is set
+    or `timeout_s` passed."""
     getter = asyncio.ensure_future(queue.get())
     left = asyncio.ensure_future(gone.wait())
     await asyncio.wait({getter, left}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
@@ -186,38 +185,3 @@ async def next_snapshot(queue: asyncio.Queue, gone: asyncio.Event, timeout_s: fl
         return getter.result()
     getter.cancel()
     return None
-
-
-async def events(app, edge) -> None:
-    """The dashboard's stream (rule 3), until the client leaves."""
-    shared = app.shared
-    loop = asyncio.get_running_loop()
-    queue = shared.scheduler.subscribe()
-    gone, end_watch = until_over(shared, edge)
-    since = 0  # the last route-log id sent; the first read takes the newest TAIL_ROWS
-    series_at = 0.0  # the last series point sent
-    try:
-        await edge.start(200, list(SSE_HEADERS))
-        next_tick = loop.time()
-        while not gone.is_set():
-            if loop.time() >= next_tick:
-                next_tick = loop.time() + STREAM_TICK_S
-                points = [p for p in shared.metrics.series.points if p["at"] > series_at]
-                if points or not series_at:
-                    series_at = points[-1]["at"] if points else time.time()
-                    await edge.write(sse_event(b"series", {"points": points}))
-                await edge.write(sse_event(b"state", state_doc(shared)))
-                try:
-                    rows = await loop.run_in_executor(None, _route_log_tail, shared.store_path, since, TAIL_ROWS)
-                except apsw.Error:
-                    rows = []  # the store is busy or gone: the next tick tries again
-                if rows:
-                    since = rows[-1]["id"]
-                    await edge.write(sse_event(b"calls", {"rows": rows}))
-            snapshot = await next_snapshot(queue, gone, max(0.0, next_tick - loop.time()))
-            if snapshot is not None:
-                await edge.write(sse_event(b"schedule:priority", snapshot.to_event()))
-        await edge.finish()
-    finally:
-        end_watch()
-        shared.scheduler.unsubscribe(queue)

@@ -12,6 +12,9 @@ Rules:
    longer than the stream idle timeout has failed too, and a hugpy box also gets its cancel.
 4. A close-delimited SSE stream (hugpy's) ends with `data: [DONE]`; an EOF before it is a box
    that died, not a finished answer.
+5. A box that answers a kept-alive stream (its head went out: reply.py rule 1) with a whole
+   answer rather than a stream has it read whole, up to INLINE_BODY_LIMIT, and put in the stream
+   (reply.py rule 4); a larger one is `answer_not_a_stream`, never relayed raw into the stream.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ import logging
 from router._fastpath import NDJSON, SSE, Relay
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle
-from router.serve.attempt import Attempt, Judged
+from router.serve.attempt import INLINE_BODY_LIMIT, Attempt, Judged
 from router.serve.edge import ClientLeft
-from router.serve.reply import Reply
+from router.serve.reply import NOT_A_STREAM, NOT_A_STREAM_FRAME, Reply
 from router.upstream.pool import ConnectionLost, StreamIdle, UpstreamError
 
 log = logging.getLogger("router.proxy")
@@ -67,6 +70,9 @@ class Delivery:
         if judged.failure is None:
             box.took(record.call, asyncio.get_running_loop().time())  # type: ignore[arg-type]
         headers = reply.box_headers(box.name, judged.headers)
+        if judged.body is None and reply.headed and not judged.stream:
+            await self.whole_into_stream(judged, attempt)
+            return
         if judged.body is not None:
             if judged.failure is None:
                 record.tail = (judged.body,)
@@ -74,6 +80,23 @@ class Delivery:
             return
         await reply.start(judged.status, headers)
         await self.relay_answer(judged, attempt)
+
+    async def whole_into_stream(self, judged: Judged, attempt: Attempt) -> None:
+        """Rule 5."""
+        exchange = judged.exchange
+        try:
+            body = judged.first + await exchange.read_all(INLINE_BODY_LIMIT)
+        except UpstreamError as exc:
+            if self.life.ended_by is Event.CLIENT_LEFT:
+                return
+            if exchange.bytes_in > INLINE_BODY_LIMIT:
+                self.reply.record.ended("failed", NOT_A_STREAM)
+                await self.end_stream(NOT_A_STREAM_FRAME)
+                return
+            await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
+            return
+        self.reply.record.tail = (body,)
+        await self.reply.respond(judged.status, [], body)
 
     async def relay_answer(self, judged: Judged, attempt: Attempt) -> None:
         relay = self.relay = Relay(judged.scanner)
@@ -100,11 +123,19 @@ class Delivery:
         self.reply.record.ended("failed", failure)
         if silent:
             attempt.cancel()  # its connection is closed; a stuck box may not notice
-        if judged.scanner is None:
+        if judged.scanner is not None:
+            framing = judged.scanner.framing
+        elif self.reply.headed:  # a kept-alive stream (rule 5)
+            framing = SSE
+        else:
             raise RelayAborted("the box failed mid-body")
+        await self.end_stream(MID_STREAM_ERROR[framing, failure])
+
+    async def end_stream(self, frame: bytes) -> None:
+        """Ends a stream whose head went out with its last `frame`."""
         edge = self.reply.edge
         try:
-            await edge.write(MID_STREAM_ERROR[judged.scanner.framing, failure])
+            await edge.write(frame)
             await edge.finish()
         except ClientLeft:
             self.reply.on_left()

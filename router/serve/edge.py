@@ -14,7 +14,9 @@ Invariants:
 3. `watch_disconnect(callback)` calls `callback()` at most once, when the client goes away; the
    returned task is cancelled by the caller when the call ends.
 4. `finish()` ends a streamed answer; after it, the edge holds nothing that keeps the answer open.
-5. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`);
+5. Every answer carries ANSWER_HEADERS (nosniff and a CSP that runs no script and allows no
+   framing), except the dashboard's own files, which `respond_page` sends under their own CSP.
+6. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`);
    `caller` is who the access gate found calling (None: unknown, or not judged).
 """
 
@@ -29,7 +31,19 @@ from router.core.access import peer_address
 # Every answer names the router: Granian adds `server: granian` to an answer without one (issue
 # 11 item 8: the front door does not advertise its stack). The proxy drops the box's own.
 SERVER = (b"server", b"router")
-SERVER_STR = ("server", "router")
+# Every answer but the dashboard's own files (`respond_page`) is data, never a page of the
+# router's origin: a box's `text/html` (hostile, or a relayed management page) opened in a
+# browser, or posted to by a cross-site form, would run script that passes the admin Origin
+# check (issue 20 item 1). `sandbox` gives the document an opaque origin, `default-src 'none'`
+# loads nothing, `frame-ancestors 'none'` keeps it out of frames; `nosniff` stops a browser from
+# reading JSON or text as HTML or script. Built once: each answer extends its list with them.
+ANSWER_HEADERS = (
+    SERVER,
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", b"sandbox; default-src 'none'; frame-ancestors 'none'"),
+)
+ANSWER_HEADERS_STR = tuple((k.decode(), v.decode()) for k, v in ANSWER_HEADERS)
+PAGE_HEADERS_STR = (("server", "router"),)
 
 
 class BodyTooLarge(Exception):
@@ -65,7 +79,7 @@ class Edge(Protocol):
     method: str
     path: str
     query: str
-    client: str  # the TCP peer's address (invariant 5)
+    client: str  # the TCP peer's address (invariant 6)
     caller: str | None  # who the access gate found calling
 
     def header(self, name: str) -> str | None: ...
@@ -75,6 +89,8 @@ class Edge(Protocol):
     async def read_body(self, limit: int) -> bytes: ...
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
+
+    async def respond_page(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
 
@@ -134,12 +150,19 @@ class AsgiEdge:
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         headers.append((b"content-length", b"%d" % len(body)))
+        headers += ANSWER_HEADERS
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def respond_page(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A dashboard file: `headers` carry its own CSP (invariant 5)."""
+        headers.append((b"content-length", b"%d" % len(body)))
         headers.append(SERVER)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        headers.append(SERVER)
+        headers += ANSWER_HEADERS
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def write(self, data: bytes) -> None:
@@ -159,9 +182,11 @@ class AsgiEdge:
                 return
 
 
-def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+def _str_headers(
+    headers: list[tuple[bytes, bytes]], tail: tuple[tuple[str, str], ...] = ANSWER_HEADERS_STR
+) -> list[tuple[str, str]]:
     out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
-    out.append(SERVER_STR)
+    out += tail
     return out
 
 
@@ -208,6 +233,10 @@ class RsgiEdge:
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.proto.response_bytes(status, _str_headers(headers), body)
+
+    async def respond_page(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A dashboard file: `headers` carry its own CSP (invariant 5)."""
+        self.proto.response_bytes(status, _str_headers(headers, PAGE_HEADERS_STR), body)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.stream = self.proto.response_stream(status, _str_headers(headers))

@@ -49,7 +49,7 @@ from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
 from router.core.types import BoxFacts, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
-from router.serve import no_box
+from router.serve import hops, no_box
 from router.serve.admission import Seat
 from router.serve.attempt import Attempt, Refusal
 from router.serve.deliver import Delivery
@@ -132,7 +132,9 @@ class ProxyCall:
         self.started_s = asyncio.get_running_loop().time()
         clock.calls.add(self)
         try:
-            if await self.read():
+            if hops.looped(self.edge):
+                await self.reply.error(508, "loop_detected", hops.LOOP_MESSAGE)
+            elif await self.read():
                 await self.route_call()
         finally:
             clock.calls.discard(self)

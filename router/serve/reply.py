@@ -10,6 +10,10 @@ Rules:
    ends first (`settle`).
 3. Every answer carries the call's id (`x-hugpy-router-request-id`); a box's answer also names the
    box and loses its hop-by-hop headers and the headers about the box itself (`HOP_HEADERS`).
+4. A box's whole 2xx answer after a keep-alive's head goes out as the stream the call asked for
+   (`Facade.whole_as_stream`: one data frame and the stream's end). One the stream cannot carry
+   (not JSON) ends the stream with an error frame that says so, and the row is `failed`
+   (`answer_not_a_stream`): never `done` for an answer the client did not get (issue 20 item 9).
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from router.serve.edge import ClientLeft, Edge
 from router.serve.record import CallRecord
 
 # Response headers that belong to one hop (RFC 9110 §7.6.1) or that the edge sets itself, and
-# those about the box itself: `Server` and `Via` name its software and path (nothing a client of
-# the router needs, and a map for an attacker), `Set-Cookie` would bind the client to a session
-# with one box that the next call, on another box, does not have. A box's CORS headers
+# those about the box itself: `Server`, `X-Powered-By` and `Via` name its software and path
+# (nothing a client of the router needs, and a map for an attacker), `Set-Cookie` would bind the
+# client to a session with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
 # answers to every web page: the router grants no cross-origin reads (README, Security model).
 HOP_HEADERS = frozenset(
@@ -42,9 +46,16 @@ HOP_HEADERS = frozenset(
         b"server",
         b"set-cookie",
         b"via",
+        b"x-powered-by",
     }
 )
+# Headers a box names as its own internals (`X-Internal-Trace`, `X-Internal-Host`), dropped as
+# `Server` is.
+INTERNAL_PREFIX = b"x-internal-"
 KEEPALIVE_COMMENT = b": waiting\n\n"
+NOT_A_STREAM = "answer_not_a_stream"
+NOT_A_STREAM_FRAME = (b'data: {"error": {"message": "the box answered whole, in a form the stream cannot carry", '
+                      b'"type": "upstream_error", "code": "answer_not_a_stream"}}\n\n')
 JSON = b"application/json"
 
 
@@ -93,7 +104,7 @@ class Reply:
         """A whole answer; in-band, as the stream's last frame, once a keep-alive sent a head."""
         await self.settle()
         if self.headed:
-            frame = in_band_frame(status, body)
+            frame = self.in_stream(status, body)
             self.record.bytes_out += len(frame)
             try:
                 await self.edge.write(frame)
@@ -103,6 +114,17 @@ class Reply:
             return
         self.record.bytes_out += len(body)
         await self.edge.respond(status, headers, body)
+
+    def in_stream(self, status: int, body: bytes) -> bytes:
+        """A whole answer as the end of a stream whose head went out (rules 1 and 4)."""
+        if status >= 300:
+            return in_band_frame(status, body)
+        whole_as_stream = self.facade.whole_as_stream
+        frames = whole_as_stream(body) if whole_as_stream is not None else None
+        if frames is None:
+            self.record.ended("failed", NOT_A_STREAM)
+            return NOT_A_STREAM_FRAME
+        return frames
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """The head of a relayed answer (a keep-alive may have sent one already)."""
@@ -115,7 +137,8 @@ class Reply:
         kept = [
             (lower, value)
             for name, value in headers
-            if (lower := name.lower()) not in HOP_HEADERS and not lower.startswith(b"access-control-")
+            if (lower := name.lower()) not in HOP_HEADERS
+            and not lower.startswith(b"access-control-") and not lower.startswith(INTERNAL_PREFIX)
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())

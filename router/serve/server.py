@@ -95,6 +95,7 @@ class ServeConfig:
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
     stream_keepalive_s: float = 15.0  # 0: never
+    max_event_streams: int = 32  # admin event streams open at once
     log_retention_days: float = 30.0  # 0 = keep every route_log row
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
     idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
@@ -261,9 +262,11 @@ class Running:
             queue_size=config.queue_size,
             queue_timeout_s=config.queue_timeout_s,
             stream_keepalive_s=config.stream_keepalive_s,
+            max_event_streams=config.max_event_streams,
             affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes),
         )
         shared.tracer = tracer
+        log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys), name="keys"),

@@ -82,6 +82,11 @@ def _validate(name: str, scope: str, expires_days: float | None) -> str:
     name = name.strip()
     if not name or len(name) > NAME_MAX:
         raise BadRequest(f"a key name must be 1-{NAME_MAX} characters", code="invalid_name")
+    if not name.isprintable():
+        # Control characters (NUL, CR/LF, ESC) and format ones (the bidi overrides, U+202E) would
+        # forge lines or reorder text wherever a name is shown: a terminal, a log, the dashboard.
+        raise BadRequest("a key name must be printable: no control, NUL or bidi characters",
+                         code="invalid_name")
     if scope not in SCOPES:
         raise BadRequest(f"scope must be one of {', '.join(SCOPES)}", code="invalid_scope")
     if expires_days is not None and not (math.isfinite(expires_days) and 0 < expires_days <= EXPIRES_DAYS_MAX):

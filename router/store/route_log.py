@@ -299,3 +299,32 @@ class RouteLogWriter:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+
+def read_rows(path: Path | str, since: int = 0, limit: int = 500, tail: int | None = None) -> dict:
+    """The route log as the admin API and `router log` read it: the rows after id `since`, at
+    most `limit`, oldest first (0.0.4's cursor); or, with `tail`, the newest `tail` rows, still
+    oldest first. `next` is the cursor to follow on from, `more` whether rows are left after
+    this page. The JSON columns come back decoded. Runs in a worker thread, never on the loop."""
+    conn = db.connect(path)
+    # Rows as dicts, named while the statement runs (an empty result has no description after).
+    conn.row_trace = lambda cursor, row: dict(zip((d[0] for d in cursor.get_description()), row))
+    try:
+        if tail is not None:
+            rows = list(conn.execute(
+                "SELECT * FROM route_log WHERE id > ? ORDER BY id DESC LIMIT ?", (since, tail)
+            ))[::-1]
+            more = False
+        else:
+            rows = list(conn.execute(
+                "SELECT * FROM route_log WHERE id > ? ORDER BY id LIMIT ?", (since, limit + 1)
+            ))
+            more = len(rows) > limit
+            rows = rows[:limit]
+    finally:
+        conn.close()
+    for row in rows:
+        for column in ("decision", "attempts"):
+            if isinstance(row.get(column), str):
+                row[column] = orjson.loads(row[column])
+    return {"table": "route_log", "rows": rows, "next": rows[-1]["id"] if rows else since, "more": more}
