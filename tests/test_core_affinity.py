@@ -103,6 +103,7 @@ def test_the_first_present_key_wins_and_is_scoped():
     assert key_of([None], [3, "", "r"], chain, "addr:1", "m").kind == RESPONSE  # not strings: absent
     assert key_of([None], [None, None, None], chain, "addr:1", "m") == Key(PREFIX, 0, (5, 6))
     assert key_of([None], [None, None, None], none, "addr:1", "m") is None
+    assert key_of([None], [None, None, None], lambda: (5,), "addr:1", "m") is None  # one element: no key
     one = key_of(["s"], [], none, "addr:1", "m")
     assert one != key_of(["s"], [], none, "addr:2", "m") and one != key_of(["s"], [], none, "addr:1", "n")
     assert key_of([None], [None, None, "resp_1"], none, "key:a", "m").bound == response_key("key:a", "m", "resp_1")

@@ -95,10 +95,10 @@ def test_the_page_shows_every_box_residents_and_a_new_call_live(start_fleet, bro
     expect(page.locator('#models tr[data-model="tiny"]')).to_contain_text("a")
     expect(page.locator('#series tr[data-box="a"] svg polyline').first).to_be_attached(timeout=SEEN_WITHIN_MS)
     expect(page.locator("#schedule li").first).to_contain_text("order")
-    # affinity: an unpinned call has a key (its prompt), its outcome is counted per box and model
+    # affinity: the pinned call and an unpinned one of one message have no key: both counted as none
     assert call(router.url, "tiny")[0] == 200
     expect(page.locator("#affinity-summary")).to_contain_text("on: slack")
-    expect(page.locator('#affinity tr[data-box="a"][data-model="tiny"]')).to_contain_text("0 / 1 / 0", timeout=SEEN_WITHIN_MS)
+    expect(page.locator('#affinity tr[data-box="a"][data-model="tiny"]')).to_contain_text("0 / 0 / 2", timeout=SEEN_WITHIN_MS)
     assert "CANARY-prompt" not in page.content()
 
     ARTIFACTS.mkdir(exist_ok=True)

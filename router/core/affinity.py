@@ -5,7 +5,8 @@ Rules (tests/test_core_affinity.py pins each against the plain model in tests/mo
 1. The key, first present wins: a session header (SESSION_HEADERS, in that order), the body's
    `prompt_cache_key` (kind `key`), its `user`, the Responses API's `previous_response_id`
    (kind `response`: the box that answered that response), else the prompt by its prefix chain
-   (kind `prefix`). None of these: no key, and the decision is the seeds' order.
+   (kind `prefix`). None of these, or a prompt of fewer than MIN_PULL_DEPTH elements (it could
+   neither pull nor leave a node: rule 3a): no key, and the decision is the seeds' order.
 2. Scope. Every key is scoped per caller (its API key's id, else its resolved address) and per
    model: two callers never share a binding, nor a prefix (the hash chain's seed carries both).
 3. The prefix chain h_1..h_n has one hash per leading element of the prompt (router._fastpath
@@ -103,7 +104,7 @@ def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Calla
         if isinstance(value, str) and value:
             return Key(kind, hash((scope, model, kind, value)))
     hashes = chain()
-    return Key(PREFIX, 0, hashes) if hashes else None
+    return Key(PREFIX, 0, hashes) if len(hashes) >= MIN_PULL_DEPTH else None
 
 
 def response_key(scope: str, model: str, response_id: str) -> int:

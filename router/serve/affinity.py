@@ -113,11 +113,14 @@ class Affinity:
             self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull.depth if hit else 0)  # type: ignore[union-attr]
 
     def observe(self, record: CallRecord) -> None:
-        """A call ended: its outcome and the engine's cached tokens per (box, model); a Responses
-        answer's id bound to its box (rules 4 and 5)."""
-        if record.affinity is None or record.box is None or record.state != "done":
+        """A call ended: its outcome and the engine's cached tokens per (box, model: the box's own
+        key for it, so the labels are bounded by what the boxes hold); a Responses answer's id
+        bound to its box (rules 4 and 5)."""
+        box, call = record.box, record.call
+        if record.affinity is None or box is None or call is None or record.state != "done":
             return
-        label = (record.box.name, record.call.model)  # type: ignore[union-attr]
+        named = call_key(box.config.kind, call.model, call.settings)
+        label = (box.name, named[0] if named is not None else call.model)
         self.outcomes[label + (record.affinity.partition(":")[0],)] += 1
         if not record.tail:
             return
@@ -126,7 +129,7 @@ class Affinity:
         if cached:
             self.cached_tokens[label] += cached
         if response_id is not None and record.route.path == RESPONSES_PATH:
-            self.index.bind(response_key(scope_of(record.edge), label[1], response_id), label[0])
+            self.index.bind(response_key(scope_of(record.edge), call.model, response_id), box.name)
 
     # -- the operator's view ------------------------------------------------------------------
     def view(self) -> dict:
