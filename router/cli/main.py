@@ -108,6 +108,13 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _share(value: str) -> float:
+    number = float(value)
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return number
+
+
 def _days(value: str) -> float:
     days = float(value)
     if not 0 <= days < 1e6:
@@ -209,10 +216,10 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--affinity", choices=["on", "off"], default="on",
                         help="send a conversation back to the box that holds its prefix (docs/affinity.md; "
                         "off: the seeds' strict order, for comparison)")
-    parser.add_argument("--affinity-slack", type=float, default=DEFAULT_SLACK.absolute,
+    parser.add_argument("--affinity-slack", type=_share, default=DEFAULT_SLACK.absolute,
                         help="how much more load (pending + pressure + reservations) the bound box may carry "
                         f"than the best one and still be chosen (default {DEFAULT_SLACK.absolute:g})")
-    parser.add_argument("--affinity-slack-share", type=float, default=DEFAULT_SLACK.relative,
+    parser.add_argument("--affinity-slack-share", type=_share, default=DEFAULT_SLACK.relative,
                         help="and, on top, this share of the best box's load "
                         f"(default {DEFAULT_SLACK.relative:g}; both 0: off)")
     parser.add_argument("--affinity-memory", type=_size, default=DEFAULT_MEMORY_BYTES,

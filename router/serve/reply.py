@@ -24,6 +24,7 @@ from typing import Callable
 import orjson
 
 from router.facades.table import Facade
+from router.serve.affinity import HEADER as AFFINITY_HEADER
 from router.serve.edge import ClientLeft, Edge
 from router.serve.record import CallRecord
 
@@ -143,7 +144,7 @@ class Reply:
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
         if self.record.affinity is not None:
-            kept.append((b"x-router-affinity", self.record.affinity.encode()))
+            kept.append((AFFINITY_HEADER, self.record.affinity.encode()))
         return kept
 
     # -- keep-alive of a long wait (rule 1) ----------------------------------------------------
