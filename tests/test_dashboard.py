@@ -118,6 +118,7 @@ def test_a_stopped_box_is_shown_offline(start_fleet, browser):
     offline = page.locator('#boxes tr[data-box="b"]')
     expect(offline).to_have_attribute("data-status", "offline", timeout=(HEALTH_TTL_S + 5) * 1000)
     expect(offline.locator(".tag.offline")).to_have_text("offline")
+    expect(offline.locator(".down")).to_have_text("connection refused")  # and says why
     expect(page.locator('#boxes tr[data-box="a"]')).to_have_attribute("data-status", "online")
     assert errors == []
 

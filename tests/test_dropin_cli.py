@@ -5,7 +5,10 @@ through a running router's admin API with `--router-port` or `$HUGPY_ROUTER_PORT
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+from conftest import ROOT
 from dropin import NEW, OLD, Served, cli, require_004, user_env
 
 BOX_KEY = "hpk_box_cliboxkey0123456789abcdef"
@@ -16,12 +19,15 @@ def test_boxes_command_lines_and_files_are_interchangeable(tmp_path):
     env = user_env(tmp_path / "home")
     key_file = tmp_path / "wrapper.env"
     key_file.write_text(f'FITEVICT_WORKER=ae\nFITEVICT_TOKEN="{BOX_KEY}"\n')
+    store = tmp_path / "fitevict.sqlite3"  # a real wrapper store: this router checks that it is one
+    subprocess.run([sys.executable, str(ROOT / "tests" / "hugpy_store_writer.py"), str(store), "ae"],
+                   input="quit\n", text=True, check=True, capture_output=True)
     docs = {}
     for exe in (OLD, NEW):
         boxes = tmp_path / f"{exe.parent.parent.name}.json"
         for argv in (
             ["--boxes", str(boxes), "boxes", "add", "--name", "ae", "--url", "http://127.0.0.1:40717/",
-             "--key", BOX_KEY, "--store", "/var/lib/hugpy-wrapper/fitevict.sqlite3", "--pool", "lab"],
+             "--key", BOX_KEY, "--store", str(store), "--pool", "lab"],
             ["--boxes", str(boxes), "boxes", "add", "--name", "b2", "--url", "http://127.0.0.1:40718",
              "--key-file", str(key_file)],
             ["--boxes", str(boxes), "boxes", "add", "--name", "b3", "--url", "http://127.0.0.1:40719"],

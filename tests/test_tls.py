@@ -6,7 +6,9 @@ http/1.1 (HTTP/2 works with Granian 2.8 but is left off: see router/serve/server
 from __future__ import annotations
 
 import datetime
+import http.client
 import ipaddress
+import json
 import socket
 import ssl
 import os
@@ -24,8 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from conftest import ROOT, write_boxes
-from router.sim import SimBox, SimLMStudio, SimOllama
+from conftest import ROOT, RouterProcess, wait_for, write_boxes
+from router.sim import SimBox, SimFleet, SimLMStudio, SimOllama
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +140,39 @@ def test_an_unusable_certificate_is_one_line_at_start(tmp_path, cert):
         f"router: cannot use TLS certificate {cert_path} with key {tmp_path / 'missing.pem'}: "
         "No such file or directory"
     ]
+
+
+def test_an_https_box_is_reached_over_tls_and_an_untrusted_one_says_why(tmp_path, cert):
+    """A box at an https:// URL (issue 20.3): the router verifies its certificate against the
+    trusted CAs (SSL_CERT_FILE names this one), and one it cannot trust is down with the reason."""
+    cert_path, key_path = cert
+    box = SimBox("s", catalog=["tiny"], residents=["tiny"])
+    box.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    box.tls.load_cert_chain(cert_path, key_path)
+    fleet = SimFleet([box])
+    fleet.start()
+    routers = []
+    try:
+        assert box.url.startswith("https://")
+        for name, env in (("trusting", {"SSL_CERT_FILE": str(cert_path)}), ("untrusting", {})):
+            (tmp_path / name).mkdir()
+            routers.append(RouterProcess(write_boxes(tmp_path / name / "boxes.json", [box]), env=env))
+        trusting_router, untrusting_router = routers
+        client = openai.OpenAI(base_url=trusting_router.url + "/v1", api_key="x", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert answer.headers["x-hugpy-box"] == "s"
+
+        def down() -> str:
+            host, port = untrusting_router.url.removeprefix("http://").split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.request("GET", "/v1/router/state")
+            doc = json.loads(conn.getresponse().read())
+            conn.close()
+            return doc["boxes"][0]["down"] or ""
+
+        assert wait_for(lambda: down().startswith("TLS: certificate not trusted"), 10, 0.2), down()
+    finally:
+        for router in routers:
+            router.stop()
+        fleet.stop()

@@ -6,13 +6,23 @@ Rules:
    `~/.config/hugpy`).
 2. The file holds box keys, so it is written 0600, atomically (temp file in the same folder,
    fsync, rename): a reader never sees half a file.
-3. Box names are unique and match the hugpy request-id alphabet, so that they can travel in
-   headers and URLs as they are. Order in the file is the boxes' stable order.
+3. Box names are unique. Every field passes router.core.box_fields (the one set of rules for the
+   CLI, this file and the admin API), and a `store` must be a hugpy-wrapper store (rule 6).
+   Order in the file is the boxes' stable order. A file with one bad entry is refused whole,
+   with one line naming the file, the entry and why (the fleet's start exits 2 with it; a
+   reload keeps the last good fleet).
 4. A key file is read as hugpy-wrapper writes it: a `FITEVICT_TOKEN=` line (quotes allowed).
 5. Every change (the CLI's `boxes add|remove|block|unblock`, the admin API's box routes) is
    one `edit`: under an exclusive lock on `<file>.lock` (flock: other processes and other
    threads wait), read the file, change it, validate, write it (rule 2). So two edits at once
    never lose one, whoever makes them. A change that fails writes nothing.
+6. A store is a hugpy-wrapper store when it is a regular file (a symlink to one counts, as the
+   store watch follows it) whose first 16 bytes are SQLite's header and whose schema has the
+   wrapper's tables (`WRAPPER_TABLES`), read through a read-only SQLite connection. The header
+   is read first, so a file that is not SQLite (`/etc/shadow`) is never opened as a database.
+   An edit that sets a store needs the file now; a store named by the file being loaded may
+   not exist yet (the wrapper creates it when it starts: its link follows the API until then,
+   store_watch rule 7), but one that exists must pass.
 """
 
 from __future__ import annotations
@@ -22,24 +32,31 @@ import dataclasses
 import fcntl
 import os
 import re
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
+import apsw
 import orjson
 
+from router.core import box_fields
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 from router.store import paths
 
 T = TypeVar("T")
-# What `PUT /v1/boxes/<name>` and `update` may change (the key and url: a new `add`).
-UPDATABLE = ("pool", "kind", "store", "agent", "max_inflight")
+# What `PUT /v1/boxes/<name>`, `router boxes set` and `update` may change (the url: a new add).
+UPDATABLE = ("pool", "kind", "store", "agent", "max_inflight", "key")
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-MAX_INFLIGHT_LIMIT = 100_000
+NAME_RE = box_fields.NAME_RE
+MAX_INFLIGHT_LIMIT = box_fields.MAX_INFLIGHT_LIMIT
+SQLITE_HEADER = b"SQLite format 3\x00"
+# The tables the router reads from a wrapper store (router.boxes.hugpy.STATE_COLUMNS).
+WRAPPER_TABLES = ("residents", "models", "gpu_state")
+STORE_BUSY_TIMEOUT_MS = 1000
 KEY_LINE_RE = re.compile(r"""^\s*(?:export\s+)?FITEVICT_TOKEN\s*=\s*["']?([^"'\s]+)["']?\s*$""")
 
 
@@ -89,34 +106,37 @@ class BoxesFile:
                 return index
         raise UnknownBox(name)
 
-    def put(self, box: BoxConfig) -> bool:
-        """Adds `box`, or replaces the box of that name in place. Returns True when added."""
-        box = validate(box)
-        try:
-            self.boxes[self._index(box.name)] = box
-            return False
-        except UnknownBox:
+    def put(self, box: BoxConfig, *, replace: bool = True) -> bool:
+        """Adds `box`, or replaces the box of that name in place. Returns True when added.
+        Raises BoxExists when the name is taken and not `replace`, ConfigError when a field
+        does not validate."""
+        old = self.find(box.name)
+        if old is not None and not replace:
+            raise BoxExists(box.name)
+        box = validate(box, new_store=old is None or old.store != box.store)
+        if old is None:
             self.boxes.append(box)
             return True
+        self.boxes[self._index(box.name)] = box
+        return False
 
     def remove(self, name: str) -> BoxConfig:
         """Removes and returns the named box. Raises UnknownBox."""
         return self.boxes.pop(self._index(name))
 
-    def update(self, name: str, **fields) -> BoxConfig:
+    def update(self, name: str, /, **fields) -> BoxConfig:
         """Changes the named box's `UPDATABLE` fields (and `blocked`). Raises UnknownBox, or
         ConfigError for a field that may not change or a value that does not validate."""
         index = self._index(name)
         wrong = set(fields) - set(UPDATABLE) - {"blocked"}
         if wrong:
-            raise ConfigError(f"box {name}: {', '.join(sorted(wrong))} cannot be changed here "
-                              f"(only {', '.join(UPDATABLE)}; add the box again to change url or key)")
+            raise ConfigError(f"box {name}: {', '.join(sorted(map(str, wrong)))[:200]} cannot be changed "
+                              f"(only {', '.join(UPDATABLE)}; to change the url, add the box again with replace)")
         if "kind" in fields:
-            try:
-                fields["kind"] = BoxKind(fields["kind"])
-            except ValueError:
-                raise ConfigError(f"box {name}: kind must be one of {', '.join(k.value for k in BoxKind)}") from None
-        box = self.boxes[index] = validate(dataclasses.replace(self.boxes[index], **fields))
+            fields["kind"] = kind_of(name, fields["kind"])
+        old = self.boxes[index]
+        new_store = "store" in fields and fields["store"] != old.store
+        box = self.boxes[index] = validate(dataclasses.replace(old, **fields), new_store=new_store)
         return box
 
 
@@ -128,58 +148,123 @@ class UnknownBox(ConfigError):
         self.name = name
 
 
+class BoxExists(ConfigError):
+    """An add without replace names a box that is already in the file."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"box {name} is already in the boxes file")
+        self.name = name
+
+
+def kind_of(name: str, value: object) -> BoxKind:
+    """The BoxKind named by `value`. Raises ConfigError naming the box `name`."""
+    try:
+        return BoxKind(value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"box {name}: kind must be one of {', '.join(k.value for k in BoxKind)}") from None
+
+
 def default_path() -> Path:
     """Returns the boxes file's path (rule 1)."""
     return paths.boxes_path()
 
 
-def validate(box: BoxConfig) -> BoxConfig:
-    """Returns `box` when it is well-formed. Raises ConfigError naming the field."""
-    if not NAME_RE.fullmatch(box.name):
-        raise ConfigError(f"box name {box.name!r} must match {NAME_RE.pattern}")
-    parts = urlsplit(box.url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ConfigError(f"box {box.name}: url must be http://host:port (got {box.url!r})")
-    if parts.path not in ("", "/"):
-        raise ConfigError(f"box {box.name}: url must not have a path (got {box.url!r})")
-    if box.agent is not None and urlsplit(box.agent).scheme != "http":
-        raise ConfigError(f"box {box.name}: agent must be http://host:port (got {box.agent!r})")
-    for name in ("key", "store", "pool", "agent"):
-        if getattr(box, name) is not None and not isinstance(getattr(box, name), str):
-            raise ConfigError(f"box {box.name}: {name} must be a string")
-    if not isinstance(box.blocked, bool):
-        raise ConfigError(f"box {box.name}: blocked must be true or false")
-    limit = box.max_inflight
-    if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_INFLIGHT_LIMIT):
-        raise ConfigError(f"box {box.name}: max_inflight must be an integer 1-{MAX_INFLIGHT_LIMIT}")
-    return box
+def validate(box: BoxConfig, *, new_store: bool = False) -> BoxConfig:
+    """Returns `box` when every field holds (router.core.box_fields, rule 6 for the store; an
+    empty pool becomes none). `new_store`: this edit sets the store, so its file must exist.
+    Raises ConfigError naming the box and the field."""
+    try:
+        box_fields.check_name(box.name)
+    except ConfigError as exc:
+        raise ConfigError(f"box {exc}") from None
+    try:
+        box_fields.check_url("url", box.url)
+        if box.agent is not None:
+            box_fields.check_url("agent", box.agent, box_fields.AGENT_SCHEMES)
+        if not isinstance(box.kind, BoxKind):
+            raise ConfigError(f"kind must be one of {', '.join(k.value for k in BoxKind)}")
+        box_fields.check_key(box.key)
+        pool = box_fields.check_pool(box.pool)
+        box_fields.check_blocked(box.blocked)
+        box_fields.check_max_inflight(box.max_inflight)
+        if box_fields.check_store_path(box.store) is not None:
+            check_store_file(box.store, must_exist=new_store)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise ConfigError(f"box {box.name}: {exc}") from None
+    return box if pool == box.pool else dataclasses.replace(box, pool=pool)
+
+
+def check_store_file(store: str, *, must_exist: bool) -> None:
+    """Rule 6. Raises ConfigError saying what the file is not."""
+    try:
+        if not stat.S_ISREG(os.stat(store).st_mode):
+            raise ConfigError(f"store {store} is not a regular file")
+        # O_NONBLOCK: a file swapped for a FIFO after the stat cannot hang the open.
+        fd = os.open(store, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"store {store} is not a regular file")
+            head = os.read(fd, len(SQLITE_HEADER))
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        if must_exist:
+            raise ConfigError(f"store {store}: no such file (name the wrapper's fitevict.sqlite3 "
+                              "on this machine)") from None
+        return
+    except OSError as exc:
+        raise ConfigError(f"store {store} cannot be read: {exc.strerror}") from None
+    if not head and not must_exist:
+        return  # being created by the wrapper now
+    if head != SQLITE_HEADER:
+        raise ConfigError(f"store {store} is not a SQLite database")
+    try:
+        conn = apsw.Connection(store, flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            conn.set_busy_timeout(STORE_BUSY_TIMEOUT_MS)
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except apsw.Error as exc:
+        raise ConfigError(f"store {store} cannot be read as SQLite: {type(exc).__name__}") from None
+    missing = [t for t in WRAPPER_TABLES if t not in tables]
+    if missing:
+        raise ConfigError(f"store {store} is not a hugpy-wrapper store (no {', '.join(missing)} table)")
 
 
 def parse(doc: object, path: Path) -> BoxesFile:
+    """The boxes in `doc`, every entry validated (rule 3). Raises ConfigError with one line:
+    the file, the entry (its position from 1 and its name) and why."""
     if not isinstance(doc, dict) or not isinstance(doc.get("boxes", []), list):
-        raise ConfigError(f"{path}: expected an object with a 'boxes' list")
+        raise ConfigError(f"boxes file {path}: expected an object with a 'boxes' list")
     boxes: list[BoxConfig] = []
-    for entry in doc.get("boxes", []):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise ConfigError(f"{path}: every box needs a 'name'")
+    for number, entry in enumerate(doc.get("boxes", []), 1):
         try:
-            box = BoxConfig(
-                name=entry["name"],
-                url=str(entry.get("url", "")).rstrip("/"),
-                kind=BoxKind(entry.get("kind", BoxKind.HUGPY.value)),
-                key=entry.get("key"),
-                store=entry.get("store"),
-                pool=entry.get("pool"),
-                blocked=bool(entry.get("blocked", False)),
-                agent=entry.get("agent"),
-                max_inflight=entry.get("max_inflight"),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{path}: box {entry['name']}: {exc}") from None
-        if any(b.name == box.name for b in boxes):
-            raise ConfigError(f"{path}: box name {box.name!r} appears twice")
-        boxes.append(validate(box))
+            boxes.append(_entry(entry, boxes))
+        except ConfigError as exc:
+            raise ConfigError(f"boxes file {path}, entry {number}: {exc}") from None
     return BoxesFile(path, boxes)
+
+
+def _entry(entry: object, before: list[BoxConfig]) -> BoxConfig:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ConfigError("every box needs a string 'name'")
+    name = entry["name"]
+    url = entry.get("url", "")
+    box = BoxConfig(
+        name=name,
+        url=url.rstrip("/") if isinstance(url, str) else url,
+        kind=kind_of(name, entry.get("kind", BoxKind.HUGPY.value)),
+        key=entry.get("key"),
+        store=entry.get("store"),
+        pool=entry.get("pool"),
+        blocked=entry.get("blocked", False),
+        agent=entry.get("agent"),
+        max_inflight=entry.get("max_inflight"),
+    )
+    if any(b.name == box.name for b in before):
+        raise ConfigError(f"box name {box.name!r} appears twice")
+    return validate(box)
 
 
 def load(path: Path | None = None) -> BoxesFile:
@@ -194,7 +279,7 @@ def load(path: Path | None = None) -> BoxesFile:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc.msg}") from None
+        raise ConfigError(f"boxes file {path} is not valid JSON: {exc.msg}") from None
     return parse(doc, path)
 
 

@@ -3,12 +3,17 @@
 Rules:
 1. The boxes file is re-read when its size, mtime or inode change (checked every
    `WATCH_INTERVAL_S`): new boxes get a link, removed boxes lose theirs (calls already on them
-   finish, they hold their own reference), changed boxes are rebuilt. A file that fails to
-   parse is logged and ignored: the last good fleet keeps serving. `reload()` re-reads at once
-   (an admin API edit, a SIGHUP); re-reads never overlap, so the last one applies the newest
-   file.
+   finish, they hold their own reference), changed boxes are rebuilt. `reload()` re-reads at
+   once (an admin API edit, a SIGHUP); re-reads never overlap, so the last one applies the
+   newest file.
 2. A box keeps its reservation-table index for the life of the process, even across removal
    and re-adding, so a late release can never land on another box.
+3. A file is applied whole or not at all. At start, a file with a bad entry (config rule 3, or
+   a box that is this router: listeners.py) stops the start with one line naming the file, the
+   entry and why. At a reload it is not applied: that same line is logged once, the last good
+   fleet keeps serving, and the watch goes on, so the next good version applies. A deleted file
+   is not an empty fleet: the last fleet keeps serving, with a warning (an operator who wants no
+   boxes writes a file with none). Nothing a reload meets stops the watch.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from router.boxes import config as boxes_config
 from router.boxes.config import BoxConfig
 from router.boxes.hugpy import HugpyLink
 from router.boxes.link import Link
+from router.boxes.listeners import Listening, NamesThisRouter
 from router.boxes.lmstudio import LMStudioLink
 from router.boxes.ollama import OllamaLink
 from router.boxes.openai import OpenAILink
@@ -61,6 +67,21 @@ class Fleet:
         self._ordered: list[BoxState] = []
         self._reloading = asyncio.Lock()
         self.on_change: list = []  # callables run after the fleet changed shape
+        self.listening: Listening | None = None  # this router's listeners, once it knows them
+
+    def read(self) -> list[BoxConfig]:
+        """The boxes file's boxes, checked whole (rule 3). Raises ConfigError with one line."""
+        configs = boxes_config.load(self.path).boxes
+        self.check(configs)
+        return configs
+
+    def check(self, configs: list[BoxConfig]) -> None:
+        """Raises ConfigError when a box is this router itself (listeners.py rule 1)."""
+        if self.listening is not None:
+            try:
+                self.listening.check(configs)
+            except NamesThisRouter as exc:
+                raise ConfigError(f"boxes file {self.path}, entry {exc.number}: {exc}") from None
 
     def _file_stamp(self) -> tuple | None:
         try:
@@ -72,7 +93,7 @@ class Fleet:
     async def start(self) -> None:
         """Loads the file, starts every link and waits (bounded) for their first reads."""
         self._stamp = self._file_stamp()
-        fresh = self._apply(boxes_config.load(self.path).boxes)
+        fresh = self._apply(self.read())
         await asyncio.gather(*(self.links[name].first_read() for name in fresh))
         self._watch = asyncio.create_task(self._watch_file(), name="boxes-file")
 
@@ -117,22 +138,34 @@ class Fleet:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            stamp = await loop.run_in_executor(None, self._file_stamp)  # file I/O off the loop
-            if stamp != self._stamp:
-                await self.reload()
+            try:
+                stamp = await loop.run_in_executor(None, self._file_stamp)  # file I/O off the loop
+                if stamp != self._stamp:
+                    await self.reload()
+            except Exception:  # a bug: said with its traceback, and the watch goes on (rule 3)
+                log.exception("boxes file watch: reload failed")
 
-    async def reload(self) -> None:
-        """Re-reads the boxes file now and applies it (rule 1). A file that does not parse is
-        logged and leaves the fleet as it is."""
+    async def reload(self) -> bool:
+        """Re-reads the boxes file now and applies it (rules 1 and 3). A file that is gone or
+        does not validate is logged and leaves the fleet as it is. Returns whether it applied."""
         loop = asyncio.get_running_loop()
         async with self._reloading:
-            self._stamp = await loop.run_in_executor(None, self._file_stamp)
-            try:
-                configs = (await loop.run_in_executor(None, boxes_config.load, self.path)).boxes
-            except ConfigError as exc:
-                log.warning("boxes file not applied: %s", exc)
-                return
+            stamp = self._stamp = await loop.run_in_executor(None, self._file_stamp)
+            if stamp is None:
+                if self.boxes:
+                    log.warning("boxes file %s is gone: the last fleet (%d boxes) keeps serving; "
+                                "write a file with no boxes for an empty fleet", self.path, len(self.boxes))
+                    return False
+                configs: list[BoxConfig] = []
+            else:
+                try:
+                    configs = await loop.run_in_executor(None, self.read)
+                except ConfigError as exc:
+                    log.warning("%s: not applied, the last good fleet (%d boxes) keeps serving", exc,
+                                len(self.boxes))
+                    return False
             self._apply(configs)
+            return True
 
     def facts(self) -> list[BoxFacts]:
         """The facts of every box, in boxes-file order, with live reservation counts."""

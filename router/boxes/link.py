@@ -12,6 +12,10 @@ Rules:
    at the next probe, not at the end of a capped back-off.
 3. Polled kinds (ollama, lmstudio, openai) re-read their inventory every `POLL_INTERVAL_S`,
    jittered so that many links do not beat in step; hugpy follows its box's long-poll instead.
+4. A failed probe or inventory read says why in the operator's words (`why_down`), kept as the
+   box's `down` (the probe's reason first; "" once both work) for the state, the refusals'
+   `offline: ...` / `no_model: ...` and the dashboard: connection refused, timeout, TLS, the
+   box refusing our key (401/403), or an answer that is not this kind's (wrong kind?).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import random
 from router.boxes.state import BoxState, Inventory
 from router.core.backoff import Streak
 from router.upstream.fetch import fetch
+from router.upstream.pool import ConnectFailed, FirstByteTimeout
 
 log = logging.getLogger("router.boxes")
 
@@ -37,12 +42,19 @@ FIRST_READ_TIMEOUT_S = 5.0
 
 
 class InventoryError(Exception):
-    """A box answered its inventory request with something we cannot read."""
+    """A box answered its inventory request with something we cannot read; `status` is the
+    answer's status when that was the trouble."""
+
+    def __init__(self, message: str, status: int | None = None, target: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.target = target
 
 
 class Link:
     health_path = "/health"
     mode = "poll"  # how the inventory is followed, as the admin state reports it
+    speaks = "hugpy-wrapper"  # what a healthy answer comes from, for `why_down`
 
     def __init__(self, box: BoxState) -> None:
         self.box = box
@@ -50,10 +62,36 @@ class Link:
         self.first_inventory = asyncio.Event()  # set once the first inventory is in
         self.streak = Streak()  # the inventory loop's failures in a row (rule 2)
         self.probe_error = ""  # why the last probe failed, for the offline line
+        self.inventory_error = ""  # why the inventory loop's last read failed ("" once one works)
         self.answering = asyncio.Event()  # set by a good probe; wakes the inventory loop's wait
+        self.probed = False  # the first probe is always logged: a box down from the start says so
 
     def healthy(self, status: int, body: bytes) -> bool:
         return status == 200
+
+    def why_down(self, status: int | None, exc: BaseException | None = None, *, inventory: bool = False) -> str:
+        """Rule 4: why the health probe (`inventory`: an inventory read) that answered `status`
+        (None: raised `exc`) failed."""
+        asked = "an inventory read" if inventory else f"GET {self.health_path}"
+        if isinstance(exc, InventoryError):
+            status, asked = exc.status, f"GET {exc.target}"
+        if isinstance(exc, ConnectFailed):
+            return exc.cause or "unreachable"
+        if isinstance(exc, FirstByteTimeout):
+            return f"timeout: no answer to {asked}"
+        if status in (401, 403):
+            return f"{status} from the box on {asked}: it refuses the router's key (check the box's key)"
+        if status == 200 or status == 404:
+            return f"wrong kind? {asked} did not answer as {self.speaks} does ({status})"
+        if status is not None:
+            return f"{asked} answered {status}"
+        if inventory:
+            return f"its inventory could not be read ({type(exc).__name__})"
+        return f"{type(exc).__name__} on {asked}"
+
+    def say_down(self) -> None:
+        """The box's `down`: the probe's failure, else the inventory's (rule 4)."""
+        self.box.set_down(self.probe_error or self.inventory_error)
 
     def start(self) -> None:
         self.tasks = [
@@ -73,7 +111,7 @@ class Link:
             self.box.origin, "GET", target, headers=self.box.auth_header, timeout_s=timeout_s
         )
         if status != 200:
-            raise InventoryError(f"{target} answered {status}")
+            raise InventoryError(f"{target} answered {status}", status, target.partition("?")[0])
         return body
 
     async def first_read(self) -> None:
@@ -94,18 +132,20 @@ class Link:
                 box.origin, "GET", self.health_path, headers=box.auth_header, timeout_s=HEALTH_TIMEOUT_S
             )
             ok = self.healthy(status, body)
-            self.probe_error = "" if ok else f"answered {status}"
+            self.probe_error = "" if ok else self.why_down(status)
         except Exception as exc:  # whatever broke, a missed probe (rule 2)
             ok = False
-            self.probe_error = type(exc).__name__
+            self.probe_error = self.why_down(None, exc)
         now = asyncio.get_running_loop().time()
         if ok:
             box.last_ok_s = now
             box.reachable()
             self.answering.set()
         was_online = box.online
+        self.say_down()
         box.set_online(ok or (box.last_ok_s > 0 and now - box.last_ok_s <= HEALTH_TTL_S))
-        if was_online != box.online:
+        if was_online != box.online or not self.probed:
+            self.probed = True
             if box.online:
                 log.info("box %s is online", box.name)
             else:
@@ -125,11 +165,13 @@ class Link:
                 await self.follow_inventory()
                 return
             except Exception as exc:  # rule 2: a link task that dies leaves a frozen inventory
+                self.inventory_error = self.why_down(None, exc, inventory=True)
+                self.say_down()
                 wait_s, say = streak.failed(loop.time(), random.random())
                 if say:
                     log.warning(
                         "box %s inventory link failing (%d in a row, retrying every %.1f s at most): %s",
-                        self.box.name, streak.failures, streak.cap_s, type(exc).__name__,
+                        self.box.name, streak.failures, streak.cap_s, self.inventory_error,
                     )
                 await self._retry_after(wait_s)
 
@@ -145,6 +187,9 @@ class Link:
     def publish(self, inventory: Inventory) -> None:
         self.box.set_inventory(inventory)
         self.first_inventory.set()
+        if self.inventory_error:
+            self.inventory_error = ""
+            self.say_down()
         if self.streak.failures:
             self.streak.succeeded()
             log.info("box %s inventory link recovered", self.box.name)

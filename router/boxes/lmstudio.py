@@ -14,6 +14,7 @@ from router.upstream.pool import UpstreamError
 
 
 class LMStudioLink(Link):
+    speaks = "LM Studio"
     health_path = "/lmstudio-greeting"
 
     def healthy(self, status: int, body: bytes) -> bool:

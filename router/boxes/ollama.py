@@ -13,6 +13,7 @@ from router.core.types import Resident
 
 
 class OllamaLink(Link):
+    speaks = "Ollama"
     health_path = "/"
 
     def healthy(self, status: int, body: bytes) -> bool:

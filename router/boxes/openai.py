@@ -18,6 +18,7 @@ from router.core.types import Resident
 
 
 class OpenAILink(Link):
+    speaks = "an OpenAI-compatible server"
     health_path = "/v1/models"
 
     async def read_inventory(self) -> Inventory:

@@ -61,7 +61,7 @@ class BoxState:
         self.config = config
         self.index = index  # slot in the reservation table, fixed for the process lifetime
         self.order = order
-        self.origin = Origin(config.host, config.port)
+        self.origin = Origin(config.host, config.port, tls=config.url.startswith("https:"))
         self.auth_header = (
             f"Authorization: Bearer {config.key}\r\n".encode("latin-1") if config.key else b""
         )
@@ -81,6 +81,7 @@ class BoxState:
         self.unreachable = False
         self.cache_epochs: dict[str, int] = {}  # rule 5: per model key, over cache_base
         self.cache_base = 0
+        self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
         self._facts_key: tuple[int, int, int] = (-1, -1, -1)
@@ -110,6 +111,11 @@ class BoxState:
             self.cache_base = next(_epochs)
         else:
             self.cache_epochs[key] = next(_epochs)
+
+    def set_down(self, why: str) -> None:
+        if why != self.down:
+            self.down = why
+            self.changed()
 
     @property
     def residents(self) -> dict[str, Resident]:
@@ -236,6 +242,7 @@ class BoxState:
                 kind=config.kind,
                 order=self.order,
                 online=self.online and not self.unreachable,
+                down=self.down,
                 pool=config.pool,
                 blocked=config.blocked,
                 catalog=self.catalog,

@@ -14,14 +14,13 @@ import sys
 from pathlib import Path
 
 from router import __version__
-from router.boxes import config as boxes_config
 from router.cli.agent import add_agent_parser, agent_command
+from router.cli.boxes import add_boxes_parser, boxes_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.cli.log import add_log_parser, log_command
 from router.core.affinity import DEFAULT_SLACK
 from router.core.errors import ConfigError
-from router.core.types import BoxKind
 from router.serve.affinity import DEFAULT_MEMORY_BYTES
 
 # Above the idle expiry of the common pooled clients (httpx 5 s, aiohttp 15 s), so that they drop
@@ -41,6 +40,9 @@ MAX_EVENT_STREAMS = 4096
 # A token that may be a secret: a hugpy key anywhere, or any value argparse did not expect.
 _KEY_RE = re.compile(r"hpk_[A-Za-z0-9_-]+")
 _UNRECOGNIZED = "unrecognized arguments: "
+_REQUIRED = "the following arguments are required"
+# argparse names a type function in its message ("invalid _port value"): an internal name.
+_TYPE_NAME_RE = re.compile(r"invalid _\w+ value")
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,13 +52,39 @@ class Parser(argparse.ArgumentParser):
        and a flag added later must not change what an old abbreviation meant.
     2. No secret in an error: a key-shaped token is masked, and of arguments argparse did not
        recognise only the option names are shown (a mistyped `--kye K` must not print K).
+    3. A mistyped option is named: argparse reports a missing required argument before the
+       arguments it did not recognise, so `serve --prot 8080` said that --port is required.
+       Each parser keeps the arguments it was given, and a "required" error where one of them
+       is an option it does not know becomes "unrecognized arguments: --prot".
+    4. No internal name: "invalid _port value" is said "invalid value".
     """
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        # A subcommand's parser is called with its own arguments (argparse's _SubParsersAction).
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def unknown_options(self) -> list[str]:
+        """The options among the given arguments that this parser does not know (rule 3)."""
+        found = []
+        for token in self.given:
+            if token == "--":
+                break
+            name = token.partition("=")[0]
+            if token.startswith("-") and not self._negative_number_matcher.match(token) \
+                    and name not in self._option_string_actions:
+                found.append(name)
+        return found
 
     def error(self, message: str):
+        message = _TYPE_NAME_RE.sub("invalid value", message)
+        if message.startswith(_REQUIRED) and self.unknown_options():
+            message = _UNRECOGNIZED + " ".join(self.unknown_options())
         if message.startswith(_UNRECOGNIZED):
             shown = (t if t.startswith("-") else "…" for t in message[len(_UNRECOGNIZED):].split())
             message = _UNRECOGNIZED + " ".join(shown)
@@ -228,7 +256,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(description=__doc__)
+    # `python -m router` would be called "__main__.py" in every message: an internal name.
+    prog = os.path.basename(sys.argv[0]).replace("__main__.py", "router")
+    parser = Parser(description=__doc__, prog=prog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--boxes", type=Path, default=None, dest="boxes_top",
                         help="boxes file for serve and boxes (0.0.4's option; as their --boxes-file)")
@@ -242,64 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_options(demo, port_required=False)
     demo.add_argument("--sim-boxes", type=int, default=3, help="simulated boxes (default 3)")
 
-    boxes = sub.add_parser("boxes", help="manage the boxes file")
-    boxes.add_argument("--boxes-file", type=Path, default=None)
-    bsub = boxes.add_subparsers(dest="boxes_command", required=True)
-    add = bsub.add_parser("add", help="add or replace a box")
-    add.add_argument("--name", required=True)
-    add.add_argument("--url", required=True, help="http://host:port of the box's front door")
-    add.add_argument("--kind", choices=[k.value for k in BoxKind], default=BoxKind.HUGPY.value)
-    key = add.add_mutually_exclusive_group()
-    key.add_argument("--key", help="the box key itself (hpk_box_...)")
-    key.add_argument("--key-file", help="env file with the box key (FITEVICT_TOKEN=...)")
-    add.add_argument("--store", help="the box's store file, when readable on this machine")
-    add.add_argument("--pool")
-    add.add_argument("--agent", help="http://host:port of a `router agent` on the box's host (GPU telemetry)")
-    add.add_argument("--max-inflight", type=int, default=None,
-                     help="calls the box takes at once, from every facade; more wait in the router's queue")
-    bsub.add_parser("list", help="list boxes (keys are never shown)")
-    for name in ("remove", "block", "unblock"):
-        cmd = bsub.add_parser(name, help=f"{name} a box")
-        cmd.add_argument("name")
+    add_boxes_parser(sub)
     add_agent_parser(sub)
     add_keys_parser(sub)
     add_log_parser(sub)
     add_install_parsers(sub)
     return parser
-
-
-def boxes_command(args: argparse.Namespace) -> int:
-    """`boxes list | add | remove | block | unblock`; every change is one `boxes_config.edit`,
-    the code path the admin API's box routes take too."""
-    path = args.boxes_file or boxes_config.default_path()
-    if args.boxes_command == "list":
-        for box in boxes_config.load(path).boxes:
-            flags = " ".join(
-                f for f in (f"pool={box.pool}" if box.pool else "", "blocked" if box.blocked else "",
-                            "key" if box.key else "no-key", f"store={box.store}" if box.store else "") if f
-            )
-            print(f"{box.name}\t{box.kind.value}\t{box.url}\t{flags}")
-        return 0
-    if args.boxes_command == "add":
-        key = boxes_config.read_key_file(args.key_file) if args.key_file else args.key
-        new = boxes_config.BoxConfig(
-            name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=key,
-            store=args.store, pool=args.pool or None, agent=args.agent, max_inflight=args.max_inflight,
-        )
-        added = boxes_config.edit(path, lambda boxes: boxes.put(new))
-        print(f"box {new.name} {'added' if added else 'replaced'} in {path}")
-        return 0
-    try:
-        if args.boxes_command == "remove":
-            boxes_config.edit(path, lambda boxes: boxes.remove(args.name))
-        else:
-            blocked = args.boxes_command == "block"
-            boxes_config.edit(path, lambda boxes: boxes.update(args.name, blocked=blocked))
-    except boxes_config.UnknownBox:
-        print(f"no box named {args.name} in {path}", file=sys.stderr)
-        return 1
-    print(f"box {args.name}: {args.boxes_command} done")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

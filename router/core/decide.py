@@ -10,7 +10,8 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    call's pool"): a call without a pool goes only to boxes without a pool, a call with a pool
    only to that pool's boxes, and a pin without a pool reaches the pinned box whatever its pool.
    An empty pool is no pool. Failover passes `eligible` (the first decision's ranked set) so
-   that a retry never broadens past it.
+   that a retry never broadens past it. `offline` and `no_model` carry the box's `down` (why
+   its link fails: connection refused, TLS, a refused key ...) when there is one.
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
    over a pinned call).
@@ -66,7 +67,7 @@ def _why_not(
     if named is None:
         return Reason(ReasonCode.BAD_MODEL_NAME, box.kind.value)
     if not box.online:
-        return Reason(ReasonCode.OFFLINE)
+        return Reason(ReasonCode.OFFLINE, box.down)
     if (box.pool or None) != (call.pool or None) and (call.pin is None or call.pool):
         return Reason(ReasonCode.OTHER_POOL, box.pool or "")
     if box.blocked:
@@ -77,7 +78,7 @@ def _why_not(
         return Reason(ReasonCode.NOT_ELIGIBLE)
     key = named[0]
     if key not in box.residents and key not in box.catalog:
-        return Reason(ReasonCode.NO_MODEL, key)
+        return Reason(ReasonCode.NO_MODEL, f"{key} ({box.down})" if box.down else key)
     ceiling = box.cooling.get(key)
     if ceiling is not None and box.in_flight >= ceiling:
         return Reason(ReasonCode.COOLING, f"{key} at {ceiling} in flight")

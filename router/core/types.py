@@ -91,7 +91,7 @@ class BoxFacts:
     none); `cooling` maps each model key it refused to place lately to the calls it had in
     flight then (its learned ceiling for that model while the back-off lasts), and
     `recent_refusals` counts those refusals (they count as load: a box that fails fast never
-    looks idle).
+    looks idle). `down` says why an offline box is offline ("" when unknown).
     """
 
     id: str
@@ -112,6 +112,7 @@ class BoxFacts:
     max_inflight: int | None = None
     cooling: Mapping[str, int] = field(default_factory=dict)
     recent_refusals: int = 0
+    down: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,13 +216,23 @@ async def boxes(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, {"boxes": [box_view(box) for box in shared.fleet.ordered()]})
 
 
-async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int = 200) -> None:
+async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int = 200,
+                      note: dict | None = None) -> None:
     """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
-    off the loop; the fleet applies it before the answer, which shows the box (never its key)."""
+    off the loop; a box that is this router itself is refused before anything is written. The
+    fleet applies the edit before the answer, which shows the box (never its key) and `note`,
+    which `change` may fill in."""
     shared = app.shared
+    fleet = shared.fleet
+
+    def checked(boxes: boxes_config.BoxesFile):
+        result = change(boxes)
+        if fleet.listening is not None:
+            fleet.listening.check(boxes.boxes)
+        return result
+
     try:
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, boxes_config.edit, shared.fleet.path, change)
+        result = await asyncio.get_running_loop().run_in_executor(None, boxes_config.edit, fleet.path, checked)
     except boxes_config.UnknownBox as exc:
         await _error(app, edge, 404, "unknown_box", str(exc))
         return
@@ -231,14 +241,14 @@ async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int
         return
     except OSError as exc:  # e.g. a system unit's read-only /etc (ProtectSystem=strict)
         await _error(app, edge, 503, "boxes_file_unwritable",
-                     f"cannot write the boxes file {shared.fleet.path}: {exc.strerror or exc}")
+                     f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}")
         return
-    await shared.fleet.reload()
-    box = shared.fleet.get(name)
+    await fleet.reload()
+    box = fleet.get(name)
     if box is None:
         await _json(edge, status, {"name": name, "removed": True})
         return
-    await _json(edge, 201 if result is True else status, box_view(box))
+    await _json(edge, 201 if result is True else status, {**box_view(box), **(note or {})})
 
 
 async def box_put(app: RouterApp, edge: Edge) -> None:
@@ -266,7 +276,15 @@ async def box_put(app: RouterApp, edge: Edge) -> None:
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
         return
-    await _edit_boxes(app, edge, box.name, lambda boxes: boxes.put(box))
+    note: dict = {}
+
+    def change(boxes: boxes_config.BoxesFile) -> bool:
+        old = boxes.find(box.name)
+        if old is not None and old.key and not box.key:  # never dropped without saying so
+            note["key_dropped"] = True
+        return boxes.put(box)
+
+    await _edit_boxes(app, edge, box.name, change, note=note)
 
 
 def _box_name(edge) -> str:
@@ -280,7 +298,8 @@ async def box_delete(app: RouterApp, edge: Edge) -> None:
 
 
 async def box_update(app: RouterApp, edge: Edge) -> None:
-    """PUT /v1/boxes/<name>: change its pool, kind, store, agent or max_inflight (null clears one)."""
+    """PUT /v1/boxes/<name>: change its pool, kind, store, agent, max_inflight or key (null
+    clears one); every other field stays."""
     name = _box_name(edge)
     fields = await _json_object(app, edge, BOX_BODY_MAX_BYTES)
     if fields is None:

@@ -121,6 +121,7 @@ def state_doc(shared) -> dict:
             "limit_source": box.limit_source,
             "full": box.full,
             "unreachable": box.unreachable,
+            "down": box.down or None,  # why its last health probe failed (link.py rule 4)
             "cooling": {key: {"seconds_left": round(max(until - now, 0.0), 3), "ceiling": ceiling}
                         for key, (until, ceiling) in box.cooling.items()},
             "placement_refusals": box.refusals,

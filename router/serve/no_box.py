@@ -1,7 +1,9 @@
 """The answers when no box takes a call (router/serve/proxy.py rule 2), in the facade's shape.
 
 1. No box can serve the call at all: the facade's no-box status with 0.0.4's fields (every box's
-   reason and the call's id), which hugpy-core reads.
+   reason and the call's id), which hugpy-core reads. Two cases say what is wrong instead: a
+   pin to a box that is not in the fleet is a 404 `unknown_box` naming it and the fleet's
+   boxes, and an empty fleet says so and names the boxes file read.
 2. Every box tried refused: the last box's own answer as it was sent; a stream refused by its
    first frame gets the status that refusal stands for (router.core.refusal rule 7), with the
    box's error object (`type`, `code` and its other fields kept), never a 200 that carries an
@@ -11,23 +13,38 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
+from router.core.bounds import ECHO_CHARS, clip
 from router.core.refusal import in_band_status
-from router.core.types import Call, Decision
+from router.core.types import Call, Decision, ReasonCode
 from router.serve.attempt import Refusal
 from router.serve.reply import JSON, Reply
 
 log = logging.getLogger("router.proxy")
 
 
-async def refuse(reply: Reply, call: Call, decision: Decision) -> None:
+async def refuse(reply: Reply, call: Call, decision: Decision, boxes_path: Path) -> None:
     """Rule 1."""
-    what = f"box {call.pin}" if call.pin is not None else "no box"
     call_id = reply.record.call_id
+    pinned = decision.refused.get(call.pin) if call.pin is not None else None
+    if pinned is not None and pinned.code is ReasonCode.UNKNOWN_BOX:
+        fleet = ", ".join(box for box in decision.refused if box != call.pin) or "none"
+        await reply.error(
+            404, "unknown_box", f"no box named {clip(call.pin, ECHO_CHARS)!r} in the fleet (its boxes: {fleet})",
+            {"type": "unknown_box", "reasons": decision.reasons_text(), "request_id": call_id}, state="refused",
+        )
+        return
+    if pinned is not None:
+        message = f"box {call.pin} cannot serve model {call.model!r}: {pinned.text()}"
+    else:
+        message = f"no box can serve model {call.model!r}"
+    if not decision.refused:
+        message += f": the fleet is empty (no boxes in {boxes_path})"
     await reply.error(
         reply.facade.no_box_status,
         "no_box",
-        f"{what} can serve model {call.model!r}",
+        message,
         {"type": "no_box", "reasons": decision.reasons_text(), "request_id": call_id},
         state="refused",
     )

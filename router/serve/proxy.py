@@ -207,7 +207,7 @@ class ProxyCall:
         fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
         record.decision = decision = self.decide_now(fleet.facts())
         if decision.path is Path.REFUSED and not decision.waits_for:
-            await no_box.refuse(self.reply, self.record.call, decision)  # type: ignore[arg-type]
+            await no_box.refuse(self.reply, self.record.call, decision, fleet.path)  # type: ignore[arg-type]
             return
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])

@@ -48,6 +48,7 @@ from granian.log import LogLevels
 from granian.server.embed import Server
 
 from router._fastpath import Reservations
+from router.boxes import listeners as own_listeners
 from router.boxes.fleet import Fleet
 from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
@@ -301,7 +302,10 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
     tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     running = Running(config)
+    ports = [port for _, _, port, _ in listeners]
+    running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
     shared = await running.start(tracer)
+    own_listeners.write_record(config.boxes_path, config.host, ports)
     servers = [
         (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))
         for name, _, port, mount in listeners
@@ -346,6 +350,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     stop_wait.cancel()
     conn_cap_task.cancel()
     await running.stop()
+    own_listeners.remove_record(config.boxes_path)
     return 0
 
 
@@ -396,9 +401,10 @@ KEY_REFRESH_S = 1.0
 async def _reload(fleet: Fleet, keys: KeyStore) -> None:
     """SIGHUP: the boxes file and the keys, read again now (notify.py rule 2)."""
     notify("RELOADING=1")
-    await fleet.reload()
+    applied = await fleet.reload()
     await asyncio.get_running_loop().run_in_executor(None, keys.reload)
-    log.info("reloaded: boxes file %s (%d boxes) and keys", fleet.path, len(fleet.ordered()))
+    log.info("reloaded: boxes file %s (%d boxes%s) and keys", fleet.path, len(fleet.ordered()),
+             "" if applied else ", the file not applied")
     notify("READY=1")
 
 

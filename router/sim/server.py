@@ -709,6 +709,8 @@ class SimServer:
         # keep-alive idle timeout: None = connections may idle forever
         self.idle_close_s: float | None = None
         self.idle_close_timer = True
+        # an ssl.SSLContext (server side) to serve HTTPS with, set before start: an https box
+        self.tls = None
         # set by start()
         self.port = 0
         self.url = ""
@@ -724,9 +726,9 @@ class SimServer:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._server = await self._loop.create_server(
-            lambda: self.connection_class(self), host, port, backlog=LISTEN_BACKLOG)
+            lambda: self.connection_class(self), host, port, backlog=LISTEN_BACKLOG, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
+        self.url = f"{'https' if self.tls else 'http'}://{host}:{self.port}"
         return self.port
 
     def close_idle_after(self, seconds: float | None, *, timer: bool = True) -> None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import ssl
 
 import httptools
 
@@ -61,7 +63,30 @@ class UpstreamError(Exception):
 
 
 class ConnectFailed(UpstreamError):
+    """No connection: `cause` says why in an operator's words (`connect_cause`)."""
+
     refusal = RefusalCode.UNREACHABLE
+
+    def __init__(self, message: str, cause: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def connect_cause(exc: BaseException) -> str:
+    """Why a connection failed, as the state, the refusals and the log say it."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: certificate not trusted ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: handshake failed ({exc.reason or type(exc).__name__})"
+    if isinstance(exc, TimeoutError):
+        return f"connect timeout ({CONNECT_TIMEOUT_S:g} s)"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return "host name not found"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return type(exc).__name__
 
 
 class ConnectionLost(UpstreamError):
@@ -415,20 +440,26 @@ def _mark_close_delimited(exchange: Exchange) -> None:
 
 
 class Origin:
-    """Connections to one box (scheme http, host, port), with its idle keep-alive list."""
+    """Connections to one box (host, port; TLS for an https box), with its idle keep-alive list.
+    A TLS box's certificate is checked against the system's trusted CAs (`SSL_CERT_FILE` and
+    `SSL_CERT_DIR` name others) and its host name."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls: bool = False) -> None:
         self.host = host
         self.port = port
+        self.tls = _tls_context() if tls else None
         self.host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
         self.idle: list[Conn] = []
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> Conn:
+        tls = self.tls
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):  # no extra task, unlike wait_for
-                _, conn = await loop.create_connection(lambda: Conn(self), self.host, self.port)
+                _, conn = await loop.create_connection(
+                    lambda: Conn(self), self.host, self.port, ssl=tls, server_hostname=self.host if tls else None
+                )
         except (OSError, TimeoutError) as exc:
-            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc!r}", connect_cause(exc)) from None
         return conn
 
     def _take_idle(self, now: float) -> Conn | None:
@@ -463,6 +494,17 @@ class Origin:
         for conn in self.idle:
             conn.close()
         self.idle.clear()
+
+
+_tls: ssl.SSLContext | None = None
+
+
+def _tls_context() -> ssl.SSLContext:
+    """One client context for every TLS box (it loads the trusted CAs once)."""
+    global _tls
+    if _tls is None:
+        _tls = ssl.create_default_context()
+    return _tls
 
 
 _SAFE_TARGET = re.compile(r"[\x21-\x7e]+")

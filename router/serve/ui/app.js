@@ -82,6 +82,7 @@ function statusCell(box) {
   const word = box.online ? "online" : "offline";
   const cell = el("td", {}, tag(word, word));
   if (box.blocked) cell.append(" ", tag("blocked", "blocked"));
+  if (box.down) cell.append(" ", el("span", { class: "muted down" }, box.down));
   if (box.online && box.health_age_s !== null && box.health_age_s > 3) {
     cell.append(" ", el("span", { class: "muted" }, `no answer for ${Math.round(box.health_age_s)} s`));
   }
