@@ -1,6 +1,6 @@
 """The router's own Python per call, without Granian and without the machine's noise.
 
-    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream]
+    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream] [--keys]
 
 One process, one uvloop loop: the router's app (`RouterApp` over what `router serve` runs,
 router.serve.server.Running: fleet, scheduler, store, route-log writer, CallClock and the
@@ -14,6 +14,10 @@ the loop) is absent on both sides, so the difference is the router's own work, a
 the floor the wrk figures can approach. Thread CPU clocks count only this process's running
 time, so another tenant on the machine moves the figures far less than it moves wrk's.
 
+`--keys` measures tenancy instead (docs/tenancy.md; budget: 5 µs of router CPU a call): the
+same router, called with a key that has every limit set (high enough never to refuse) against
+a key with none, alternated over several rounds; the figure is the median difference.
+
 `--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
 key, chain hash, index look-up, steered decision, lesson) at 16 and at 100 boxes, over 64
 conversations' bodies at random turns (issue 25: ≤ 5 µs at 16 boxes, ≤ 20 µs at 100).
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,12 +55,14 @@ BODY = b'{"model":"tiny-llama","messages":[{"role":"user","content":"hi"}]}'
 STREAM_BODY = b'{"model":"tiny-llama","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 
 
-def scope(port: int) -> dict:
+def scope(port: int, key: str | None = None) -> dict:
+    headers = [(b"host", b"127.0.0.1:%d" % port), (b"content-type", b"application/json"),
+               (b"content-length", b"%d" % len(BODY))]
+    if key is not None:
+        headers.append((b"authorization", b"Bearer " + key.encode()))
     return {
         "type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", port),
-        "headers": [(b"host", b"127.0.0.1:%d" % port), (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(BODY))],
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", port), "headers": headers,
     }
 
 
@@ -78,9 +85,10 @@ async def one_call(app, call_scope: dict, body: bytes) -> int:
     return sent[0]["status"]
 
 
-async def drive(app, calls: int, concurrency: int, body: bytes, port: int) -> tuple[float, float, float]:
+async def drive(app, calls: int, concurrency: int, body: bytes, port: int,
+                key: str | None = None) -> tuple[float, float, float]:
     """(loop thread CPU µs per call, process CPU µs per call, wall s) over `calls` calls."""
-    call_scope = scope(port)
+    call_scope = scope(port, key)
     for _ in range(200):  # warm: pools, caches
         assert await one_call(app, call_scope, body) == 200
     left = calls
@@ -141,6 +149,8 @@ async def main(args: argparse.Namespace) -> dict:
         fleet = router.fleet
         body = STREAM_BODY if args.stream else BODY
         await routable(router, body)
+        if args.keys:
+            return await measure_keys(router, stop_router, args, body)
         box = next(b for b in fleet.ordered() if b.in_flight == 0 and b.last_picked_s)  # the one it picks
         floor = FloorApp(Origin(box.config.host, box.config.port))
         figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream}
@@ -162,11 +172,43 @@ async def main(args: argparse.Namespace) -> dict:
         sim.wait(10)
 
 
+KEY_ROUNDS = 5
+# Every limit set, none of them reached in the run (the cost measured is counting, not refusing).
+EVERY_LIMIT = {"rpm": 10**9, "tpm": 10**12, "max_parallel": 10**6, "budget_tokens": 10**12,
+               "budget_period": "month", "models": ["tiny-llama"]}
+
+
+async def measure_keys(router: RouterApp, stop_router, args: argparse.Namespace, body: bytes) -> dict:
+    """`--keys`: a key with every limit against a key with none, on the same router, alternated
+    KEY_ROUNDS times (this machine's other tenants move a single run by more than the cost)."""
+    keys = router.shared.keys
+    _, plain = keys.create("bench-none", "use")
+    _, limited = keys.create("bench-limits", "use", limits=EVERY_LIMIT)
+    figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream, "rounds": []}
+    added = []
+    for round_number in range(KEY_ROUNDS):
+        measured = {}
+        for name, key in (("key_none", plain), ("key_limits", limited)):
+            thread_us, process_us, wall_s = await drive(router, args.calls, args.concurrency, body, 0, key)
+            measured[name] = {"loop_us": round(thread_us, 1), "process_us": round(process_us, 1),
+                              "calls_per_s": round(args.calls / wall_s)}
+            print(f"round {round_number + 1} {name:11s} loop thread {thread_us:6.1f} µs/call, "
+                  f"process {process_us:6.1f} µs/call, {args.calls / wall_s:,.0f} calls/s", flush=True)
+        figures["rounds"].append(measured)
+        added.append(measured["key_limits"]["loop_us"] - measured["key_none"]["loop_us"])
+    figures["limits_added_loop_us"] = round(statistics.median(added), 1)
+    print(f"every limit set: {figures['limits_added_loop_us']:+.1f} µs of loop thread CPU a call, median of "
+          f"{KEY_ROUNDS} rounds ({', '.join(f'{a:+.1f}' for a in added)}; budget 5 µs)")
+    await stop_router()
+    return figures
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--stream", action="store_true", help="20-chunk streams instead of non-stream calls")
+    parser.add_argument("--keys", action="store_true", help="a key with every limit against a key with none")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--affinity-cost", action="store_true", help="affinity's own CPU per call, 16 and 100 boxes")
     args = parser.parse_args()

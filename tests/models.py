@@ -11,9 +11,11 @@ side by side and require equal answers.
    helper functions.
 4. `WaitQueueModel`: `router.core.admission.WaitQueue` (rules 2-6), a flat list with turn stamps.
 5. `RelayModel`: `router._fastpath.Relay` (rule 4), the stream kept whole as bytes.
-6. `prefix_chain_model`: `router._fastpath.prefix_chain` (rule 6), elements found by the stdlib
+6. `KeyLimitsModel`: `router.core.limits` (its rules 1-8), one key's requests and tokens as
+   lists of (when, amount) charges, each fading out linearly over a minute.
+7. `prefix_chain_model`: `router._fastpath.prefix_chain` (rule 6), elements found by the stdlib
    JSON decoder and hashed with Python ints.
-7. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
+8. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "GATE_ORDER",
     "WaitQueueModel",
     "RelayModel",
+    "KeyLimitsModel",
 ]
 
 
@@ -487,3 +490,68 @@ def reference_place(ranked: list, pull, keyed: bool, absolute: float, relative: 
     tied = [entry for entry in serving if entry[0][1:3] == serving[0][0][1:3]]
     chosen = tied[spin % len(tied)]
     return [chosen] + [e for e in ranked if e is not chosen]
+# --------------------------------------------------------------------------------------------
+# 6. Key limits
+# --------------------------------------------------------------------------------------------
+
+
+class KeyLimitsModel:
+    """One key's limits, kept as plainly as possible.
+
+    - rpm and tpm: what is drawn is the sum of the charges, each charge fading out linearly at
+      limit/60 a second (the whole sum drains at that rate and never below zero; a charge can be
+      negative: a settlement giving back part of a reservation).
+    - admit: models, then budget (used + reserved < budget), then rpm (drawn + 1 <= rpm), then
+      tpm (drawn < tpm); refused: nothing changes. Admitted: rpm +1, tpm +tokens, reserved +tokens.
+    - settle: tpm + (used - reserved) (never below zero), reserved - r, used + u in the period.
+    - a budget period is the UTC day, Monday-start week or month holding `now`; used restarts at 0
+      in a new one.
+    """
+
+    def __init__(self, limits) -> None:
+        self.limits = limits
+        self.req = 0.0
+        self.tok = 0.0
+        self.at = None
+        self.period = None
+        self.used = 0
+        self.reserved = 0
+
+    def _drain(self, now: float) -> None:
+        import datetime as dt
+
+        if self.at is not None and now > self.at:
+            if self.limits.rpm:
+                self.req = max(0.0, self.req - (now - self.at) * self.limits.rpm / 60)
+            if self.limits.tpm:
+                self.tok = max(0.0, self.tok - (now - self.at) * self.limits.tpm / 60)
+        if self.at is None or now > self.at:
+            self.at = now
+        if self.limits.budget_tokens is not None:
+            day = dt.datetime.fromtimestamp(now, dt.timezone.utc).date()
+            period = {"day": day, "week": day - dt.timedelta(days=day.weekday()),
+                      "month": day.replace(day=1)}[self.limits.budget_period]
+            if period != self.period:
+                self.period, self.used = period, 0
+
+    def admit(self, model: str, tokens: int, now: float) -> str | None:
+        lim = self.limits
+        if lim.models is not None and model not in lim.models:
+            return "model_not_allowed"
+        self._drain(now)
+        if lim.budget_tokens is not None and self.used + self.reserved >= lim.budget_tokens:
+            return "budget_exceeded"
+        if lim.rpm is not None and self.req + 1 > lim.rpm:
+            return "rate_limited"
+        if lim.tpm is not None and self.tok >= lim.tpm:
+            return "rate_limited"
+        self.req += 1
+        self.tok += tokens
+        self.reserved += tokens
+        return None
+
+    def settle(self, reserved: int, used: int, now: float) -> None:
+        self._drain(now)
+        self.tok = max(0.0, self.tok + used - reserved)
+        self.reserved -= reserved
+        self.used += used

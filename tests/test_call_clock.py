@@ -38,7 +38,8 @@ class StubClient:
 
 def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
     return types.SimpleNamespace(clock=clock, max_body_bytes=1 << 20, observe=observed.append,
-                                 reservations=None, scheduler=None, admission=None)
+                                 reservations=None, scheduler=None, admission=None,
+                                 tenancy=types.SimpleNamespace(ended=lambda record, charge: None))
 
 
 def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch):

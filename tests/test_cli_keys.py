@@ -60,7 +60,7 @@ def test_revoke_and_list_all(run):
     assert key_id not in run("list")[1]
     listed = run("list", "--all")[1]
     (line,) = [l for l in listed.splitlines() if l.startswith(key_id)]
-    assert not line.endswith("\t-")  # the revoked column is filled
+    assert line.split("\t")[6] != "-"  # the revoked column is filled
     code, _, err = run("revoke", "0123456789")
     assert code == 1 and "no key with id 0123456789" in err
 
@@ -74,3 +74,30 @@ def test_bad_input_exits_2_with_the_reason(run, argv):
 def test_scope_choices_come_from_the_parser(run):
     with pytest.raises(SystemExit):
         run("create", "--name", "x", "--scope", "root")
+
+
+def test_limits_are_set_at_creation_changed_and_shown(run, tmp_path):
+    _, out, _ = run("create", "--name", "team", "--rpm", "60", "--budget-tokens", "5000",
+                    "--budget-period", "week", "--models", "llama3.2, qwen")
+    key_id = parse_key(out.strip())[0]
+    listed = run("list")[1]
+    assert "rpm=60 budget_tokens=5000 budget_period=week models=llama3.2,qwen" in listed
+    assert run("limits", key_id, "--rpm", "0", "--tpm", "1000", "--models", "")[:2] == (
+        0, f"key {key_id} limits: tpm=1000 budget_tokens=5000 budget_period=week\n")
+    code, out, _ = run("usage", key_id)
+    assert code == 0 and f"{key_id}\tteam\tweek from " in out
+    assert run("limits", "0123456789", "--rpm", "5")[0] == 1
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--rpm", "-2"], "rpm must be a whole number"),
+    (["--budget-period", "year"], "budget_period must be one of day, week, month"),
+])
+def test_bad_limits_exit_2_with_one_line_and_change_nothing(run, argv, reason):
+    _, out, _ = run("create", "--name", "team", "--rpm", "5")
+    key_id = parse_key(out.strip())[0]
+    code, out, err = run("limits", key_id, *argv)
+    assert code == 2 and out == "" and reason in err and err.count("\n") == 1
+    assert "rpm=5\n" in run("list")[1] or "\trpm=5" in run("list")[1]
+    code, _, err = run("create", "--name", "other", *argv)
+    assert code == 2 and reason in err

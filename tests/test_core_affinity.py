@@ -31,7 +31,7 @@ from router.core.affinity import (
 )
 from router.core.decide import decide
 from router.core.types import BoxFacts, BoxKind, Call, Resident
-from router.facades.genai import answer_facts
+from router.facades.usage import reported, response_id
 
 from models import prefix_chain_model, reference_place
 
@@ -208,13 +208,16 @@ def test_a_resent_history_makes_the_same_chain_and_a_longer_one_extends_it():
 
 def test_cached_tokens_and_response_ids_are_read_the_engines_way():
     openai_body = orjson.dumps({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 7}}})
-    assert answer_facts(openai_body) == (7, None)
+    assert reported(openai_body).cached == 7
     llama = orjson.dumps({"usage": {"prompt_tokens": 9}, "timings": {"cache_n": 5, "prompt_n": 4}})
-    assert answer_facts(llama) == (5, None)
+    assert reported(llama).cached == 5
     completed = b'event: response.completed\ndata: ' + orjson.dumps({"type": "response.completed", "response": {
-        "id": "resp_1", "usage": {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 3}}}}) + b"\n\n"
-    assert answer_facts(completed) == (3, "resp_1")
-    assert answer_facts(orjson.dumps({"prompt_eval_count": 3, "done": True})) == (None, None)  # Ollama: none
+        "id": "resp_1", "output": [{"id": "msg_2"}],
+        "usage": {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 3}}}}) + b"\n\n"
+    assert (reported(completed).cached, response_id(completed)) == (3, "resp_1")
+    whole = orjson.dumps({"id": "resp_9", "output": [{"id": "msg_1", "content": [{"text": '"id": "resp_fake"'}]}]})
+    assert response_id(whole) == "resp_9"  # a quote inside a text is escaped: never an id
+    assert reported(orjson.dumps({"prompt_eval_count": 3, "done": True})).cached is None  # Ollama: none
 
 
 @settings(max_examples=200)

@@ -24,8 +24,8 @@ CHROMIUM_FLAGS = [
 ARTIFACTS = ROOT / "tests" / "artifacts"
 ADMIN_KEY = "dashboard-admin-key-7f3e"
 OUTSIDE = {"X-Forwarded-For": "203.0.113.7"}  # a caller behind a trusted proxy: not loopback
-# The page polls nothing: it must follow the stream. A call shows once the route-log writer
-# flushed it (50 ms) and the next tick (1 s) read it.
+# The page follows the stream (only its keys panel polls, every 5 s). A call shows once the
+# route-log writer flushed it (50 ms) and the next tick (1 s) read it.
 SEEN_WITHIN_MS = 5000
 
 
@@ -103,6 +103,25 @@ def test_the_page_shows_every_box_residents_and_a_new_call_live(start_fleet, bro
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    assert errors == []
+
+
+def test_the_keys_panel_shows_usage_against_limits(start_fleet, browser):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(a)
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", "/v1/keys", json.dumps({"name": "team-a", "limits": {"rpm": 60, "budget_tokens": 5000}}),
+                 {"Content-Type": "application/json"})
+    created = json.loads(conn.getresponse().read())
+    conn.close()
+    assert call(router.url, "tiny", {"Authorization": f"Bearer {created['key']}"})[0] == 200
+    page, errors = browser(router.url)
+    row = page.locator(f'#keys tr[data-key="{created["id"]}"]')
+    expect(row).to_contain_text("team-a", timeout=8000)
+    expect(row).to_contain_text("/ 60")  # rpm left / limit
+    expect(row).to_contain_text("14 / 5000")  # the call's 8 + 6 tokens of the budget
+    assert created["key"] not in page.content()
     assert errors == []
 
 

@@ -484,6 +484,7 @@ ROW_REQUESTS = {
     "model listing": ("GET", "/v1/models", None, 200),
     "engine management": ("POST", "/api/pull", {"model": "llama3", "stream": False}, 200),
     "admin and keys": ("GET", "/v1/keys", None, 200),
+    "limits and usage": ("GET", "/v1/keys/usage", None, 200),
     "box relay": ("GET", "/v1/boxes/a/v1/telemetry/state", None, 200),
     "metrics": ("GET", "/metrics", None, 200),
     "dashboard page": ("GET", "/ui", None, 200),
@@ -550,6 +551,8 @@ def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in
 @pytest.mark.parametrize("method, path, body", [
     ("POST", "/v1/keys/{key_id}/priority", {"priority": "high"}),
     ("POST", "/v1/keys/{key_id}/revoke", None),
+    ("PUT", "/v1/keys/{key_id}/limits", {"rpm": 5}),
+    ("GET", "/v1/keys/{key_id}/usage", None),
     ("PUT", "/v1/boxes/a", {"max_inflight": 1}),
     ("POST", "/v1/boxes", {"name": "x", "url": "http://127.0.0.1:1"}),
     ("GET", "/v1/router/events", None),

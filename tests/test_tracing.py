@@ -14,7 +14,6 @@ import ollama
 import openai
 import pytest
 
-from router.facades.genai import usage_of
 from router.serve import tracing
 from router.sim import Behavior, SimBox, SimOllama
 
@@ -137,16 +136,3 @@ def test_off_without_the_flag_or_an_endpoint():
     assert tracing.start(False, {}) is None
     assert not tracing.wanted(False, {"OTEL_EXPORTER_OTLP_ENDPOINT": ""})
     assert tracing.wanted(False, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318"})
-
-
-@pytest.mark.parametrize("tail, usage", [
-    (b'data: {"choices":[]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9}}\n\ndata: [DONE]\n\n', (3, 9)),
-    (b'{"message":{"content":"x"},"done":false}\n{"done":true,"prompt_eval_count":12,"eval_count":4}\n', (12, 4)),
-    (b'{\n  "usage": {"input_tokens": 5, "output_tokens": 7}\n}', (5, 7)),
-    (b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n', None),
-    (b'data: {"usage":{"prompt_tokens":3}}\n\ndata: {"choi', None),  # the last frame is cut
-    (b'{"usage": {"prompt_tokens": true, "completion_tokens": -1}}', None),
-    (b"", None),
-])
-def test_usage_is_read_from_the_last_frame_only(tail, usage):
-    assert usage_of(tail) == usage

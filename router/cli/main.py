@@ -208,6 +208,11 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="admin event streams (/v1/router/events, /v1/router/schedule) open at "
                         f"once; more get 429 (1-{MAX_EVENT_STREAMS}, default {DEFAULT_MAX_EVENT_STREAMS})")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
+    parser.add_argument("--default-rpm", type=_count, default=0,
+                        help="requests a minute for each caller without a key, per resolved address "
+                        "(default 0: no limit; docs/tenancy.md)")
+    parser.add_argument("--default-tpm", type=_count, default=0,
+                        help="tokens a minute for each caller without a key, per resolved address (default 0: no limit)")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
     parser.add_argument(

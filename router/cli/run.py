@@ -44,6 +44,8 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         stream_keepalive_s=args.stream_keepalive,
         max_event_streams=args.max_event_streams,
         log_retention_days=args.log_retention_days,
+        default_rpm=args.default_rpm or None,
+        default_tpm=args.default_tpm or None,
         idle_timeout_s=args.idle_timeout,
         max_conns_per_client=args.max_conns_per_client,
         ssl_certfile=args.ssl_certfile,

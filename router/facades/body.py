@@ -43,6 +43,7 @@ class Inspected(NamedTuple):
     call: Call
     stream: bool  # the body asks for a stream (`"stream": true`)
     priority: Priority | None  # the class it asks for (None: its key's)
+    max_tokens: int | None  # the answer's bound it states (tenancy's reservation; None: none)
     prompt: tuple[int, int] | None = None  # the prompt's byte span (rule 6)
     key_fields: tuple = (None, None, None)  # affinity.BODY_KEY_FIELDS' values (rule 6)
 
@@ -50,6 +51,21 @@ class Inspected(NamedTuple):
 # Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
 PROMPT_FIELDS = ("messages", "input", "prompt")
 _AFFINITY_FIELDS = PROMPT_FIELDS + BODY_KEY_FIELDS
+# Where a call bounds its answer: OpenAI's chat (`max_completion_tokens`, the older
+# `max_tokens`), the Responses API (`max_output_tokens`), Ollama's `options.num_predict`.
+ANSWER_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def answer_bound(doc: dict) -> int | None:
+    """The answer's stated bound in tokens, or None (a bad value is the box's to refuse)."""
+    for name in ANSWER_BOUND_FIELDS:
+        value = doc.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    options = doc.get("options")
+    value = options.get("num_predict") if isinstance(options, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
@@ -217,7 +233,8 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + facade.settings_fields, found)
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields,
+                          found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -226,5 +243,5 @@ def read_call(
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), found.get("prompt"),
-                     tuple(found.get(name) for name in BODY_KEY_FIELDS))
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), answer_bound(doc),
+                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS))

@@ -74,8 +74,8 @@ def unknown_route(method: str, path: str) -> tuple[int, bytes]:
 ROUTES = (
     Route("GET", "/api/v0/models", answer=v0_models_answer),
     Route("GET", "/api/v0/models/", answer=v0_model_answer, prefix=True),
-    Route("POST", "/api/v0/chat/completions", Body.JSON),
-    Route("POST", "/api/v0/completions", Body.JSON),
+    Route("POST", "/api/v0/chat/completions", Body.JSON, asks_usage=True),
+    Route("POST", "/api/v0/completions", Body.JSON, asks_usage=True),
     Route("POST", "/api/v0/embeddings", Body.JSON),
     Route("GET", "/api/v1/models", answer=v1_models_answer),
     Route("POST", "/api/v1/chat", Body.JSON),

@@ -28,6 +28,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "upstream_error",
@@ -105,8 +106,8 @@ def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
 
 
 ROUTES = (
-    Route("POST", "/v1/chat/completions", Body.JSON),
-    Route("POST", "/v1/completions", Body.JSON),
+    Route("POST", "/v1/chat/completions", Body.JSON, asks_usage=True),
+    Route("POST", "/v1/completions", Body.JSON, asks_usage=True),
     Route("POST", "/v1/embeddings", Body.JSON),
     Route("POST", "/v1/responses", Body.JSON),
     Route("POST", "/v1/messages", Body.JSON),

@@ -35,6 +35,8 @@ class Route:
     answer: FleetAnswer | None = None
     prefix: bool = False  # the path is a prefix (`/api/v0/models/` + a model id)
     scope: str = "use"  # access scope: "public", "use" or "admin"
+    # an OpenAI-shaped stream whose usage the box gives only when asked (facades/usage.py rule 2)
+    asks_usage: bool = False
 
 
 def _no_settings(doc: dict) -> str | None:

@@ -87,6 +87,11 @@ class AccessGate:
             return access.ALLOW
         addr, via_proxy = self.caller(edge)
         edge.caller = addr
+        token = access.bearer_token(edge.header("authorization"))
+        held = self.keys.holder(token, time.time(), self.admin_key) if token else None
+        key_scope = None
+        if held is not None:  # whose limits the call counts against (serve/tenancy.py)
+            edge.key_id, key_scope = held
         host = edge.header("host")
         origin = edge.header("origin")  # None from SDKs and curl, and a browser's same-origin GET
         origin_ok = origin is None or access.origin_allowed(origin, host, self.origins)
@@ -95,9 +100,7 @@ class AccessGate:
             host_served = self.host_served(host)
             keyless = self.mode == "never" or (self.mode == "outside" and self.inside(addr))
             if keyless and origin_ok and host_served:
-                return access.ALLOW  # inside callers' keys are not looked at (hugpy's rule)
-        token = access.bearer_token(edge.header("authorization"))
-        key_scope = self.keys.scope_of(token, time.time(), self.admin_key) if token else None
+                return access.ALLOW  # an inside caller's bad key is not refused (hugpy's rule)
         verdict = access.decide_access(
             scope, self.mode, addr, key_scope, token is not None, self.inside_nets,
             via_proxy=via_proxy,

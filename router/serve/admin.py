@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 from urllib.parse import quote
 
@@ -162,16 +163,19 @@ async def keys(app: RouterApp, edge: Edge) -> None:
     if doc is None:
         return
     name, scope, expires_days = doc.get("name", ""), doc.get("scope", "use"), doc.get("expires_days")
-    priority_class = doc.get("priority", "normal")
+    priority_class, limits = doc.get("priority", "normal"), doc.get("limits")
     if not isinstance(name, str) or not isinstance(scope, str) or not isinstance(priority_class, str):
         await _error(app, edge, 400, "invalid_request", "name, scope and priority must be strings")
+        return
+    if limits is not None and not isinstance(limits, dict):
+        await _error(app, edge, 400, "invalid_limits", "limits must be a JSON object (docs/tenancy.md)")
         return
     if expires_days is not None and (isinstance(expires_days, bool) or not isinstance(expires_days, (int, float))):
         await _error(app, edge, 400, "invalid_expiry", "expires_days must be a number")
         return
     try:
         key_id, key = await loop.run_in_executor(
-            None, store.create, name, scope, expires_days, "api", priority_class
+            None, store.create, name, scope, expires_days, "api", priority_class, limits
         )
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
@@ -200,6 +204,40 @@ async def priority(app: RouterApp, edge: Edge) -> None:
         await _error(app, edge, 404, "not_found", f"no key {key_id}")
         return
     await _json(edge, 200, {"id": key_id, "priority": wanted})
+
+
+async def limits(app: RouterApp, edge: Edge) -> None:
+    """PUT /v1/keys/<id>/limits {"rpm": N, ..., "models": [...]}: changes the key's limits (a field
+    absent kept, null removed), live from the next call (docs/tenancy.md)."""
+    key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/limits")
+    doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
+    if doc is None:
+        return
+    try:
+        changed = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.set_limits, key_id, doc)
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
+        return
+    if changed is None:
+        await _error(app, edge, 404, "not_found", f"no key {key_id}")
+        return
+    await _json(edge, 200, {"id": key_id, "limits": changed.doc()})
+
+
+async def usage(app: RouterApp, edge: Edge) -> None:
+    """GET /v1/keys/<id>/usage (one key) and GET /v1/keys/usage (every live key): usage in the
+    current and previous period, what is left of each limit, when it resets."""
+    key_id = edge.path.removeprefix("/v1/keys/").removesuffix("usage").rstrip("/")
+    tenancy = app.shared.tenancy
+    docs = await asyncio.get_running_loop().run_in_executor(
+        None, app.shared.keys.usage_report, [key_id] if key_id else None, time.time())
+    docs = [tenancy.with_left(doc) for doc in docs]
+    if not key_id:
+        await _json(edge, 200, {"keys": docs})
+    elif docs:
+        await _json(edge, 200, docs[0])
+    else:
+        await _error(app, edge, 404, "not_found", f"no key {key_id}")
 
 
 async def revoke(app: RouterApp, edge: Edge) -> None:
@@ -402,6 +440,10 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
         return revoke, "admin"
     if method == "POST" and path.startswith("/v1/keys/") and path.endswith("/priority"):
         return priority, "admin"
+    if method == "PUT" and path.startswith("/v1/keys/") and path.endswith("/limits"):
+        return limits, "admin"
+    if method == "GET" and path.startswith("/v1/keys/") and path.endswith("usage"):
+        return usage, "admin"
     if path.startswith("/v1/boxes/"):
         action = path.removeprefix("/v1/boxes/").partition("/")[2]
         return BOX_ROUTES.get((method, action), relay), "admin"

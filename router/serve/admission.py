@@ -11,6 +11,10 @@ its events and carries out its hand-outs:
 3. A waiter leaves without a box when its client goes (`leave`) or its wait passes the timeout
    (the CallClock's sweep: 503 queue_timeout); it is never handed out after that.
 4. Retry-After is the queue's length over the recent drain rate, within [1 s, the timeout].
+5. A call whose key is at its `max_parallel` waits too, full for its caller (serve/tenancy.py
+   rule 3), for any box its decision ranked: it is handed out only while its key has room, and
+   the hand-out takes its key's slot with its box's. A slot its key frees is offered at once
+   (`offer`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from router.core.lifecycle import Event, Lifecycle
 from router.core.types import BoxFacts, Call, Decision
 from router.serve.load import Load
 from router.serve.reply import Reply
+from router.serve.tenancy import Charge
 
 # The drain rate is measured over the last hand-outs, at most this many seconds back and at
 # most this many of them.
@@ -43,6 +48,8 @@ class Waiting(Protocol):
     queued_s: float
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision: ...
+
+    def has_room(self) -> bool: ...
 
     def admit(self, decision: Decision) -> None: ...
 
@@ -78,7 +85,10 @@ class Admission:
         offered: list[Decision] = []
 
         def fits(waiter: Waiter) -> bool:
-            """The usual decision, over the facts as they are now, ranks a box for it."""
+            """Its caller has room (rule 5) and the usual decision, over the facts as they are
+            now, ranks a box for it."""
+            if not waiter.ticket.has_room():
+                return False
             decision = waiter.ticket.decide_now(self.fleet.facts())
             if decision.boxes:
                 offered.append(decision)
@@ -96,6 +106,10 @@ class Admission:
         """The CallClock's tick: end the back-offs that are over, then offer every box."""
         for box in self.fleet.ordered():
             box.expire_cooling(now_s)
+        self.offer()
+
+    def offer(self) -> None:
+        """Every box offered to the waiters (a back-off ended, a caller's slot freed: rule 5)."""
         if self.queue:
             for box in self.fleet.ordered():
                 self.freed(box)
@@ -143,16 +157,17 @@ class Admission:
 class Seat:
     """One call's place in the queue, from join to hand-out or leaving (rules 1-3)."""
 
-    __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "waiter", "turn", "queued_s")
+    __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "charge", "waiter", "turn", "queued_s")
 
     def __init__(self, admission: Admission, reply: Reply, life: Lifecycle, load: Load,
-                 decide_now: Callable[[list[BoxFacts]], Decision]) -> None:
+                 decide_now: Callable[[list[BoxFacts]], Decision], charge: Charge | None = None) -> None:
         self.admission = admission
         self.fleet = admission.fleet
         self.reply = reply
         self.life = life
         self.load = load
         self.decide_now = decide_now  # the call's own decision, never broadened (failover)
+        self.charge = charge  # its key's account: max_parallel (rule 5)
         self.waiter: Waiter | None = None
         self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
         self.queued_s = 0.0  # loop time when it joined
@@ -169,7 +184,7 @@ class Seat:
         """Takes a place waiting for a slot on one of `decision.waits_for`; False when the queue
         is full (answered 429)."""
         admission = self.admission
-        self.waiter = admission.join(self, caller, priority, decision.waits_for)
+        self.waiter = admission.join(self, caller, priority, decision.waits_for or frozenset(decision.boxes))
         if self.waiter is None:
             await self.reply.error(
                 429, "queue_full", "every box for this model is full and the queue is full",
@@ -202,12 +217,17 @@ class Seat:
             )
         return turn
 
+    def has_room(self) -> bool:
+        return self.charge is None or self.charge.has_room()
+
     def admit(self, decision: Decision) -> None:
-        """The queue hands the call a slot: it counts on its box now, before anything else runs
-        (rule 2), then the call wakes."""
+        """The queue hands the call a slot: it counts on its box (and its key, rule 5) now,
+        before anything else runs (rule 2), then the call wakes."""
         self.reply.record.decision = decision
         self.life.fire(Event.DECIDED)
         self.load.count_on(self.fleet.get(decision.boxes[0]))
+        if self.charge is not None:
+            self.charge.take_slot()
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
     def leave(self, event: Event, outcome: str) -> bool:

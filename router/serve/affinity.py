@@ -44,7 +44,7 @@ from router.core.affinity import (
     response_key,
 )
 from router.core.names import call_key
-from router.facades.genai import answer_facts
+from router.facades.usage import response_id
 
 if TYPE_CHECKING:
     from router.boxes.fleet import Fleet
@@ -122,14 +122,13 @@ class Affinity:
         named = call_key(box.config.kind, call.model, call.settings)
         label = (box.name, named[0] if named is not None else call.model)
         self.outcomes[label + (record.affinity.partition(":")[0],)] += 1
-        if not record.tail:
-            return
-        cached, response_id = answer_facts(b"".join(record.tail))
-        record.cached_tokens = cached
-        if cached:
-            self.cached_tokens[label] += cached
-        if response_id is not None and record.route.path == RESPONSES_PATH:
-            self.index.bind(response_key(scope_of(record.edge), call.model, response_id), box.name)
+        tokens = record.tokens  # the box's own counts (facades.usage), counted before this
+        if tokens is not None and tokens.cached:
+            self.cached_tokens[label] += tokens.cached
+        if record.tail and record.route.path == RESPONSES_PATH:
+            answered = response_id(b"".join(record.tail))
+            if answered is not None:
+                self.index.bind(response_key(scope_of(record.edge), call.model, answered), box.name)
 
     # -- the operator's view ------------------------------------------------------------------
     def view(self) -> dict:

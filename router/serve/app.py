@@ -30,6 +30,7 @@ from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
 from router.serve.record import CallRecord
+from router.serve.tenancy import KeyCollector, Tenancy
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -48,7 +49,8 @@ class Shared:
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
                  queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
-                 max_event_streams: int = 32, affinity: Affinity | None = None) -> None:
+                 max_event_streams: int = 32, default_rpm: int | None = None,
+                 default_tpm: int | None = None, affinity: Affinity | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -58,12 +60,15 @@ class Shared:
         self.access = AccessGate(keys)
         self.metrics = Metrics()
         self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.tenancy = Tenancy(keys, default_rpm=default_rpm, default_tpm=default_tpm)
+        self.tenancy.admission = self.admission
         self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.affinity = affinity if affinity is not None else Affinity()
         self.affinity.fleet = fleet
         self.scraped.register(self.affinity)
+        self.scraped.register(KeyCollector(self.tenancy))
         self.clock = CallClock(self.admission.sweep)
         self.max_body_bytes = max_body_bytes
         self.first_byte_timeout_s = first_byte_timeout_s
@@ -88,6 +93,7 @@ class RouterApp:
         self.reservations = shared.reservations
         self.clock = shared.clock
         self.admission = shared.admission
+        self.tenancy = shared.tenancy
         self.access = shared.access
         self.scheduler = shared.scheduler
         self.affinity = shared.affinity

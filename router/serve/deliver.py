@@ -15,6 +15,8 @@ Rules:
 5. A box that answers a kept-alive stream (its head went out: reply.py rule 1) with a whole
    answer rather than a stream has it read whole, up to INLINE_BODY_LIMIT, and put in the stream
    (reply.py rule 4); a larger one is `answer_not_a_stream`, never relayed raw into the stream.
+6. A stream whose usage the router asked for (facades/usage.py) reaches the client without that
+   usage chunk, otherwise byte for byte; the chunk goes to the call's record.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 from router._fastpath import NDJSON, SSE, Relay
 from router.boxes.state import BoxState
 from router.core.lifecycle import Event, Lifecycle
+from router.facades.usage import UsageStrip
 from router.serve.attempt import INLINE_BODY_LIMIT, Attempt, Judged
 from router.serve.edge import ClientLeft
 from router.serve.reply import NOT_A_STREAM, NOT_A_STREAM_FRAME, Reply
@@ -61,7 +64,7 @@ class Delivery:
         """The stream's end (`data: [DONE]`) reached the client: a hang-up now cancels nothing."""
         return self.relay is not None and self.relay.delivered
 
-    async def send(self, box: BoxState, judged: Judged, attempt: Attempt) -> None:
+    async def send(self, box: BoxState, judged: Judged, attempt: Attempt, asked_usage: bool = False) -> None:
         """Rules 1 and 2."""
         self.life.fire(Event.COMMITTED)
         reply, record = self.reply, self.reply.record
@@ -79,7 +82,7 @@ class Delivery:
             await reply.respond(judged.status, headers, judged.body)
             return
         await reply.start(judged.status, headers)
-        await self.relay_answer(judged, attempt)
+        await self.relay_answer(judged, attempt, asked_usage)
 
     async def whole_into_stream(self, judged: Judged, attempt: Attempt) -> None:
         """Rule 5."""
@@ -98,11 +101,17 @@ class Delivery:
         self.reply.record.tail = (body,)
         await self.reply.respond(judged.status, [], body)
 
-    async def relay_answer(self, judged: Judged, attempt: Attempt) -> None:
+    async def relay_answer(self, judged: Judged, attempt: Attempt, asked_usage: bool) -> None:
         relay = self.relay = Relay(judged.scanner)
         exchange, edge, record = judged.exchange, self.reply.edge, self.reply.record
+        write, strip = edge.write, None
+        if asked_usage and judged.scanner is not None and judged.scanner.framing == SSE:  # rule 6
+            strip = UsageStrip(write)
+            write = strip.write
         try:
-            await relay.run(judged.first, edge.write, exchange.next_chunks)
+            await relay.run(judged.first, write, exchange.next_chunks)
+            if strip is not None:
+                await strip.flush()
             if exchange.close_delimited and not relay.complete():  # rule 4
                 raise ConnectionLost("stream closed before its end")
             record.tail = (relay.last, relay.data)  # a whole answer's end: a trace's token usage
@@ -114,6 +123,9 @@ class Delivery:
                 await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
         finally:
             record.bytes_out += relay.bytes_out
+            if strip is not None:
+                record.bytes_out -= strip.dropped_bytes
+                record.usage_frame = strip.usage
 
     async def failed_mid_answer(self, judged: Judged, attempt: Attempt, silent: bool) -> None:
         """Rule 3."""

@@ -81,6 +81,7 @@ class Edge(Protocol):
     query: str
     client: str  # the TCP peer's address (invariant 6)
     caller: str | None  # who the access gate found calling
+    key_id: str | None  # the valid key it presented, by id (`admin`: HUGPY_ROUTER_KEY); tenancy
 
     def header(self, name: str) -> str | None: ...
 
@@ -102,7 +103,7 @@ class Edge(Protocol):
 
 
 class AsgiEdge:
-    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "caller", "_headers")
+    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "caller", "key_id", "_headers")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -114,6 +115,7 @@ class AsgiEdge:
         client = scope.get("client")
         self.client: str = client[0] if client else ""
         self.caller: str | None = None
+        self.key_id: str | None = None  # the valid key it presented (the access gate's)
         self._headers: dict[str, str] | None = None
 
     def header(self, name: str) -> str | None:
@@ -191,7 +193,7 @@ def _str_headers(
 
 
 class RsgiEdge:
-    __slots__ = ("scope", "proto", "method", "path", "query", "client", "caller", "stream")
+    __slots__ = ("scope", "proto", "method", "path", "query", "client", "caller", "key_id", "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -201,6 +203,7 @@ class RsgiEdge:
         self.query: str = scope.query_string
         self.client: str = peer_address(scope.client) if scope.client else ""
         self.caller: str | None = None
+        self.key_id: str | None = None  # the valid key it presented (the access gate's)
         self.stream = None
 
     def header(self, name: str) -> str | None:

@@ -43,12 +43,14 @@ from typing import TYPE_CHECKING
 from router.boxes.state import BoxState
 from router.core.admission import Priority
 from router.core.affinity import Key, Steer
+from router.core.limits import Refused
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
-from router.core.types import BoxFacts, Decision, Path
+from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
+from router.facades.usage import ask_usage
 from router.serve import hops, no_box
 from router.serve.admission import Seat
 from router.serve.attempt import Attempt, Refusal
@@ -57,6 +59,7 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
+from router.serve.tenancy import STATUS, Charge
 
 if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
     from router.serve.app import RouterApp
@@ -95,6 +98,7 @@ class ProxyCall:
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
         "affinity_key", "steer",
+        "charge", "usage_body",
     )
 
     def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
@@ -119,6 +123,8 @@ class ProxyCall:
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
         self.affinity_key: Key | None = None  # its affinity key (serve/affinity.py), when on
         self.steer: Steer | None = None  # where that key points, for every decision of the call
+        self.charge: Charge | None = None  # its account with its key's limits (serve/tenancy.py)
+        self.usage_body: bytes | None = None  # the body asking the box for a stream's usage
 
     @property
     def gone(self) -> bool:
@@ -146,6 +152,7 @@ class ProxyCall:
             # the loop ~40 µs a call when every call was left to it; bench/callpath_cpu.py).
             self.reply.on_left = None  # type: ignore[assignment]
             self.load.release()
+            self.app.tenancy.ended(self.record, self.charge)
             try:
                 if self.life.phase is not Phase.ENDED:
                     self.life.fire(Event.DONE)
@@ -183,12 +190,27 @@ class ProxyCall:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
         record.call, stream, self.asked_priority = inspected.call, inspected.stream, inspected.priority
+        max_tokens = inspected.max_tokens
         affinity = self.app.affinity
         if affinity.on and record.call.pin is None:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
             self.steer = affinity.steer(self.affinity_key)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
+        if stream and self.route.asks_usage:
+            self.usage_body = ask_usage(self.body)
+        return await self.admitted(max_tokens)
+
+    async def admitted(self, max_tokens: int | None) -> bool:
+        """The call against its key's limits (serve/tenancy.py rule 1); False when refused."""
+        charge = self.app.tenancy.admit(self.edge, self.record.call, self.record.text_bytes, max_tokens)  # type: ignore[arg-type]
+        if isinstance(charge, Refused):
+            await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, state="refused",
+                                   retry_after_s=charge.retry_after_s or None)
+            return False
+        if charge is not None:
+            self.charge = charge
+            self.record.limit_headers = charge.headers
         return True
 
     async def inspect(self) -> Inspected:
@@ -228,6 +250,11 @@ class ProxyCall:
             box = fleet.get(choice)
             if box is None:  # removed from the boxes file since the decision
                 self.tried.append(choice)
+            elif self.charge is not None and not self.charge.take_slot():  # full for its caller
+                decision = await self.wait_turn(decision)
+                if decision is None or self.gone:
+                    return
+                continue
             elif (refusal := await self.try_box(box)) is None:
                 return
             else:
@@ -258,14 +285,16 @@ class ProxyCall:
                                          app.stream_idle_timeout_s)
         refusal = None
         try:
-            verdict = await attempt.send(self.edge, self.body)
+            # A hugpy box reports a stream's usage on its own (its final frame): it is not asked.
+            body = self.usage_body if self.usage_body is not None and box.config.kind is not BoxKind.HUGPY else self.body
+            verdict = await attempt.send(self.edge, body)
             if isinstance(verdict, Refusal):
                 refusal = verdict
                 self.refused_by(box, refusal)
             elif verdict is not None:
                 if self.app.affinity.on and verdict.failure is None:
                     self.app.affinity.took(self.affinity_key, self.steer, box, record)
-                await self.delivery.send(box, verdict, attempt)
+                await self.delivery.send(box, verdict, attempt, asked_usage=body is not self.body)
         finally:
             attempt.done()
             self.attempt = None
@@ -283,7 +312,7 @@ class ProxyCall:
     async def wait_turn(self, decision: Decision) -> Decision | None:
         """Every owner left is full or cooling: wait for a slot (None: answered instead)."""
         caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
-        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now)
+        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now, self.charge)
         try:
             if not await seat.join(decision, caller, priority):
                 return None

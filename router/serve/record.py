@@ -13,9 +13,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from router.core.limits import Tokens, tokens_of
 from router.core.refusal import RefusalCode
 from router.core.types import Call, Decision
 from router.facades.table import Facade, Route
+from router.facades.usage import TEXT_ANSWER_ROUTES, reported
 from router.serve.edge import Edge
 from router.store.route_log import Row
 
@@ -50,8 +52,10 @@ class CallRecord:
         "t_first_byte",
         "tail",
         "waited_ms",
+        "usage_frame",
+        "tokens",
+        "limit_headers",
         "affinity",
-        "cached_tokens",
     )
 
     def __init__(self, call_id: str, facade: Facade, route: Route, edge: Edge) -> None:
@@ -75,10 +79,12 @@ class CallRecord:
         self.t_body = 0.0  # its body was in: router time starts here
         self.t_sent = 0.0  # the first box was contacted
         self.t_first_byte = 0.0
-        self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for a trace's token usage
+        self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for its token usage
         self.waited_ms: float | None = None
+        self.usage_frame = b""  # the usage chunk the router asked for and kept from the client
+        self.tokens: Tokens | None = None  # once counted (`count_tokens`); None: no box served it
+        self.limit_headers: tuple[tuple[bytes, bytes], ...] = ()  # its key's x-ratelimit-* (tenancy)
         self.affinity: str | None = None  # how its affinity key placed it (serve/affinity.py)
-        self.cached_tokens: int | None = None  # prompt tokens the engine served from its cache
 
     def answered(self, status: int, state: str, failure: str | None = None) -> None:
         """The answer's head is going out now."""
@@ -98,9 +104,30 @@ class CallRecord:
             entry = {"box": box, "status": status, "refusal": refusal, "ms": ms, "error": refusal, "at": time.time()}
         self.attempts.append(entry)
 
+    @property
+    def served(self) -> bool:
+        """A box answered the call with a success (its tokens count)."""
+        return self.box is not None and 200 <= self.status < 300 and self.first_byte_at is not None
+
+    @property
+    def text_bytes(self) -> int:
+        """The request body's size as text a prompt is made of: a multipart upload (audio, an
+        image) is no prompt to estimate tokens from."""
+        content_type = self.edge.header("content-type")
+        return 0 if content_type is not None and content_type.startswith("multipart/") else self.bytes_in
+
+    def count_tokens(self) -> Tokens | None:
+        """The call's tokens, once it ended: what its box reported at the answer's end, else
+        estimated from sizes (router.core.limits.tokens_of); None when no box served it."""
+        if self.served:
+            report = reported(self.usage_frame or b"".join(self.tail)) if self.tail or self.usage_frame else None
+            answer_bytes = self.bytes_out if self.route.path in TEXT_ANSWER_ROUTES else 0
+            self.tokens = tokens_of(report, self.text_bytes, answer_bytes, self.stream)
+        return self.tokens
+
     def row(self) -> Row:
         """This call's route_log row."""
-        call, decision = self.call, self.decision
+        call, decision, tokens = self.call, self.decision, self.tokens
         return Row(
             request_id=self.call_id,
             state=self.state if self.state != "pending" else "failed",
@@ -123,5 +150,10 @@ class CallRecord:
             responded_at=time.time(),
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            key_id=self.edge.key_id,
+            prompt_tokens=tokens.prompt if tokens else None,
+            completion_tokens=tokens.completion if tokens else None,
+            cached_tokens=tokens.cached if tokens else None,
+            tokens_estimated=int(tokens.estimated) if tokens else None,
             affinity=self.affinity,
         )

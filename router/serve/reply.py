@@ -143,6 +143,7 @@ class Reply:
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
+        kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/tenancy.py)
         if self.record.affinity is not None:
             kept.append((AFFINITY_HEADER, self.record.affinity.encode()))
         return kept

@@ -60,6 +60,7 @@ from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
+from router.serve.tenancy import Tenancy
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -98,6 +99,8 @@ class ServeConfig:
     stream_keepalive_s: float = 15.0  # 0: never
     max_event_streams: int = 32  # admin event streams open at once
     log_retention_days: float = 30.0  # 0 = keep every route_log row
+    default_rpm: int | None = None  # callers without a key, per resolved address (docs/tenancy.md)
+    default_tpm: int | None = None
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
     idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
     max_conns_per_client: int = 512  # 0 = no cap
@@ -264,13 +267,16 @@ class Running:
             queue_timeout_s=config.queue_timeout_s,
             stream_keepalive_s=config.stream_keepalive_s,
             max_event_streams=config.max_event_streams,
+            default_rpm=config.default_rpm,
+            default_tpm=config.default_tpm,
             affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes),
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
+        shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
-            loop.create_task(_key_upkeep(self.keys), name="keys"),
+            loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
             loop.create_task(watch_loop(shared.metrics), name="loop-watch"),
             loop.create_task(sample_calls(shared.metrics), name="call-series"),
         ]
@@ -408,13 +414,15 @@ async def _reload(fleet: Fleet, keys: KeyStore) -> None:
     notify("READY=1")
 
 
-async def _key_upkeep(keys: KeyStore) -> None:
-    """Off the loop: reload keys changed by `router keys` or the API; note last use lazily."""
+async def _key_upkeep(keys: KeyStore, tenancy: Tenancy) -> None:
+    """Off the loop: reload keys changed by `router keys` or the API; note last use lazily; count
+    a budget set or changed since from the store (serve/tenancy.py rule 5)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(KEY_REFRESH_S)
         await loop.run_in_executor(None, keys.refresh_if_changed)
         await loop.run_in_executor(None, keys.flush_last_used, time.time())
+        tenancy.seed(await loop.run_in_executor(None, tenancy.seeds))
 
 
 async def wait_listening(host: str, port: int, serving: asyncio.Task) -> None:

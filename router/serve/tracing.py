@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import router
 from router.core.errors import ConfigError
-from router.facades.genai import OPERATIONS, usage_of
+from router.facades.genai import OPERATIONS
 
 if TYPE_CHECKING:
     from router.serve.record import CallRecord
@@ -157,13 +157,10 @@ class CallTracer:
             attributes["server.port"] = box.config.port
         if call.stream and call.t_first_byte:
             attributes["gen_ai.response.time_to_first_chunk"] = call.t_first_byte - call.t_received
-        if call.tail and row.state == "done":
-            usage = usage_of(b"".join(call.tail))
-            if usage is not None:
-                if usage[0] is not None:
-                    attributes["gen_ai.usage.input_tokens"] = usage[0]
-                if usage[1] is not None:
-                    attributes["gen_ai.usage.output_tokens"] = usage[1]
+        tokens = call.tokens
+        if tokens is not None and not tokens.estimated and row.state == "done":  # as the box reported
+            attributes["gen_ai.usage.input_tokens"] = tokens.prompt
+            attributes["gen_ai.usage.output_tokens"] = tokens.completion
         return attributes
 
     def flush(self) -> None:

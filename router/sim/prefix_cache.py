@@ -5,7 +5,9 @@ that computed it (llama.cpp's slots, vLLM's prefix caching, Ollama's runner).
 Rules:
 1. Per box and model, the box remembers the last PROMPTS_PER_MODEL prompts it processed (LRU),
    each as its elements' hashes with their token counts. A prompt's cached tokens are those of
-   its longest run of leading elements equal to one remembered prompt's.
+   its longest run of leading elements equal to one remembered prompt's, short of its last
+   element: an engine always evaluates at least the prompt's end (llama.cpp re-evaluates its
+   last token), which the sim rounds up to the last element, so a repeated call costs as before.
 2. Tokens: an element counts one token per TOKEN_BYTES bytes of its text (at least one). Only
    this box's own rule: the router never counts tokens this way.
 3. Prefill costs `prefill_s_per_token` per uncached token, waited before the first token.
@@ -46,6 +48,11 @@ def elements_of(body: dict[str, Any]) -> list[str]:
     return []
 
 
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt tokens this sim counts for `body` (rule 2): what every kind reports it took."""
+    return sum(max(1, len(text.encode()) // TOKEN_BYTES) for text in elements_of(body))
+
+
 class PrefixCache:
     def __init__(self, prefill_s_per_token: float = 0.0, prompts_per_model: int = PROMPTS_PER_MODEL) -> None:
         self.prefill_s_per_token = prefill_s_per_token
@@ -74,6 +81,7 @@ class PrefixCache:
         remembered.move_to_end(hashes)
         while len(remembered) > self.prompts_per_model:
             remembered.popitem(last=False)
+        best = min(best, len(hashes) - 1)
         total, cached = sum(tokens), sum(tokens[:best])
         self.prompt_tokens += total
         self.cached_tokens += cached

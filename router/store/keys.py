@@ -22,13 +22,18 @@ Rules:
 5. `last_used_at` is lazy: `scope_of` notes id -> now in memory; `flush_last_used(now)` writes
    a key's last use when it is newer than what was written and `LAST_USED_EVERY_S` have passed
    since this process last wrote that key. `list()` shows the newer of stored and noted.
-6. All SQLite work (`create`, `list`, `revoke`, `refresh_if_changed`, `flush_last_used`) is
-   serialised by one lock and belongs off the event loop.
+6. All SQLite work (`create`, `list`, `revoke`, `refresh_if_changed`, `flush_last_used`,
+   `set_limits`, `usage`) is serialised by one lock and belongs off the event loop.
+7. A key's limits (router.core.limits) are columns of its row, read into the map with it:
+   `limits_of` reads them from memory, so a change through this KeyStore (the admin API) holds
+   from the next call, and one by another process (`router keys limits`) within a second
+   (rule 4). Bad limits raise BadRequest and change nothing.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import math
 import secrets
@@ -42,6 +47,7 @@ import apsw
 from router.core.access import KEY_PREFIX, hash_secret, parse_key
 from router.core.admission import Priority
 from router.core.errors import BadRequest
+from router.core.limits import NO_LIMITS, Limits, parse_limits, period_bounds, previous_period
 from router.store import db
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,9 @@ NAME_MAX = 200
 EXPIRES_DAYS_MAX = 36_500
 SECONDS_PER_DAY = 86_400.0
 LIST_COLUMNS = ("id", "name", "scope", "priority", "created_at", "created_by", "expires_at", "last_used_at", "revoked_at")
+LIMIT_COLUMNS = ("rpm", "tpm", "max_parallel", "budget_tokens", "budget_period", "models")
+SECONDS_PER_DAY = 86_400
+USAGE_SUMS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "estimated")
 
 
 class KeyRow(NamedTuple):
@@ -70,6 +79,20 @@ class KeyRow(NamedTuple):
     expires_at: float | None
     revoked_at: float | None
     priority: Priority
+    limits: Limits = NO_LIMITS
+
+
+def _limits_of(rpm, tpm, max_parallel, budget_tokens, budget_period, models) -> Limits:
+    """A row's limit columns as Limits (the store's CHECKs keep them valid)."""
+    if rpm is None and tpm is None and max_parallel is None and budget_tokens is None and models is None:
+        return NO_LIMITS
+    return Limits(rpm, tpm, max_parallel, budget_tokens, budget_period or "day",
+                  frozenset(json.loads(models)) if models is not None else None)
+
+
+def _limit_values(limits: Limits) -> tuple:
+    return (limits.rpm, limits.tpm, limits.max_parallel, limits.budget_tokens, limits.budget_period,
+            json.dumps(sorted(limits.models)) if limits.models is not None else None)
 
 
 def _priority(priority: str) -> str:
@@ -119,11 +142,17 @@ class KeyStore:
 
     def scope_of(self, bearer: str, now: float, admin_key: str | None) -> str | None:
         """Returns "use", "admin" or None for a presented key (rule 3). No I/O."""
+        held = self.holder(bearer, now, admin_key)
+        return held[1] if held is not None else None
+
+    def holder(self, bearer: str, now: float, admin_key: str | None) -> tuple[str, str] | None:
+        """Returns (key id, scope) for a valid presented key (rule 3; `admin_key` is id
+        "admin"), None for anything else. No I/O."""
         try:
             if admin_key and hmac.compare_digest(
                 bearer.encode("utf-8", "surrogatepass"), admin_key.encode("utf-8", "surrogatepass")
             ):
-                return "admin"
+                return "admin", "admin"
             parsed = parse_key(bearer)
             if parsed is None:
                 return None
@@ -138,7 +167,7 @@ class KeyStore:
         except UnicodeEncodeError:  # a lone surrogate from a mis-decoded header: not a key
             return None
         self._used[key_id] = now
-        return row.scope
+        return key_id, row.scope
 
     # --- off the event loop ---------------------------------------------------------------
 
@@ -194,9 +223,18 @@ class KeyStore:
         row = self._rows.get(key_id)
         return row.priority if row is not None else Priority.NORMAL
 
+    def budgets(self) -> dict[str, Limits]:
+        """The limits of every key with a budget, by id. No I/O."""
+        return {key_id: row.limits for key_id, row in self._rows.items() if row.limits.budget_tokens is not None}
+
+    def limits_of(self, key_id: str) -> Limits:
+        """A key's limits (rule 7; none for an unknown id). No I/O."""
+        row = self._rows.get(key_id)
+        return row.limits if row is not None else NO_LIMITS
+
     def create(
         self, name: str, scope: str, expires_days: float | None = None, created_by: str | None = None,
-        priority: str = "normal",
+        priority: str = "normal", limits: dict | None = None,
     ) -> tuple[str, str]:
         """Mints a key (rule 1). Returns (id, full key); the full key is not retrievable later.
 
@@ -205,6 +243,7 @@ class KeyStore:
         """
         name = _validate(name, scope, expires_days)
         priority = _priority(priority)
+        limited = _limit_values(parse_limits(limits or {}))
         now = time.time()
         expires_at = None if expires_days is None else now + expires_days * SECONDS_PER_DAY
         for attempt in range(ID_ATTEMPTS):
@@ -213,8 +252,10 @@ class KeyStore:
                 with self._lock:
                     self._conn.execute(
                         "INSERT INTO api_keys (id, name, scope, secret_hash, created_at, created_by,"
-                        " expires_at, priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (key_id, name, scope, hash_secret(secret), now, created_by, expires_at, priority),
+                        f" expires_at, priority, {', '.join(LIMIT_COLUMNS)})"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (key_id, name, scope, hash_secret(secret), now, created_by, expires_at, priority,
+                         *limited),
                     )
                 break
             except apsw.ConstraintError:  # an id collision (rule 1's 40 bits); try another
@@ -224,12 +265,15 @@ class KeyStore:
         return key_id, f"{KEY_PREFIX}{key_id}_{secret}"
 
     def list(self, include_revoked: bool = False) -> list[dict[str, Any]]:
-        """Returns the keys (never their hashes), oldest first; revoked ones only on request."""
-        sql = f"SELECT {', '.join(LIST_COLUMNS)} FROM api_keys"
+        """Returns the keys (never their hashes) with their `limits`, oldest first; revoked ones
+        only on request."""
+        sql = f"SELECT {', '.join(LIST_COLUMNS + LIMIT_COLUMNS)} FROM api_keys"
         if not include_revoked:
             sql += " WHERE revoked_at IS NULL"
         with self._lock:
-            rows = [dict(zip(LIST_COLUMNS, row)) for row in self._conn.execute(sql + " ORDER BY created_at, id")]
+            found = list(self._conn.execute(sql + " ORDER BY created_at, id"))
+        split = len(LIST_COLUMNS)
+        rows = [{**dict(zip(LIST_COLUMNS, row[:split])), "limits": _limits_of(*row[split:]).doc()} for row in found]
         for row in rows:
             noted = self._used.get(row["id"])
             if noted is not None and (row["last_used_at"] is None or noted > row["last_used_at"]):
@@ -245,6 +289,53 @@ class KeyStore:
         if found:
             self._reload()
         return found
+
+    def set_limits(self, key_id: str, changes: dict) -> Limits | None:
+        """Changes a key's limits (`changes` as router.core.limits.parse_limits takes them: an
+        absent field kept, null removed). Returns the new limits, None when no key has that id.
+        Raises BadRequest, changing nothing (rule 7)."""
+        with self._lock:
+            found = self._conn.execute(
+                f"SELECT {', '.join(LIMIT_COLUMNS)} FROM api_keys WHERE id = ?", (key_id,)
+            ).fetchone()
+        if found is None:
+            return None
+        limits = parse_limits(changes, _limits_of(*found))
+        with self._lock:
+            self._conn.execute(
+                f"UPDATE api_keys SET {', '.join(f'{c} = ?' for c in LIMIT_COLUMNS)} WHERE id = ?",
+                (*_limit_values(limits), key_id),
+            )
+        self._reload()
+        return limits
+
+    def usage(self, key_id: str, start: float, end: float) -> dict[str, int]:
+        """A key's calls and tokens in [start, end) (UTC day bounds), from `key_usage`."""
+        with self._lock:
+            found = self._conn.execute(
+                f"SELECT {', '.join(f'coalesce(sum({c}), 0)' for c in USAGE_SUMS)} FROM key_usage"
+                " WHERE key_id = ? AND day >= ? AND day < ?",
+                (key_id, int(start // SECONDS_PER_DAY), int(end // SECONDS_PER_DAY)),
+            ).fetchone()
+        return dict(zip(USAGE_SUMS, found))
+
+    def usage_report(self, key_ids: list[str] | None, now: float) -> list[dict[str, Any]]:
+        """Each key's (every live key's, for None) limits and usage in its current and previous
+        period (its budget's, else the UTC day), from `key_usage`."""
+        docs = []
+        for row in self.list(include_revoked=key_ids is not None):
+            key_id = row["id"]
+            if key_ids is not None and key_id not in key_ids:
+                continue
+            limits = self.limits_of(key_id)
+            current = period_bounds(limits.budget_period, now)
+            previous = previous_period(limits.budget_period, now)
+            docs.append({
+                "id": key_id, "name": row["name"], "limits": limits.doc(), "period": limits.budget_period,
+                "current": {"start": current[0], "end": current[1], **self.usage(key_id, *current)},
+                "previous": {"start": previous[0], "end": previous[1], **self.usage(key_id, *previous)},
+            })
+        return docs
 
     def revoke(self, key_id: str) -> bool:
         """Revokes a key (again: a no-op keeping the first time). Returns False when no key
@@ -271,9 +362,11 @@ class KeyStore:
                 # The version first: a commit landing between the two is seen next time.
                 version = self._conn.pragma("data_version")
                 rows = {
-                    key_id: KeyRow(scope, secret_hash, expires_at, revoked_at, Priority[priority.upper()])
-                    for key_id, scope, secret_hash, expires_at, revoked_at, priority in self._conn.execute(
-                        "SELECT id, scope, secret_hash, expires_at, revoked_at, priority FROM api_keys"
+                    key_id: KeyRow(scope, secret_hash, expires_at, revoked_at, Priority[priority.upper()],
+                                   _limits_of(*limited))
+                    for key_id, scope, secret_hash, expires_at, revoked_at, priority, *limited in self._conn.execute(
+                        "SELECT id, scope, secret_hash, expires_at, revoked_at, priority,"
+                        f" {', '.join(LIMIT_COLUMNS)} FROM api_keys"
                     )
                 }
         except apsw.Error as exc:

@@ -35,6 +35,9 @@ Rules:
    So a prune never holds the writer (nor the store's lock) long, and never runs on the loop.
 12. A text column holds at most router.core.bounds.TEXT_CHARS characters and a marker
    (bounds rule 2), whatever the client or a box sent; the writer clips, off the loop.
+13. Tenancy: the rows of a batch that name a key add their calls and tokens to `key_usage`
+   (per key and UTC day of the call's end) in the same transaction, so the usage a key shows
+   is exactly its rows'; retention prunes the days wholly before the cut-off with the rows.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.050
 # A full batch commits at once: 256 rows take ~1.5 ms, short enough that a `router keys`
 # command waiting on the lock is never noticeably delayed; past ~256 the per-row cost no
-# longer falls. As one statement (rule 10): 256 rows × 20 columns = 5,120 bound values, under
+# longer falls. As one statement (rule 10): 256 rows × 26 columns = 6,656 bound values, under
 # SQLite's limit of 32,766.
 MAX_BATCH_ROWS = 256
 # A typical row with its decision and attempts holds ~1.3 KB (tracemalloc), so the backlog
@@ -105,6 +108,11 @@ class Row(NamedTuple):
     bytes_in: int | None = None
     bytes_out: int | None = None
     waited_ms: float | None = None  # in the wait queue (None: it did not wait)
+    key_id: str | None = None  # the caller's key (None: no key); tenancy, rule 13
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    tokens_estimated: int | None = None  # 1: the box reported no usage, the tokens are estimated
     affinity: str | None = None  # hit:<kind> | miss:<kind> | none (None: --affinity off)
 
 
@@ -115,6 +123,32 @@ _TEXT_COLUMNS = tuple(
     COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error")
 )
 _ONE_ROW = "(" + ", ".join("?" * len(COLUMNS)) + ")"
+SECONDS_PER_DAY = 86_400
+ADD_USAGE = (
+    "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, cached_tokens, estimated)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key_id, day) DO UPDATE SET"
+    " requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+    " completion_tokens = completion_tokens + excluded.completion_tokens,"
+    " cached_tokens = cached_tokens + excluded.cached_tokens, estimated = estimated + excluded.estimated"
+)
+
+
+def usage_by_day(rows: list[Row]) -> list[tuple]:
+    """The `key_usage` increments of `rows` (rule 13): one tuple per (key, day)."""
+    sums: dict[tuple[str, int], list[int]] = {}
+    for row in rows:
+        if row.key_id is None:
+            continue
+        day = int((row.responded_at or row.received_at or 0.0) // SECONDS_PER_DAY)
+        total = sums.get((row.key_id, day))
+        if total is None:
+            total = sums[(row.key_id, day)] = [0, 0, 0, 0, 0]
+        total[0] += 1
+        total[1] += row.prompt_tokens or 0
+        total[2] += row.completion_tokens or 0
+        total[3] += row.cached_tokens or 0
+        total[4] += row.tokens_estimated or 0
+    return [(key, day, *total) for (key, day), total in sums.items()]
 
 
 @functools.cache
@@ -253,14 +287,14 @@ class RouteLogWriter:
 
     def _write(self, batch: list[tuple[float, Row]]) -> None:
         try:
-            self._commit([_values(row) for _, row in batch])
+            self._commit([_values(row) for _, row in batch], usage_by_day([row for _, row in batch]))
             written = len(batch)
         except _ROW_ERRORS as exc:
             log.warning("route_log: batch failed (%s); writing its %d rows one by one", exc, len(batch))
             written = 0
             for _, row in batch:
                 try:
-                    self._commit([_values(row)])
+                    self._commit([_values(row)], usage_by_day([row]))
                     written += 1
                 except _ROW_ERRORS as row_exc:
                     self.dropped += 1
@@ -275,7 +309,8 @@ class RouteLogWriter:
         it deleted a full batch (more may be waiting). A failure is logged, never raised: the
         log must go on."""
         conn = self._conn
-        try:  # one statement: its own transaction
+        try:  # each statement its own transaction; key_usage is small (keys × days)
+            conn.execute("DELETE FROM key_usage WHERE day < ?", (int(before // SECONDS_PER_DAY),))
             conn.execute(
                 "DELETE FROM route_log WHERE id IN (SELECT id FROM route_log WHERE received_at < ? LIMIT ?)",
                 (before, PRUNE_BATCH_ROWS),
@@ -287,13 +322,15 @@ class RouteLogWriter:
         self.pruned += deleted
         return deleted == PRUNE_BATCH_ROWS
 
-    def _commit(self, rows: list[list]) -> None:
+    def _commit(self, rows: list[list], usage: list[tuple] = ()) -> None:  # type: ignore[assignment]
         # IMMEDIATE takes the write lock up front, so a busy store waits in the busy handler
         # instead of failing halfway through the batch.
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(insert_sql(len(rows)), [value for row in rows for value in row])
+            if usage:
+                conn.executemany(ADD_USAGE, usage)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

@@ -6,6 +6,8 @@
 
 const KEY_ITEM = "router.adminKey"; // sessionStorage: this tab only, gone when it closes
 const EVENTS_PATH = "/v1/router/events";
+const KEYS_USAGE_PATH = "/v1/keys/usage"; // the keys panel, polled while the stream is live
+const KEYS_EVERY_MS = 5000;
 const RETRY_MS = 2000;
 const STALE_MS = 3500; // the router sends the state every second
 const MAX_CALLS = 200;
@@ -156,6 +158,44 @@ function renderState(state) {
     el("td", {}, model.resident_on.join(", ") || "—"),
     el("td", {}, model.available_on.join(", ") || "—"))));
   renderSeries();
+}
+
+// --- the keys panel: usage against limits -----------------------------------------------------
+
+function ofLimit(left, limit) {
+  return limit === null || limit === undefined ? "—" : `${left} / ${limit}`;
+}
+
+function renderKeys(keys) {
+  replaceRows(document.querySelector("#keys tbody"), keys.map((key) => {
+    const now = key.current, limits = key.limits, left = key.left;
+    const spent = now.prompt_tokens + now.completion_tokens;
+    return el("tr", { "data-key": key.id },
+      el("td", { class: "mono" }, key.id),
+      el("td", {}, key.name),
+      el("td", {}, `${key.period} from ${clock(now.start)}`),
+      el("td", { class: "num" }, String(now.requests)),
+      el("td", { class: "num" }, String(now.prompt_tokens)),
+      el("td", { class: "num" }, String(now.completion_tokens)),
+      el("td", { class: "num" }, String(now.cached_tokens)),
+      el("td", { class: "num" }, limits.budget_tokens === null ? String(spent) : `${spent} / ${limits.budget_tokens}`),
+      el("td", { class: "num" }, ofLimit(left.requests, limits.rpm)),
+      el("td", { class: "num" }, ofLimit(left.tokens, limits.tpm)),
+      el("td", { class: "num" }, ofLimit(left.parallel, limits.max_parallel)),
+      el("td", {}, limits.models === null ? "all" : limits.models.join(", ")));
+  }));
+}
+
+async function pollKeys() {
+  if (view.lastEventAt && Date.now() - view.lastEventAt < STALE_MS) {
+    const key = sessionStorage.getItem(KEY_ITEM);
+    const headers = key ? { Authorization: "Bearer " + key } : {};
+    try {
+      const response = await fetch(KEYS_USAGE_PATH, { headers, cache: "no-store", credentials: "omit" });
+      if (response.ok) renderKeys((await response.json()).keys);
+    } catch (err) { /* the stream's own retry says the router is gone */ }
+  }
+  setTimeout(pollKeys, KEYS_EVERY_MS);
 }
 
 // --- the per-box plots ------------------------------------------------------------------------
@@ -410,3 +450,5 @@ setInterval(() => {
 }, 1000);
 
 connect();
+
+pollKeys();

@@ -1,0 +1,410 @@
+"""Per-key limits: windows, reservations, settlement, budget periods. Pure, stdlib only.
+
+A key's limits (`Limits`) are all optional: `rpm` (requests a minute), `tpm` (prompt +
+completion tokens a minute), `max_parallel` (calls in flight at once), `budget_tokens` over
+`budget_period`, and `models` (the model names the key may call). A key's counts are one
+`Tally`, changed only by the steps below; where the tallies live (this process, or a shared
+engine) is router.store.counters' business, never the rules'.
+
+Rules (tests/test_core_limits.py pins each against the plain model in tests/models.py):
+1. Periods are UTC calendar periods: a day from 00:00 UTC, a week from Monday 00:00 UTC, a month
+   from the 1st 00:00 UTC (`period_bounds`).
+2. A minute slides: `rpm` and `tpm` are buckets of the limit's size that empty continuously at
+   limit/60 a second (OpenAI's semantics: the reset is the time until the bucket is empty again,
+   so a quiet key takes a burst of the whole limit at once). A tally keeps what is drawn from
+   each bucket, so a limit changed live keeps what was used.
+3. `admit` checks, in this order: `models` (403 model_not_allowed), the budget (429
+   budget_exceeded), `rpm`, `tpm` (429 rate_limited); all or nothing: a refused call takes
+   nothing. An admitted call takes one request from `rpm` and reserves its estimate (`Ask`)
+   from `tpm` and the budget.
+4. A token limit admits a call while any of it is left (tpm: drawn < tpm; budget: used +
+   reserved < budget), and the call's reservation may then take it past the limit. So however
+   calls interleave, they overshoot a token limit by at most one call's reservation: when each
+   call settles at most what it reserved, the tokens charged in a period never exceed the budget
+   plus the largest reservation (tests/test_core_limits.py states it over any interleaving).
+5. `settle` replaces the reservation by the tokens the box reported: `tpm` gets back what was
+   reserved and draws what was used, the budget's reserved falls by the reservation and its used
+   grows by the tokens. A call refused before any box served it settles with 0 tokens; its
+   request still counts toward `rpm` (that is what a request limit means).
+6. A budget counts the tokens settled in its current period: the first step after a boundary
+   starts `used` at 0 (reservations in flight carry over and are charged where they settle).
+7. `max_parallel` is a count taken when a call is dispatched and given back when it ends
+   (`take_parallel`, `give_parallel`); a key at its limit is full for its caller, and the call
+   waits in the queue (router.core.admission), never refused for it.
+8. Retry-After: rpm, the time until one request fits again; tpm, until the bucket is below its
+   limit again; budget, until the period ends; whole seconds, at least 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, NamedTuple
+
+from router.core.errors import BadRequest
+
+PERIODS = ("day", "week", "month")
+FIELDS = ("rpm", "tpm", "max_parallel", "budget_tokens", "budget_period", "models")
+WINDOW_S = 60.0  # rpm and tpm: a minute
+# Bounds on what a limit may say: larger is a typo, and the arithmetic stays in exact floats.
+MAX_COUNT = 10**12
+MAX_MODELS = 256
+MAX_MODEL_CHARS = 256
+# A reservation's estimate when the call does not say how long its answer may be (no
+# `max_tokens` or the facade's equivalent): what a chat answer of a few paragraphs takes.
+DEFAULT_COMPLETION_TOKENS = 512
+# The stated estimates when a box reports no usage (README "Tenancy"): a prompt of ~4 bytes a
+# token (English in JSON: the body's own syntax makes it an overestimate); a whole answer the
+# same; a stream one token per STREAM_BYTES_PER_TOKEN bytes relayed (an OpenAI chunk frame or an
+# Ollama NDJSON line carrying one token is 100-200 bytes).
+BYTES_PER_TOKEN = 4
+STREAM_BYTES_PER_TOKEN = 120
+
+MODEL_NOT_ALLOWED = "model_not_allowed"
+BUDGET_EXCEEDED = "budget_exceeded"
+RATE_LIMITED = "rate_limited"
+REASONS = (RATE_LIMITED, BUDGET_EXCEEDED, MODEL_NOT_ALLOWED)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One key's limits; None is no limit. `models` None: every model."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    budget_tokens: int | None = None
+    budget_period: str = "day"
+    models: frozenset[str] | None = None
+
+    @property
+    def counts_tokens(self) -> bool:
+        return self.tpm is not None or self.budget_tokens is not None
+
+    def doc(self) -> dict[str, Any]:
+        """The limits as the API and the CLI show them (`budget_period` only with a budget)."""
+        return {
+            "rpm": self.rpm, "tpm": self.tpm, "max_parallel": self.max_parallel,
+            "budget_tokens": self.budget_tokens,
+            "budget_period": self.budget_period if self.budget_tokens is not None else None,
+            "models": sorted(self.models) if self.models is not None else None,
+        }
+
+
+NO_LIMITS = Limits()
+
+
+def _count(name: str, value: Any, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+        raise BadRequest(f"{name} must be a whole number from {minimum} to {MAX_COUNT}, or null", code="invalid_limits")
+    return value
+
+
+def _models(value: Any) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or len(value) > MAX_MODELS or not all(
+        isinstance(m, str) and 0 < len(m.strip()) <= MAX_MODEL_CHARS for m in value
+    ):
+        raise BadRequest(f"models must be a list of 1-{MAX_MODELS} model names, or null", code="invalid_limits")
+    return frozenset(m.strip() for m in value)
+
+
+def parse_limits(doc: Any, base: Limits = NO_LIMITS) -> Limits:
+    """`base` changed by `doc` (the API's JSON, the CLI's flags): a field absent keeps its value,
+    `null` removes the limit. Returns the new Limits.
+
+    Raises BadRequest (code `invalid_limits`, one line) for anything but an object of FIELDS with
+    whole numbers (rpm, tpm, max_parallel, budget_tokens >= 1), a known period, a model list.
+    """
+    if not isinstance(doc, dict):
+        raise BadRequest(f"limits must be a JSON object of {', '.join(FIELDS)}", code="invalid_limits")
+    unknown = sorted(set(doc) - set(FIELDS))
+    if unknown:
+        raise BadRequest(f"unknown limit {unknown[0]!r}: the limits are {', '.join(FIELDS)}", code="invalid_limits")
+    fields = base.doc()
+    fields["budget_period"] = base.budget_period
+    fields["models"] = base.models
+    for name in ("rpm", "tpm", "max_parallel", "budget_tokens"):
+        if name in doc:
+            fields[name] = _count(name, doc[name], 1)
+    if "budget_period" in doc:
+        period = doc["budget_period"]
+        if period is not None and period not in PERIODS:
+            raise BadRequest(f"budget_period must be one of {', '.join(PERIODS)}", code="invalid_limits")
+        fields["budget_period"] = period or "day"
+    if "models" in doc:
+        fields["models"] = _models(doc["models"])
+    return Limits(**fields)
+
+
+# --- periods ---------------------------------------------------------------------------------
+
+
+def period_bounds(period: str, now: float) -> tuple[float, float]:
+    """(start, end) in epoch seconds of the UTC calendar `period` holding `now` (rule 1)."""
+    moment = datetime.fromtimestamp(now, timezone.utc)
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start, end = day, day + timedelta(days=1)
+    elif period == "week":
+        start = day - timedelta(days=day.weekday())
+        end = start + timedelta(days=7)
+    else:
+        start = day.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    return start.timestamp(), end.timestamp()
+
+
+def previous_period(period: str, now: float) -> tuple[float, float]:
+    """(start, end) of the period before the one holding `now`."""
+    start, _ = period_bounds(period, now)
+    return period_bounds(period, start - 1.0)[0], start
+
+
+# --- tallies and their steps -----------------------------------------------------------------
+
+
+class Tally:
+    """One key's counts (rules 2-7): what is drawn from the rpm and tpm buckets as of `stamp`,
+    the budget period it counts (`period_start`), the tokens settled in it (`used`), those
+    reserved by calls in flight (`reserved`), and its calls in flight (`parallel`)."""
+
+    __slots__ = ("req_drawn", "tok_drawn", "stamp", "period_start", "period_end", "used", "reserved", "parallel")
+
+    def __init__(self, used: int = 0, period_start: float = -math.inf, period_end: float = -math.inf) -> None:
+        self.req_drawn = 0.0
+        self.tok_drawn = 0.0
+        self.stamp = -math.inf
+        self.period_start = period_start
+        self.period_end = period_end
+        self.used = used
+        self.reserved = 0
+        self.parallel = 0
+
+
+class Ask(NamedTuple):
+    """What a call reserves: its model and its token estimate."""
+
+    model: str
+    tokens: int
+
+
+class Refused(NamedTuple):
+    """A call `admit` refused: its reason (REASONS) and Retry-After in whole seconds (0 for a 403)."""
+
+    reason: str
+    retry_after_s: int
+    message: str
+
+
+def model_allowed(models: frozenset[str] | None, model: str) -> bool:
+    """`model` as the call names it is in `models`: exactly, or without a hugpy `@options`
+    suffix, or with Ollama's implicit `:latest` either way."""
+    if models is None or model in models:
+        return True
+    base = model.partition("@")[0]
+    if base in models:
+        return True
+    if base.endswith(":latest"):
+        return base[: -len(":latest")] in models
+    return base + ":latest" in models
+
+
+def _catch_up(tally: Tally, limits: Limits, now: float) -> None:
+    """Drains the buckets to `now` (rule 2) and starts a new budget period when one began (rule 6)."""
+    elapsed = now - tally.stamp
+    if elapsed > 0:
+        if tally.req_drawn and limits.rpm is not None:
+            drawn = tally.req_drawn - elapsed * limits.rpm / WINDOW_S
+            tally.req_drawn = drawn if drawn > 0.0 else 0.0
+        if tally.tok_drawn and limits.tpm is not None:
+            drawn = tally.tok_drawn - elapsed * limits.tpm / WINDOW_S
+            tally.tok_drawn = drawn if drawn > 0.0 else 0.0
+        tally.stamp = now
+    if now >= tally.period_end and limits.budget_tokens is not None:
+        tally.period_start, tally.period_end = period_bounds(limits.budget_period, now)
+        tally.used = 0
+
+
+def _wait_s(seconds: float) -> int:
+    return max(1, math.ceil(seconds))
+
+
+def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
+    """Rule 3: None when the call is admitted (its request and tokens are then reserved on
+    `tally`), else why not. Never raises."""
+    if limits.models is not None and not model_allowed(limits.models, ask.model):
+        return Refused(MODEL_NOT_ALLOWED, 0, "this key may not call this model")
+    _catch_up(tally, limits, now)
+    budget = limits.budget_tokens
+    if budget is not None and tally.used + tally.reserved >= budget:
+        return Refused(BUDGET_EXCEEDED, _wait_s(tally.period_end - now),
+                       f"this key's {limits.budget_period} budget of {budget} tokens is spent")
+    rpm = limits.rpm
+    if rpm is not None and tally.req_drawn + 1 > rpm:
+        return Refused(RATE_LIMITED, _wait_s((tally.req_drawn + 1 - rpm) * WINDOW_S / rpm),
+                       f"this key's limit of {rpm} requests a minute is reached")
+    tpm = limits.tpm
+    if tpm is not None and tally.tok_drawn >= tpm:
+        return Refused(RATE_LIMITED, _wait_s((tally.tok_drawn - tpm) * WINDOW_S / tpm + 0.001),
+                       f"this key's limit of {tpm} tokens a minute is reached")
+    tally.req_drawn += 1
+    tally.tok_drawn += ask.tokens
+    tally.reserved += ask.tokens
+    return None
+
+
+def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float) -> None:
+    """Rule 5: a call that reserved `reserved` tokens ended having used `used`."""
+    _catch_up(tally, limits, now)
+    drawn = tally.tok_drawn + used - reserved
+    tally.tok_drawn = drawn if drawn > 0.0 else 0.0
+    tally.reserved -= reserved
+    tally.used += used
+
+
+def take_parallel(tally: Tally, limits: Limits) -> bool:
+    """Rule 7: one more call in flight, if the key has room (True)."""
+    if limits.max_parallel is not None and tally.parallel >= limits.max_parallel:
+        return False
+    tally.parallel += 1
+    return True
+
+
+def give_parallel(tally: Tally) -> None:
+    tally.parallel = max(0, tally.parallel - 1)
+
+
+def has_room(tally: Tally, limits: Limits) -> bool:
+    return limits.max_parallel is None or tally.parallel < limits.max_parallel
+
+
+class Left(NamedTuple):
+    """What is left of each limit now, and when each is whole again (seconds from now)."""
+
+    requests: int | None
+    requests_reset_s: float
+    tokens: int | None
+    tokens_reset_s: float
+    budget: int | None
+    budget_reset_s: float
+    parallel: int | None
+
+
+class Windows(NamedTuple):
+    """What is left of rpm and tpm right after an admission, and when each bucket is empty."""
+
+    requests: int
+    requests_reset_s: float
+    tokens: int
+    tokens_reset_s: float
+
+
+def windows_after(tally: Tally, limits: Limits) -> Windows:
+    """Right after `admit` (the tally is caught up to now): (requests left, seconds until the
+    rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
+    not set. The served call's headers, at a few subtractions."""
+    rpm, tpm = limits.rpm, limits.tpm
+    requests = requests_reset = tokens = tokens_reset = 0
+    if rpm is not None:
+        drawn = tally.req_drawn
+        requests, requests_reset = int(rpm - drawn) if drawn < rpm else 0, drawn * WINDOW_S / rpm
+    if tpm is not None:
+        drawn = tally.tok_drawn
+        tokens, tokens_reset = int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm
+    return Windows(requests, requests_reset, tokens, tokens_reset)
+
+
+def left(tally: Tally, limits: Limits, now: float) -> Left:
+    """The headers' and the usage API's view of `tally` (reads, never changes, what counts).
+    Right after a step (`tally.stamp == now`, the call path's case) it is a few subtractions."""
+    requests = tokens = budget = parallel = None
+    requests_reset = tokens_reset = budget_reset = 0.0
+    elapsed = now - tally.stamp if now > tally.stamp else 0.0
+    rpm, tpm = limits.rpm, limits.tpm
+    if rpm is not None:
+        drawn = tally.req_drawn - elapsed * rpm / WINDOW_S if elapsed else tally.req_drawn
+        drawn = drawn if drawn > 0.0 else 0.0
+        requests, requests_reset = max(0, math.floor(rpm - drawn)), drawn * WINDOW_S / rpm
+    if tpm is not None:
+        drawn = tally.tok_drawn - elapsed * tpm / WINDOW_S if elapsed else tally.tok_drawn
+        drawn = drawn if drawn > 0.0 else 0.0
+        tokens, tokens_reset = max(0, math.floor(tpm - drawn)), drawn * WINDOW_S / tpm
+    if limits.budget_tokens is not None:
+        if tally.period_start <= now < tally.period_end:
+            used, end = tally.used, tally.period_end
+        else:
+            used, end = 0, period_bounds(limits.budget_period, now)[1]
+        budget, budget_reset = max(0, limits.budget_tokens - used - tally.reserved), end - now
+    if limits.max_parallel is not None:
+        parallel = max(0, limits.max_parallel - tally.parallel)
+    return Left(requests, requests_reset, tokens, tokens_reset, budget, budget_reset, parallel)
+
+
+# --- estimates -------------------------------------------------------------------------------
+
+
+def reservation(body_bytes: int, max_tokens: int | None) -> int:
+    """A call's token estimate: its prompt by size, plus its answer's stated bound or the default."""
+    completion = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_COMPLETION_TOKENS
+    return prompt_estimate(body_bytes) + min(completion, MAX_COUNT)
+
+
+def prompt_estimate(body_bytes: int) -> int:
+    return -(-body_bytes // BYTES_PER_TOKEN)
+
+
+def answer_estimate(answer_bytes: int, stream: bool) -> int:
+    """Tokens in an answer no box counted: never 0 for an answer that had a body."""
+    if answer_bytes <= 0:
+        return 0
+    return -(-answer_bytes // (STREAM_BYTES_PER_TOKEN if stream else BYTES_PER_TOKEN))
+
+
+def reset_header(seconds: float) -> bytes:
+    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`
+    (rounded up; integer arithmetic, as it runs for every served call of a limited key)."""
+    ms = -int(-seconds * 1000.0 // 1.0) if seconds > 0.0 else 0
+    if ms < 1000:
+        return b"%dms" % ms
+    if ms < 60_000:
+        tenths = (ms + 99) // 100
+        return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
+    return b"%dm%ds" % divmod((ms + 999) // 1000, 60)
+
+
+class Tokens(NamedTuple):
+    """A call's tokens: as its box reported them, or estimated (`estimated`) where it did not."""
+
+    prompt: int
+    completion: int
+    cached: int
+    estimated: bool
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+NO_TOKENS = Tokens(0, 0, 0, False)
+
+
+def tokens_of(report: tuple[int | None, int | None, int | None] | None, body_bytes: int,
+              answer_bytes: int, stream: bool) -> Tokens:
+    """The tokens of a call a box served (README "Tenancy": usage): the box's `report` (prompt,
+    completion, cached; any may be None), a missing count estimated from the request's and the
+    answer's size (`prompt_estimate`, `answer_estimate`) and the result marked `estimated`. A
+    report with prompt tokens but no completion (an embedding) has no completion to estimate."""
+    if report is None:
+        return Tokens(prompt_estimate(body_bytes), answer_estimate(answer_bytes, stream), 0, True)
+    prompt, completion, cached = report
+    estimated = prompt is None
+    if prompt is None:
+        prompt = prompt_estimate(body_bytes)
+    if completion is None:
+        completion = 0
+    return Tokens(prompt, completion, cached or 0, estimated)

@@ -1,0 +1,194 @@
+"""Tenancy at work: a call's key (or address) against its limits, from admission to settlement.
+
+The rules are router.core.limits'; the tallies live behind router.store.counters' `Counters`.
+This room:
+1. Admits a call once its body is read (`admit`): its key's limits (the key the access gate
+   validated, `edge.key_id`), or, for a caller without one, `--default-rpm/--default-tpm` per
+   resolved address. Nothing to count (no limits): no work beyond two lookups. A refusal is
+   429 `rate_limited` / 429 `budget_exceeded` with Retry-After, or 403 `model_not_allowed`, in
+   the facade's shape, counted in `router_key_limited_total`.
+2. An admitted call carries a `Charge`: the tokens it reserved and the OpenAI `x-ratelimit-*`
+   headers of its limits (what is left after it), which its answer's head carries.
+3. `max_parallel`: the call takes its key's slot when it is dispatched (`Charge.take_slot`);
+   without one it waits in the queue, full for its caller, and the queue hands it the slot with
+   its box (serve/admission.py). The slot goes back when the call ends, and the queue is offered
+   it at once.
+4. `settle` at the end: the call's tokens (its record's `tokens()`, reported or estimated) replace
+   its reservation; a call no box served settles 0 tokens. Every keyed call's tokens go to
+   `router_key_tokens_total`.
+5. Budgets count from the store: at start, and when a key's budget or its period changes, its
+   current period's usage is read from `key_usage` off the loop (`seeds`) and installed (`seed`).
+6. Metric labels: a key's id (`admin` for HUGPY_ROUTER_KEY, `none` for every caller without a
+   key), never a secret or an address: the label sets are bounded by the keys in the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily
+
+from router.core import limits as rules
+from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, Windows, reset_header
+from router.core.types import Call
+from router.store.counters import Counters, LocalCounters
+from router.store.keys import KeyStore
+
+if TYPE_CHECKING:
+    from router.serve.admission import Admission
+    from router.serve.edge import Edge
+    from router.serve.record import CallRecord
+
+NO_KEY = "none"  # the metric label of every caller without a key (rule 6)
+STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_ALLOWED: 403}
+TOKEN_KINDS = ("prompt", "completion", "cached")
+
+
+def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
+    """OpenAI's `x-ratelimit-*` for the limits set, right after the call's admission (rule 2)."""
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    if limits.rpm is not None:
+        headers = ((b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
+                   (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
+                   (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
+    if limits.tpm is not None:
+        headers += ((b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
+                    (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
+                    (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
+    return headers
+
+
+class Charge:
+    """One admitted call's account with its key (rules 2-4)."""
+
+    __slots__ = ("tenancy", "name", "limits", "reserved", "slot", "headers")
+
+    def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int,
+                 headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.tenancy = tenancy
+        self.name = name  # the tally's name: `key:<id>` or `addr:<address>`
+        self.limits = limits
+        self.reserved = reserved
+        self.slot = False  # holds one of the key's max_parallel slots
+        self.headers = headers
+
+    def take_slot(self) -> bool:
+        """Rule 3: the call holds a slot (True), or its key has none free."""
+        if not self.slot:
+            self.slot = self.limits.max_parallel is None or self.tenancy.counters.take_parallel(self.name, self.limits)
+        return self.slot
+
+    def has_room(self) -> bool:
+        return self.slot or self.tenancy.counters.has_room(self.name, self.limits)
+
+    def settle(self, tokens: Tokens) -> None:
+        """Rule 4; once, at the call's end."""
+        tenancy, slot = self.tenancy, self.slot and self.limits.max_parallel is not None
+        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, tenancy.clock(), slot)
+        self.slot = False
+        if slot and tenancy.admission is not None:
+            tenancy.admission.offer()
+
+
+class Tenancy:
+    def __init__(self, keys: KeyStore, counters: Counters | None = None, *,
+                 default_rpm: int | None = None, default_tpm: int | None = None) -> None:
+        self.keys = keys
+        self.counters: Counters = counters if counters is not None else LocalCounters()
+        self.defaults = Limits(rpm=default_rpm, tpm=default_tpm) if default_rpm or default_tpm else NO_LIMITS
+        self.admission: Admission | None = None  # set by Shared: where max_parallel waiters wait
+        self.tokens: Counter[tuple[str, str]] = Counter()  # (key label, kind) -> tokens
+        self.limited: Counter[tuple[str, str]] = Counter()  # (key label, reason) -> calls
+        self.seeded: dict[str, tuple[int, str]] = {}  # key id -> (budget, period) seeded (rule 5)
+        self.clock = time.time  # epoch seconds: budget periods are UTC calendar periods (tests set it)
+
+    # -- the call path -------------------------------------------------------------------------
+    def admit(self, edge: Edge, call: Call, body_bytes: int, max_tokens: int | None) -> Charge | Refused | None:
+        """Rule 1: a Charge, a refusal, or None when nothing of the caller's is counted."""
+        key_id = edge.key_id
+        if key_id is not None:
+            limits = self.keys.limits_of(key_id)
+            name = "key:" + key_id
+        else:
+            limits = self.defaults
+            name = "addr:" + (edge.caller or "unknown")
+        if limits is NO_LIMITS:
+            return None
+        ask = Ask(call.model, rules.reservation(body_bytes, max_tokens) if limits.counts_tokens else 0)
+        admitted = self.counters.admit(name, limits, ask, self.clock())
+        if admitted.__class__ is Refused:
+            self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
+            return admitted  # type: ignore[return-value]
+        return Charge(self, name, limits, ask.tokens, rate_headers(limits, admitted))  # type: ignore[arg-type]
+
+    def ended(self, record: CallRecord, charge: Charge | None) -> None:
+        """A call ended: its tokens counted, its charge settled (rule 4)."""
+        tokens = record.count_tokens()
+        if charge is not None:
+            charge.settle(tokens or NO_TOKENS)
+        if tokens is not None and tokens.total:
+            label = record.edge.key_id or NO_KEY
+            self.tokens[(label, "prompt")] += tokens.prompt
+            self.tokens[(label, "completion")] += tokens.completion
+            if tokens.cached:
+                self.tokens[(label, "cached")] += tokens.cached
+
+    # -- budgets from the store (rule 5) -------------------------------------------------------
+    def seeds(self) -> list[tuple[str, int, tuple[float, float], tuple[int, str]]]:
+        """Off the loop: the keys whose budget is not counted from the store yet, with their
+        current period's tokens there."""
+        now = self.clock()
+        found = []
+        for key_id, limits in self.keys.budgets().items():
+            wanted = (limits.budget_tokens, limits.budget_period)
+            if self.seeded.get(key_id) == wanted:
+                continue
+            period = rules.period_bounds(limits.budget_period, now)
+            usage = self.keys.usage(key_id, *period)
+            found.append((key_id, usage["prompt_tokens"] + usage["completion_tokens"], period, wanted))
+        return found
+
+    def seed(self, seeds: list[tuple[str, int, tuple[float, float], tuple[int, str]]]) -> None:
+        """On the loop: installs `seeds()`."""
+        for key_id, used, period, wanted in seeds:
+            self.counters.seed("key:" + key_id, used, period)
+            self.seeded[key_id] = wanted
+
+    # -- reading -------------------------------------------------------------------------------
+    def with_left(self, doc: dict) -> dict:
+        """On the loop: `doc` (KeyStore.usage_report's) with what is left of each limit now and when it
+        is whole again (seconds)."""
+        limits = self.keys.limits_of(doc["id"])
+        left = self.counters.left("key:" + doc["id"], limits, self.clock())
+        doc["left"] = {
+            "requests": left.requests, "requests_reset_s": round(left.requests_reset_s, 3),
+            "tokens": left.tokens, "tokens_reset_s": round(left.tokens_reset_s, 3),
+            "budget_tokens": left.budget,
+            "budget_reset_s": round(left.budget_reset_s, 3) if left.budget is not None else None,
+            "parallel": left.parallel,
+        }
+        return doc
+
+
+class KeyCollector:
+    """`router_key_tokens_total{key,kind}` and `router_key_limited_total{key,reason}` at scrape
+    time, from the Tenancy's dicts (rule 6: `key` is a key's id, `admin` or `none`; `kind` one of
+    TOKEN_KINDS; `reason` one of router.core.limits.REASONS)."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+
+    def collect(self):
+        tokens = CounterMetricFamily("router_key_tokens", "Tokens by key and kind (prompt, completion, cached).",
+                                     labels=["key", "kind"])
+        for (key, kind), count in sorted(self.tenancy.tokens.items()):
+            tokens.add_metric([key, kind], count)
+        yield tokens
+        limited = CounterMetricFamily(
+            "router_key_limited", "Calls refused for a key's limits, by reason (rate_limited, budget_exceeded, "
+            "model_not_allowed).", labels=["key", "reason"])
+        for (key, reason), count in sorted(self.tenancy.limited.items()):
+            limited.add_metric([key, reason], count)
+        yield limited

@@ -1,0 +1,72 @@
+"""router.facades.usage: the tokens a box reports, in each API's words; asking a stream for them
+and taking the answer back out, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.facades.usage import UsageStrip, ask_usage, reported
+
+OPENAI_STREAM = (
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"\\"prompt_tokens\\": 99"}}]}\n\n'
+    b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+)
+USAGE_CHUNK = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12,' \
+              b'"prompt_tokens_details":{"cached_tokens":2}}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("tail, counts", [
+    (OPENAI_STREAM + USAGE_CHUNK + DONE, (3, 9, 2)),
+    (b'{"message":{"content":"x"},"done":false}\n{"done":true,"prompt_eval_count":12,"eval_count":4}\n', (12, 4, None)),
+    (b'{\n  "usage": {"input_tokens": 5, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 1}}\n}', (5, 7, 1)),
+    (b'data: {"type":"chat.end","result":{"stats":{"input_tokens":12,"total_output_tokens":3}}}\n\n', (12, 3, None)),
+    (b'{"object":"list","data":[],"usage":{"prompt_tokens":4,"total_tokens":4}}', (4, None, None)),  # an embedding
+    (OPENAI_STREAM + DONE, None),  # a model's text that looks like a count is never one
+    (b'{"usage": {"prompt_tokens": true, "completion_tokens": -1}}', None),
+    (b"", None),
+])
+def test_counts_are_read_off_the_answers_end_in_each_apis_words(tail, counts):
+    assert reported(tail) == counts
+
+
+def test_asking_for_usage_adds_only_the_flag():
+    body = b'{"model":"m","stream":true,"messages":[]}'
+    asked = ask_usage(body)
+    assert orjson.loads(asked) == {**orjson.loads(body), "stream_options": {"include_usage": True}}
+    assert asked.replace(b'"stream_options":{"include_usage":true},', b"") == body
+    other = b'{"model":"m","stream":true,"stream_options":{"x":1}}'
+    assert orjson.loads(ask_usage(other))["stream_options"] == {"x": 1, "include_usage": True}
+    assert ask_usage(b'{"stream_options":{"include_usage":true},"stream":true}') is None  # the client asked
+
+
+@settings(deadline=None)  # a loaded machine must not fail a rule
+@given(st.lists(st.integers(1, 60), max_size=12))
+def test_the_usage_chunk_is_taken_out_and_nothing_else_changes_however_the_stream_is_cut(cuts):
+    stream = OPENAI_STREAM + USAGE_CHUNK + DONE
+    pieces, start = [], 0
+    for size in cuts:
+        pieces.append(stream[start:start + size])
+        start += size
+    pieces.append(stream[start:])
+    written: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+
+    async def relay() -> UsageStrip:
+        strip = UsageStrip(write)
+        for piece in pieces:
+            if piece:
+                await strip.write(piece)
+        await strip.flush()
+        return strip
+
+    strip = asyncio.run(relay())
+    assert b"".join(written) == OPENAI_STREAM + DONE
+    assert strip.usage == USAGE_CHUNK and strip.dropped_bytes == len(USAGE_CHUNK)
