@@ -188,8 +188,9 @@ def test_the_route_log_and_metrics_show_the_outcomes_and_cached_tokens(start_fle
     router.stop()
     store = next((tmp_path / "home").rglob("*.sqlite3"))
     with sqlite3.connect(store) as conn:
-        rows = [row[0] for row in conn.execute("SELECT affinity FROM route_log ORDER BY received_at")]
-    assert rows == ["miss:prefix", "hit:prefix", "hit:prefix"]
+        rows = list(conn.execute("SELECT affinity, cached_tokens FROM route_log ORDER BY received_at"))
+    assert [affinity for affinity, _ in rows] == ["miss:prefix", "hit:prefix", "hit:prefix"]
+    assert rows[0][1] == 0 and rows[1][1] > 0 and rows[2][1] > rows[1][1]  # the engine's count, growing
 
 
 
