@@ -13,6 +13,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from router.boxes.link import HEALTH_TTL_S
 from router.sim import SimBox
+from router.sim.prefix_cache import prompt_tokens
 
 from conftest import ROOT
 
@@ -120,7 +121,8 @@ def test_the_keys_panel_shows_usage_against_limits(start_fleet, browser):
     row = page.locator(f'#keys tr[data-key="{created["id"]}"]')
     expect(row).to_contain_text("team-a", timeout=8000)
     expect(row).to_contain_text("/ 60")  # rpm left / limit
-    expect(row).to_contain_text("14 / 5000")  # the call's 8 + 6 tokens of the budget
+    spent = prompt_tokens({"messages": [{"role": "user", "content": "CANARY-prompt"}]}) + 6  # the sim's counts
+    expect(row).to_contain_text(f"{spent} / 5000")  # the call's prompt and answer tokens of the budget
     assert created["key"] not in page.content()
     assert errors == []
 
