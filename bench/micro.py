@@ -55,14 +55,15 @@ def main() -> int:
     chunk = b'data: {"id":"fe-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
     scanner = FrameScanner(SSE)
     scanner.feed(b'data: {"choices":[]}\n\n')
-    rows.append((f"frame scanner feed, one {len(chunk)} B SSE chunk", per_op_us(lambda: scanner.feed(chunk), 200000)))
+    rows.append((f"frame scanner keep (a relayed chunk's tail), one {len(chunk)} B SSE chunk",
+                 per_op_us(lambda: scanner.keep(chunk), 200000)))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "router.sqlite3"
         writer = RouteLogWriter(path)
         writer.start()
         counter = iter(range(10**9))
         rows.append(("route-log record() (queue put)", per_op_us(
-            lambda: writer.record(Row(f"c{next(counter)}", "done", model="tiny", status=200)), 20000)))
+            lambda: writer.record(Row(f"c{next(counter)}", "done", model="tiny", http_status=200, received_at=1.0)), 20000)))
         writer.stop()
         keys = KeyStore(path)
         _, key = keys.create("bench", "use")

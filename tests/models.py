@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, RELAY, SSE, TOO_BIG
-from router.core.names import call_key
+from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG
+from router.core.kinds import call_key
 from router.core.types import BoxFacts, Call, ReasonCode, Tier
 
 __all__ = [
@@ -121,11 +121,12 @@ class FrameScannerModel:
     block open close nothing). NDJSON: every non-empty line is a frame.
     Until the first *data* frame every chunk is held. SSE: the first closed block with at least
     one `data:` line is the data frame (its value: the `data:` lines less the field name and
-    one optional space, joined by LF); comment or event-only blocks count as frames but keep
-    holding. NDJSON: the first frame is the data frame (its value: the line, stripped).
+    one optional space, joined by LF); comment or event-only blocks close but keep holding.
+    NDJSON: the first frame is the data frame (its value: the line, stripped).
     The chunk that closes it answers FIRST_SUSPECT when the value contains b"error", else
-    FIRST_CLEAN; later chunks answer RELAY and are not held. A chunk that leaves the hold
-    open with more than `hold_limit` bytes seen answers TOO_BIG, otherwise HOLD.
+    FIRST_CLEAN; after it, `feed` is a misuse (ValueError): later chunks are `keep`'s, which only
+    the relay's tail reads. A chunk that leaves the hold open with more than `hold_limit` bytes
+    seen answers TOO_BIG, otherwise HOLD.
     `first_end` is the byte offset just after the LF that closed the data frame.
     """
 
@@ -135,7 +136,6 @@ class FrameScannerModel:
         self.framing = framing
         self.hold_limit = hold_limit
         self.bytes_in = 0
-        self.frames = 0
         self.relaying = False
         self.first_data: bytes | None = None
         self.first_end: int | None = None
@@ -144,9 +144,9 @@ class FrameScannerModel:
         self._held: list[bytes] = []
 
     def feed(self, chunk: bytes) -> int:
-        was_relaying = self.relaying
-        if not was_relaying:
-            self._held.append(chunk)
+        if self.relaying:
+            raise ValueError("the first frame is judged: keep() the rest")
+        self._held.append(chunk)
         verdict = None
         offset = self.bytes_in
         self.bytes_in += len(chunk)
@@ -161,8 +161,6 @@ class FrameScannerModel:
             if found is not None and verdict is None:
                 verdict = found
         self._line += pieces[-1]
-        if was_relaying:
-            return RELAY
         if verdict is not None:
             self.relaying = True
             return verdict
@@ -175,7 +173,6 @@ class FrameScannerModel:
         if self.framing == NDJSON:
             if not line:
                 return None
-            self.frames += 1
             if self.first_data is None:
                 return self._first(line.strip(), end)
             return None
@@ -185,7 +182,6 @@ class FrameScannerModel:
         if not self._block:
             return None
         block, self._block = self._block, []
-        self.frames += 1
         if self.first_data is not None:
             return None
         values = []
@@ -203,6 +199,9 @@ class FrameScannerModel:
         self.first_data = value
         self.first_end = end
         return FIRST_SUSPECT if b"error" in value else FIRST_CLEAN
+
+    def keep(self, chunk: bytes) -> None:
+        """After the first frame: nothing of a chunk is scanned (the relay's tail: RelayModel)."""
 
     def take_held(self) -> list[bytes]:
         held, self._held = self._held, []
@@ -235,7 +234,7 @@ class RefDecision:
     path: str  # "pinned" | "ranked" | "refused"
     boxes: tuple[str, ...]
     tiers: dict[str, Tier] = field(default_factory=dict)
-    refused: dict[str, ReasonCode] = field(default_factory=dict)
+    ruled_out: dict[str, ReasonCode] = field(default_factory=dict)
 
 
 def reference_gate(
@@ -278,13 +277,13 @@ def reference_decide(
     first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the most
     free GPU bytes (unknown = 0), then the smallest last_picked_s."""
     tried = frozenset(tried)
-    refused: dict[str, ReasonCode] = {}
+    ruled_out: dict[str, ReasonCode] = {}
     serving: list[tuple] = []
     load: list[tuple] = []
     for box in boxes:
         code = reference_gate(call, box, tried, eligible)
         if code is not None:
-            refused[box.id] = code
+            ruled_out[box.id] = code
             continue
         key, settings = call_key(box.kind, call.model, call.settings)
         resident = box.residents.get(key)
@@ -305,15 +304,15 @@ def reference_decide(
             load.append((carried, box.pressure, -free, box.last_picked_s, box.order, box.id))
     known = [box.id for box in boxes]
     if call.pin is not None and call.pin not in known:
-        refused[call.pin] = ReasonCode.UNKNOWN_BOX
+        ruled_out[call.pin] = ReasonCode.UNKNOWN_BOX
     serving.sort()
     load.sort()
     ranked = tuple(row[-1] for row in serving) + tuple(row[-1] for row in load)
     tiers = {row[-1]: Tier.SERVING for row in serving}
     tiers.update({row[-1]: Tier.LOAD for row in load})
     if not ranked:
-        return RefDecision("refused", (), {}, refused)
-    return RefDecision("pinned" if call.pin is not None else "ranked", ranked, tiers, refused)
+        return RefDecision("refused", (), {}, ruled_out)
+    return RefDecision("pinned" if call.pin is not None else "ranked", ranked, tiers, ruled_out)
 
 
 # --------------------------------------------------------------------------------------------

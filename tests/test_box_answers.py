@@ -12,7 +12,7 @@ import uvloop
 
 from router.sim import SimBox
 from router.upstream.fetch import fetch
-from router.upstream.pool import MAX_HEAD_BYTES, MAX_HEADERS, BadResponse, Exchange, Origin, StreamIdle
+from router.upstream.pool import MAX_HEAD_BYTES, MAX_HEADERS, BadResponse, Deadline, Exchange, Origin, StreamIdle
 
 from test_faults import MESSAGES, assert_openai_error, client, error_lines, post_chat, row_of
 
@@ -29,7 +29,7 @@ def test_the_idle_deadline_runs_only_while_the_reader_waits_for_the_box():
     async def main():
         loop = asyncio.get_running_loop()
         exchange = Exchange(None, loop, reused=False)  # type: ignore[arg-type]  # no socket: fed by hand
-        exchange.arm_idle(1.0, StreamIdle("silent"))
+        exchange.keep(Deadline(1.0, StreamIdle("silent"), silence=True))
         now = loop.time()
         exchange.expire(now + 5.0)  # the reader is elsewhere (writing): the clock restarts
         assert exchange.error is None

@@ -10,8 +10,8 @@ import orjson
 import uvloop
 
 from router.facades.openai import FACADE
-from router.core.lifecycle import Event, Lifecycle
-from router.serve import clock as call_clock, proxy
+from router.core.lifecycle import Event
+from router.serve import body, proxy
 from router.serve.clock import CallClock
 from router.serve.edge import AsgiEdge
 from router.serve.proxy import ProxyCall
@@ -42,43 +42,51 @@ def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
                                  tenancy=types.SimpleNamespace(ended=lambda record, charge: None))
 
 
-def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(monkeypatch):
-    monkeypatch.setattr(proxy, "BODY_TIMEOUT_S", 0.2)
+def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes():
+    """The clock's sweep is the test's: time is injected, so the deadline is checked to the
+    instant (a real sweep fires it up to one CLOCK_TICK_S late)."""
 
     async def main():
-        clock = CallClock()
-        clock.start()
+        clock = CallClock()  # never started: the test ticks it
         client, observed = StubClient(), []
         route, _ = FACADE.route("POST", "/v1/chat/completions")
         call = ProxyCall(stub_app(clock, observed), AsgiEdge(SCOPE, client.receive, client.send), FACADE, route)
-        started = asyncio.get_running_loop().time()
-        await asyncio.wait_for(call.run(), 5)
-        took = asyncio.get_running_loop().time() - started
-        await clock.stop()
-        return client, observed, call, took, clock
+        running = asyncio.get_running_loop().create_task(call.run())
+        while client.receives == 0:  # the body's read has begun
+            await asyncio.sleep(0)
+        due_s = call.started_s + body.BODY_TIMEOUT_S
+        clock.tick_all(due_s - 0.001)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not running.done() and not client.sent  # not yet
+        clock.tick_all(due_s + 0.001)
+        await asyncio.wait_for(running, 5)
+        return client, observed, call, clock
 
-    client, observed, call, took, clock = uvloop.run(main())
-    # the deadline, plus at most one tick
-    assert 0.2 <= took <= 0.2 + call_clock.CLOCK_TICK_S + 0.1
+    client, observed, call, clock = uvloop.run(main())
     assert client.sent[0]["status"] == 408
     error = orjson.loads(client.sent[1]["body"])["error"]
     assert error["code"] == "body_timeout"
     assert observed == [call.record] and (call.record.state, call.record.failure) == ("failed", "body_timeout")
     assert client.receives == 1  # the watcher never read the client while the body was due
-    assert not clock.calls  # the call left the clock
+    assert not clock.calls  # the call and its body's read left the clock
 
 
 def test_the_watcher_starts_only_once_the_body_is_in():
     watched = []
-    call = types.SimpleNamespace(life=Lifecycle(), started_s=0.0, watch=None, attempt=None,
-                                 reply=types.SimpleNamespace(keepalive_s=0.0),
-                                 edge=types.SimpleNamespace(watch_disconnect=watched.append),
-                                 client_left=object())
-    ProxyCall.tick(call, now=10.0)  # long past WATCH_AFTER_S, but the body is still due
+
+    class WatchedEdge(AsgiEdge):
+        def watch_disconnect(self, on_left):
+            watched.append(on_left)
+
+    route, _ = FACADE.route("POST", "/v1/chat/completions")
+    edge = WatchedEdge(SCOPE, StubClient().receive, StubClient().send)
+    call = ProxyCall(stub_app(CallClock(), []), edge, FACADE, route)
+    call.tick(now=10.0)  # long past WATCH_AFTER_S, but the body is still due
     assert watched == []
     for event in (Event.BODY_IN, Event.DECIDED, Event.SENT):
         call.life.fire(event)
-    ProxyCall.tick(call, now=proxy.WATCH_AFTER_S / 2)
+    call.tick(now=proxy.WATCH_AFTER_S / 2)
     assert watched == []  # too early: most calls end before their watcher would start
-    ProxyCall.tick(call, now=proxy.WATCH_AFTER_S)
+    call.tick(now=proxy.WATCH_AFTER_S)
     assert watched == [call.client_left]

@@ -163,7 +163,7 @@ def test_full_and_cooling_boxes_are_waited_for_others_are_not():
     ]
     d = decide(call, boxes)
     assert d.path is Path.REFUSED
-    assert d.refused["full"].code is ReasonCode.FULL and d.refused["full"].detail == "2/2"
+    assert d.ruled_out["full"].code is ReasonCode.FULL and d.ruled_out["full"].detail == "2/2"
     assert d.waits_for == frozenset({"full", "cool", "busy"})
     boxes.append(box("free", 3, in_flight=5, max_inflight=6))
     boxes.append(box("below-its-ceiling", 5, cooling={"m": 2}, in_flight=1))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.core.decide import decide, why_not
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.types import (
     BoxFacts,
     BoxKind,
@@ -45,11 +45,11 @@ def call(model: str = "llama3", kinds=ALL_KINDS, **kw) -> Call:
 
 
 def check_partition(decision: Decision, boxes, pin: str | None = None) -> None:
-    """Every input box lands in exactly one of why / refused (an unknown pin adds its name)."""
+    """Every input box lands in exactly one of why / ruled_out (an unknown pin adds its name)."""
     ids = {b.id for b in boxes}
     extra = {pin} if pin is not None and pin not in ids else set()
-    assert set(decision.why).isdisjoint(decision.refused)
-    assert set(decision.why) | set(decision.refused) == ids | extra
+    assert set(decision.why).isdisjoint(decision.ruled_out)
+    assert set(decision.why) | set(decision.ruled_out) == ids | extra
     assert set(decision.boxes) == set(decision.why)
     assert len(decision.boxes) == len(set(decision.boxes))
     assert (decision.path is Path.REFUSED) == (not decision.boxes)
@@ -100,7 +100,7 @@ def test_each_gate_alone(gate):
     assert why_not(c, b, tried, eligible).code is gate
     d = decide(c, [b], tried, eligible)
     assert d.path is Path.REFUSED and d.boxes == ()
-    assert d.refused["x"].code is gate
+    assert d.ruled_out["x"].code is gate
 
 
 @pytest.mark.parametrize(
@@ -136,7 +136,7 @@ def test_gate_precedence(i):
     """A box failing this gate and every later one reports this gate."""
     c, b, tried, eligible = failing(set(GATES[i:]))
     assert why_not(c, b, tried, eligible).code is GATES[i]
-    assert decide(c, [b], tried, eligible).refused["x"].code is GATES[i]
+    assert decide(c, [b], tried, eligible).ruled_out["x"].code is GATES[i]
 
 
 def test_gate_passes_when_nothing_fails():
@@ -183,14 +183,14 @@ def test_name_rule_is_the_box_kinds():
     ]
     d = decide(call("Llama3:latest"), boxes)
     assert d.boxes == ("o", "h")
-    assert d.refused["l"].code is ReasonCode.NO_MODEL  # exact id: case differs
+    assert d.ruled_out["l"].code is ReasonCode.NO_MODEL  # exact id: case differs
 
 
 def test_empty_set_lists_every_reason():
     boxes = [box("a", 0, online=False), box("b", 1, blocked=True), box("c", 2, catalog=frozenset())]
     d = decide(call(), boxes)
     assert d.path is Path.REFUSED and d.boxes == () and d.why == {}
-    assert {k: v.code for k, v in d.refused.items()} == {
+    assert {k: v.code for k, v in d.ruled_out.items()} == {
         "a": ReasonCode.OFFLINE,
         "b": ReasonCode.BLOCKED,
         "c": ReasonCode.NO_MODEL,
@@ -215,7 +215,7 @@ def test_pin_is_honoured_even_when_worse():
     d = decide(call(pin="busy"), boxes)
     assert d.path is Path.PINNED
     assert d.boxes == ("busy",)
-    assert d.refused == {"good": Reason(ReasonCode.NOT_PINNED, "busy")}
+    assert d.ruled_out == {"good": Reason(ReasonCode.NOT_PINNED, "busy")}
 
 
 @pytest.mark.parametrize(
@@ -235,23 +235,23 @@ def test_pin_to_an_ineligible_box_is_refused_with_its_reason(facts, kw, code):
     d = decide(call(pin="pinned", **kw), boxes)
     assert d.path is Path.REFUSED
     assert d.boxes == ()  # never another box
-    assert d.refused["pinned"].code is code
-    assert d.refused["ok"].code is ReasonCode.NOT_PINNED
+    assert d.ruled_out["pinned"].code is code
+    assert d.ruled_out["ok"].code is ReasonCode.NOT_PINNED
     check_partition(d, boxes, "pinned")
 
 
 def test_pin_already_tried_is_refused_not_rerouted():
     boxes = [box("a", 0), box("b", 1)]
     d = decide(call(pin="a"), boxes, tried={"a"})
-    assert d.boxes == () and d.refused["a"].code is ReasonCode.ALREADY_TRIED
+    assert d.boxes == () and d.ruled_out["a"].code is ReasonCode.ALREADY_TRIED
 
 
 def test_unknown_pin():
     boxes = [box("a", 0), box("b", 1)]
     d = decide(call(pin="ghost"), boxes)
     assert d.path is Path.REFUSED and d.boxes == ()
-    assert d.refused["ghost"] == Reason(ReasonCode.UNKNOWN_BOX, "ghost")
-    assert d.refused["a"].code is d.refused["b"].code is ReasonCode.NOT_PINNED
+    assert d.ruled_out["ghost"] == Reason(ReasonCode.UNKNOWN_BOX, "ghost")
+    assert d.ruled_out["a"].code is d.ruled_out["b"].code is ReasonCode.NOT_PINNED
     check_partition(d, boxes, "ghost")
 
 
@@ -424,13 +424,13 @@ def test_eligible_never_broadens():
     later = [box("a", 0), box("b", 1), box("c", 2), box("d", 3, pending=-5)]
     retry = decide(call(), later, tried={"a"}, eligible=frozenset(first.boxes))
     assert retry.boxes == ("b",)
-    assert retry.refused["a"].code is ReasonCode.ALREADY_TRIED
-    assert retry.refused["c"].code is ReasonCode.NOT_ELIGIBLE
-    assert retry.refused["d"].code is ReasonCode.NOT_ELIGIBLE
+    assert retry.ruled_out["a"].code is ReasonCode.ALREADY_TRIED
+    assert retry.ruled_out["c"].code is ReasonCode.NOT_ELIGIBLE
+    assert retry.ruled_out["d"].code is ReasonCode.NOT_ELIGIBLE
     check_partition(retry, later)
     # the eligible set does not override a gate either
     again = decide(call(), [box("b", 1, online=False)], tried={"a"}, eligible=frozenset({"b"}))
-    assert again.refused["b"].code is ReasonCode.OFFLINE
+    assert again.ruled_out["b"].code is ReasonCode.OFFLINE
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,18 +572,18 @@ def test_decide_matches_reference(scenario):
     assert d.boxes == ref.boxes
     assert d.path.value == ref.path
     assert {b: w.tier for b, w in d.why.items()} == ref.tiers
-    assert {b: r.code for b, r in d.refused.items()} == ref.refused
+    assert {b: r.code for b, r in d.ruled_out.items()} == ref.ruled_out
     check_partition(d, boxes, c.pin)
 
     by_id = {b.id: b for b in boxes}
-    for box_id, reason in d.refused.items():
+    for box_id, reason in d.ruled_out.items():
         if box_id not in by_id:
             assert reason.code is ReasonCode.UNKNOWN_BOX and box_id == c.pin
             continue
         b = by_id[box_id]
         # re-derivable from that box alone
         assert why_not(c, b, tried, eligible) == reason
-        assert decide(c, [b], tried, eligible).refused[box_id] == reason
+        assert decide(c, [b], tried, eligible).ruled_out[box_id] == reason
         assert reference_gate(c, b, tried, eligible) is reason.code
     for box_id in d.boxes:
         assert why_not(c, by_id[box_id], tried, eligible) is None
@@ -626,7 +626,7 @@ def test_remembered_verdicts_follow_every_change_of_facts(scenario, data):
         ref = reference_decide(c, boxes, frozenset(), None)
         assert d.boxes == ref.boxes
         assert {b: w.tier for b, w in d.why.items()} == ref.tiers
-        assert {b: r.code for b, r in d.refused.items()} == ref.refused
+        assert {b: r.code for b, r in d.ruled_out.items()} == ref.ruled_out
         other, boxes = boxes, other  # the next step swaps back and forth between both
 
 
@@ -635,6 +635,6 @@ def test_a_box_whose_facts_changed_is_judged_again():
     a, b = box("a", 0), box("b", 1)
     assert decide(c, [a, b]).boxes == ("a", "b")
     second = decide(c, [a, dataclasses.replace(b, online=False)])
-    assert second.boxes == ("a",) and second.refused["b"].code is ReasonCode.OFFLINE
+    assert second.boxes == ("a",) and second.ruled_out["b"].code is ReasonCode.OFFLINE
     # a's load moved (a new facts object): a is ranked again, b's first verdict is reused
     assert decide(c, [dataclasses.replace(a, pending=5), b]).boxes == ("b", "a")

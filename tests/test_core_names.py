@@ -8,7 +8,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router.core.names import call_key, hugpy_split, inventory_key, ollama_key
+from router.core.kinds import call_key, inventory_key
+from router.core.names import hugpy_split, ollama_key
 from router.core.types import BoxKind
 
 # --------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def both(tmp_path_factory):
     return {route: (got[OLD][route], got[NEW][route]) for route in got[OLD]}
 
 
-# Where this router answers otherwise on purpose, and why (README: remaining differences).
+# Where this router answers otherwise on purpose, and why (docs/operating.md: differences that remain).
 KNOWN = {
     # OpenAI's error object has a string `code` (or null): "no_box" here, 0.0.4 put the status
     # (503) there, which the HTTP status already says.

@@ -9,17 +9,22 @@ from router.boxes.config import BoxConfig
 from router.boxes.state import BoxState, Inventory
 from router.core.decide import decide
 from router.core.types import BoxKind, Call
+from router.serve.load import Load
 
 GIB = 1 << 30
 CALL = Call(model="m", kinds=frozenset({BoxKind.HUGPY}))
 
 
 class Rig:
-    """Boxes, the reservation table and the scheduler's steps, as the serve layer drives them."""
+    """Boxes, the reservation table and the scheduler's steps; each call's load is the serve
+    layer's own `Load` (router/serve/load.py), to which the rig is the scheduler (its generation,
+    its poke) and the wait queue (the slot a call leaves)."""
 
     def __init__(self, free_gib: list[int]) -> None:
         self.reservations = Reservations()
         self.generation = 0
+        self.pokes = 0
+        self.offered: list[str] = []  # boxes whose slot a call left
         self.boxes = []
         for i, free in enumerate(free_gib):
             box = BoxState(BoxConfig(name=f"b{i}", url=f"http://127.0.0.1:{9000 + i}"), i, i)
@@ -31,15 +36,22 @@ class Rig:
         decision = decide(CALL, [b.facts(self.reservations.count(b.index)) for b in self.boxes])
         return next(b for b in self.boxes if b.name == decision.boxes[0])
 
-    def start(self) -> tuple[BoxState, int]:
-        box = self.pick()
-        token = self.reservations.reserve(box.index, self.generation)
-        box.in_flight += 1
-        return box, token
+    def poke(self) -> None:
+        self.pokes += 1
 
-    def end(self, box: BoxState, token: int) -> None:
-        self.reservations.release(token)
-        box.in_flight -= 1
+    def freed(self, box: BoxState) -> None:
+        self.offered.append(box.name)
+
+    def start(self) -> tuple[BoxState, Load]:
+        box = self.pick()
+        load = Load(self.reservations, self, self)  # type: ignore[arg-type]
+        load.reserve(box)
+        return box, load
+
+    def end(self, box: BoxState, load: Load) -> None:
+        load.release()
+        assert load.box is None and load.token == 0
+        assert self.offered[-1] == box.name  # the slot it left is offered to the queue
 
     def snapshot(self) -> None:
         """What the scheduler publishes: pending is the router's calls on each box now."""
@@ -52,10 +64,11 @@ class Rig:
 def test_sequential_calls_follow_the_ranking_exactly_across_snapshots():
     rig = Rig([8, 6, 4])
     for _ in range(4):
-        box, token = rig.start()
+        box, load = rig.start()
         assert box.name == "b0"  # the most free GPU memory, every time
         rig.snapshot()  # published while the call runs: it counts the call as pending
-        rig.end(box, token)  # its release is for a superseded generation
+        rig.end(box, load)  # its release is for a superseded generation
+        assert box.in_flight == 0
 
 
 def test_a_burst_still_spreads():

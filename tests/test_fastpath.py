@@ -30,10 +30,10 @@ from router._fastpath import (
     FIRST_SUSPECT,
     HOLD,
     NDJSON,
-    RELAY,
     SSE,
     TOO_BIG,
     FrameScanner,
+    Relay,
     Reservations,
 )
 
@@ -324,18 +324,23 @@ def split_at(data: bytes, cuts) -> list[bytes]:
 
 
 def run(scanner, chunks: list[bytes]) -> dict:
-    """Feeds every chunk; returns what must not depend on where the chunks were cut."""
+    """Feeds every chunk until the first frame's verdict and keeps the rest, as the relay does;
+    returns what must not depend on where the chunks were cut."""
     verdicts = []
     first = None  # (verdict, start, end) of the chunk that ended the hold
     after: list[bytes] = []
     offset = 0
     for chunk in chunks:
+        if first is not None:
+            with pytest.raises(ValueError):
+                scanner.feed(chunk)  # a misuse once the first frame is judged
+            scanner.keep(chunk)
+            after.append(chunk)
+            offset += len(chunk)
+            continue
         verdict = scanner.feed(chunk)
         verdicts.append(verdict)
-        if first is not None:
-            assert verdict == RELAY
-            after.append(chunk)
-        elif verdict in (FIRST_CLEAN, FIRST_SUSPECT):
+        if verdict in (FIRST_CLEAN, FIRST_SUSPECT):
             first = (verdict, offset, offset + len(chunk))
         else:
             assert verdict in (HOLD, TOO_BIG)
@@ -348,8 +353,6 @@ def run(scanner, chunks: list[bytes]) -> dict:
     assert b"".join(held) + b"".join(after) == b"".join(chunks)
     return {
         "first": first,
-        "frames": scanner.frames,
-        "bytes_in": scanner.bytes_in,
         "first_data": scanner.first_data,
         "verdicts": verdicts,
     }
@@ -360,8 +363,6 @@ def check_against_model(framing: int, data: bytes, chunks: list[bytes], hold_lim
     model_scanner = FrameScannerModel(framing, hold_limit)
     model = run(model_scanner, chunks)
     assert real["verdicts"] == model["verdicts"]
-    assert real["frames"] == model["frames"]
-    assert real["bytes_in"] == model["bytes_in"] == len(data)
     assert real["first_data"] == model["first_data"]
     if model_scanner.first_end is None:
         assert real["first"] is None
@@ -386,8 +387,6 @@ def test_frame_scanner_split_invariance(case, data):
     check_against_model(framing, stream, with_empty)
 
     for run_ in (one_by_one, random_split):
-        assert run_["frames"] == whole["frames"]
-        assert run_["bytes_in"] == whole["bytes_in"]
         assert run_["first_data"] == whole["first_data"]
         assert (run_["first"] is None) == (whole["first"] is None)
         if whole["first"] is not None:
@@ -417,7 +416,7 @@ def test_frame_scanner_matches_model_with_small_hold_limit(case, limit, data):
     data=st.data(),
 )
 def test_frame_scanner_split_invariance_any_bytes(framing, pieces, data):
-    """Fuzz: any bytes at all (stray CRs included), cut anywhere, count and judge the same."""
+    """Fuzz: any bytes at all (stray CRs included), cut anywhere, judge the same."""
     stream = b"".join(pieces)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=8))
     bytewise = [stream[i : i + 1] for i in range(len(stream))]
@@ -426,7 +425,6 @@ def test_frame_scanner_split_invariance_any_bytes(framing, pieces, data):
     ]
     whole = results[0]
     for other in results[1:]:
-        assert other["frames"] == whole["frames"], stream
         assert other["first_data"] == whole["first_data"], stream
         assert (other["first"] is None) == (whole["first"] is None), stream
 
@@ -436,10 +434,9 @@ def test_frame_scanner_examples():
     assert sse.feed(b": ping\n\n") == HOLD
     assert sse.feed(b"event: x\n\n") == HOLD  # event-only block: still holding
     assert sse.feed(ROLE_FRAME + b"\n\ndata: a\n\n") == FIRST_CLEAN
-    assert sse.frames == 4  # the rest of the chunk is counted too
-    assert sse.feed(b"data: b\n\n") == RELAY
-    assert sse.frames == 5
     assert sse.first_data == ROLE_FRAME[len(b"data: ") :]
+    with pytest.raises(ValueError):
+        sse.feed(b"data: b\n\n")  # the rest is keep's
 
     err = FrameScanner(SSE)
     assert err.feed(HUGPY_ERROR_FRAME + b"\r\n\r") == HOLD
@@ -450,9 +447,6 @@ def test_frame_scanner_examples():
     assert nd.feed(b"\n\r\n") == HOLD
     assert nd.feed(b'{"error":"boom"}\n{"a":1}') == FIRST_SUSPECT
     assert nd.first_data == b'{"error":"boom"}'
-    assert nd.frames == 1
-    assert nd.feed(b"\n") == RELAY
-    assert nd.frames == 2
 
     with pytest.raises(ValueError):
         FrameScanner(3)
@@ -504,7 +498,7 @@ def test_frame_scanner_cr_at_chunk_end_is_not_always_crlf(framing, stream):
     cut = FrameScanner(framing)
     at = stream.index(b"\r") + 1  # cut between the two CRs
     cut_verdicts = [cut.feed(stream[:at]), cut.feed(stream[at:])]
-    assert (cut.frames, cut.first_data) == (whole.frames, whole.first_data)
+    assert cut.first_data == whole.first_data
 
     def first(verdicts):
         return next((v for v in verdicts if v != HOLD), HOLD)
@@ -512,31 +506,38 @@ def test_frame_scanner_cr_at_chunk_end_is_not_always_crlf(framing, stream):
     assert first(cut_verdicts) == first(whole_verdicts)
 
 
+def feed_or_keep(scanner, chunk: bytes) -> None:
+    """What the attempt and the relay do with a chunk: feed it until the verdict, then keep it."""
+    if scanner.relaying:
+        scanner.keep(chunk)
+    else:
+        scanner.feed(chunk)
+
+
 @settings(max_examples=400, deadline=None)
-@given(
-    st.lists(st.binary(max_size=40) | st.sampled_from([b"data: [DONE]", b"\n\n", b" \r\n", b"\t", b"data: [DO", b"NE]"]),
-             max_size=12),
-    st.sampled_from([b"data: [DONE]", b"x", b"]"]),
-)
-def test_ends_with_reads_the_kept_tail_as_the_plain_model_does(chunks, marker):
-    """`ends_with` (no allocation) against its plain model: the stream's last TAIL bytes,
-    trailing whitespace stripped, end with the marker; wherever the chunks were cut."""
+@given(st.lists(st.binary(max_size=40) | st.sampled_from([b"data: [DONE]", b"\n\n", b" \r\n", b"\t", b"data: [DO", b"NE]"]),
+                max_size=12))
+def test_a_stream_is_complete_by_its_kept_tail_as_the_plain_model_says(chunks):
+    """The relay's `complete` (the scanner's tail, read in place) against its plain model: the
+    stream's last TAIL bytes, trailing whitespace stripped, end with `data: [DONE]`; wherever the
+    chunks were cut."""
     scanner = FrameScanner(SSE)
     for chunk in chunks:
-        scanner.feed(chunk)
+        feed_or_keep(scanner, chunk)
     stream = b"".join(chunks)
-    assert scanner.ends_with(marker) == stream[-32:].rstrip(b" \t\r\n").endswith(marker)
+    assert Relay(scanner).complete() == stream[-32:].rstrip(b" \t\r\n").endswith(b"data: [DONE]")
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40) | st.sampled_from([b"data: [DONE]", b"\n\n", b" \r\n"]), max_size=12),
        st.integers(0, 12))
 def test_keep_tracks_the_tail_as_feed_does(chunks, switch):
-    """The relay's `keep` (no frame scan) leaves the same tail and byte count as `feed`."""
+    """The relay's `keep` (no frame scan) leaves the same tail as `feed`, whenever it takes over."""
     fed, kept = FrameScanner(SSE), FrameScanner(SSE)
     for i, chunk in enumerate(chunks):
-        fed.feed(chunk)
-        (kept.feed if i < switch else kept.keep)(chunk)
-    assert kept.bytes_in == fed.bytes_in
-    for marker in (b"data: [DONE]", b"]", b"x"):
-        assert kept.ends_with(marker) == fed.ends_with(marker)
+        feed_or_keep(fed, chunk)
+        if i < switch:
+            feed_or_keep(kept, chunk)
+        else:
+            kept.keep(chunk)
+    assert Relay(kept).complete() == Relay(fed).complete()

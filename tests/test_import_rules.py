@@ -11,6 +11,10 @@ The rules, per room, as the rooms of the project it may import (its own room alw
 - serve may import every room but the CLI and the simulated boxes;
 - sim shares no rule with the router: a stand-in must not import what it tests;
 - cli is the entry point: every room (it starts the simulated fleet as a child process).
+
+Inside serve, no module imports one that imports it back, even for a type only: where two
+pieces talk both ways, one side names what it needs as a protocol (proxy.CallHost,
+admin.AdminApp, load.SlotFreed).
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ def room_of(module: str) -> str | None:
 
 
 def modules(room: str) -> list[Path]:
-    if room == "_fastpath":
-        return [ROUTER / "_fastpath.pyx"]
+    if room == "_fastpath":  # the entry module and the subject files it includes
+        return [ROUTER / "_fastpath.pyx", *sorted(ROUTER.glob("_fastpath_*.pxi"))]
     return sorted((ROUTER / room).rglob("*.py"))
 
 
@@ -65,7 +69,7 @@ def imported(path: Path) -> list[tuple[int, str]]:
     """(line, dotted target) for every import in the file; `from a import b` yields `a.b`, so
     that `from router import serve` names the room it reaches."""
     text = path.read_text()
-    if path.suffix == ".pyx":
+    if path.suffix in (".pyx", ".pxi"):
         return [(text.count("\n", 0, m.start()) + 1, m.group(1) or m.group(2))
                 for m in _CYTHON_IMPORT_RE.finditer(text)]
     package = dotted(path) if path.name == "__init__.py" else dotted(path).rpartition(".")[0]
@@ -121,3 +125,60 @@ def test_the_reader_sees_relative_function_level_and_from_package_imports(tmp_pa
         "router/store/bad.py:1 imports router.serve",
         "router/store/bad.py:3 imports router.facades.body",
     ]
+
+
+def module_graph(room: str) -> dict[str, set[str]]:
+    """module -> the modules of the same room it imports, TYPE_CHECKING blocks included."""
+    graph: dict[str, set[str]] = {}
+    names = {dotted(path) for path in modules(room)}
+    for path in modules(room):
+        reached = set()
+        for _, target in imported(path):
+            while target and target not in names:
+                target = target.rpartition(".")[0]  # `from router.serve.x import Y` reaches x
+            if target and target != f"router.{room}":
+                reached.add(target)
+        graph[dotted(path)] = reached - {dotted(path)}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_serve_has_no_import_circle():
+    assert circles(module_graph("serve")) == []
+
+
+def test_the_circle_finder_sees_a_type_only_circle():
+    graph = {"app": {"admin", "proxy"}, "admin": {"app"}, "proxy": set(), "load": {"admission"},
+             "admission": {"load"}}
+    assert sorted(circles(graph)) == [["admin", "app"], ["admission", "load"]]

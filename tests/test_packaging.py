@@ -42,7 +42,8 @@ def test_sdist_builds_and_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     assert sdist.name == f"hugpy_router-{router.__version__}.tar.gz"
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
-    assert {"router/_fastpath.pyx", "setup.py", "README.md", "router/store/schema/0001_router.sql"} <= members
+    assert {"router/_fastpath.pyx", "router/_fastpath_reservations.pxi", "router/_fastpath_stream.pxi",
+            "router/_fastpath_body.pxi", "setup.py", "README.md", "router/store/schema/0001_router.sql"} <= members
     assert "router/_fastpath.c" not in members
 
     _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -50,7 +51,7 @@ def test_sdist_builds_and_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     wheel = next(dist.glob("hugpy_router-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("router/_fastpath") and n.endswith(".so") for n in names)
-    assert not [n for n in names if n.endswith((".pyx", ".c"))]
+    assert not [n for n in names if n.endswith((".pyx", ".pxi", ".c"))]
     metadata = zipfile.ZipFile(wheel).read(
         f"hugpy_router-{router.__version__}.dist-info/METADATA").decode()
     for field in ("License-Expression:", "Requires-Python: >=3.11", "Classifier:", "Project-URL:",

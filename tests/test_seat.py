@@ -26,9 +26,9 @@ class Box:
 
 def seat_for(admission: Admission) -> tuple[Seat, Lifecycle]:
     route, _ = FACADE.route("POST", "/v1/chat/completions")
-    record = CallRecord("call-1", FACADE, route, types.SimpleNamespace(caller="127.0.0.1"))
-    reply = Reply(types.SimpleNamespace(), FACADE, record, on_left=lambda: None)
     life = Lifecycle()
+    record = CallRecord("call-1", FACADE, route, types.SimpleNamespace(caller="127.0.0.1"), life)
+    reply = Reply(types.SimpleNamespace(), FACADE, record, on_left=lambda: None)
     life.fire(Event.BODY_IN)
     load = types.SimpleNamespace(count_on=lambda box: None)
     return Seat(admission, reply, life, load, lambda facts: Decision(Path.RANKED, ("b",), {}, {})), life

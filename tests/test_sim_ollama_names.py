@@ -37,6 +37,7 @@ RULE_CASES = [
     # a scheme is cut off the host part only, and any scheme is (ParseNameBare's strings.Cut)
     "http://model", "https://ns/model", "ftp://example.com/library/m:t", "HTTP://Example.com/ns/m",
     "git+ssh://h:22/ns/m", "http://http://h/n/m", "://h/n/m", "h://", "https://m:cloud",
+    "http:///ns/m", "/ns/m",
 ]
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import uvloop
 
-from router.upstream.pool import HIGH_WATER_BYTES, FirstByteTimeout, Origin, request_head
+from router.upstream.pool import HIGH_WATER_BYTES, Deadline, FirstByteTimeout, Origin, request_head
 
 BODY = b"y" * (HIGH_WATER_BYTES * 9 // 8)  # its last read crosses the pause mark and ends the answer
 
@@ -36,7 +36,7 @@ def test_a_connection_paused_for_a_slow_reader_goes_back_to_the_pool_readable():
             first.done()
             second = await origin.send(head, b"")
             assert second.reused
-            second.arm_timeout(3, FirstByteTimeout("the reused connection is not being read"))
+            second.keep(Deadline(3, FirstByteTimeout("the reused connection is not being read")), timer=True)
             await second.head
             data = await second.read_all(1 << 30)
             second.done()

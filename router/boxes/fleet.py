@@ -35,6 +35,7 @@ from router.boxes.openai import OpenAILink
 from router.boxes.state import BoxState
 from router.boxes.store_watch import HugpyStoreLink
 from router.core.errors import ConfigError
+from router.core.kinds import Capability, can
 from router.core.types import BoxFacts, BoxKind
 
 log = logging.getLogger("router.boxes")
@@ -49,8 +50,8 @@ LINKS: dict[BoxKind, type[Link]] = {
 
 
 def link_class(cfg: BoxConfig) -> type[Link]:
-    """The box kind's link, except that a hugpy box with a `store` path watches that file."""
-    if cfg.kind is BoxKind.HUGPY and cfg.store:
+    """The box kind's link, except that a box with a `store` path watches that file."""
+    if cfg.store and can(cfg.kind, Capability.STORE_WATCH):
         return HugpyStoreLink
     return LINKS[cfg.kind]
 

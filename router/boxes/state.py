@@ -35,7 +35,7 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin

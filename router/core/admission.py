@@ -17,8 +17,8 @@ Rules (tests/test_core_admission.py pins each against the plain model in tests/m
    flight counts as full for that model at n calls (n = 0: full for it) for
    `backoff_s(consecutive refusals)`: doubling from BACKOFF_BASE_S, capped at BACKOFF_CAP_S. So
    a box that is busy, not broken, keeps the load it proved it takes and no more, and one that
-   cannot place the model at all is left alone. A success resets the count (the serve layer
-   keeps the counts and ceilings; this is the formula).
+   cannot place the model at all is left alone. A success resets the count (the box's state
+   keeps the counts and ceilings: router/boxes/state.py rule 3; this is the formula).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Waiter:
         self.priority = priority
         self.boxes = boxes
         self.seq = -1  # set by push
-        self.ticket = ticket  # the serve layer's handle (its future); the queue never reads it
+        self.ticket = ticket  # the waiting call as the serve layer knows it (a Seat); never read here
 
     def __repr__(self) -> str:
         return f"Waiter({self.caller!r}, {self.priority.name}, {sorted(self.boxes)}, #{self.seq})"

@@ -6,7 +6,7 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    blocked, already tried for this call, model not advertised (neither resident nor in the
    catalog), cooling for this model (it refused to place it lately with this many calls in
    flight or fewer: admission rule 7), full (at its in-flight limit, admission rule 1). A call
-   refused only for the last two waits for room. Pools (hugpy-router's seed: "eligible: ... the
+   whose boxes are ruled out only for the last two waits for room. Pools (hugpy-router's seed: "eligible: ... the
    call's pool"): a call without a pool goes only to boxes without a pool, a call with a pool
    only to that pool's boxes, and a pin without a pool reaches the pinned box whatever its pool.
    An empty pool is no pool. Failover passes `eligible` (the first decision's ranked set) so
@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 from router.core.admission import is_full
 from router.core.affinity import Steer, place
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.core.types import (
     BoxFacts,
     Call,
@@ -149,7 +149,7 @@ def decide(
     Cost: about 1.3 µs per box whose facts changed since the last decision for the same call,
     ~0.3 µs per box whose facts did not (see `_verdicts`); a failover decision works out every
     box (bench/micro.py measures both). Every box is gated and ranked so that it can explain
-    itself (the refused reasons go into the 503 body and the route log). The call's name is
+    itself (the reasons of the boxes ruled out go into the 503 body and the route log). The call's name is
     parsed once per box kind, not per box.
 
     Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
@@ -164,7 +164,7 @@ def decide(
             if len(_verdicts) >= MEMO_CALLS:
                 _verdicts.clear()
             memo = _verdicts[call] = {}
-    refused: dict[str, Reason] = {}
+    ruled_out: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
     named_by_kind: dict = {}  # the call's (key, settings) per box kind, worked out once
     for box in boxes:
@@ -186,13 +186,13 @@ def decide(
             if memo is not None:
                 memo[box.id] = (box, reason, key, why)
         if reason is not None:
-            refused[box.id] = reason
+            ruled_out[box.id] = reason
         else:
             ranked.append((key, box.id, why))  # type: ignore[arg-type]
     if call.pin is not None and all(box.id != call.pin for box in boxes):
-        refused[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
+        ruled_out[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
     if not ranked:
-        return Decision(Path.REFUSED, (), {}, refused)
+        return Decision(Path.REFUSED, (), {}, ruled_out)
     # A rank key ends with the box's unique id, so keys never tie and the plain tuple sort
     # never compares past them.
     ranked.sort()
@@ -203,5 +203,5 @@ def decide(
         path,
         tuple(box_id for _, box_id, _ in ranked),
         {box_id: why for _, box_id, why in ranked},
-        refused,
+        ruled_out,
     )

@@ -1,24 +1,43 @@
-"""One call's lifecycle: its phases, the events that move it, and the failover step. Pure.
+"""One call's lifecycle: its phases, the events that move it, what the CallClock does in each
+phase, how the row's state follows from the end, and the failover step. Pure.
 
     RECEIVING --body_in--> DECIDING --decided--> DISPATCHING --sent--> SENT --head--> HELD
         HELD --judged--> JUDGED --committed--> RELAYING --done--> ENDED
-    DECIDING --queued--> QUEUED --decided--> DISPATCHING
+    DECIDING --queued--> QUEUED --admitted--> DECIDING            (the queue handed it a slot)
     DISPATCHING | SENT | HELD --box_failed--> DECIDING          (a refusal before the first byte)
     RELAYING --box_failed--> ENDED                               (after it, nothing is rerouted)
-    every phase but ENDED --client_left | deadline--> ENDED
+    every phase but ENDED --client_left--> ENDED
+    RECEIVING | QUEUED --deadline--> ENDED                       (the call's own deadlines)
     RECEIVING | DECIDING | QUEUED --done--> ENDED                (the router answered by itself)
+    SENT --sent--> SENT                                          (a resend after a stale-connection race)
+    ENDED --any event--> ENDED                                   (late news: see rule 2)
 
 Rules:
 1. `TRANSITIONS` is the whole machine; `Lifecycle.fire` raises IllegalTransition (naming the
-   phase and the event) for anything else, and ENDED takes no event.
-2. Nothing of a box's answer reaches the client before it is judged: COMMITTED is only taken
+   phase and the event) for anything else: that is a bug in the router.
+2. An event after the end is expected, not an error: a box's head that lands as its client
+   leaves, a write that finds the client gone after its answer was whole. ENDED takes every
+   event and stays ENDED; `ended_by` keeps the event that ended the call.
+3. Nothing of a box's answer reaches the client before it is judged: COMMITTED is only taken
    from JUDGED, and JUDGED only from HELD (the head is in, the first frame held).
-3. A box slot (the reservation and the in-flight count) is taken on DECIDED, moved to the next
-   box by the next DECIDED after a failover, and released on QUEUED and on ENDED: a waiting
-   call holds none, an ended call holds none (the serve layer does each at its event).
-4. `next_attempt` is the failover step: the next box to try, or why none (`Stop`). A pinned
+4. A box slot (the reservation and the in-flight count) is taken on DECIDED, or by the queue's
+   hand-out (ADMITTED: the slot is counted before the call wakes), moved to the next box by the
+   next DECIDED after a failover, and released on QUEUED and on ENDED: a waiting call holds
+   none, an ended call holds none (the serve layer does each at its event).
+5. DEADLINE is the call's own deadlines only: its body's (RECEIVING) and its queue's (QUEUED).
+   A box's deadlines (its first byte, its silence after it) are that box failing: BOX_FAILED.
+6. Each CallClock tick does the `TICK_DUTIES` of the call's phase, and nothing else (the body's
+   deadline is kept for its read by the same clock: serve/body.py).
+7. `next_attempt` is the failover step: the next box to try, or why none (`Stop`). A pinned
    call is never rerouted; at most `max_boxes` boxes are tried; a decision that ranked nothing
    but left full or cooling boxes waits for room.
+
+Who fires what (router/serve): the call's task fires its own steps through the piece that takes
+them (proxy.py: body_in, decided, box_failed before the first byte, done, and the body's deadline
+as its read runs out; admission.py's Seat: queued, admitted; attempt.py: sent, head, judged;
+deliver.py: committed, box_failed after it). Events from outside the call (client_left, however
+it is seen, and the queue's deadline) have one entry, `ProxyCall.outside`. The one exception: the queue's hand-out (`Seat.admit`) runs in the task of
+the call that freed the slot, and fires ADMITTED there, so that no arrival takes the slot first.
 """
 
 from __future__ import annotations
@@ -31,7 +50,7 @@ from router.core.types import Decision
 
 class Phase(str, Enum):
     RECEIVING = "receiving"  # the body is being read
-    DECIDING = "deciding"  # inspect and decide (again, after a refusal)
+    DECIDING = "deciding"  # inspect and decide (again, after a refusal or a hand-out)
     QUEUED = "queued"  # every owner full or cooling: waiting for a slot
     DISPATCHING = "dispatching"  # a box is chosen and holds the call's slot; connecting
     SENT = "sent"  # the request is out; waiting for the box's head
@@ -45,6 +64,7 @@ class Event(str, Enum):
     BODY_IN = "body_in"
     DECIDED = "decided"
     QUEUED = "queued"
+    ADMITTED = "admitted"
     SENT = "sent"
     HEAD = "head"
     JUDGED = "judged"
@@ -62,24 +82,50 @@ class IllegalTransition(Exception):
         self.event = event
 
 
-_ENDINGS = {Event.CLIENT_LEFT: Phase.ENDED, Event.DEADLINE: Phase.ENDED}
+_LEFT = {Event.CLIENT_LEFT: Phase.ENDED}
+_DUE = {Event.DEADLINE: Phase.ENDED}
 
 TRANSITIONS: dict[Phase, dict[Event, Phase]] = {
-    Phase.RECEIVING: {Event.BODY_IN: Phase.DECIDING, Event.DONE: Phase.ENDED, **_ENDINGS},
+    Phase.RECEIVING: {Event.BODY_IN: Phase.DECIDING, Event.DONE: Phase.ENDED, **_LEFT, **_DUE},
     Phase.DECIDING: {
         Event.DECIDED: Phase.DISPATCHING,
         Event.QUEUED: Phase.QUEUED,
         Event.DONE: Phase.ENDED,
-        **_ENDINGS,
+        **_LEFT,
     },
-    Phase.QUEUED: {Event.DECIDED: Phase.DISPATCHING, Event.DONE: Phase.ENDED, **_ENDINGS},
-    Phase.DISPATCHING: {Event.SENT: Phase.SENT, Event.BOX_FAILED: Phase.DECIDING, **_ENDINGS},
-    Phase.SENT: {Event.HEAD: Phase.HELD, Event.BOX_FAILED: Phase.DECIDING, **_ENDINGS},
-    Phase.HELD: {Event.JUDGED: Phase.JUDGED, Event.BOX_FAILED: Phase.DECIDING, **_ENDINGS},
-    Phase.JUDGED: {Event.COMMITTED: Phase.RELAYING, **_ENDINGS},
-    Phase.RELAYING: {Event.BOX_FAILED: Phase.ENDED, Event.DONE: Phase.ENDED, **_ENDINGS},
-    Phase.ENDED: {},
+    Phase.QUEUED: {Event.ADMITTED: Phase.DECIDING, Event.DONE: Phase.ENDED, **_LEFT, **_DUE},
+    Phase.DISPATCHING: {Event.SENT: Phase.SENT, Event.BOX_FAILED: Phase.DECIDING, **_LEFT},
+    Phase.SENT: {Event.SENT: Phase.SENT, Event.HEAD: Phase.HELD, Event.BOX_FAILED: Phase.DECIDING, **_LEFT},
+    Phase.HELD: {Event.JUDGED: Phase.JUDGED, Event.BOX_FAILED: Phase.DECIDING, **_LEFT},
+    Phase.JUDGED: {Event.COMMITTED: Phase.RELAYING, **_LEFT},
+    Phase.RELAYING: {Event.BOX_FAILED: Phase.ENDED, Event.DONE: Phase.ENDED, **_LEFT},
+    Phase.ENDED: dict.fromkeys(Event, Phase.ENDED),  # rule 2
 }
+
+# The phases in which a call is at a box: its client is watched and the box's deadline kept.
+AT_A_BOX = frozenset({Phase.DISPATCHING, Phase.SENT, Phase.HELD, Phase.JUDGED, Phase.RELAYING})
+
+
+class Duty(str, Enum):
+    """What a CallClock tick does for a call (rule 6)."""
+
+    QUEUE_DEADLINE = "queue_deadline"  # it waited longer than the queue's timeout: DEADLINE
+    WATCH_CLIENT = "watch_client"  # start the disconnect watcher (never before the body is in:
+    # until then the client's receive() belongs to the body)
+    BOX_DEADLINE = "box_deadline"  # the box's first byte or its silence is overdue (rule 5)
+    KEEPALIVE = "keepalive"  # a streamed call still without an answer gets its comment
+
+
+_AT_A_BOX_DUTIES = (Duty.WATCH_CLIENT, Duty.BOX_DEADLINE, Duty.KEEPALIVE)
+
+TICK_DUTIES: dict[Phase, tuple[Duty, ...]] = {
+    Phase.RECEIVING: (),  # the body's deadline is its read's own (serve/body.py)
+    Phase.DECIDING: (Duty.KEEPALIVE,),
+    Phase.QUEUED: (Duty.QUEUE_DEADLINE, Duty.KEEPALIVE),
+    **dict.fromkeys(AT_A_BOX, _AT_A_BOX_DUTIES),
+    Phase.ENDED: (),
+}
+
 
 class Lifecycle:
     """The phase of one call, moved only through TRANSITIONS."""
@@ -90,17 +136,36 @@ class Lifecycle:
         self.phase = Phase.RECEIVING
         self.ended_by: Event | None = None  # the event that ended the call
 
+    @property
+    def ended(self) -> bool:
+        return self.ended_by is not None
+
     def fire(self, event: Event) -> Phase:
+        """Moves the call by `event`; returns the new phase. Raises IllegalTransition when the
+        table has no such step (a bug); an event after the end changes nothing (rule 2)."""
         phase = TRANSITIONS[self.phase].get(event)
         if phase is None:
             raise IllegalTransition(self.phase, event)
-        if phase is Phase.ENDED:
+        if phase is Phase.ENDED and self.ended_by is None:
             self.ended_by = event
         self.phase = phase
         return phase
 
-    def can(self, event: Event) -> bool:
-        return event in TRANSITIONS[self.phase]
+
+def row_state(ended_by: Event | None, status: int, failure: str | None, turned_away: bool) -> str:
+    """The route-log state of a call that ended by `ended_by`, whose answer (if any went out) had
+    `status`, its error code `failure`, and came from the router itself when `turned_away`:
+    - the client left: `cancelled`;
+    - a deadline passed, or the box failed after the first byte: `failed`;
+    - otherwise (DONE) the answer says: `refused` when the router turned the call away (no box,
+      queue full), `failed` for an error answer or none at all, else `done`."""
+    if ended_by is Event.CLIENT_LEFT:
+        return "cancelled"
+    if ended_by is Event.DEADLINE or ended_by is Event.BOX_FAILED:
+        return "failed"
+    if turned_away:
+        return "refused"
+    return "failed" if failure is not None or not status else "done"
 
 
 class Stop(str, Enum):

@@ -1,4 +1,5 @@
-"""Model names per box kind: how a client's string becomes a box's inventory key.
+"""Model names per box kind: how a client's string becomes a box's inventory key (each kind's
+rule is named in its description, router.core.kinds).
 
 Rules (one per kind; a call reaching a box uses that box's kind's rule):
 1. hugpy: `base@options`. The key is the base before the first `@`, stripped. Options split on
@@ -17,8 +18,6 @@ Rules (one per kind; a call reaching a box uses that box's kind's rule):
 from __future__ import annotations
 
 import re
-
-from router.core.types import BoxKind
 
 OLLAMA_DEFAULT_HOST = "registry.ollama.ai"
 OLLAMA_DEFAULT_NAMESPACE = "library"
@@ -76,8 +75,10 @@ def ollama_key(name: str) -> str | None:
         rest, slash, namespace = rest.rpartition("/")
         if slash:
             # What is left is the host, whatever it holds (a `/` in it fails the part rule);
-            # Ollama cuts any `scheme://` off the host alone, never off a whole name.
-            host = rest.split("://", 1)[-1]
+            # Ollama cuts any `scheme://` off the host alone, never off a whole name, and a
+            # scheme with nothing after it leaves the host empty: the default, as when absent.
+            # An empty part before a `/` is missing, which no part rule accepts.
+            host = (rest.split("://", 1)[-1] or OLLAMA_DEFAULT_HOST) if rest else ""
     for kind, value in (("host", host), ("namespace", namespace), ("model", model), ("tag", tag)):
         if not _PART_RE[kind].fullmatch(value):
             return None
@@ -90,19 +91,24 @@ def ollama_key(name: str) -> str | None:
     return shown.lower()
 
 
-def inventory_key(kind: BoxKind, advertised: str) -> str | None:
-    """The key under which a box's own advertised name is stored in its inventory view."""
-    if kind is BoxKind.OLLAMA:
-        return ollama_key(advertised)
-    return advertised
+def hugpy_call_key(model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Rule 1: (base, settings) of a call's model on a hugpy box; None if it has no base."""
+    base, settings = hugpy_split(model)
+    return (base, settings) if base else None
 
 
-def call_key(kind: BoxKind, model: str, body_settings: str | None) -> tuple[str, str | None] | None:
-    """Returns (key, settings) for a call's model on a box of `kind`, or None if invalid there."""
-    if kind is BoxKind.HUGPY:
-        base, settings = hugpy_split(model)
-        return (base, settings) if base else None
-    if kind is BoxKind.OLLAMA:
-        key = ollama_key(model)
-        return None if key is None else (key, body_settings)
+def ollama_call_key(model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Rule 2: (key, the body's runner options) on an ollama box; None if Ollama would refuse
+    the name."""
+    key = ollama_key(model)
+    return None if key is None else (key, body_settings)
+
+
+def exact_call_key(model: str, body_settings: str | None) -> tuple[str, str | None] | None:
+    """Rule 3: the id exactly as sent, with no settings; None if empty."""
     return (model, None) if model else None
+
+
+def exact_key(advertised: str) -> str | None:
+    """Rule 3 for a box's own advertised name: as it is."""
+    return advertised

@@ -23,50 +23,16 @@ When no box is left to try, the client gets the status the last refusal stands f
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
+from router.core.kinds import KINDS
+from router.core.refusal_code import RefusalCode
 from router.core.types import BoxKind
-
-
-class RefusalCode(StrEnum):
-    """Why a box did not take a call, or failed it: the one vocabulary of the upstream pool's
-    errors, the judge (this module), the route log's `error` and attempts, and the metrics'
-    `reason` label. A StrEnum, so a code is its stable string wherever it is written; a value is
-    never renamed."""
-
-    # the exchange itself (router.upstream.pool)
-    UPSTREAM_ERROR = "upstream_error"
-    UNREACHABLE = "unreachable"
-    CONNECTION_LOST = "connection_lost"
-    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-    STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
-    BAD_RESPONSE = "bad_response"
-    CANCELLED = "cancelled"
-    # a refusing status (rule 2)
-    HTTP_502 = "http_502"
-    HTTP_503 = "http_503"
-    HTTP_504 = "http_504"
-    # what the answer says (rules 3-6)
-    MODEL_NOT_FOUND = "model_not_found"
-    NO_MODEL_LOADED = "no_model_loaded"
-    STREAM_ERROR = "stream_error"
-    NOT_FOUND_ERROR = "not_found_error"
-    # hugpy's placement failures (contracts/hugpy-wrapper.md §4)
-    LOAD_ERROR = "load_error"
-    INSUFFICIENT_RESOURCES = "insufficient_resources"
-    PROFILE_MATERIALIZING = "profile_materializing"
-    PROFILE_ERROR = "profile_error"
-    ENGINE_UNAVAILABLE = "engine_unavailable"
-    FIRST_CALL_EXCLUSIVE = "first_call_exclusive"
-    CENTRAL_SOURCE_CONSTRAINT = "central_source_constraint"
-    MAINTENANCE = "maintenance"
-    WORKER_RESERVED = "worker_reserved"
 
 
 R = RefusalCode
 REFUSAL_STATUSES = frozenset({502, 503, 504})
-# Rule 7's statuses by refusal code; a code not listed and not in REFUSAL_TYPES is 502.
+# Rule 7's statuses by refusal code; a code not listed and in no kind's refusal types is 502.
 IN_BAND_STATUSES = {R.NOT_FOUND_ERROR: 404, R.MODEL_NOT_FOUND: 404, R.WORKER_RESERVED: 423}
 
 # Refusals that say "no room for this model here now" (hugpy's placement failures, a 503 such
@@ -74,28 +40,9 @@ IN_BAND_STATUSES = {R.NOT_FOUND_ERROR: 404, R.MODEL_NOT_FOUND: 404, R.WORKER_RES
 # back-off (router.core.admission rule 7) instead of drawing the next call at once.
 PLACEMENT_REFUSALS = frozenset({R.INSUFFICIENT_RESOURCES, R.WORKER_RESERVED, R.HTTP_503, R.NO_MODEL_LOADED})
 
-REFUSAL_TYPES: dict[BoxKind, frozenset[RefusalCode]] = {
-    BoxKind.HUGPY: frozenset(
-        {
-            R.LOAD_ERROR,
-            R.INSUFFICIENT_RESOURCES,
-            R.PROFILE_MATERIALIZING,
-            R.PROFILE_ERROR,
-            R.ENGINE_UNAVAILABLE,
-            R.FIRST_CALL_EXCLUSIVE,
-            R.CENTRAL_SOURCE_CONSTRAINT,
-            R.MAINTENANCE,
-            R.NOT_FOUND_ERROR,
-            R.WORKER_RESERVED,
-        }
-    ),
-    BoxKind.OLLAMA: frozenset({R.NOT_FOUND_ERROR}),
-    BoxKind.LMSTUDIO: frozenset({R.MODEL_NOT_FOUND}),
-    BoxKind.OPENAI: frozenset({R.MODEL_NOT_FOUND, R.NOT_FOUND_ERROR}),
-}
-
+# A kind's refusal types, its 404 rule and its no-model message are its description's
+# (router.core.kinds).
 HUGPY_NOT_FOUND_PREFIX = "model not found on this box"
-LMSTUDIO_NO_MODEL_PREFIX = "No models loaded"
 
 
 def _error_fields(body: Any) -> tuple[str | None, str | None, str]:
@@ -118,7 +65,8 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str]:
 def classify_reply(kind: BoxKind, status: int, body: Any) -> RefusalCode | None:
     """Returns a refusal code for a non-2xx answer (`body` = its parsed JSON or None), or None."""
     etype, code, message = _error_fields(body)
-    refusal_types = REFUSAL_TYPES[kind]
+    rules = KINDS[kind]
+    refusal_types = rules.refusal_types
     if etype in refusal_types:
         return RefusalCode(etype)
     if code in refusal_types:
@@ -126,9 +74,9 @@ def classify_reply(kind: BoxKind, status: int, body: Any) -> RefusalCode | None:
     if status in REFUSAL_STATUSES:
         return RefusalCode(f"http_{status}")
     if status == 404:
-        if kind is BoxKind.OLLAMA or message.startswith(HUGPY_NOT_FOUND_PREFIX):
+        if rules.refusal_404 or message.startswith(HUGPY_NOT_FOUND_PREFIX):
             return R.MODEL_NOT_FOUND
-    if kind is BoxKind.LMSTUDIO and message.startswith(LMSTUDIO_NO_MODEL_PREFIX):
+    if rules.no_model_prefix is not None and message.startswith(rules.no_model_prefix):
         return R.NO_MODEL_LOADED
     return None
 
@@ -139,7 +87,7 @@ def classify_first_frame(kind: BoxKind, frame: Any) -> RefusalCode | None:
         return None
     if "error" in frame:
         etype, code, _ = _error_fields(frame)
-        known = REFUSAL_TYPES[kind]
+        known = KINDS[kind].refusal_types
         # Only codes we know become the refusal's code: the box's own text never reaches a log
         # row or a metrics label.
         return RefusalCode(etype) if etype in known else RefusalCode(code) if code in known else R.STREAM_ERROR
@@ -159,6 +107,6 @@ def in_band_status(refusal: RefusalCode, frame: Any) -> int:
         return code
     if refusal in IN_BAND_STATUSES:
         return IN_BAND_STATUSES[refusal]
-    if any(refusal in types for types in REFUSAL_TYPES.values()):
+    if any(refusal in rules.refusal_types for rules in KINDS.values()):
         return 503
     return 502

@@ -42,7 +42,7 @@ class ReasonCode(str, Enum):
     UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
 
 
-# A box refused for one of these can take the call later: the call waits for it (admission).
+# A box ruled out for one of these can take the call later: the call waits for it (admission).
 WAIT_REASONS = frozenset({ReasonCode.COOLING, ReasonCode.FULL})
 
 
@@ -140,26 +140,29 @@ class Why(NamedTuple):
 class Decision:
     """The ranked boxes to try, and why every other box is out.
 
-    Every input box lands in exactly one of `why` (ranked, in `boxes` order) or `refused`.
+    Every input box lands in exactly one of `why` (ranked, in `boxes` order) or `ruled_out` (the
+    gate's reason). Three words, three things: the gate rules a box out (a `Reason`), a box
+    refuses a call (router.core.refusal), the router turns a call away (the row's `refused`).
     """
 
     path: Path
     boxes: tuple[str, ...]
     why: Mapping[str, Why]
-    refused: Mapping[str, Reason]
+    ruled_out: Mapping[str, Reason]
 
     @property
     def waits_for(self) -> frozenset[str]:
         """When nothing is ranked: the boxes that could take the call once they have room."""
-        return frozenset(box for box, reason in self.refused.items() if reason.code in WAIT_REASONS)
+        return frozenset(box for box, reason in self.ruled_out.items() if reason.code in WAIT_REASONS)
 
     def reasons_text(self) -> dict[str, str]:
-        return {box: reason.text() for box, reason in self.refused.items()}
+        return {box: reason.text() for box, reason in self.ruled_out.items()}
 
     def log_doc(self) -> dict:
         """What the route log keeps, in hugpy-router 0.0.4's shape: the ranked `boxes`, `why`
-        each is there (its tier), the `refused` with reasons. (The rank keys would double a
-        row's size, and a row's size is most of its cost.)"""
+        each is there (its tier), and the boxes ruled out with their reasons (0.0.4's key:
+        `refused`). (The rank keys would double a row's size, and a row's size is most of its
+        cost.)"""
         why = self.why
         return {"boxes": list(self.boxes), "why": {box: why[box].tier for box in self.boxes},
                 "refused": self.reasons_text()}

@@ -5,8 +5,8 @@ Rules:
 1. Every handler here is an admin route; the app checks access before calling it.
 2. SQLite work (the route-log cursor, key changes) runs in a worker thread, never on the loop.
 3. Bad input is a 400 (413 for a body over its limit, 415 for a JSON body sent as anything but
-   `application/json`, 408 for a body that does not arrive within the proxied routes'
-   `BODY_TIMEOUT_S`) in the OpenAI error shape, never a 500.
+   `application/json`, 408 for a body that does not arrive within `body.BODY_TIMEOUT_S`, as for
+   a proxied call) in the OpenAI error shape, never a 500.
 4. The relay reaches only the listed management paths of a hugpy box, with the box's key
    (which never leaves the router). The path, as the server decoded it once, is split into
    segments and must start with one of `RELAY_PATHS` segment for segment (`v1/telemetryX` is
@@ -21,26 +21,50 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from pathlib import Path
+from typing import Awaitable, Callable, Protocol
 from urllib.parse import quote
 
 import apsw
 import orjson
+from prometheus_client import CollectorRegistry
 
 from router.boxes import config as boxes_config
+from router.boxes.fleet import Fleet
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
+from router.core.kinds import Capability, can
 from router.core.types import BoxKind
-from router.serve import dashboard, event_feed, proxy
+from router.serve import dashboard, event_feed
+from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
+from router.serve.clock import CallClock
 from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
 from router.store import route_log
+from router.store.keys import KeyStore
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
-if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
-    from router.serve.app import RouterApp
+
+class AdminState(Protocol):
+    """What the admin routes read of the process's shared state (app.py's `Shared`)."""
+
+    fleet: Fleet
+    keys: KeyStore
+    tenancy: Tenancy
+    clock: CallClock
+    max_body_bytes: int
+    store_path: Path
+    scraped: CollectorRegistry
+
+
+class AdminApp(Protocol):
+    """The app the admin routes are mounted in (app.py's `RouterApp`, which imports this module:
+    a protocol, so that this module need not import it back)."""
+
+    shared: AdminState
+
 
 JSON = b"application/json"
 BOX_BODY_MAX_BYTES = 64 * 1024
@@ -68,36 +92,31 @@ _VISIBLE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"\\"}
 # Percent-encoded again on the way out: everything but RFC 3986 unreserved and sub-delims.
 _SEGMENT_SAFE = "!$&'()*+,;=:@"
 
-Handler = Callable[["RouterApp", Edge], Awaitable[None]]
+Handler = Callable[[AdminApp, Edge], Awaitable[None]]
 
 
 async def _json(edge, status: int, doc) -> None:
     await edge.respond(status, [(b"content-type", JSON)], orjson.dumps(doc))
 
 
-async def _error(app: RouterApp, edge: Edge, status: int, code: str, message: str) -> None:
+async def _error(app: AdminApp, edge: Edge, status: int, code: str, message: str) -> None:
     from router.facades.openai import shape_error
 
     await edge.respond(status, [(b"content-type", JSON)], shape_error(status, code, message, None))
 
 
-async def _body(app: RouterApp, edge: Edge, limit: int) -> bytes | None:
-    """The request body, up to `limit` bytes and within the proxied routes' body timeout; None
-    once a refusal (408, 413, 400) has been answered (rule 3)."""
+async def _body(app: AdminApp, edge: Edge, limit: int) -> bytes | None:
+    """The request body, up to `limit` bytes and within the body timeout (body.py, as for a
+    proxied call); None once a refusal (408, 413, 400) has been answered (rule 3)."""
+    deadline_s = body_deadline(asyncio.get_running_loop().time())
     try:
-        async with asyncio.timeout(proxy.BODY_TIMEOUT_S):
-            return await edge.read_body(limit)
-    except TimeoutError:
-        await _error(app, edge, 408, "body_timeout",
-                     f"the request body did not arrive within {proxy.BODY_TIMEOUT_S:.0f} s")
-    except BodyTooLarge:
-        await _error(app, edge, 413, "body_too_large", f"body over {limit} bytes")
-    except ClientLeft:
-        await _error(app, edge, 400, "bad_body", "the request body could not be read")
+        return await read_body(edge, limit, deadline_s, app.shared.clock)
+    except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
+        await _error(app, edge, *refusal(exc, limit))
     return None
 
 
-async def _json_object(app: RouterApp, edge: Edge, limit: int) -> dict | None:
+async def _json_object(app: AdminApp, edge: Edge, limit: int) -> dict | None:
     """The request body as a JSON object (rule 3); None once a refusal has been answered."""
     if not access.is_json(edge.header("content-type")):
         verdict = access.NOT_JSON
@@ -122,11 +141,11 @@ def _query(edge: Edge) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
-async def state(app: RouterApp, edge: Edge) -> None:
+async def state(app: AdminApp, edge: Edge) -> None:
     await _json(edge, 200, dashboard.state_doc(app.shared))
 
 
-async def telemetry(app: RouterApp, edge: Edge) -> None:
+async def telemetry(app: AdminApp, edge: Edge) -> None:
     """The route-log cursor: `since` (after that id) and `limit`, oldest first as 0.0.4; or
     `tail=N`, the newest N rows (still oldest first, with `next` to follow on from)."""
     query = _query(edge)
@@ -152,7 +171,7 @@ async def telemetry(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, doc)
 
 
-async def keys(app: RouterApp, edge: Edge) -> None:
+async def keys(app: AdminApp, edge: Edge) -> None:
     store = app.shared.keys
     loop = asyncio.get_running_loop()
     if edge.method == "GET":
@@ -185,7 +204,7 @@ async def keys(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 201, {**row, "key": key, "note": "store this key now; it is not shown again"})
 
 
-async def priority(app: RouterApp, edge: Edge) -> None:
+async def priority(app: AdminApp, edge: Edge) -> None:
     """POST /v1/keys/<id>/priority {"priority": "high"|"normal"|"low"}: the key's class."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/priority")
     doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
@@ -206,7 +225,7 @@ async def priority(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, {"id": key_id, "priority": wanted})
 
 
-async def limits(app: RouterApp, edge: Edge) -> None:
+async def limits(app: AdminApp, edge: Edge) -> None:
     """PUT /v1/keys/<id>/limits {"rpm": N, ..., "models": [...]}: changes the key's limits (a field
     absent kept, null removed), live from the next call (docs/tenancy.md)."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/limits")
@@ -224,7 +243,7 @@ async def limits(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, {"id": key_id, "limits": changed.doc()})
 
 
-async def usage(app: RouterApp, edge: Edge) -> None:
+async def usage(app: AdminApp, edge: Edge) -> None:
     """GET /v1/keys/<id>/usage (one key) and GET /v1/keys/usage (every live key): usage in the
     current and previous period, what is left of each limit, when it resets."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("usage").rstrip("/")
@@ -240,7 +259,7 @@ async def usage(app: RouterApp, edge: Edge) -> None:
         await _error(app, edge, 404, "not_found", f"no key {key_id}")
 
 
-async def revoke(app: RouterApp, edge: Edge) -> None:
+async def revoke(app: AdminApp, edge: Edge) -> None:
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/revoke")
     revoked = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.revoke, key_id)
     if not revoked:
@@ -249,12 +268,12 @@ async def revoke(app: RouterApp, edge: Edge) -> None:
     await _json(edge, 200, {"id": key_id, "revoked": True})
 
 
-async def boxes(app: RouterApp, edge: Edge) -> None:
+async def boxes(app: AdminApp, edge: Edge) -> None:
     shared = app.shared
     await _json(edge, 200, {"boxes": [box_view(box) for box in shared.fleet.ordered()]})
 
 
-async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int = 200,
+async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int = 200,
                       note: dict | None = None) -> None:
     """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
     off the loop; a box that is this router itself is refused before anything is written. The
@@ -289,7 +308,7 @@ async def _edit_boxes(app: RouterApp, edge: Edge, name: str, change, status: int
     await _json(edge, 201 if result is True else status, {**box_view(box), **(note or {})})
 
 
-async def box_put(app: RouterApp, edge: Edge) -> None:
+async def box_put(app: AdminApp, edge: Edge) -> None:
     """POST /v1/boxes: add a box, or replace the one of that name (201 added, 200 replaced)."""
     doc = await _json_object(app, edge, BOX_BODY_MAX_BYTES)  # never quoted: it may hold a key
     if doc is None:
@@ -329,13 +348,13 @@ def _box_name(edge) -> str:
     return edge.path.removeprefix("/v1/boxes/").partition("/")[0]
 
 
-async def box_delete(app: RouterApp, edge: Edge) -> None:
+async def box_delete(app: AdminApp, edge: Edge) -> None:
     """DELETE /v1/boxes/<name>."""
     name = _box_name(edge)
     await _edit_boxes(app, edge, name, lambda boxes: boxes.remove(name))
 
 
-async def box_update(app: RouterApp, edge: Edge) -> None:
+async def box_update(app: AdminApp, edge: Edge) -> None:
     """PUT /v1/boxes/<name>: change its pool, kind, store, agent, max_inflight or key (null
     clears one); every other field stays."""
     name = _box_name(edge)
@@ -347,7 +366,7 @@ async def box_update(app: RouterApp, edge: Edge) -> None:
     await _edit_boxes(app, edge, name, lambda boxes: boxes.update(name, **fields))
 
 
-async def box_block(app: RouterApp, edge: Edge) -> None:
+async def box_block(app: AdminApp, edge: Edge) -> None:
     """POST /v1/boxes/<name>/block and /unblock."""
     name = _box_name(edge)
     blocked = edge.path.endswith("/block")
@@ -371,7 +390,7 @@ def relay_target(path: str, query: str) -> str | None:
     return target if safe_target(target) else None
 
 
-async def relay(app: RouterApp, edge: Edge) -> None:
+async def relay(app: AdminApp, edge: Edge) -> None:
     rest = edge.path.removeprefix("/v1/boxes/")
     name, _, path = rest.partition("/")
     box = app.shared.fleet.get(name)
@@ -382,7 +401,7 @@ async def relay(app: RouterApp, edge: Edge) -> None:
         await _error(app, edge, 405, "method_not_allowed", f"{edge.method} is not relayed")
         return
     target = relay_target(path, edge.query)
-    if box.config.kind is not BoxKind.HUGPY or target is None:
+    if not can(box.config.kind, Capability.RELAY) or target is None:
         await _error(app, edge, 403, "not_relayed", "this is not a relayed management path")
         return
     body = await _body(app, edge, app.shared.max_body_bytes)
@@ -401,7 +420,7 @@ async def relay(app: RouterApp, edge: Edge) -> None:
     await edge.respond(status, [(b"content-type", answer_type), (b"x-hugpy-box", name.encode())], data)
 
 
-async def metrics(app: RouterApp, edge: Edge) -> None:
+async def metrics(app: AdminApp, edge: Edge) -> None:
     body, content_type = exposition(app.shared.scraped, edge.header("accept"))
     await edge.respond(200, [(b"content-type", content_type)], body)
 

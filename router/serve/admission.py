@@ -32,12 +32,20 @@ from router.core.lifecycle import Event, Lifecycle
 from router.core.types import BoxFacts, Call, Decision
 from router.serve.load import Load
 from router.serve.reply import Reply
-from router.serve.tenancy import Charge
 
 # The drain rate is measured over the last hand-outs, at most this many seconds back and at
 # most this many of them.
 DRAIN_WINDOW_S = 30.0
 DRAIN_SAMPLES = 4096
+
+
+class CallerSlot(Protocol):
+    """A call's slot with its caller's `max_parallel` (serve/tenancy.py's `Charge`; a protocol,
+    since tenancy offers freed slots back to the queue: rule 5)."""
+
+    def has_room(self) -> bool: ...
+
+    def take_slot(self) -> bool: ...
 
 
 class Waiting(Protocol):
@@ -160,7 +168,7 @@ class Seat:
     __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "charge", "waiter", "turn", "queued_s")
 
     def __init__(self, admission: Admission, reply: Reply, life: Lifecycle, load: Load,
-                 decide_now: Callable[[list[BoxFacts]], Decision], charge: Charge | None = None) -> None:
+                 decide_now: Callable[[list[BoxFacts]], Decision], charge: CallerSlot | None = None) -> None:
         self.admission = admission
         self.fleet = admission.fleet
         self.reply = reply
@@ -188,7 +196,7 @@ class Seat:
         if self.waiter is None:
             await self.reply.error(
                 429, "queue_full", "every box for this model is full and the queue is full",
-                {"boxes": decision.reasons_text()}, state="refused", retry_after_s=admission.retry_after_s(),
+                {"boxes": decision.reasons_text()}, turned_away=True, retry_after_s=admission.retry_after_s(),
             )
             return False
         loop = asyncio.get_running_loop()
@@ -209,7 +217,7 @@ class Seat:
             if turn_future.cancelled() or not turn_future.done():  # type: ignore[union-attr]
                 admission.leave(self.waiter, "left")  # type: ignore[arg-type]
             self.waiter = None
-        self.reply.record.waited_ms = round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3)
+        self.reply.record.queued(round((asyncio.get_running_loop().time() - self.queued_s) * 1000, 3))
         if turn is None and self.life.ended_by is Event.DEADLINE:
             await self.reply.error(
                 503, "queue_timeout", f"no box for this model had room within {admission.timeout_s:g} s",
@@ -223,23 +231,23 @@ class Seat:
     def admit(self, decision: Decision) -> None:
         """The queue hands the call a slot: it counts on its box (and its key, rule 5) now,
         before anything else runs (rule 2), then the call wakes."""
-        self.reply.record.decision = decision
-        self.life.fire(Event.DECIDED)
+        self.reply.record.decided(decision)
+        self.life.fire(Event.ADMITTED)
         self.load.count_on(self.fleet.get(decision.boxes[0]))
         if self.charge is not None:
             self.charge.take_slot()
         self.turn.set_result(decision)  # type: ignore[union-attr]
 
-    def leave(self, event: Event, outcome: str) -> bool:
-        """The client left (`left`) or the wait passed the timeout (`queue_timeout`): out of the
+    def leave(self, event: Event) -> bool:
+        """The client left (CLIENT_LEFT) or the wait passed the timeout (DEADLINE): out of the
         queue without a box. False when it is not waiting (or was handed out already)."""
+        outcome = "queue_timeout" if event is Event.DEADLINE else "left"
         if self.waiter is None or not self.admission.leave(self.waiter, outcome):
             return False
         self.life.fire(event)
         self.turn.set_result(None)  # type: ignore[union-attr]
         return True
 
-    def expire(self, now_s: float) -> None:
-        """The CallClock's look (rule 3)."""
-        if now_s - self.queued_s > self.admission.timeout_s:
-            self.leave(Event.DEADLINE, "queue_timeout")
+    def overdue(self, now_s: float) -> bool:
+        """The wait has passed the queue's timeout (rule 3)."""
+        return now_s - self.queued_s > self.admission.timeout_s

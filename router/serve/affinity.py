@@ -43,7 +43,7 @@ from router.core.affinity import (
     key_of,
     response_key,
 )
-from router.core.names import call_key
+from router.core.kinds import call_key
 from router.facades.usage import response_id
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ Rules:
 3. A sized answer up to INLINE_BODY_LIMIT is read whole; a larger or unsized one waits for its
    first body bytes, so that broken framing before them is a refusal, not a cut 200.
 4. The box's first byte must come within the first-byte timeout; after it, the box may be silent
-   for the stream idle timeout (both are deadlines the CallClock keeps, `Exchange.expire`).
+   for the stream idle timeout (the exchange's one deadline at a time, which the CallClock keeps:
+   `Exchange.keep`, `Exchange.expire`).
 5. A reused connection that the box closed as the request went out (it read nothing) is retried
    once on a fresh one (`Exchange.stale_race`).
 """
@@ -28,14 +29,15 @@ import orjson
 
 from router._fastpath import FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG, FrameScanner
 from router.boxes.state import BoxState
-from router.core.lifecycle import Event, Lifecycle, Phase
+from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
-from router.core.types import BoxKind
+from router.core.kinds import Capability, can
 from router.serve.edge import Edge
 from router.serve.hops import via_line
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ConnectFailed,
+    Deadline,
     Exchange,
     ExchangeAborted,
     FirstByteTimeout,
@@ -121,7 +123,7 @@ class Attempt:
         (hops.py), hugpy's parent id, and only the PASSED_HEADERS of the client's."""
         box = self.box
         lines = [box.auth_header, via_line(edge)]
-        if box.config.kind is BoxKind.HUGPY:
+        if can(box.config.kind, Capability.CALL_ID):
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:
             value = edge.header(name)
@@ -143,9 +145,8 @@ class Attempt:
                 exchange.abort(ExchangeAborted("client left"))
                 self.cancel()
                 return LEFT
-            if self.life.phase is Phase.DISPATCHING:  # (a resend after a stale-connection race: SENT)
-                self.life.fire(Event.SENT)
-            exchange.arm_deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte"))
+            self.life.fire(Event.SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
+            exchange.keep(Deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte")))
             try:
                 return await self.judge(exchange)
             except UpstreamError as exc:
@@ -174,7 +175,7 @@ class Attempt:
     def cancel(self) -> None:
         """Posts the call's cancel to a hugpy box, in the background: a box in the middle of a
         cold load, or stuck mid-answer, may not notice a closed socket."""
-        if self.box.config.kind is BoxKind.HUGPY:
+        if can(self.box.config.kind, Capability.CANCEL):
             task = asyncio.get_running_loop().create_task(self._post_cancel())
             _CANCELS.add(task)
             task.add_done_callback(_CANCELS.discard)
@@ -204,7 +205,7 @@ class Attempt:
             return await self.hold_first_frame(exchange, framing)
         if sized and int(length) <= INLINE_BODY_LIMIT:  # rule 3
             data = await exchange.read_all(INLINE_BODY_LIMIT)  # still under the first-byte timer
-            exchange.disarm()
+            exchange.keep(None)
             return self.judged(exchange, data)
         chunks = await exchange.next_chunks()
         self.watch_silence(exchange)
@@ -248,4 +249,4 @@ class Attempt:
     def watch_silence(self, exchange: Exchange) -> None:
         """The first byte is in: from now the box may be silent for the stream idle timeout."""
         timeout_s = self.idle_timeout_s
-        exchange.arm_idle(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"))
+        exchange.keep(Deadline(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"), silence=True))

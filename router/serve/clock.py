@@ -6,7 +6,7 @@ start of its disconnect watcher, a keep-alive. Then the wait queue looks at its 
 
 Why not a timer per deadline: a call has three (its body, the box's first byte, the start of its
 disconnect watcher; the box's silence after the first byte reuses the first byte's slot,
-`Exchange.arm_idle`), and arming and cancelling three uvloop timers cost ~8 µs of every call's
+a silence `Deadline`), and arming and cancelling three uvloop timers cost ~8 µs of every call's
 CPU, while joining and leaving this set costs well under one. The price is precision: a deadline
 fires up to one tick late, nothing beside 60 s or 900 s, and a watcher starts 50-100 ms into a
 call instead of at 50 ms. A sweep costs ~0.08 µs per call in flight (timeit: 0.16 ms for 2,000

@@ -68,8 +68,7 @@ class Delivery:
         """Rules 1 and 2."""
         self.life.fire(Event.COMMITTED)
         reply, record = self.reply, self.reply.record
-        record.answered(judged.status, "failed" if judged.failure else "done", judged.failure)
-        record.stream = judged.stream
+        record.answered(judged.status, judged.failure, stream=judged.stream)
         if judged.failure is None:
             box.took(record.call, asyncio.get_running_loop().time())  # type: ignore[arg-type]
         headers = reply.box_headers(box.name, judged.headers)
@@ -78,7 +77,7 @@ class Delivery:
             return
         if judged.body is not None:
             if judged.failure is None:
-                record.tail = (judged.body,)
+                record.kept_tail((judged.body,))
             await reply.respond(judged.status, headers, judged.body)
             return
         await reply.start(judged.status, headers)
@@ -93,12 +92,12 @@ class Delivery:
             if self.life.ended_by is Event.CLIENT_LEFT:
                 return
             if exchange.bytes_in > INLINE_BODY_LIMIT:
-                self.reply.record.ended("failed", NOT_A_STREAM)
+                self.reply.record.ended(NOT_A_STREAM)
                 await self.end_stream(NOT_A_STREAM_FRAME)
                 return
             await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
             return
-        self.reply.record.tail = (body,)
+        self.reply.record.kept_tail((body,))
         await self.reply.respond(judged.status, [], body)
 
     async def relay_answer(self, judged: Judged, attempt: Attempt, asked_usage: bool) -> None:
@@ -114,25 +113,24 @@ class Delivery:
                 await strip.flush()
             if exchange.close_delimited and not relay.complete():  # rule 4
                 raise ConnectionLost("stream closed before its end")
-            record.tail = (relay.last, relay.data)  # a whole answer's end: a trace's token usage
+            record.kept_tail((relay.last, relay.data))  # a whole answer's end: a trace's token usage
             await edge.finish()
         except ClientLeft:
             self.reply.on_left()
         except UpstreamError as exc:
-            if self.life.ended_by is not Event.CLIENT_LEFT:
+            if self.life.ended_by is None:  # (a client that left, or left after the end, ended it)
                 await self.failed_mid_answer(judged, attempt, isinstance(exc, StreamIdle))
         finally:
-            record.bytes_out += relay.bytes_out
+            record.sent(relay.bytes_out - (strip.dropped_bytes if strip is not None else 0))
             if strip is not None:
-                record.bytes_out -= strip.dropped_bytes
-                record.usage_frame = strip.usage
+                record.kept_usage(strip.usage)
 
     async def failed_mid_answer(self, judged: Judged, attempt: Attempt, silent: bool) -> None:
         """Rule 3."""
         failure = StreamIdle.refusal if silent else MID_STREAM_FAILED
         log.debug("call %s: box %s %s", self.reply.record.call_id, attempt.box.name, failure)
         self.life.fire(Event.BOX_FAILED)
-        self.reply.record.ended("failed", failure)
+        self.reply.record.ended(failure)
         if silent:
             attempt.cancel()  # its connection is closed; a stuck box may not notice
         if judged.scanner is not None:

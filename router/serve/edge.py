@@ -51,7 +51,9 @@ class BodyTooLarge(Exception):
 
 
 class ClientLeft(Exception):
-    """The client disconnected (its connection closed under a read or a write)."""
+    """The client disconnected, as a read of its body found (both interfaces) or a write (RSGI
+    only: on ASGI, Granian drops a write to a gone client silently, granian#650, so there the
+    disconnect watcher is what notices a client that left mid-answer)."""
 
 
 # A body up to this size is joined on the loop (~0.1 ms). A larger one on a worker thread:

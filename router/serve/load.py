@@ -16,20 +16,24 @@ Rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from router._fastpath import Reservations
 from router.boxes.state import BoxState
+from router.telemetry.scheduler import Scheduler
 
-if TYPE_CHECKING:
-    from router.serve.admission import Admission
-    from router.telemetry.scheduler import Scheduler
+
+class SlotFreed(Protocol):
+    """Told when a call leaves a box, to offer the slot it left (admission.py's `Admission`: a
+    protocol, so that the wait queue and the load need not import each other)."""
+
+    def freed(self, box: BoxState) -> None: ...
 
 
 class Load:
     __slots__ = ("reservations", "scheduler", "admission", "box", "token")
 
-    def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: Admission) -> None:
+    def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: SlotFreed) -> None:
         self.reservations = reservations
         self.scheduler = scheduler
         self.admission = admission

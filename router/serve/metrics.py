@@ -93,7 +93,7 @@ class Metrics:
     def __init__(self) -> None:
         self.calls: dict[tuple[str, str, int], int] = defaultdict(int)  # (facade, box, status)
         self.failovers: dict[str, int] = defaultdict(int)
-        self.refused: dict[str, int] = defaultdict(int)
+        self.turned_away: dict[str, int] = defaultdict(int)  # calls no box would take, per facade
         self.ttfb = ByCall(LATENCY_BUCKETS_S)
         self.duration = ByCall(LATENCY_BUCKETS_S)
         self.overhead = Histogram(OVERHEAD_BUCKETS_S)
@@ -109,8 +109,8 @@ class Metrics:
             refusal = attempt.get("refusal")
             if refusal is not None:
                 self.failovers[refusal] += 1
-        if record.state == "refused":
-            self.refused[facade] += 1
+        if record.turned_away:
+            self.turned_away[facade] += 1
         self.duration[(facade, box)].observe(time.perf_counter() - record.t_received)
         if record.t_first_byte:
             self.ttfb[(facade, box)].observe(record.t_first_byte - record.t_received)
@@ -247,7 +247,7 @@ class RouterCollector:
             failovers.add_metric([reason], count)
         yield failovers
         no_box = CounterMetricFamily("router_no_box", "Calls no box could take, by facade.", labels=["facade"])
-        for facade, count in sorted(metrics.refused.items()):
+        for facade, count in sorted(metrics.turned_away.items()):
             no_box.add_metric([facade], count)
         yield no_box
 

@@ -27,26 +27,26 @@ log = logging.getLogger("router.proxy")
 async def refuse(reply: Reply, call: Call, decision: Decision, boxes_path: Path) -> None:
     """Rule 1."""
     call_id = reply.record.call_id
-    pinned = decision.refused.get(call.pin) if call.pin is not None else None
+    pinned = decision.ruled_out.get(call.pin) if call.pin is not None else None
     if pinned is not None and pinned.code is ReasonCode.UNKNOWN_BOX:
-        fleet = ", ".join(box for box in decision.refused if box != call.pin) or "none"
+        fleet = ", ".join(box for box in decision.ruled_out if box != call.pin) or "none"
         await reply.error(
             404, "unknown_box", f"no box named {clip(call.pin, ECHO_CHARS)!r} in the fleet (its boxes: {fleet})",
-            {"type": "unknown_box", "reasons": decision.reasons_text(), "request_id": call_id}, state="refused",
+            {"type": "unknown_box", "reasons": decision.reasons_text(), "request_id": call_id}, turned_away=True,
         )
         return
     if pinned is not None:
         message = f"box {call.pin} cannot serve model {call.model!r}: {pinned.text()}"
     else:
         message = f"no box can serve model {call.model!r}"
-    if not decision.refused:
+    if not decision.ruled_out:
         message += f": the fleet is empty (no boxes in {boxes_path})"
     await reply.error(
         reply.facade.no_box_status,
         "no_box",
         message,
         {"type": "no_box", "reasons": decision.reasons_text(), "request_id": call_id},
-        state="refused",
+        turned_away=True,
     )
     if log.isEnabledFor(logging.DEBUG):
         log.debug("call %s refused: %s", call_id, decision.reasons_text())
@@ -61,7 +61,7 @@ async def give_up(reply: Reply, last: Refusal | None) -> None:
         return
     box_name = record.box.name  # type: ignore[union-attr]
     if last.status >= 400:
-        record.answered(last.status, "failed", last.code)
+        record.answered(last.status, last.code)
         await reply.respond(last.status, reply.box_headers(box_name, list(last.headers)), last.body)
         return
     status = in_band_status(last.code, last.frame)
@@ -72,5 +72,5 @@ async def give_up(reply: Reply, last: Refusal | None) -> None:
         message = "the box refused the call"
     body = reply.facade.shape_error(status, last.code, message, fields)
     headers = [(b"content-type", JSON), (b"x-hugpy-box", box_name.encode()), reply.id_header()]
-    record.answered(status, "failed", last.code)
+    record.answered(status, last.code)
     await reply.respond(status, headers, body)

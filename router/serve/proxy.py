@@ -10,9 +10,9 @@ DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover
 - `Attempt` (attempt.py): send to one box and judge the answer; it returns a verdict;
 - `Delivery` (deliver.py): commit once, then the answer whole or relayed (_fastpath.Relay);
 - no_box.py: the answers when no box takes the call.
-Two things reach the call from outside its task, as events: the CallClock's time (`tick`:
-a deadline, the start of the disconnect watcher, a keep-alive) and the client's leaving
-(`client_left`).
+Two things reach the call from outside its task: the CallClock's time (`tick`, which does the
+phase's duties, router.core.lifecycle.TICK_DUTIES) and the client's leaving; the events they
+bring (deadline, client_left) have one entry, `outside`.
 
 Rules:
 1. Nothing reaches the client before the box's answer is judged (attempt.py). A refusal excludes
@@ -26,8 +26,8 @@ Rules:
    hugpy box also gets `POST /v1/requests/<call id>/cancel`; a call it leaves in the queue is
    never sent to a box.
 5. Its deadlines (the body's, the box's first byte, the box's silence after it, the queue's) are
-   the CallClock's (clock.py). The body's is the one that cancels the call's task: nothing else
-   interrupts an edge's read of the body.
+   the CallClock's (clock.py). The body's (body.py) is the one that cancels the call's task:
+   nothing else interrupts an edge's read of the body.
 6. No body, chunk, prompt or key is logged; per-call lines are debug level.
 """
 
@@ -37,39 +37,59 @@ import asyncio
 import itertools
 import logging
 import os
-import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from router._fastpath import Reservations
+from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
 from router.core.admission import Priority
 from router.core.affinity import Key, Steer
-from router.core.limits import Refused
 from router.core.decide import decide
 from router.core.errors import BadRequest
-from router.core.lifecycle import Event, Lifecycle, Phase, Stop, next_attempt
+from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
+from router.core.limits import Refused
 from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
 from router.serve import hops, no_box
-from router.serve.admission import Seat
+from router.serve.access import AccessGate
+from router.serve.admission import Admission, Seat
+from router.serve.affinity import Affinity
 from router.serve.attempt import Attempt, Refusal
+from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
+from router.serve.clock import CallClock
 from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
-from router.serve.tenancy import STATUS, Charge
+from router.serve.tenancy import STATUS, Charge, Tenancy
+from router.telemetry.scheduler import Scheduler
 
-if TYPE_CHECKING:  # the app imports this module: its type only, for the signatures
-    from router.serve.app import RouterApp
+
+class CallHost(Protocol):
+    """What a call reads of the app it runs in (app.py's `RouterApp`, which imports this module:
+    a protocol, so that this module need not import it back): shared pieces and limits."""
+
+    fleet: Fleet
+    reservations: Reservations
+    scheduler: Scheduler
+    admission: Admission
+    access: AccessGate
+    tenancy: Tenancy
+    affinity: Affinity
+    clock: CallClock
+    max_body_bytes: int
+    first_byte_timeout_s: float
+    stream_idle_timeout_s: float
+    stream_keepalive_s: float
+
+    def observe(self, record: CallRecord) -> None: ...
 
 log = logging.getLogger("router.proxy")
 
 MAX_BOXES_PER_CALL = 3
-# A client that stalls mid-upload must not hold a connection forever; a 64 MiB upload at
-# 10 Mbit/s still fits (nginx's client_body_timeout is 60 s between reads, ours is the whole).
-BODY_TIMEOUT_S = 60.0
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
@@ -79,8 +99,6 @@ WATCH_AFTER_S = 0.05
 # a larger one on a worker thread, where the scan holds no GIL, so the loop goes on serving
 # (bench/body_stall.py). A thread hop costs ~0.1 ms, more than scanning a small body.
 INLINE_INSPECT_BYTES = 256 << 10
-# The phases in which a call is at a box: its client is watched and its exchange's deadline kept.
-AT_A_BOX = frozenset({Phase.DISPATCHING, Phase.SENT, Phase.HELD, Phase.JUDGED, Phase.RELAYING})
 
 _CALL_PREFIX = "rt-" + os.urandom(8).hex()  # this process's; the counter makes each id unique
 _call_numbers = itertools.count(1)
@@ -96,19 +114,19 @@ class ProxyCall:
 
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
-        "attempt", "delivery", "tried", "eligible", "task", "started_s", "watch", "seat", "asked_priority",
+        "attempt", "delivery", "tried", "eligible", "started_s", "watch", "seat", "asked_priority",
         "affinity_key", "steer",
         "charge", "usage_body",
     )
 
-    def __init__(self, app: RouterApp, edge: Edge, facade: Facade, route: Route) -> None:
+    def __init__(self, app: CallHost, edge: Edge, facade: Facade, route: Route) -> None:
         self.app = app
         self.edge = edge
         self.facade = facade
         self.route = route
         self.call_id = new_call_id()
         self.life = Lifecycle()
-        self.record = CallRecord(self.call_id, facade, route, edge)
+        self.record = CallRecord(self.call_id, facade, route, edge, self.life)
         self.reply = Reply(edge, facade, self.record, self.client_left)
         self.load = Load(app.reservations, app.scheduler, app.admission)
         self.body = b""
@@ -116,7 +134,6 @@ class ProxyCall:
         self.delivery = Delivery(self.reply, self.life)
         self.tried: list[str] = []  # boxes that refused it (failover never returns to them)
         self.eligible: frozenset[str] | None = None  # the first decision's boxes, once decided
-        self.task: asyncio.Task | None = None
         self.started_s = 0.0  # loop time when the call began
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
@@ -134,7 +151,6 @@ class ProxyCall:
     # -- the call's own task -------------------------------------------------------------------
     async def run(self) -> None:
         clock = self.app.clock
-        self.task = asyncio.current_task()
         self.started_s = asyncio.get_running_loop().time()
         clock.calls.add(self)
         try:
@@ -154,45 +170,34 @@ class ProxyCall:
             self.load.release()
             self.app.tenancy.ended(self.record, self.charge)
             try:
-                if self.life.phase is not Phase.ENDED:
-                    self.life.fire(Event.DONE)
+                self.life.fire(Event.DONE)  # (an ended call stays as it ended)
             finally:
                 self.app.observe(self.record)
 
     async def read(self) -> bool:
         """The body, then what the call asks for. False when it was answered instead (400,
         408, 413)."""
-        reply = self.reply
+        reply, limit = self.reply, self.app.max_body_bytes
         try:
-            self.body = await self.edge.read_body(self.app.max_body_bytes)
-        except asyncio.CancelledError:
-            if self.life.ended_by is not Event.DEADLINE:
-                raise
-            self.task.uncancel()  # type: ignore[union-attr]
-            await reply.error(408, "body_timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s")
+            self.body = await read_body(self.edge, limit, body_deadline(self.started_s), self.app.clock)
+        except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
+            if isinstance(exc, ClientLeft):  # answered in case it is still there
+                self.outside(Event.CLIENT_LEFT)
+            elif isinstance(exc, BodyTimeout):
+                self.life.fire(Event.DEADLINE)
+            await reply.error(*refusal(exc, limit))
             return False
-        except BodyTooLarge:
-            await reply.error(413, "body_too_large", f"body over {self.app.max_body_bytes} bytes")
-            return False
-        except ClientLeft:
-            # The client left mid-upload, or sent a body the server could not frame (a bad
-            # chunked encoding reads as a disconnect): answer in case it is still there.
-            await reply.error(400, "bad_body", "the request body could not be read", state="cancelled")
-            self.record.failure = "client_left"
-            return False
-        record = self.record
-        record.t_body = time.perf_counter()
-        record.bytes_in = len(self.body)
+        self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
         try:
             inspected = await self.inspect()
+            call, stream, self.asked_priority, max_tokens = inspected[:4]
+            self.record.asked(call)
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
-        record.call, stream, self.asked_priority = inspected.call, inspected.stream, inspected.priority
-        max_tokens = inspected.max_tokens
         affinity = self.app.affinity
-        if affinity.on and record.call.pin is None:
+        if affinity.on and call.pin is None:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
             self.steer = affinity.steer(self.affinity_key)
         if stream and self.facade.sse_keepalive:
@@ -202,15 +207,15 @@ class ProxyCall:
         return await self.admitted(max_tokens)
 
     async def admitted(self, max_tokens: int | None) -> bool:
-        """The call against its key's limits (serve/tenancy.py rule 1); False when refused."""
+        """The call against its key's limits (serve/tenancy.py rule 1); False when turned away."""
         charge = self.app.tenancy.admit(self.edge, self.record.call, self.record.text_bytes, max_tokens)  # type: ignore[arg-type]
         if isinstance(charge, Refused):
-            await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, state="refused",
+            await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, turned_away=True,
                                    retry_after_s=charge.retry_after_s or None)
             return False
         if charge is not None:
             self.charge = charge
-            self.record.limit_headers = charge.headers
+            self.record.limited(charge.headers)
         return True
 
     async def inspect(self) -> Inspected:
@@ -227,7 +232,8 @@ class ProxyCall:
         """Decides, waits for room if it must, then tries the decision's boxes in turn (the
         failover step: router.core.lifecycle's next_attempt) until one takes the call."""
         fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
-        record.decision = decision = self.decide_now(fleet.facts())
+        decision = self.decide_now(fleet.facts())
+        record.decided(decision)
         if decision.path is Path.REFUSED and not decision.waits_for:
             await no_box.refuse(self.reply, self.record.call, decision, fleet.path)  # type: ignore[arg-type]
             return
@@ -272,14 +278,10 @@ class ProxyCall:
     # -- one box -------------------------------------------------------------------------------
     async def try_box(self, box: BoxState) -> Refusal | None:
         """Sends the call to `box` and delivers its answer; the refusal when it refused."""
-        if self.life.phase is Phase.DECIDING:  # (a call the queue admitted is dispatched)
-            self.life.fire(Event.DECIDED)
+        self.life.fire(Event.DECIDED)
         record = self.record
-        record.box = box
         self.load.reserve(box)
-        t_started = time.perf_counter()
-        if not record.attempts:
-            record.t_sent = t_started
+        t_started = record.attempting(box)
         app = self.app
         attempt = self.attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s,
                                          app.stream_idle_timeout_s)
@@ -298,7 +300,7 @@ class ProxyCall:
         finally:
             attempt.done()
             self.attempt = None
-            record.attempt_ended(box.name, t_started, refusal.status if refusal else record.status,
+            record.attempted(box.name, t_started, refusal.status if refusal else record.status,
                                  refusal.code if refusal else None)
         return refusal
 
@@ -324,37 +326,55 @@ class ProxyCall:
 
     # -- events from outside the call's task ---------------------------------------------------
     def tick(self, now: float) -> None:
-        """The CallClock's look at this call: a deadline passed, or time to watch the client."""
-        phase = self.life.phase
-        if phase is Phase.RECEIVING:
-            if now - self.started_s > BODY_TIMEOUT_S:
-                self.life.fire(Event.DEADLINE)
-                self.task.cancel()  # type: ignore[union-attr]  # (rule 5)
-        elif phase is Phase.QUEUED:
-            self.seat.expire(now)  # type: ignore[union-attr]
-        elif phase in AT_A_BOX:
-            # Only once the body is in: until then receive() belongs to the body.
-            if self.watch is None and now - self.started_s >= WATCH_AFTER_S:
-                self.watch = self.edge.watch_disconnect(self.client_left)
-            attempt = self.attempt
-            if attempt is not None and attempt.exchange is not None:
-                attempt.exchange.expire(now)
+        """The CallClock's look at this call: the duties of its phase (TICK_DUTIES)."""
+        for duty in TICK_DUTIES[self.life.phase]:
+            DUTIES[duty](self, now)
+
+    def queue_overdue(self, now: float) -> None:
+        if self.seat is not None and self.seat.overdue(now):
+            self.outside(Event.DEADLINE)
+
+    def watch_client(self, now: float) -> None:
+        if self.watch is None and now - self.started_s >= WATCH_AFTER_S:
+            self.watch = self.edge.watch_disconnect(self.client_left)
+
+    def box_overdue(self, now: float) -> None:
+        attempt = self.attempt
+        if attempt is not None and attempt.exchange is not None:
+            attempt.exchange.expire(now)  # the box failing: its attempt sees the error
+
+    def keepalive_due(self, now: float) -> None:
         if self.reply.keepalive_s:
             self.reply.keep_alive_due(now, self.started_s)
 
     def client_left(self) -> None:
-        """The client went away: end the box's work now. Safe to call more than once."""
-        if not self.life.can(Event.CLIENT_LEFT):
-            return  # the call has ended already
-        if self.seat is not None and self.seat.leave(Event.CLIENT_LEFT, "left"):
-            self.record.ended("cancelled", "client_left")
-            return
-        self.life.fire(Event.CLIENT_LEFT)
-        if self.delivery.delivered:  # the answer is whole: a hang-up now cancels nothing
+        """The client went away (the disconnect watcher, or a write that found it gone)."""
+        self.outside(Event.CLIENT_LEFT)
+
+    def outside(self, event: Event) -> None:
+        """The one entry for events from outside the call's task: the client left, or a deadline
+        of the call's own passed (router.core.lifecycle rule 5). Safe to call more than once."""
+        life = self.life
+        if life.ended:
+            return  # late: the call has ended already (lifecycle rule 2)
+        if self.seat is not None and self.seat.leave(event):
+            return  # out of the queue without a box; its task answers (or not: the client left)
+        if event is Event.DEADLINE:
+            return  # the queue's, for a call it handed a slot meanwhile: the slot won
+        if self.delivery.delivered:  # the answer is whole: the call is done, a hang-up cancels nothing
+            life.fire(Event.DONE)
             if self.attempt is not None:
                 self.attempt.abort("client left after the end")
             return
-        self.record.ended("cancelled", "client_left")
+        life.fire(Event.CLIENT_LEFT)
         attempt = self.attempt
         if attempt is not None and attempt.abort("client left"):
             attempt.cancel()
+
+
+DUTIES = {
+    Duty.QUEUE_DEADLINE: ProxyCall.queue_overdue,
+    Duty.WATCH_CLIENT: ProxyCall.watch_client,
+    Duty.BOX_DEADLINE: ProxyCall.box_overdue,
+    Duty.KEEPALIVE: ProxyCall.keepalive_due,
+}

@@ -1,11 +1,30 @@
-"""One call's record: what its route_log row and its metrics are made of, filled in as the call
-goes and read once when it ends (`RouterApp.observe`).
+"""One call's record: what its route_log row and its metrics are made of, written only through
+the named facts below as the call goes, and read once when it ends (`RouterApp.observe`).
+
+The facts, in the order a call meets them (each is one method; nothing outside writes a slot):
+    body_read   the body is in (its size; router time starts here)
+    asked       what the call asks for (`Call`)
+    decided     the decision that dispatches it (or refuses it)
+    queued      it waited in the queue this long
+    attempting  a box is contacted (the first one stamps the router's overhead)
+    attempted   that box's try ended (kept as the row's `attempts`)
+    answered    an answer's head goes out: the box's, or the router's own (`turned_away`: no box
+                would take the call, row state `refused`)
+    ended       the call ended otherwise than its answer said (the box failed mid-answer)
+    sent        bytes went to the client
+    kept_tail   a whole answer's last chunks, for its token usage (never stored)
+    kept_usage  the usage chunk the router asked a stream for and kept from the client
+    limited     its key's x-ratelimit-* headers, for the answer's head (tenancy)
+    count_tokens  at its end: the tokens its box reported, else an estimate (tenancy, the row)
+
+The row's `state` and `failure` are not written: they follow from how the call's lifecycle
+ended (router.core.lifecycle.row_state) and from the facts above.
 
 Times, by suffix, on three clocks: `*_at` is the wall clock in epoch seconds (`time.time()`: what
 the route log stores: received_at, first_byte_at); `t_*` is `time.perf_counter()` (the metrics'
 durations: t_received, t_body, t_sent, t_first_byte); `*_s` is the event loop's clock
-(`loop.time()`, the CallClock's `now`: started_s, queued_s, last_keepalive_s), and a plain `*_s`
-constant or setting is a duration in seconds.
+(`loop.time()`, the CallClock's `now`), and a plain `*_s` constant or setting is a duration in
+seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +32,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from router.core.lifecycle import Event, Lifecycle, row_state
 from router.core.limits import Tokens, tokens_of
 from router.core.refusal import RefusalCode
 from router.core.types import Call, Decision
@@ -30,73 +50,69 @@ class CallRecord:
     token usage and never stored)."""
 
     __slots__ = (
-        "call_id",
-        "facade",
-        "route",
-        "edge",
-        "call",
-        "decision",
-        "box",
-        "attempts",
-        "status",
-        "state",
-        "failure",
-        "stream",
-        "received_at",
-        "first_byte_at",
-        "bytes_in",
-        "bytes_out",
-        "t_received",
-        "t_body",
-        "t_sent",
+        # who the call is
+        "call_id", "facade", "route", "edge", "life",
+        # facts
+        "call", "decision", "box", "attempts", "waited_ms", "status", "answer_failure", "turned_away",
+        "end_failure", "stream", "tail", "usage_frame", "limit_headers", "tokens", "affinity",
+        # sizes and times
+        "bytes_in", "bytes_out", "received_at", "first_byte_at", "t_received", "t_body", "t_sent",
         "t_first_byte",
-        "tail",
-        "waited_ms",
-        "usage_frame",
-        "tokens",
-        "limit_headers",
-        "affinity",
     )
 
-    def __init__(self, call_id: str, facade: Facade, route: Route, edge: Edge) -> None:
+    def __init__(self, call_id: str, facade: Facade, route: Route, edge: Edge, life: Lifecycle) -> None:
         self.call_id = call_id
         self.facade = facade
         self.route = route
         self.edge = edge
+        self.life = life  # how the call ended says the row's state
         self.call: Call | None = None
         self.decision: Decision | None = None
         self.box: BoxState | None = None  # the box tried last
         self.attempts: list[dict] = []  # {box, status, refusal, ms, error, at} per box tried
-        self.status = 0
-        self.state = "pending"  # then done | failed | refused | cancelled
-        self.failure: str | None = None  # a stable error code, never the box's text
+        self.waited_ms: float | None = None
+        self.status = 0  # the answer's status; 0 until one goes out
+        self.answer_failure: str | None = None  # the answer's stable error code, never the box's text
+        self.turned_away = False  # the router's own answer: no box would take the call
+        self.end_failure: str | None = None  # why a call failed after its answer went out
         self.stream = False
-        self.received_at = time.time()
-        self.first_byte_at: float | None = None
+        self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for its token usage
+        self.usage_frame = b""  # the usage chunk the router asked for and kept from the client
+        self.limit_headers: tuple[tuple[bytes, bytes], ...] = ()  # its key's x-ratelimit-* (tenancy)
+        self.tokens: Tokens | None = None  # once counted (`count_tokens`); None: no box served it
+        self.affinity: str | None = None  # how its affinity key placed it (serve/affinity.py)
         self.bytes_in = 0
         self.bytes_out = 0
+        self.received_at = time.time()
+        self.first_byte_at: float | None = None
         self.t_received = time.perf_counter()  # the call arrived
         self.t_body = 0.0  # its body was in: router time starts here
         self.t_sent = 0.0  # the first box was contacted
         self.t_first_byte = 0.0
-        self.tail: tuple[bytes, ...] = ()  # the answer's last two chunks, for its token usage
-        self.waited_ms: float | None = None
-        self.usage_frame = b""  # the usage chunk the router asked for and kept from the client
-        self.tokens: Tokens | None = None  # once counted (`count_tokens`); None: no box served it
-        self.limit_headers: tuple[tuple[bytes, bytes], ...] = ()  # its key's x-ratelimit-* (tenancy)
-        self.affinity: str | None = None  # how its affinity key placed it (serve/affinity.py)
 
-    def answered(self, status: int, state: str, failure: str | None = None) -> None:
-        """The answer's head is going out now."""
-        self.status, self.state, self.failure = status, state, failure
-        self.first_byte_at = time.time()
-        self.t_first_byte = time.perf_counter()
+    # -- the facts -----------------------------------------------------------------------------
+    def body_read(self, size: int) -> None:
+        self.t_body = time.perf_counter()
+        self.bytes_in = size
 
-    def ended(self, state: str, failure: str) -> None:
-        """The call ended otherwise than its answer said (the client left, the box failed)."""
-        self.state, self.failure = state, failure
+    def asked(self, call: Call) -> None:
+        self.call = call
 
-    def attempt_ended(self, box: str, t_started: float, status: int | None, refusal: RefusalCode | None) -> None:
+    def decided(self, decision: Decision) -> None:
+        self.decision = decision
+
+    def queued(self, waited_ms: float) -> None:
+        self.waited_ms = waited_ms
+
+    def attempting(self, box: BoxState) -> float:
+        """`box` is about to be contacted; returns the attempt's start (perf_counter)."""
+        t_started = time.perf_counter()
+        self.box = box
+        if not self.attempts:
+            self.t_sent = t_started
+        return t_started
+
+    def attempted(self, box: str, t_started: float, status: int | None, refusal: RefusalCode | None) -> None:
         ms = round((time.perf_counter() - t_started) * 1000, 3)
         if refusal is None:
             entry = {"box": box, "status": status, "ms": ms, "at": time.time()}
@@ -104,6 +120,39 @@ class CallRecord:
             entry = {"box": box, "status": status, "refusal": refusal, "ms": ms, "error": refusal, "at": time.time()}
         self.attempts.append(entry)
 
+    def answered(self, status: int, failure: str | None = None, *, stream: bool = False,
+                 turned_away: bool = False) -> None:
+        """The answer's head is going out now; `failure` names an answer that is an error."""
+        self.status, self.answer_failure, self.stream, self.turned_away = status, failure, stream, turned_away
+        self.first_byte_at = time.time()
+        self.t_first_byte = time.perf_counter()
+
+    def ended(self, failure: str) -> None:
+        """The answer went out but the call failed after it (the box failed mid-answer)."""
+        self.end_failure = failure
+
+    def sent(self, size: int) -> None:
+        self.bytes_out += size
+
+    def kept_tail(self, tail: tuple[bytes, ...]) -> None:
+        self.tail = tail
+
+    def kept_usage(self, frame: bytes) -> None:
+        self.usage_frame = frame
+
+    def limited(self, headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.limit_headers = headers
+
+    def count_tokens(self) -> Tokens | None:
+        """The call's tokens, once it ended: what its box reported at the answer's end, else
+        estimated from sizes (router.core.limits.tokens_of); None when no box served it."""
+        if self.served:
+            report = reported(self.usage_frame or b"".join(self.tail)) if self.tail or self.usage_frame else None
+            answer_bytes = self.bytes_out if self.route.path in TEXT_ANSWER_ROUTES else 0
+            self.tokens = tokens_of(report, self.text_bytes, answer_bytes, self.stream)
+        return self.tokens
+
+    # -- what follows from them ----------------------------------------------------------------
     @property
     def served(self) -> bool:
         """A box answered the call with a success (its tokens count)."""
@@ -116,21 +165,24 @@ class CallRecord:
         content_type = self.edge.header("content-type")
         return 0 if content_type is not None and content_type.startswith("multipart/") else self.bytes_in
 
-    def count_tokens(self) -> Tokens | None:
-        """The call's tokens, once it ended: what its box reported at the answer's end, else
-        estimated from sizes (router.core.limits.tokens_of); None when no box served it."""
-        if self.served:
-            report = reported(self.usage_frame or b"".join(self.tail)) if self.tail or self.usage_frame else None
-            answer_bytes = self.bytes_out if self.route.path in TEXT_ANSWER_ROUTES else 0
-            self.tokens = tokens_of(report, self.text_bytes, answer_bytes, self.stream)
-        return self.tokens
+    @property
+    def state(self) -> str:
+        """done | failed | refused | cancelled: from how the lifecycle ended (row_state)."""
+        return row_state(self.life.ended_by, self.status, self.failure, self.turned_away)
+
+    @property
+    def failure(self) -> str | None:
+        """A stable error code: the client left, the box failed mid-answer, or the answer's own."""
+        if self.life.ended_by is Event.CLIENT_LEFT:
+            return "client_left"
+        return self.end_failure or self.answer_failure
 
     def row(self) -> Row:
         """This call's route_log row."""
         call, decision, tokens = self.call, self.decision, self.tokens
         return Row(
             request_id=self.call_id,
-            state=self.state if self.state != "pending" else "failed",
+            state=self.state,
             facade=self.facade.name,
             route=self.route.path,
             model=call.model if call else None,

@@ -33,7 +33,7 @@ from router.serve.record import CallRecord
 # (nothing a client of the router needs, and a map for an attacker), `Set-Cookie` would bind the
 # client to a session with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
-# answers to every web page: the router grants no cross-origin reads (README, Security model).
+# answers to every web page: the router grants no cross-origin reads (docs/security.md).
 HOP_HEADERS = frozenset(
     {
         b"connection",
@@ -80,7 +80,7 @@ class Reply:
         self.edge = edge
         self.facade = facade
         self.record = record
-        self.on_left = on_left  # the call's client_left: a write found the client gone
+        self.on_left = on_left  # the call's client_left: a write found the client gone (RSGI: edge.ClientLeft)
         self.keepalive_s = 0.0  # > 0 once the call is a stream of an SSE facade (rule 1)
         self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
         self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
@@ -90,15 +90,16 @@ class Reply:
         return (b"x-hugpy-router-request-id", self.record.call_id.encode())
 
     async def error(
-        self, status: int, code: str, message: str, extra: dict | None = None, state: str = "failed",
+        self, status: int, code: str, message: str, extra: dict | None = None, turned_away: bool = False,
         retry_after_s: int | None = None,
     ) -> None:
-        """The router's own answer, in the facade's shape."""
+        """The router's own answer, in the facade's shape; `turned_away` when it says that no box
+        would take the call (the row's state `refused`)."""
         body = self.facade.shape_error(status, code, message, extra)
         headers = [(b"content-type", JSON), self.id_header()]
         if retry_after_s is not None:
             headers.append((b"retry-after", b"%d" % retry_after_s))
-        self.record.answered(status, state, code)
+        self.record.answered(status, code, turned_away=turned_away)
         await self.respond(status, headers, body)
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
@@ -106,14 +107,14 @@ class Reply:
         await self.settle()
         if self.headed:
             frame = self.in_stream(status, body)
-            self.record.bytes_out += len(frame)
+            self.record.sent(len(frame))
             try:
                 await self.edge.write(frame)
                 await self.edge.finish()
             except ClientLeft:
                 self.on_left()
             return
-        self.record.bytes_out += len(body)
+        self.record.sent(len(body))
         await self.edge.respond(status, headers, body)
 
     def in_stream(self, status: int, body: bytes) -> bytes:
@@ -123,7 +124,7 @@ class Reply:
         whole_as_stream = self.facade.whole_as_stream
         frames = whole_as_stream(body) if whole_as_stream is not None else None
         if frames is None:
-            self.record.ended("failed", NOT_A_STREAM)
+            self.record.ended(NOT_A_STREAM)
             return NOT_A_STREAM_FRAME
         return frames
 
@@ -171,7 +172,7 @@ class Reply:
                     self.id_header(),
                 ])
             await self.edge.write(KEEPALIVE_COMMENT)
-            self.record.bytes_out += len(KEEPALIVE_COMMENT)
+            self.record.sent(len(KEEPALIVE_COMMENT))
         except ClientLeft:
             self.on_left()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.upstream.pool import ConnectFailed, Exchange, FirstByteTimeout, Origin, request_head
+from router.upstream.pool import ConnectFailed, Deadline, Exchange, FirstByteTimeout, Origin, request_head
 
 # Inventory answers are tens of KB (a hugpy state snapshot grows with its catalog); 16 MiB
 # leaves room for a large fleet box without letting a broken box fill memory.
@@ -26,7 +26,7 @@ async def fetch(
     """
     head = request_head(method, target, origin, headers, len(body))
     exchange = await origin.send(head, body)
-    exchange.arm_timeout(timeout_s, FirstByteTimeout(f"no answer within {timeout_s} s"))
+    exchange.keep(Deadline(timeout_s, FirstByteTimeout(f"no answer within {timeout_s} s")), timer=True)
     try:
         await exchange.head
         data = b"" if method == "HEAD" else await exchange.read_all(FETCH_LIMIT_BYTES)

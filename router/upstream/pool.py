@@ -20,6 +20,10 @@ Invariants:
    or more than `MAX_HEADERS` header lines, fails the exchange with BadResponse and closes the
    connection, so a box sending a header that never ends costs at most the limit plus one read.
    This holds for every user of the pool: the proxy, the box links, the agent links.
+8. An exchange keeps one deadline at a time (`keep(Deadline)`): past it, the exchange fails
+   with the deadline's error. Whoever keeps time calls `expire(now)`: the proxy's CallClock,
+   or a timer of the exchange's own (`keep(..., timer=True)`, for callers with no clock). A
+   silence deadline counts from the box's last byte, and only while the reader waits for it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import asyncio
 import re
 import socket
 import ssl
+from typing import NamedTuple
 
 import httptools
 
@@ -118,6 +123,15 @@ class BadResponse(UpstreamError, UpstreamProtocolError):
     refusal = RefusalCode.BAD_RESPONSE
 
 
+class Deadline(NamedTuple):
+    """When an exchange fails, and with what (rule 8): `seconds` after it is kept; with
+    `silence`, `seconds` after the box's last byte while the reader waits for the next."""
+
+    seconds: float
+    error: BaseException
+    silence: bool = False
+
+
 class Exchange:
     """One request and its response. The response body is read with `next_chunks()`."""
 
@@ -137,8 +151,7 @@ class Exchange:
         "head_bytes",
         "timer",
         "deadline",
-        "deadline_error",
-        "idle_s",
+        "due_s",
         "idle_mark",
         "reused",
         "sent_s",
@@ -164,11 +177,10 @@ class Exchange:
         self.complete = False
         self.error: BaseException | None = None
         self.bytes_in = 0
-        self.timer: asyncio.TimerHandle | None = None
-        self.deadline = 0.0  # loop time past which expire() fails the exchange; 0 = none
-        self.deadline_error: BaseException | None = None
-        self.idle_s = 0.0  # arm_idle: the deadline moves on while the box sends; 0 = fixed deadline
-        self.idle_mark = 0  # bytes_in when expire() last saw the box send
+        self.deadline: Deadline | None = None  # the one it keeps (rule 8)
+        self.due_s = 0.0  # loop time past which expire() fails the exchange
+        self.idle_mark = 0  # a silence deadline's: bytes_in when expire() last saw the box send
+        self.timer: asyncio.TimerHandle | None = None  # keep(timer=True)'s
 
     # -- fed by Conn --------------------------------------------------------------------------
     def _feed(self, chunk: bytes) -> None:
@@ -246,48 +258,38 @@ class Exchange:
                 self.abort(BadResponse(f"answer larger than {limit} bytes"))
                 raise self.error  # type: ignore[misc]
 
-    def arm_timeout(self, seconds: float, exc: BaseException) -> None:
-        """Fails the exchange with `exc` after `seconds` unless `disarm()` is called first."""
-        self.disarm()
-        loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(seconds, self.abort, exc)
-
-    def arm_deadline(self, seconds: float, exc: BaseException) -> None:
-        """As arm_timeout, but with no timer: whoever calls `expire(now)` now and then (the
-        proxy's CallClock) ends the exchange once `seconds` have passed."""
-        self.deadline = asyncio.get_running_loop().time() + seconds
-        self.deadline_error = exc
-
-    def arm_idle(self, seconds: float, exc: BaseException) -> None:
-        """As arm_deadline, for the body after the first byte: the deadline moves on at each
-        `expire(now)` that finds new bytes, or finds the reader busy elsewhere (writing to a slow
-        client), so the exchange fails only once the box has been silent for `seconds` (up to
-        one expire() interval more) while the reader waited for it."""
-        self.disarm()
-        self.arm_deadline(seconds, exc)
-        self.idle_s = seconds
-        self.idle_mark = self.bytes_in
-
-    def expire(self, now: float) -> None:
-        """Fails the exchange with its deadline's error when `now` (loop time) is past it."""
-        if not self.deadline:
-            return
-        if self.idle_s and (self.bytes_in != self.idle_mark or self.waiter is None):
-            self.idle_mark = self.bytes_in
-            self.deadline = now + self.idle_s
-        elif now >= self.deadline:
-            self.abort(self.deadline_error)  # type: ignore[arg-type]
-
-    def disarm(self) -> None:
-        self.deadline = 0.0
-        self.idle_s = 0.0
+    def keep(self, deadline: Deadline | None, *, timer: bool = False) -> None:
+        """Keeps `deadline` from now on, in place of any earlier one (None: none). With `timer`,
+        a loop timer of its own calls `expire` when it is due (a fixed deadline only)."""
+        self.deadline = deadline
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        self.due_s = loop.time() + deadline.seconds
+        self.idle_mark = self.bytes_in
+        if timer:
+            self.timer = loop.call_at(self.due_s, self.expire, self.due_s)
+
+    def expire(self, now: float) -> None:
+        """Fails the exchange with its deadline's error when `now` (loop time) is past it. A
+        silence deadline moves on when the box sent since the last look, or when the reader is
+        busy elsewhere (writing to a slow client): so it fails only once the box has been
+        silent for its seconds (up to one look later) while the reader waited for it."""
+        deadline = self.deadline
+        if deadline is None:
+            return
+        if deadline.silence and (self.bytes_in != self.idle_mark or self.waiter is None):
+            self.idle_mark = self.bytes_in
+            self.due_s = now + deadline.seconds
+        elif now >= self.due_s:
+            self.abort(deadline.error)
 
     def abort(self, exc: BaseException) -> None:
         """Ends the exchange now: the error is recorded and the connection closed, never reused."""
-        self.disarm()
+        self.keep(None)
         if not self.complete:
             self._fail(exc)
         conn, self.conn = self.conn, None
@@ -296,7 +298,7 @@ class Exchange:
 
     def done(self) -> None:
         """The reader is finished with this exchange (after the body or after giving up)."""
-        self.disarm()
+        self.keep(None)
         if not self.complete:
             self.abort(ExchangeAborted("reader stopped before the end of the body"))
 
@@ -386,7 +388,7 @@ class Conn(asyncio.Protocol):
         exchange = self.exchange
         if exchange is None:
             return
-        exchange.disarm()
+        exchange.keep(None)  # complete: no deadline left to keep
         exchange._finish()
         self.exchange = None
         exchange.conn = None

@@ -1,0 +1,444 @@
+# Included by router/_fastpath.pyx (the one compiled module).
+#
+# `json_members(body, names)`: checks that a request body is one JSON object (RFC 8259, UTF-8,
+# nesting at most 1,024) and finds the byte spans of the top-level members `names`, keys compared
+# as JSON decodes them, without building any object. The plain model in tests/test_body.py is
+# the stdlib parser.
+# `form_field(body, delimiter, name)`: the byte span of text form field `name` in a
+# multipart/form-data body, found by scanning part heads only. Its plain model (the Python scan
+# it replaced) is in tests/test_body.py.
+
+# A body scan releases the GIL only from this size up (a large body is scanned on a worker
+# thread while the loop runs). A small one keeps it: the scan takes ~0.3 µs, and a release lets
+# a waiting thread (Granian's, the route-log writer) take the GIL, which the loop then waits to
+# get back: json_fields showed as 6 % of the loop's samples under load with every scan released.
+DEF RELEASE_GIL_BYTES = 64 * 1024
+
+
+# --- json_members: the top-level members routing reads, found without building the body ------
+
+DEF MAX_DEPTH = 1024      # nesting orjson also refuses past
+DEF MAX_NAMES = 16  # a facade's routing members, the answer bounds, and affinity's (messages, input, prompt and its keys)
+DEF MAX_NAME_BYTES = 32
+
+# Scan verdicts (0 = a JSON object); the message for each is in _SCAN_ERRORS.
+DEF BAD_SYNTAX = 1
+DEF BAD_STRING = 2
+DEF BAD_UTF8 = 3
+DEF TOO_DEEP = 4
+DEF NOT_OBJECT = 5
+DEF TRUNCATED = 6
+
+_SCAN_ERRORS = {
+    BAD_SYNTAX: "is not valid JSON",
+    BAD_STRING: "has a bad string (a control character or a bad escape)",
+    BAD_UTF8: "is not valid UTF-8",
+    TOO_DEEP: "is nested too deeply",
+    NOT_OBJECT: "must be a JSON object",
+    TRUNCATED: "ends before the JSON does",
+}
+
+cdef struct Names:
+    int count
+    int length[MAX_NAMES]
+    unsigned char text[MAX_NAMES][MAX_NAME_BYTES]
+    # what the scan found, per name
+    Py_ssize_t seen[MAX_NAMES]
+    Py_ssize_t start[MAX_NAMES]
+    Py_ssize_t end[MAX_NAMES]
+
+
+cdef inline bint _cont(unsigned char c) noexcept nogil:
+    return 0x80 <= c <= 0xBF
+
+
+cdef inline int _hex(unsigned char c) noexcept nogil:
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
+cdef Py_ssize_t _string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* err) noexcept nogil:
+    """`p[i]` is the opening quote: the index after the closing one, or -1 with `err` set.
+    Checks escapes, control characters and UTF-8 (RFC 8259 §7, RFC 3629 §4)."""
+    cdef unsigned char c, c1
+    i += 1
+    while i < n:
+        c = p[i]
+        if c == 34:  # "
+            return i + 1
+        if c == 92:  # backslash
+            if i + 1 >= n:
+                err[0] = TRUNCATED
+                return -1
+            c = p[i + 1]
+            if c == 117:  # u
+                if i + 5 >= n:
+                    err[0] = TRUNCATED
+                    return -1
+                if _hex(p[i + 2]) < 0 or _hex(p[i + 3]) < 0 or _hex(p[i + 4]) < 0 or _hex(p[i + 5]) < 0:
+                    err[0] = BAD_STRING
+                    return -1
+                i += 6
+            elif c == 34 or c == 92 or c == 47 or c == 98 or c == 102 or c == 110 or c == 114 or c == 116:
+                i += 2
+            else:
+                err[0] = BAD_STRING
+                return -1
+        elif c < 0x20:
+            err[0] = BAD_STRING
+            return -1
+        elif c < 0x80:
+            i += 1
+        else:
+            if 0xC2 <= c <= 0xDF:
+                if i + 1 >= n or not _cont(p[i + 1]):
+                    err[0] = BAD_UTF8
+                    return -1
+                i += 2
+            elif 0xE0 <= c <= 0xEF:
+                if i + 2 >= n or not _cont(p[i + 2]):
+                    err[0] = BAD_UTF8
+                    return -1
+                c1 = p[i + 1]
+                if not ((c == 0xE0 and 0xA0 <= c1 <= 0xBF) or (c == 0xED and 0x80 <= c1 <= 0x9F)
+                        or (c != 0xE0 and c != 0xED and _cont(c1))):
+                    err[0] = BAD_UTF8
+                    return -1
+                i += 3
+            elif 0xF0 <= c <= 0xF4:
+                if i + 3 >= n or not _cont(p[i + 2]) or not _cont(p[i + 3]):
+                    err[0] = BAD_UTF8
+                    return -1
+                c1 = p[i + 1]
+                if not ((c == 0xF0 and 0x90 <= c1 <= 0xBF) or (c == 0xF4 and 0x80 <= c1 <= 0x8F)
+                        or (0xF1 <= c <= 0xF3 and _cont(c1))):
+                    err[0] = BAD_UTF8
+                    return -1
+                i += 4
+            else:
+                err[0] = BAD_UTF8
+                return -1
+    err[0] = TRUNCATED
+    return -1
+
+
+cdef int _which_name(const unsigned char* p, Py_ssize_t start, Py_ssize_t end, Names* names) noexcept nogil:
+    """The index of the name the (valid) key string p[start:end] decodes to, or -1. Names are
+    ASCII, so a key that decodes to anything else, or to more than MAX_NAME_BYTES, is none."""
+    cdef unsigned char buf[MAX_NAME_BYTES]
+    cdef int size = 0, k, code
+    cdef Py_ssize_t i = start + 1
+    cdef unsigned char c
+    end -= 1  # the closing quote
+    while i < end:
+        if size == MAX_NAME_BYTES:
+            return -1
+        c = p[i]
+        if c == 92:
+            c = p[i + 1]
+            if c == 117:
+                code = (_hex(p[i + 2]) << 12) | (_hex(p[i + 3]) << 8) | (_hex(p[i + 4]) << 4) | _hex(p[i + 5])
+                if code >= 0x80:
+                    return -1
+                c = <unsigned char> code
+                i += 6
+            else:
+                if c == 98:
+                    c = 8
+                elif c == 102:
+                    c = 12
+                elif c == 110:
+                    c = 10
+                elif c == 114:
+                    c = 13
+                elif c == 116:
+                    c = 9
+                i += 2  # ", \ and / stand for themselves
+        elif c >= 0x80:
+            return -1
+        else:
+            i += 1
+        buf[size] = c
+        size += 1
+    for k in range(names.count):
+        if names.length[k] == size and memcmp(buf, names.text[k], size) == 0:
+            return k
+    return -1
+
+
+cdef inline Py_ssize_t _skip_ws(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    while i < n and (p[i] == 32 or p[i] == 10 or p[i] == 13 or p[i] == 9):
+        i += 1
+    return i
+
+
+cdef Py_ssize_t _number_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """The index after the number at `i` (RFC 8259 §6), or -1."""
+    if p[i] == 45:  # -
+        i += 1
+    if i < n and p[i] == 48:
+        i += 1
+    elif i < n and 49 <= p[i] <= 57:
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+    else:
+        return -1
+    if i < n and p[i] == 46:  # .
+        i += 1
+        if i >= n or not 48 <= p[i] <= 57:
+            return -1
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+    if i < n and (p[i] == 101 or p[i] == 69):  # e E
+        i += 1
+        if i < n and (p[i] == 43 or p[i] == 45):
+            i += 1
+        if i >= n or not 48 <= p[i] <= 57:
+            return -1
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+    return i
+
+
+DEF S_VALUE = 0      # a value comes next
+DEF S_AFTER = 1      # a value ended: `,` or the container's end
+DEF S_KEY = 2        # a key comes next (after `,` in an object)
+DEF S_OBJ_FIRST = 3  # just after `{`: a key or `}`
+DEF S_ARR_FIRST = 4  # just after `[`: a value or `]`
+
+
+cdef int _scan(const unsigned char* p, Py_ssize_t n, Names* names, Py_ssize_t* where) noexcept nogil:
+    """Checks that p[:n] is one JSON object (RFC 8259, nesting at most MAX_DEPTH) and records,
+    for each name, how often it is a top-level key and the span of its first value. Returns 0,
+    or an error verdict with `where` set to the byte it was found at."""
+    cdef unsigned char stack[MAX_DEPTH]
+    cdef int depth = 0, state, err = 0, member = -1
+    cdef Py_ssize_t i = _skip_ws(p, 0, n), j
+    cdef unsigned char c
+    if i >= n:
+        where[0] = i
+        return TRUNCATED
+    if p[i] != 123:  # {
+        where[0] = i
+        return NOT_OBJECT
+    stack[0] = 123
+    depth = 1
+    i += 1
+    state = S_OBJ_FIRST
+    while True:
+        i = _skip_ws(p, i, n)
+        where[0] = i
+        if i >= n:
+            return TRUNCATED
+        c = p[i]
+        if state == S_OBJ_FIRST or state == S_KEY:
+            if c == 125 and state == S_OBJ_FIRST:  # }
+                state = S_AFTER
+                continue
+            if c != 34:
+                return BAD_SYNTAX
+            j = _string_end(p, i, n, &err)
+            if j < 0:
+                return err
+            if depth == 1:
+                member = _which_name(p, i, j, names)
+            i = _skip_ws(p, j, n)
+            where[0] = i
+            if i >= n:
+                return TRUNCATED
+            if p[i] != 58:  # :
+                return BAD_SYNTAX
+            i = _skip_ws(p, i + 1, n)
+            if depth == 1 and member >= 0:
+                names.seen[member] += 1
+                if names.seen[member] == 1:
+                    names.start[member] = i
+            state = S_VALUE
+        elif state == S_ARR_FIRST and c == 93:  # ]
+            state = S_AFTER
+        elif state == S_VALUE or state == S_ARR_FIRST:
+            if c == 123 or c == 91:  # { [
+                if depth == MAX_DEPTH:
+                    return TOO_DEEP
+                stack[depth] = c
+                depth += 1
+                i += 1
+                state = S_OBJ_FIRST if c == 123 else S_ARR_FIRST
+                continue
+            if c == 34:
+                j = _string_end(p, i, n, &err)
+                if j < 0:
+                    return err
+            elif c == 45 or 48 <= c <= 57:
+                j = _number_end(p, i, n)
+                if j < 0:
+                    return BAD_SYNTAX
+            elif c == 116 and i + 4 <= n and memcmp(p + i, b"true", 4) == 0:
+                j = i + 4
+            elif c == 102 and i + 5 <= n and memcmp(p + i, b"false", 5) == 0:
+                j = i + 5
+            elif c == 110 and i + 4 <= n and memcmp(p + i, b"null", 4) == 0:
+                j = i + 4
+            else:
+                return BAD_SYNTAX
+            if depth == 1 and member >= 0 and names.seen[member] == 1:
+                names.end[member] = j
+            i = j
+            state = S_AFTER
+        else:  # S_AFTER
+            if c == 44:  # ,
+                i += 1
+                state = S_KEY if stack[depth - 1] == 123 else S_VALUE
+                if depth == 1:
+                    member = -1
+            elif (c == 125 and stack[depth - 1] == 123) or (c == 93 and stack[depth - 1] == 91):
+                depth -= 1
+                i += 1
+                if depth == 0:
+                    i = _skip_ws(p, i, n)
+                    where[0] = i
+                    return 0 if i == n else BAD_SYNTAX
+                if depth == 1 and member >= 0 and names.seen[member] == 1:
+                    names.end[member] = i
+            else:
+                return BAD_SYNTAX
+
+
+def json_members(bytes body, tuple names):
+    """Checks that `body` is one JSON object and finds its top-level `names` (ASCII bytes, at
+    most 8, each at most 32 bytes), keys compared as JSON decodes them (escapes included).
+
+    Returns a tuple with, per name, None (absent) or (start, end, count): the byte span of its
+    first value and how many times it is a key. Raises ValueError (message: what is wrong and
+    at which byte, never the content). The scan of a large body holds no GIL
+    (RELEASE_GIL_BYTES): it may be scanned on another thread while the event loop runs.
+    """
+    cdef Names found
+    cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(body)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body), where = 0
+    cdef int verdict, k
+    if len(names) > MAX_NAMES:
+        raise ValueError("too many names")
+    found.count = len(names)
+    for k, name in enumerate(names):
+        if len(name) > MAX_NAME_BYTES:
+            raise ValueError("name too long")
+        found.length[k] = len(name)
+        memcpy(found.text[k], PyBytes_AS_STRING(name), len(name))
+        found.seen[k] = 0
+        found.start[k] = 0
+        found.end[k] = 0
+    if n >= RELEASE_GIL_BYTES:
+        with nogil:
+            verdict = _scan(p, n, &found, &where)
+    else:
+        verdict = _scan(p, n, &found, &where)
+    if verdict:
+        raise ValueError(f"{_SCAN_ERRORS[verdict]} (at byte {where})")
+    return tuple(
+        (found.start[k], found.end[k], found.seen[k]) if found.seen[k] else None for k in range(found.count)
+    )
+
+
+# --- form_field: one text field of a multipart/form-data body -----------------------------------
+
+DEF DISPOSITION_LEN = 20  # len("content-disposition:")
+
+
+cdef inline Py_ssize_t _find(const unsigned char* p, Py_ssize_t n, Py_ssize_t start,
+                             const unsigned char* needle, Py_ssize_t m) noexcept nogil:
+    """bytes.find: the first index >= start of `needle` in p[:n], or -1."""
+    if start > n:
+        return -1
+    cdef const unsigned char* hit = <const unsigned char*> memmem(p + start, n - start, needle, m)
+    return -1 if hit == NULL else hit - p
+
+
+cdef inline bint _word(unsigned char c) noexcept nogil:
+    return (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95
+
+
+cdef inline unsigned char _lower(unsigned char c) noexcept nogil:
+    return c + 32 if 65 <= c <= 90 else c
+
+
+cdef bint _line_names(const unsigned char* line, Py_ssize_t n, const unsigned char* name, Py_ssize_t m) noexcept nogil:
+    """Whether a part-head line is a `Content-Disposition:` (any case) whose first `name="..."`
+    (any case, at a word start) is `name`, with no `filename=` in the line."""
+    cdef const unsigned char* disposition = b"content-disposition:"
+    cdef const unsigned char* key = b'name="'
+    cdef Py_ssize_t k, j, value
+    if n < DISPOSITION_LEN:
+        return False
+    for k in range(DISPOSITION_LEN):
+        if _lower(line[k]) != disposition[k]:
+            return False
+    for k in range(n - 5):
+        if k > 0 and _word(line[k - 1]):
+            continue
+        for j in range(6):
+            if _lower(line[k + j]) != key[j]:
+                break
+        else:
+            value = k + 6
+            j = value
+            while j < n and line[j] != 34:
+                j += 1
+            if j == n:  # no closing quote: no later `name="` can have one either
+                return False
+            return (j - value == m and memcmp(line + value, name, m) == 0
+                    and memmem(line, n, b"filename=", 9) == NULL)
+    return False
+
+
+cdef int _form_field(const unsigned char* p, Py_ssize_t n, const unsigned char* delimiter, Py_ssize_t dl,
+                     const unsigned char* name, Py_ssize_t m, Py_ssize_t* span) noexcept nogil:
+    cdef Py_ssize_t start = _find(p, n, 0, delimiter + 2, dl - 2)  # the first has no CRLF before it
+    cdef Py_ssize_t head_start, head_end, next_start, line, line_end
+    while start != -1:
+        head_start = start + dl - 2
+        if head_start + 2 <= n and p[head_start] == 45 and p[head_start + 1] == 45:
+            return 0  # the closing delimiter
+        head_end = _find(p, n, head_start, b"\r\n\r\n", 4)
+        if head_end == -1:
+            return 0
+        next_start = _find(p, n, head_end + 4, delimiter, dl)
+        if next_start == -1:
+            return 0
+        line = head_start
+        while line <= head_end:
+            line_end = _find(p, head_end, line, b"\r\n", 2)
+            if line_end == -1:
+                line_end = head_end
+            if _line_names(p + line, line_end - line, name, m):
+                span[0] = head_end + 4
+                span[1] = next_start
+                return 1
+            line = line_end + 2
+        start = next_start + 2
+    return 0
+
+
+def form_field(bytes body, bytes delimiter, bytes name):
+    """The byte span (start, end) of text form field `name` (not a file part) in multipart body
+    `body` whose parts are separated by `delimiter` (`--` + the boundary), or None when absent
+    or the body ends first. A large body is scanned without the GIL.
+    """
+    cdef bytes separator = b"\r\n" + delimiter
+    cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(body)
+    cdef const unsigned char* d = <const unsigned char*> PyBytes_AS_STRING(separator)
+    cdef const unsigned char* f = <const unsigned char*> PyBytes_AS_STRING(name)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body), dl = PyBytes_GET_SIZE(separator), m = PyBytes_GET_SIZE(name)
+    cdef Py_ssize_t span[2]
+    cdef int found
+    if n >= RELEASE_GIL_BYTES:
+        with nogil:
+            found = _form_field(p, n, d, dl, f, m, span)
+    else:
+        found = _form_field(p, n, d, dl, f, m, span)
+    return (span[0], span[1]) if found else None
