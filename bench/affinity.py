@@ -248,7 +248,7 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
         key = affinity.key(edge, seen, body)
         steer = affinity.steer(key)
         decision = decide(call, facts, steer=steer)
-        record = SimpleNamespace(call=call, affinity=None)
+        record = SimpleNamespace(call=call, placed=lambda affinity: None)
         affinity.took(key, steer, states[decision.boxes[0]], record)
         t2 = clock()
         plain += t1 - t0

@@ -103,11 +103,11 @@ class Affinity:
     def took(self, key: Key | None, steer: Steer | None, box: BoxState, record: CallRecord) -> None:
         """`box`'s answer is going to the client: learn, and say how the key placed it (rule 4)."""
         if key is None:
-            record.affinity = "none"
+            record.placed("none")
             return
         pull: Pull | None = steer.pull if steer is not None else None
         hit = pull is not None and pull.box == box.name
-        record.affinity = ("hit:" if hit else "miss:") + key.kind
+        record.placed(("hit:" if hit else "miss:") + key.kind)
         named = call_key(box.config.kind, record.call.model, record.call.settings)  # type: ignore[union-attr]
         if named is not None:
             self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull.depth if hit else 0)  # type: ignore[union-attr]

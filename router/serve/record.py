@@ -98,6 +98,11 @@ class CallRecord:
     def asked(self, call: Call) -> None:
         self.call = call
 
+    def placed(self, affinity: str) -> None:
+        """How the call's affinity key placed it (serve/affinity.py): `hit:<kind>`, `miss:<kind>`
+        or `none`."""
+        self.affinity = affinity
+
     def decided(self, decision: Decision) -> None:
         self.decision = decision
 
