@@ -9,6 +9,7 @@ load), one reservation reserve+release, the frame scanner per SSE chunk, one rou
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from router._fastpath import SSE, FrameScanner, Reservations
 from router.core.decide import decide
+from router.core.pairs import Fit, pair_view
 from router.core.types import BoxFacts, BoxKind, Call, Resident
 from router.store.keys import KeyStore
 from router.store.route_log import Row, RouteLogWriter
@@ -50,6 +52,13 @@ def main() -> int:
                      per_op_us(lambda: decide(call, boxes), count)))
         rows.append((f"decide over {n} boxes, nothing remembered (a failover)",
                      per_op_us(lambda: decide(call, boxes, ("none",)), count)))
+    # hugpy boxes with their own pair settings (a blanket, a pair row) and verdicts: the gate's
+    # block check, the contract per box in the tiers, the verdicts' fit in the load tier
+    view = pair_view([{"worker": "w", "model_key": "*", "settings": {"tolerance": "slowest"}},
+                      {"worker": "w", "model_key": "tiny", "settings": {"max_wait_s": 30}}], "w")
+    boxes = [dataclasses.replace(b, pairs=view, fits={"tiny": Fit.GPU}) for b in fleet(8)]
+    rows.append(("decide over 8 boxes with pair settings and verdicts, nothing remembered",
+                 per_op_us(lambda: decide(call, boxes, ("none",)), 20000)))
     table = Reservations()
     rows.append(("reservation reserve + release", per_op_us(lambda: table.release(table.reserve(3, 0)), 200000)))
     chunk = b'data: {"id":"fe-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'

@@ -14,6 +14,8 @@ does (§3.1). It then reads commands, one per stdin line, and answers each on st
   used KEY               set a seat's last_used to now and nothing else (a call ended while
                          another kept the seat busy: a silent sensor write on the box)
   call                   one call_log row (an event the router does not read)
+  pair KEY JSON          write a `pair_settings` row (KEY `*` is the blanket), as a settings
+                         POST does; the other worker gets a `blocked` row for KEY at the same time
   sensor HZ SECONDS      sensor-only rewrites at HZ for SECONDS: every seat's vram_bytes,
                          ram_bytes, cpu_ms and observed_at, card 0's `at` and `changes`, the
                          host row's mem_available (the box's 250 ms watch on an idle box, so
@@ -53,6 +55,9 @@ CREATE TABLE IF NOT EXISTS gpu_state (
 CREATE TABLE IF NOT EXISTS host_state (
   worker TEXT PRIMARY KEY, mem_total INTEGER, mem_available INTEGER, swap_total INTEGER,
   swap_free INTEGER, hugpy_ram TEXT, reason TEXT, changes INTEGER, at REAL);
+CREATE TABLE IF NOT EXISTS pair_settings (
+  worker TEXT NOT NULL, model_key TEXT NOT NULL, settings TEXT NOT NULL DEFAULT '{}',
+  env_profile TEXT, updated_at REAL, PRIMARY KEY (worker, model_key));
 CREATE TABLE IF NOT EXISTS call_log (
   id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT, request_id TEXT, model TEXT,
   call_state TEXT, received_at REAL, done_at REAL);
@@ -137,6 +142,12 @@ class Writer:
         self.commit((GPU_ROW_SQL, (self.worker, GPU_TOTAL_BYTES, GPU_TOTAL_BYTES - int(free), int(free),
                                    time.time())))
 
+    def pair(self, key: str, settings: str) -> None:
+        now = time.time()
+        sql = "INSERT OR REPLACE INTO pair_settings (worker, model_key, settings, updated_at) VALUES (?, ?, ?, ?)"
+        self.commit((sql, (self.worker, key, settings, now)),
+                    (sql, (OTHER_WORKER, key, '{"blocked": true}', now)))
+
     def call(self) -> None:
         self.commit((
             "INSERT INTO call_log (worker, request_id, model, call_state, received_at)"
@@ -163,7 +174,7 @@ class Writer:
 
 
 COMMANDS = {
-    name: getattr(Writer, name) for name in ("resident", "busy", "used", "model", "gpu", "call", "sensor")
+    name: getattr(Writer, name) for name in ("resident", "busy", "used", "model", "gpu", "call", "sensor", "pair")
 }
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG
 from router.core.kinds import call_key
-from router.core.types import BoxFacts, Call, ReasonCode, Tier
+from router.core.pairs import Fit, blocked_by, contract
+from router.core.types import BoxFacts, BoxKind, Call, ReasonCode, Tier
 
 __all__ = [
     "prefix_chain_model",
@@ -221,9 +222,11 @@ GATE_ORDER = (
     ReasonCode.OFFLINE,
     ReasonCode.OTHER_POOL,
     ReasonCode.BLOCKED,
+    ReasonCode.BLOCKED_PAIR,
     ReasonCode.ALREADY_TRIED,
     ReasonCode.NOT_ELIGIBLE,
     ReasonCode.NO_MODEL,
+    ReasonCode.DOES_NOT_FIT,
     ReasonCode.COOLING,
     ReasonCode.FULL,
 )
@@ -252,10 +255,15 @@ def reference_gate(
         ReasonCode.OTHER_POOL: (box.pool or None) != (call.pool or None)
         and not (call.pin is not None and not call.pool),
         ReasonCode.BLOCKED: box.blocked,
+        # the box's own pair settings (or its blanket) block the model; a pin cannot pass it
+        ReasonCode.BLOCKED_PAIR: named is not None and blocked_by(box.pairs, named[0]) is not None,
         ReasonCode.ALREADY_TRIED: box.id in tried,
         ReasonCode.NOT_ELIGIBLE: eligible is not None and box.id not in eligible,
         ReasonCode.NO_MODEL: named is None
         or (named[0] not in box.residents and named[0] not in box.catalog),
+        # verdicts: fits nowhere, not resident, and never against a pin
+        ReasonCode.DOES_NOT_FIT: named is not None and call.pin is None
+        and box.fits.get(named[0]) is Fit.NONE and named[0] not in box.residents,
         ReasonCode.COOLING: named is not None and named[0] in box.cooling
         and box.in_flight >= box.cooling[named[0]],
         ReasonCode.FULL: box.max_inflight is not None and box.in_flight >= box.max_inflight,
@@ -274,8 +282,10 @@ def reference_decide(
 ) -> RefDecision:
     """The contract, literally: gate each box, split the rest into tiers, sort each tier by
     (pending + pressure + reservations + recent refusals, pressure, tie-break, boxes-file order, id), SERVING
-    first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the most
-    free GPU bytes (unknown = 0), then the smallest last_picked_s."""
+    first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the verdicts'
+    fit (GPU, unknown or none read, RAM only), the most free GPU bytes (unknown = 0), then the
+    smallest last_picked_s. A hugpy box compares load contracts (pairs.contract), others the
+    settings sent."""
     tried = frozenset(tried)
     ruled_out: dict[str, ReasonCode] = {}
     serving: list[tuple] = []
@@ -289,6 +299,8 @@ def reference_decide(
         resident = box.residents.get(key)
         carried = box.pending + box.pressure + box.reservations + box.recent_refusals
         sent = box.contracts.get(key)  # absent = default settings (None)
+        if box.kind is BoxKind.HUGPY:
+            settings = contract(box.pairs, key, settings)
         if (
             resident is not None
             and resident.healthy
@@ -301,7 +313,8 @@ def reference_decide(
             )
         else:
             free = box.free_gpu_bytes if box.free_gpu_bytes is not None else 0
-            load.append((carried, box.pressure, -free, box.last_picked_s, box.order, box.id))
+            fit = {Fit.GPU: 0, Fit.RAM: 2}.get(box.fits.get(key), 1)
+            load.append((carried, box.pressure, fit, -free, box.last_picked_s, box.order, box.id))
     known = [box.id for box in boxes]
     if call.pin is not None and call.pin not in known:
         ruled_out[call.pin] = ReasonCode.UNKNOWN_BOX
@@ -328,8 +341,9 @@ class WaitQueueModel:
     the lowest class value, then the caller with the oldest stamp, then the oldest arrival.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, per_caller: int) -> None:
         self.capacity = capacity
+        self.per_caller = per_caller
         self.waiting: list[tuple[int, str, int, frozenset[str]]] = []  # (seq, caller, class, boxes)
         self.stamps: dict[tuple[int, str], int] = {}
         self.clock = 0
@@ -341,6 +355,8 @@ class WaitQueueModel:
 
     def push(self, caller: str, priority: int, boxes: frozenset[str]) -> int | None:
         if len(self.waiting) >= self.capacity:
+            return None
+        if sum(1 for w in self.waiting if w[1] == caller) >= self.per_caller:
             return None
         if not any(w[1] == caller and w[2] == priority for w in self.waiting):
             self.stamps[(priority, caller)] = self._tick()

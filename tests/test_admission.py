@@ -180,6 +180,28 @@ def test_a_full_queue_answers_429_with_retry_after_in_each_facades_shape(start_f
     assert chat_calls(box) == 2  # the refused calls never reached the box
 
 
+def test_one_callers_burst_takes_its_share_of_the_queue_and_leaves_the_rest(start_fleet_in_process):
+    """Issue 20 item 4: `--queue-size 4` (a share of 1 place per caller). A burst from one address
+    fills the box and its one place; the rest of the burst gets 429 queue_share_full, and a second
+    caller still waits and is served instead of a 429."""
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", *[Behavior.hang(0.6)] * 3)
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--queue-size", "4"))
+    assert get_json(router, "/v1/router/state")["queue"]["per_caller"] == 1
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        first = [pool.submit(call, router, source="127.0.0.2") for _ in range(2)]
+        assert wait_for(lambda: in_queue(router) == 1, 5)
+        burst = [call(router, source="127.0.0.2") for _ in range(3)]
+        assert [(status, body["error"]["code"]) for status, _, body in burst] == [(429, "queue_share_full")] * 3
+        assert "share of the queue (1 of 4 places)" in burst[0][2]["error"]["message"]
+        other = pool.submit(call, router, source="127.0.0.3")
+        assert wait_for(lambda: in_queue(router) == 2, 5)
+        assert [f.result()[0] for f in first] == [200, 200]
+        assert other.result()[0] == 200
+    outcomes = get_json(router, "/v1/router/state")["queue"]["outcomes"]
+    assert outcomes["queue_share_full"] == 3 and "queue_full" not in outcomes
+
+
 def test_ollama_callers_get_429_in_ollamas_shape(start_fleet_in_process):
     box = SimOllama("o", tags=["llama3"], loaded=["llama3"])
     box.script("llama3:latest", *[Behavior.hang(1.0)] * 2)

@@ -257,3 +257,11 @@ def test_a_stopped_router_leaves_no_listeners_record(tmp_path):
     assert wait_for(record.exists, 5)
     assert router.stop() == 0
     assert not record.exists()
+
+
+def test_a_bad_name_is_refused_before_any_message_names_the_box(tmp_path):
+    """The entry's name goes into every later message: a newline in it would forge a log line."""
+    doc = {"boxes": [{"name": "gpu9\nWARNING forged", "url": "http://127.0.0.1:1", "kind": "vllm"}]}
+    with pytest.raises(config.ConfigError) as refused:
+        config.parse(doc, tmp_path / "boxes.json")
+    assert "\n" not in str(refused.value) and "must be 1-64 of letters" in str(refused.value)

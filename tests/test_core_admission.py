@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,8 +13,11 @@ from router.core.admission import (
     BACKOFF_CAP_S,
     Priority,
     Waiter,
+    QUEUE_FULL,
+    QUEUE_SHARE_FULL,
     WaitQueue,
     backoff_s,
+    fair_share,
     effective_priority,
     is_full,
     parse_priority,
@@ -33,11 +38,12 @@ ops = st.lists(
 
 
 @settings(max_examples=400, deadline=None)
-@given(ops, st.integers(1, 12))
-def test_queue_matches_the_model(operations, capacity):
+@given(ops, st.integers(1, 12), st.integers(1, 12))
+def test_queue_matches_the_model(operations, capacity, per_caller):
     """Same answers as the model for any interleaving of arrivals, quits and freed slots; no
-    waiter lost, handed out twice, or handed out after it quit; never over capacity."""
-    queue, model = WaitQueue(capacity), WaitQueueModel(capacity)
+    waiter lost, handed out twice, or handed out after it quit; never over capacity, nor a
+    caller over its share."""
+    queue, model = WaitQueue(capacity, per_caller), WaitQueueModel(capacity, per_caller)
     by_seq: dict[int, Waiter] = {}
     gone: set[int] = set()  # handed out or removed
     for op in operations:
@@ -67,6 +73,8 @@ def test_queue_matches_the_model(operations, capacity):
                 assert box in got.boxes
                 gone.add(got.seq)
         assert len(queue) == len(model.waiting) <= capacity
+        held = Counter(w.caller for w in queue.waiting())
+        assert all(count <= per_caller for count in held.values())
         assert sorted(w.seq for w in queue.waiting()) == sorted(w[0] for w in model.waiting)
 
 
@@ -117,10 +125,27 @@ def test_a_waiter_that_quit_is_never_handed_out():
 
 
 def test_full_queue_refuses():
-    q = WaitQueue(2)
+    q = WaitQueue(2, per_caller=2)
     assert q.push(Waiter("k", Priority.NORMAL, frozenset("a")))
     assert q.push(Waiter("k", Priority.NORMAL, frozenset("a")))
     assert not q.push(Waiter("k", Priority.HIGH, frozenset("a")))
+    assert q.refusal_for("other") == q.refusal_for("k") == QUEUE_FULL
+
+
+def test_one_caller_holds_at_most_its_share_and_only_its_excess_is_refused():
+    """Issue 20 item 4: a burst of 30 from one caller into `--queue-size 20` takes 5 places (a
+    quarter); the 25 others are refused, and a second caller still gets in."""
+    q = WaitQueue(20)
+    assert q.per_caller == fair_share(20) == 5
+    burst = [q.push(Waiter("addr:10.0.0.1", Priority.NORMAL, frozenset("a"))) for _ in range(30)]
+    assert burst.count(True) == 5 and burst[:5] == [True] * 5
+    assert q.refusal_for("addr:10.0.0.1") == QUEUE_SHARE_FULL
+    assert q.refusal_for("key:k2") is None
+    assert q.push(Waiter("key:k2", Priority.LOW, frozenset("a")))
+    # A place its caller gives back (handed out or left) can be taken again.
+    assert q.next_for("a").caller == "addr:10.0.0.1"
+    assert q.push(Waiter("addr:10.0.0.1", Priority.HIGH, frozenset("a")))
+    assert [fair_share(n) for n in (0, 1, 4, 5, 20, 1024)] == [1, 1, 1, 2, 5, 256]
 
 
 def test_priority_can_only_be_lowered():

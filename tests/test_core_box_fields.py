@@ -71,3 +71,17 @@ OWN = frozenset({"gpu-host", "10.0.0.5"})
 ])
 def test_what_names_this_routers_listener(host, port, bind, expected):
     assert names_listener(host, port, bind, frozenset({8080, 11434}), OWN) is expected
+
+
+@pytest.mark.parametrize("url", ["http://127.1:8080", "http://2130706433:8080", "http://0x7f.0.0.1:8080",
+                                 "http://10.0.0.0377:8080", "http://gpu.7:8080"])
+def test_an_ipv4_shorthand_is_no_host(url):
+    """The resolver reads each as an address (`127.1` is 127.0.0.1): taken as a DNS name, it
+    would hide a loopback address from the listener check."""
+    with pytest.raises(ConfigError, match="no valid host"):
+        check_url("url", url)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "::ffff:127.0.0.1"])
+def test_a_wildcard_or_mapped_loopback_address_names_a_loopback_listener(host):
+    assert names_listener(host, 8080, "127.0.0.1", frozenset({8080}), OWN) is True

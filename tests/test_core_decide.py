@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.core import pairs
 from router.core.decide import decide, why_not
 from router.core.kinds import call_key
 from router.core.types import (
@@ -80,12 +81,17 @@ def failing(gates: set[ReasonCode]):
         c["pool"] = "b"
     if ReasonCode.BLOCKED in gates:
         b["blocked"] = True
+    if ReasonCode.BLOCKED_PAIR in gates:
+        b["pairs"] = pairs.pair_view(
+            [{"worker": "w", "model_key": "llama3:latest", "settings": {"blocked": "operator"}}], "w")
     if ReasonCode.ALREADY_TRIED in gates:
         tried = {"x"}
     if ReasonCode.NOT_ELIGIBLE in gates:
         eligible = frozenset({"y"})
     if ReasonCode.NO_MODEL in gates:
         b["catalog"] = frozenset({"mistral:latest"})
+    if ReasonCode.DOES_NOT_FIT in gates:
+        b["fits"] = {"llama3:latest": pairs.Fit.NONE}
     if ReasonCode.COOLING in gates:
         b["cooling"] = {"llama3:latest": 0}
     if ReasonCode.FULL in gates:
@@ -147,16 +153,17 @@ def test_gate_passes_when_nothing_fails():
 
 
 def test_gate_order_is_the_documented_order():
-    assert GATES[:7] == [
+    assert GATES[:8] == [
         ReasonCode.NOT_PINNED,
         ReasonCode.KIND_NOT_SERVED,
         ReasonCode.BAD_MODEL_NAME,
         ReasonCode.OFFLINE,
         ReasonCode.OTHER_POOL,
         ReasonCode.BLOCKED,
+        ReasonCode.BLOCKED_PAIR,
         ReasonCode.ALREADY_TRIED,
     ]
-    assert GATES[-3:] == [ReasonCode.NO_MODEL, ReasonCode.COOLING, ReasonCode.FULL]
+    assert GATES[-4:] == [ReasonCode.NO_MODEL, ReasonCode.DOES_NOT_FIT, ReasonCode.COOLING, ReasonCode.FULL]
 
 
 def test_gate_details():
@@ -288,7 +295,8 @@ def test_serving_beats_load():
     ],
 )
 def test_hugpy_settings_contract(model, body_settings, sent, tier):
-    contracts = {} if sent is None else {"m": sent}
+    # a hugpy box's contracts are load contracts (pairs.contract): here, options over no settings
+    contracts = {} if sent is None else {"m": pairs.contract(pairs.EMPTY, "m", sent)}
     b = box("h", 0, HUGPY, residents={"m": Resident("m")}, contracts=contracts)
     d = decide(call(model, settings=body_settings), [b])
     assert d.why["h"].tier is tier
@@ -542,9 +550,31 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
                 max_inflight=pick(draw, [None, None, 1, 2]),
                 cooling={k: pick(draw, [0, 1, 2]) for k in subset(draw, sorted(resident_keys | catalog), 6)},
                 recent_refusals=pick(draw, [0, 0, 0, 1]),
+                **(hugpy_own(draw, wanted, keys, asked, contracts) if kind is HUGPY else {}),
             )
         )
     return boxes
+
+
+PAIR_ROWS = [{}, {"max_wait_s": 30}, {"kv_cache_type": "q8_0"}, {"blocked": "operator"},
+             {"residency": "static"}, {"alloc_mode": "ram-only"}]
+BLANKETS = [{}, {"tolerance": "slowest"}, {"max_wait_s": 90}, {"blocked": True}, {"model_paths": ["/m"]}]
+
+
+def hugpy_own(draw, wanted: str, keys: list[str], asked: str | None, contracts: dict) -> dict:
+    """A hugpy box's own pair settings and verdicts (sometimes), and seats loaded under the
+    contract this call would get (so the serving tier stays reachable)."""
+    if rarely(draw, 2):
+        return {}
+    rows = [{"worker": "w", "model_key": "*", "settings": pick(draw, BLANKETS)}] if rarely(draw, 2) else []
+    rows += [{"worker": pick(draw, ["w", "w", "old"]), "model_key": k, "settings": pick(draw, PAIR_ROWS)}
+             for k in subset(draw, keys, 3)]
+    view = pairs.pair_view(rows, "w")
+    for k in list(contracts):
+        if not rarely(draw, 3):
+            contracts[k] = pairs.contract(view, k, asked)
+    fits = {k: pick(draw, list(pairs.Fit)) for k in subset(draw, [wanted, *keys], 2)}
+    return {"pairs": view, "fits": fits}
 
 
 @st.composite

@@ -62,6 +62,9 @@ def test_units_pass_systemd_analyze_verify(mode, tmp_path):
         assert line in text.splitlines()
     hardened = [line for line in HARDENING if line in text.splitlines()]
     assert hardened == (list(HARDENING) if mode == "system" else [])
+    # the one writable place in the config dir: the router's own folder (install rule 6)
+    writable = [line for line in text.splitlines() if line.startswith("ReadWritePaths=")]
+    assert writable == ([f"ReadWritePaths={tmp_path / 'router'}"] if mode == "system" else [])
     assert ("User=hugpy-router" in text) is (mode == "system")
 
 
@@ -175,3 +178,29 @@ def test_ready_after_first_inventory_then_reload_and_stop(tmp_path):
         listener.close()
         fleet.stop()
     assert "reloaded: boxes file" in (tmp_path / "router.log").read_text()
+
+
+def test_a_planted_symlink_never_receives_the_env_text(tmp_path):
+    """Issue 20 item 11: links planted at the installer's old temp name (for every process id
+    nearby) and at the env file's own name point at a victim file; the env text, admin key
+    included, lands only in a fresh 0600 file of its own, and the victim is untouched."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    victim.chmod(0o644)
+    env_file = config_dir / "router.env"
+    for pid in range(max(1, os.getpid() - 50), os.getpid() + 50):
+        (config_dir / f".router.env.tmp-{pid}").symlink_to(victim)
+    env_file.symlink_to(victim)
+    text = install.render_env({"HUGPY_ROUTER_KEY": "hpk_admin_secret", "HUGPY_ROUTER_PORT": "8080"})
+    install.write_file(env_file, text, 0o600)
+    assert victim.read_text() == "victim\n" and (victim.stat().st_mode & 0o777) == 0o644
+    assert not env_file.is_symlink() and env_file.read_text() == text
+    assert (env_file.stat().st_mode & 0o777) == 0o600
+    # No temp file is left behind, and a failed write leaves the old file as it was.
+    assert sorted(p.name for p in config_dir.iterdir() if not p.is_symlink()) == ["router.env"]
+    with pytest.raises(LookupError):
+        install.write_file(env_file, "other\n", 0o640, group="no-such-group-here")
+    assert env_file.read_text() == text
+    assert sorted(p.name for p in config_dir.iterdir() if not p.is_symlink()) == ["router.env"]

@@ -186,3 +186,14 @@ def test_the_dashboard_has_a_legend_for_every_load_column(start_fleet_in_process
     columns = re.findall(r"<th>(.*?)</th>", page[page.index('<table id="boxes">'):page.index("</thead>")])
     assert all(term.replace(" 0–3", "") in columns for term in terms)
     assert "How a box is chosen" in legend
+
+
+def test_router_log_never_prints_a_callers_control_characters():
+    """A model name is the caller's own text: an ESC or a newline in it reaches the operator's
+    terminal only escaped, so it can neither drive the terminal nor forge a line."""
+    from router.cli.log import format_row
+
+    line = format_row({"received_at": 1.0, "request_id": "r1", "facade": "openai",
+                       "model": "tiny\x1b]0;owned\x07\nFAKE\tdone 200", "box": "a", "state": "done", "http_status": 200})
+    assert "\x1b" not in line and "\n" not in line and "\x07" not in line
+    assert line.split("\t")[3] == "tiny\\x1b]0;owned\\x07\\nFAKE\\tdone 200"

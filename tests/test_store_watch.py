@@ -23,6 +23,7 @@ from router.boxes import store_watch
 from router.boxes.config import BoxConfig
 from router.boxes.state import BoxState, Inventory
 from router.boxes.store_watch import HugpyStoreLink
+from router.core import pairs
 from router.sim import SimBox, SimFleet
 
 from conftest import ROOT, wait_for
@@ -126,6 +127,27 @@ def test_a_resident_is_visible_within_50_ms_of_the_commit(tmp_path):
     print(f"store watch visibility: p50 {statistics.median(latencies) * 1e3:.2f} ms,"
           f" max {max(latencies) * 1e3:.2f} ms over {len(latencies)} commits")
     assert max(latencies) < VISIBLE_WITHIN_S
+
+
+def test_pair_settings_are_followed_in_the_store(tmp_path):
+    """Rules 1, 2, 4: a settings write is a commit the watch publishes; only this worker's rows
+    count (the other worker's `blocked` row for the same key does not)."""
+
+    async def scenario() -> None:
+        store = tmp_path / "fitevict.sqlite3"
+        writer = await Writer.start(store, "a")
+        await writer.send("model tiny")
+        link = store_link("a", "http://127.0.0.1:9", store)
+        await following(link)
+        await writer.send('pair tiny {"max_wait_s":30}')
+        await link.seen(lambda inv: pairs.effective(inv.pairs, "tiny") == {"max_wait_s": 30})
+        assert pairs.blocked_by(link.box.inventory.pairs, "tiny") is None
+        await writer.send('pair * {"blocked":"maintenance"}')
+        await link.seen(lambda inv: inv.pairs.blanket_blocked)
+        await link.stop()
+        await writer.close()
+
+    uvloop.run(scenario())
 
 
 def test_sensor_writes_publish_nothing_and_last_used_counts_past_a_second(tmp_path, monkeypatch):

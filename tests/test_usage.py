@@ -70,3 +70,33 @@ def test_the_usage_chunk_is_taken_out_and_nothing_else_changes_however_the_strea
     strip = asyncio.run(relay())
     assert b"".join(written) == OPENAI_STREAM + DONE
     assert strip.usage == USAGE_CHUNK and strip.dropped_bytes == len(USAGE_CHUNK)
+
+
+class WholeScanRefused(bytes):
+    def __contains__(self, part):
+        raise AssertionError("scanned the whole answer, not its last USAGE_WINDOW bytes")
+
+
+def test_counts_are_read_off_the_window_only_however_long_the_answer():
+    """A whole answer is its tail: a 100 MB embedding list is read for its last 16 KiB only, on
+    the loop, for every call."""
+    answer = WholeScanRefused(b'{"data":[' + b"0.1," * 50_000 + b'0.1],"usage":{"prompt_tokens":4,"total_tokens":4}}')
+    assert reported(answer) == (4, None, None)
+
+
+def test_a_count_the_client_echoed_before_the_usage_never_counts():
+    """A Responses answer echoes the call's tools, whose JSON schemas may hold any key: a client
+    that names `prompt_tokens` and `completion_tokens` there must not set its own charge."""
+    schema = b'{"type":"object","properties":{},"prompt_tokens":0,"completion_tokens":0,"cached_tokens":0}'
+    answer = (b'{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text",'
+              b'"text":"hi"}]}],"tools":[{"type":"function","name":"f","parameters":' + schema + b'}],'
+              b'"usage":{"input_tokens":900,"input_tokens_details":{"cached_tokens":100},"output_tokens":50,'
+              b'"total_tokens":950},"user":null}')
+    assert reported(answer) == (900, 50, 100)
+
+
+def test_a_null_stream_options_is_a_client_that_did_not_ask():
+    """`"stream_options": null` is how some clients write "not given": the router asks the box
+    for the usage all the same, rather than charging the stream by an estimate."""
+    asked = ask_usage(b'{"model":"m","stream":true,"stream_options":null}')
+    assert asked == b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'

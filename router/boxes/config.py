@@ -15,7 +15,9 @@ Rules:
 5. Every change (the CLI's `boxes add|remove|block|unblock`, the admin API's box routes) is
    one `edit`: under an exclusive lock on `<file>.lock` (flock: other processes and other
    threads wait), read the file, change it, validate, write it (rule 2). So two edits at once
-   never lose one, whoever makes them. A change that fails writes nothing.
+   never lose one, whoever makes them. A change that fails writes nothing. A path that is a
+   symbolic link is followed first: the lock and the temp file live beside the real file (a
+   system install links 0.0.4's path to the file in the router's own writable folder).
 6. A store is a hugpy-wrapper store when it is a regular file (a symlink to one counts, as the
    store watch follows it) whose first 16 bytes are SQLite's header and whose schema has the
    wrapper's tables (`WRAPPER_TABLES`), read through a read-only SQLite connection. The header
@@ -173,10 +175,7 @@ def validate(box: BoxConfig, *, new_store: bool = False) -> BoxConfig:
     """Returns `box` when every field holds (router.core.box_fields, rule 6 for the store; an
     empty pool becomes none). `new_store`: this edit sets the store, so its file must exist.
     Raises ConfigError naming the box and the field."""
-    try:
-        box_fields.check_name(box.name)
-    except ConfigError as exc:
-        raise ConfigError(f"box {exc}") from None
+    _check_name(box.name)
     try:
         box_fields.check_url("url", box.url)
         if box.agent is not None:
@@ -192,6 +191,13 @@ def validate(box: BoxConfig, *, new_store: bool = False) -> BoxConfig:
     except ConfigError as exc:
         raise ConfigError(f"box {box.name}: {exc}") from None
     return box if pool == box.pool else dataclasses.replace(box, pool=pool)
+
+
+def _check_name(name: str) -> None:
+    try:
+        box_fields.check_name(name)
+    except ConfigError as exc:
+        raise ConfigError(f"box {exc}") from None
 
 
 def check_store_file(store: str, *, must_exist: bool) -> None:
@@ -250,6 +256,7 @@ def _entry(entry: object, before: list[BoxConfig]) -> BoxConfig:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ConfigError("every box needs a string 'name'")
     name = entry["name"]
+    _check_name(name)  # first: the messages below name the box (a newline would forge a log line)
     url = entry.get("url", "")
     box = BoxConfig(
         name=name,
@@ -316,7 +323,7 @@ def locked(path: Path) -> Iterator[None]:
 def edit(path: Path | None, change: Callable[[BoxesFile], T]) -> T:
     """Reads the file under its lock, applies `change` to it and writes it (rule 5). Returns
     what `change` returns. Raises ConfigError (UnknownBox included) with nothing written."""
-    path = path or default_path()
+    path = Path(os.path.realpath(path or default_path()))
     with locked(path):
         boxes = load(path)
         result = change(boxes)

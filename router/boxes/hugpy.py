@@ -8,6 +8,10 @@ Rules (contracts/hugpy-wrapper.md §1, §2):
 3. Under traffic the counter moves on every call, so an early answer is followed by a pause of
    `MIN_POLL_GAP_S` before the next poll: the view lags by at most that, and a busy box is not
    asked for a full snapshot per call.
+4. Pair settings come with every snapshot (`pair_settings`, §11.2.7): only rows of the box's
+   current worker name count, the name its `/health` answer gives (the boxes file's name until
+   one has). The verdicts are not in the snapshot: `boxes/verdicts.py` reads them when the
+   catalog or the settings move.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import logging
 import orjson
 
 from router.boxes.link import Link
-from router.boxes.state import Inventory
+from router.boxes.state import BoxState, Inventory
+from router.boxes.verdicts import VerdictReader
+from router.core.pairs import pair_view
 from router.core.types import Resident
 
 log = logging.getLogger("router.boxes")
@@ -34,14 +40,16 @@ STATE_COLUMNS = {
     "residents": ("key", "state", "healthy", "busy", "loading", "last_used"),
     "models": ("key",),
     "gpu_state": ("free",),
+    "pair_settings": ("worker", "model_key", "settings"),
 }
 
 
-def parse_state(doc: dict) -> Inventory:
+def parse_state(doc: dict, worker: str | None = None) -> Inventory:
     """The inventory in a state snapshot: catalog keys, residents, max free GPU bytes.
 
     `doc` maps table names to row dicts: the state endpoint's answer, or the same rows read
     from the box's store file (store_watch.py), so both links build the view with this code.
+    `worker` filters the pair settings (rule 4); None when the rows are already the box's own.
     """
     catalog = {row["key"]: row["key"] for row in doc.get("models") or () if isinstance(row.get("key"), str)}
     residents: dict[str, Resident] = {}
@@ -58,12 +66,37 @@ def parse_state(doc: dict) -> Inventory:
             last_used_s=float(row.get("last_used") or 0.0),
         )
     free = [row["free"] for row in doc.get("gpu_state") or () if isinstance(row.get("free"), int)]
-    return Inventory(catalog=catalog, residents=residents, free_gpu_bytes=max(free) if free else None)
+    return Inventory(catalog=catalog, residents=residents, free_gpu_bytes=max(free) if free else None,
+                     pairs=pair_view(doc.get("pair_settings") or (), worker))
 
 
 class HugpyLink(Link):
     health_path = "/health"
     mode = "api long-poll"  # how the inventory is kept, for the admin state
+
+    def __init__(self, box: BoxState) -> None:
+        super().__init__(box)
+        self.worker: str | None = None  # FITEVICT_WORKER, from /health (rule 4)
+        self.verdicts = VerdictReader(self)
+
+    def healthy(self, status: int, body: bytes) -> bool:
+        if status != 200:
+            return False
+        try:
+            worker = orjson.loads(body).get("worker")
+        except (orjson.JSONDecodeError, AttributeError):
+            return True
+        if isinstance(worker, str) and worker:
+            self.worker = worker
+        return True
+
+    def start(self) -> None:
+        super().start()
+        self.tasks.append(asyncio.create_task(self.verdicts.run(), name=f"verdicts:{self.box.name}"))
+
+    def publish(self, inventory: Inventory) -> None:
+        super().publish(inventory)
+        self.verdicts.consider(inventory)
 
     async def follow_inventory(self) -> None:
         box = self.box
@@ -76,7 +109,7 @@ class HugpyLink(Link):
             asked_s = loop.time()
             doc = orjson.loads(await self.get(target, POLL_TIMEOUT_S))
             changes = int(doc["changes"])
-            inventory = parse_state(doc)
+            inventory = parse_state(doc, self.worker or box.name)
             if 0 <= changes < since:
                 log.info("box %s restarted (changes %d < %d): resync", box.name, changes, since)
                 box.forget_contracts()

@@ -6,7 +6,12 @@ Invariants:
    `last_picked_s`. Each write that changes a field the
    decision reads bumps `version`, so `facts()` rebuilds the immutable BoxFacts only then.
 2. `contracts[key]` is the settings string the router last sent with a call that the box
-   accepted for that model (None = default); a box restart clears them.
+   accepted for that model (None = default); a box restart clears them. On a hugpy box,
+   `loaded[key]` is the load contract that seat runs under (router.core.pairs rule 4): the
+   call's contract when the box took it, or, for a seat the router first sees already loaded,
+   the contract a call without options had at that moment. The decision compares these, so a
+   pair-settings write after the load turns the seat into a load. `fits` is what the box's
+   verdicts said per catalog key when last read (boxes/verdicts.py).
 3. Refusal memory (router.core.admission rule 7): `refusals[key]` counts placement refusals in a
    row and `cooling[key] = (until_s, ceiling)` is when the back-off they set ends and the calls
    the box had in flight besides the refused one (its ceiling for the model). The back-off's end
@@ -35,7 +40,8 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.kinds import call_key
+from router.core.kinds import Capability, call_key, can
+from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
@@ -54,6 +60,7 @@ class Inventory:
     free_gpu_bytes: int | None = None
     listing: dict[str, Any] = field(default_factory=dict)
     capacity: int | None = None  # calls at once, as the box itself reports it (llama.cpp's slots)
+    pairs: PairView = EMPTY  # a hugpy box's own pair settings (router.core.pairs rule 1)
 
 
 class BoxState:
@@ -70,6 +77,8 @@ class BoxState:
         self.inventory = Inventory()
         self.catalog: frozenset[str] = frozenset()
         self.contracts: dict[str, str | None] = {}
+        self.loaded: dict[str, str | None] = {}
+        self.fits: dict[str, Fit] = {}
         self.last_picked_s = 0.0
         # load: the router's own calls on the box now; pending and pressure as of the last
         # scheduler snapshot (until one exists: nothing pending, neutral pressure)
@@ -132,12 +141,11 @@ class BoxState:
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
-        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity) != (
-            old.catalog,
-            old.residents,
-            old.free_gpu_bytes,
-            old.capacity,
-        ):
+        if can(self.config.kind, Capability.PAIR_SETTINGS):
+            for key in inventory.residents.keys() - self.loaded.keys():  # a seat first seen (rule 2)
+                self.loaded[key] = contract(inventory.pairs, key, None)
+        if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity,
+                inventory.pairs) != (old.catalog, old.residents, old.free_gpu_bytes, old.capacity, old.pairs):
             self.catalog = frozenset(inventory.catalog)
             self.changed()
 
@@ -149,8 +157,13 @@ class BoxState:
     def forget_contracts(self) -> None:
         """The box restarted: what it was sent, and what it computed, are gone."""
         self.drop_caches()
-        if self.contracts:
-            self.contracts = {}
+        if self.contracts or self.loaded:
+            self.contracts, self.loaded = {}, {}
+            self.changed()
+
+    def set_fits(self, fits: dict[str, Fit]) -> None:
+        if fits != self.fits:
+            self.fits = fits
             self.changed()
 
     def took(self, call: Call, now_s: float) -> None:
@@ -158,6 +171,8 @@ class BoxState:
         the call's settings, and it had room for it."""
         named = call_key(self.config.kind, call.model, call.settings)
         if named is not None:
+            if can(self.config.kind, Capability.PAIR_SETTINGS):
+                self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1])
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
 
@@ -247,7 +262,8 @@ class BoxState:
                 blocked=config.blocked,
                 catalog=self.catalog,
                 residents=self.inventory.residents,
-                contracts={k: v for k, v in self.contracts.items() if v is not None},
+                contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
+                                             else self.contracts).items() if v is not None},
                 free_gpu_bytes=self.inventory.free_gpu_bytes,
                 pending=max(self.in_flight - reservations, self.busy_seats),
                 pressure=self.pressure,
@@ -257,6 +273,8 @@ class BoxState:
                 max_inflight=limit,
                 cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
                 recent_refusals=sum(self.refusals[k] for k in self.cooling),
+                pairs=self.inventory.pairs,
+                fits=self.fits,
             )
             self._facts_key = key
         return self._facts  # type: ignore[return-value]

@@ -22,7 +22,7 @@ Rules:
 4. Publishing. `data_version` also moves on the box's silent 4 Hz sensor writes (residents'
    vram_bytes, ram_bytes, cpu_ms, last_used, observed_at; gpu/host/cpu rows), so every
    confirmed change is re-read but published only when the view the decision reads moved:
-   catalog, free GPU bytes, the seats and their healthy/loading/busy flags. `last_used` (the
+   catalog, free GPU bytes, the seats and their healthy/loading/busy flags, the pair settings. `last_used` (the
    serving tier's most-recently-used tie-break between boxes) moves whenever a call ends, in a
    silent write when the seat stays busy; it counts only when it moved more than
    `LAST_USED_SLACK_S` from the published value: seats used within a second of each other are
@@ -212,10 +212,11 @@ def drain(fd: int, prefix: bytes) -> bool:
 
 def moved(old: Inventory, new: Inventory) -> bool:
     """Whether `new` differs from the published `old` in what the decision reads (rule 4)."""
-    if (old.catalog, old.free_gpu_bytes, old.residents.keys()) != (
+    if (old.catalog, old.free_gpu_bytes, old.residents.keys(), old.pairs) != (
         new.catalog,
         new.free_gpu_bytes,
         new.residents.keys(),
+        new.pairs,
     ):
         return True
     for key, seat in new.residents.items():

@@ -2,9 +2,11 @@
 layout, with the files hugpy-router 0.0.4's installer writes (so each can repair the other's).
 
   --system  user hugpy-router (no login) in group hugpy, venv /opt/hugpy-router/venv,
-            /etc/hugpy/router.env and /etc/hugpy/router.boxes.json (0640 root:hugpy-router:
-            they hold keys), store /var/lib/hugpy-router (StateDirectory, group-readable),
-            unit /etc/systemd/system/hugpy-router.service (root, once)
+            /etc/hugpy/router.env (0640 root:hugpy-router: it holds keys), the boxes file at
+            0.0.4's /etc/hugpy/router.boxes.json, a link to /etc/hugpy/router/boxes.json in the
+            router's own folder (0750 hugpy-router, the file 0600: it holds keys), store
+            /var/lib/hugpy-router (StateDirectory, group-readable), unit
+            /etc/systemd/system/hugpy-router.service (root, once)
   --user    this account's service on this environment's interpreter:
             <XDG config>/hugpy/router.env, the boxes file <hugpy config>/router/boxes.json,
             store <hugpy data>/router, unit <XDG config>/systemd/user/hugpy-router.service
@@ -24,11 +26,19 @@ Rules:
    inventory read, serve/notify.py), `ExecReload` sends SIGHUP (boxes file and keys re-read),
    and the system unit is hardened (NoNewPrivileges, ProtectSystem=strict, ProtectHome,
    PrivateTmp, StateDirectory, UMask=0027).
+6. The system service may edit its boxes file (the admin API's box routes, which hugpy-core
+   configures the fleet by), and nothing else in /etc: `ReadWritePaths=` names only the
+   router's own folder `/etc/hugpy/router`, owned by the service user, where the file, its
+   lock and its temp files live. /etc/hugpy itself is shared with hugpy-wrapper (its env file
+   holds the box key), so it stays read-only to the router; 0.0.4's path is a link into the
+   folder (a regular file there, as 0.0.4 writes it, is moved in on install).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import grp
 import json
 import os
 import pwd
@@ -37,6 +47,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -89,6 +100,11 @@ class Layout:
         return self.python.parent
 
     @property
+    def router_dir(self) -> Path:
+        """The system service's one writable folder under /etc (rule 6)."""
+        return self.conf_dir / COMPONENT
+
+    @property
     def systemctl(self) -> list[str]:
         return ["systemctl"] if self.mode == "system" else ["systemctl", "--user"]
 
@@ -135,16 +151,40 @@ def render_env(values: dict[str, str]) -> str:
 
 
 def write_file(path: Path, text: str, mode: int, owner: str | None = None, group: str | None = None) -> None:
-    """Writes atomically with `mode` (and owner/group)."""
+    """Writes atomically with `mode` (and owner/group), safe against planted links (issue 20
+    item 11: a predictable temp name, opened without O_EXCL, let a planted symlink receive the
+    env text, admin key included, with the victim's mode):
+
+    1. The temp file is made by `tempfile.mkstemp` in the target's directory: a random name,
+       created with O_CREAT|O_EXCL (never an existing file, never through a symlink), mode 0600.
+    2. Its mode and owner are set on the descriptor before a byte is written, so the text is
+       never readable by more than `mode` allows, not even for a moment.
+    3. `os.replace` renames it over `path`: a symlink at `path` is replaced, never followed.
+    4. On any error the temp file is removed and `path` is left as it was.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    if owner or group:
-        shutil.chown(tmp, owner, group)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), mode)
+            if owner or group:
+                os.fchown(handle.fileno(), _uid(owner), _gid(group))
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _uid(owner: str | None) -> int:
+    return -1 if owner is None else pwd.getpwnam(owner).pw_uid
+
+
+def _gid(group: str | None) -> int:
+    return -1 if group is None else grp.getgrnam(group).gr_gid
 
 
 def render_unit(lay: Layout) -> str:
@@ -167,7 +207,8 @@ def render_unit(lay: Layout) -> str:
     ]
     if lay.mode == "system":
         lines += [f"StateDirectory={SERVICE}", "StateDirectoryMode=0750", "UMask=0027", "NoNewPrivileges=yes",
-                  "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes"]
+                  "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes",
+                  f"ReadWritePaths={lay.router_dir}"]
     wanted_by = "multi-user.target" if lay.mode == "system" else "default.target"
     lines += ["", "[Install]", f"WantedBy={wanted_by}", ""]
     return "\n".join(lines)
@@ -322,7 +363,11 @@ def plan_install(args: argparse.Namespace) -> Plan:
         local = f" (no {lay.mode} hugpy-wrapper here: add boxes with `hugpy-router boxes add`)"
     else:
         local = f" + box {box.name} = the local hugpy-wrapper at {box.url}"
-    owner = ", root:hugpy-router 0640" if lay.mode == "system" else ""
+    if lay.mode == "system":
+        plan.add("router folder", f"{lay.router_dir} (0750 {SERVICE}: the service's only writable place in "
+                                  f"{lay.conf_dir}); {lay.boxes_file} links to its boxes.json",
+                 lambda: own_folder(lay))
+    owner = f", {SERVICE}" if lay.mode == "system" else ""
     plan.add("boxes", f"{lay.boxes_file} (holds box keys: 0600{owner}){local}", lambda: _boxes(lay, box))
     plan.add("config", f"{lay.env_file} (host {args.host}, port {port}, admin key "
                        f"{'kept' if current.get('HUGPY_ROUTER_KEY') else 'made'}, store {lay.state_dir})",
@@ -365,9 +410,25 @@ def _boxes(lay: Layout, box: boxes_config.BoxConfig | None) -> None:
             boxes.put(box)
 
     boxes_config.edit(lay.boxes_file, change)
-    if lay.mode == "system":
-        shutil.chown(lay.boxes_file, "root", SERVICE)
-        os.chmod(lay.boxes_file, 0o640)
+    if lay.mode == "system":  # rule 6: the service edits it (the edit wrote it 0600)
+        account = pwd.getpwnam(lay.service_user)
+        for path in (lay.boxes_file.resolve(), Path(f"{lay.boxes_file.resolve()}.lock")):
+            os.chown(path, account.pw_uid, account.pw_gid)
+
+
+def own_folder(lay: Layout) -> None:
+    """The router's own folder under the config dir, owned by the service user; 0.0.4's boxes
+    file path a relative link to the file in it (rule 6)."""
+    account = pwd.getpwnam(lay.service_user)
+    lay.router_dir.mkdir(mode=0o750, exist_ok=True)
+    os.chown(lay.router_dir, account.pw_uid, account.pw_gid)
+    os.chmod(lay.router_dir, 0o750)
+    inside = lay.router_dir / "boxes.json"
+    if lay.boxes_file.is_file() and not lay.boxes_file.is_symlink():
+        os.replace(lay.boxes_file, inside)  # 0.0.4's regular file moves in, keys and all
+    if not lay.boxes_file.is_symlink():
+        os.symlink(Path(COMPONENT) / inside.name, lay.boxes_file)
+    Path(f"{lay.boxes_file}.lock").unlink(missing_ok=True)  # the lock now lives beside the file
 
 
 def _config(lay: Layout, values: dict[str, str]) -> None:
@@ -420,6 +481,8 @@ def plan_uninstall(args: argparse.Namespace) -> Plan:
         plan.add("state", f"remove {lay.state_dir} (route_log, keys)",
                  lambda: shutil.rmtree(lay.state_dir, ignore_errors=True))
         if lay.mode == "system":
+            plan.add("router folder", f"remove {lay.router_dir}",
+                     lambda: shutil.rmtree(lay.router_dir, ignore_errors=True))
             plan.add("user", f"remove the system user {SERVICE}",
                      lambda: subprocess.run(["userdel", SERVICE], capture_output=True))
     else:

@@ -6,7 +6,8 @@ Rules:
    WAL lets it read while the router writes.
 2. A line per call: when it arrived (UTC), its request id, facade, model, the box that served
    it, its state and HTTP status, and its timings (queue wait, first byte, total), then the
-   error code if any. The route log holds no body, prompt, chunk or key, so neither does this.
+   error code if any. The route log holds no body, prompt, chunk or key, so neither does this;
+   a column's control characters are shown escaped (`\x1b`), never sent to the terminal.
 3. `--json`: each row as one JSON object per line, every column of the row.
 4. `--follow` prints new rows as they are written (polled every FOLLOW_POLL_S), until Ctrl-C.
 5. No store file yet is exit 1 with one line: a router has not run with that store.
@@ -52,6 +53,12 @@ def _ms(start: float | None, end: float | None) -> str:
     return f"{(end - start) * 1000:.0f}ms" if start is not None and end is not None else "-"
 
 
+def _shown(text: str) -> str:
+    """A column as the terminal may print it: a model name is the caller's own text, and a
+    control character (ESC, CR, LF, tab) in it would forge lines or drive the operator's terminal."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def format_row(row: dict) -> str:
     """One call as a line (rule 2)."""
     at = row.get("received_at")
@@ -64,7 +71,7 @@ def format_row(row: dict) -> str:
               row.get("box") or "-", status, timings]
     if row.get("error"):
         fields.append(row["error"])
-    return "\t".join(fields)
+    return "\t".join(map(_shown, fields))
 
 
 def _print(rows: list[dict], as_json: bool) -> None:

@@ -19,6 +19,7 @@ from router.cli.boxes import add_boxes_parser, boxes_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.cli.log import add_log_parser, log_command
+from router.core import bounds
 from router.core.affinity import DEFAULT_SLACK
 from router.core.errors import ConfigError
 from router.serve.affinity import DEFAULT_MEMORY_BYTES
@@ -57,6 +58,9 @@ class Parser(argparse.ArgumentParser):
        Each parser keeps the arguments it was given, and a "required" error where one of them
        is an option it does not know becomes "unrecognized arguments: --prot".
     4. No internal name: "invalid _port value" is said "invalid value".
+    5. An error is one line on stderr and exit status 2 (`router serve: error: argument
+       --queue-size: invalid value '-1': must be ...`): a unit's journal shows the cause, not a
+       page of usage.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -88,7 +92,7 @@ class Parser(argparse.ArgumentParser):
         if message.startswith(_UNRECOGNIZED):
             shown = (t if t.startswith("-") else "…" for t in message[len(_UNRECOGNIZED):].split())
             message = _UNRECOGNIZED + " ".join(shown)
-        super().error(_KEY_RE.sub("hpk_…", message))
+        self.exit(2, f"{self.prog}: error: {_KEY_RE.sub('hpk_…', message)} (--help lists the options)\n")
 
 
 def _port(value: str) -> int:
@@ -100,40 +104,31 @@ def _port(value: str) -> int:
     return port
 
 
-def _seconds(value: str) -> float:
-    seconds = float(value)
-    if not 0 < seconds <= 3600:
-        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
-    return seconds
+def _in_range(check, name: str, **bounds):
+    """An argparse `type` from a router.core.bounds check: its ValueError becomes argparse's
+    one-line error, which names the flag and the value (`argument --queue-size: invalid value
+    '-1': must be ...`)."""
+
+    def parse(value: str):
+        try:
+            return check(value, **bounds)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"invalid value {value!r}: {exc}") from None
+
+    parse.__name__ = name
+    return parse
 
 
-def _count(value: str) -> int:
-    count = int(value)
-    if count < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return count
-
-
-def _streams(value: str) -> int:
-    count = int(value)
-    if not 1 <= count <= MAX_EVENT_STREAMS:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_EVENT_STREAMS}")
-    return count
-
-
-def _size(value: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    value = value.strip().lower().removesuffix("ib").removesuffix("b")
-    if value and value[-1] in units:
-        return int(float(value[:-1]) * units[value[-1]])
-    return int(value)
-
-
-def _seconds(value: str) -> float:
-    seconds = float(value)
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
-    return seconds
+_seconds = _in_range(bounds.finite_seconds, "seconds")
+_seconds_or_zero = _in_range(bounds.finite_seconds, "seconds", zero_ok=True)
+_count = _in_range(bounds.non_negative_int, "count")
+_positive = _in_range(bounds.positive_int, "count")
+_size = _in_range(bounds.size_bytes, "size")
+# Granian takes the idle timeout in whole milliseconds; a day is far above any keep-alive.
+_idle_seconds = _in_range(bounds.finite_seconds, "seconds", high=86400.0)
+# At most one per descriptor the process may hold.
+_conns = _in_range(bounds.non_negative_int, "count", high=1 << 20)
+_streams = _in_range(bounds.positive_int, "count", high=MAX_EVENT_STREAMS)
 
 
 def _share(value: str) -> float:
@@ -146,7 +141,7 @@ def _share(value: str) -> float:
 def _days(value: str) -> float:
     days = float(value)
     if not 0 <= days < 1e6:
-        raise argparse.ArgumentTypeError("days must be 0 (keep forever) or more")
+        raise argparse.ArgumentTypeError("days must be 0 (keep forever) or more, below 1000000")
     return days
 
 
@@ -182,7 +177,7 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--max-body", type=_size, default=64 << 20, help="largest request body (default 64MiB)")
     parser.add_argument(
         "--first-byte-timeout",
-        type=float,
+        type=_seconds,
         default=900.0,
         help="seconds to wait for a box's first byte (a cold load can take minutes; default 900)",
     )
@@ -197,17 +192,20 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="also listen here as an Ollama server (every path is Ollama's; 'auto' picks one)")
     parser.add_argument("--lmstudio-port", type=_port, default=None,
                         help="also listen here as an LM Studio server (every path is LM Studio's)")
-    parser.add_argument("--queue-size", type=int, default=1024,
+    parser.add_argument("--queue-size", type=_count, default=1024,
                         help="calls that may wait for a full box, in all (default 1024; more get 429)")
-    parser.add_argument("--queue-timeout", type=float, default=120.0,
+    parser.add_argument("--queue-per-caller", type=_positive, default=None,
+                        help="places of the queue one caller (a key, else an address) may hold; "
+                        "more get 429 (default: a quarter of --queue-size, at least 1; docs/queue.md)")
+    parser.add_argument("--queue-timeout", type=_seconds, default=120.0,
                         help="seconds a call may wait for a full box before a 503 (default 120)")
-    parser.add_argument("--stream-keepalive", type=float, default=15.0,
+    parser.add_argument("--stream-keepalive", type=_seconds_or_zero, default=15.0,
                         help="a streamed OpenAI call waiting this long (queue, cold load) gets its "
                         "stream head and an SSE comment every this many seconds (default 15; 0: never)")
     parser.add_argument("--max-event-streams", type=_streams, default=DEFAULT_MAX_EVENT_STREAMS,
                         help="admin event streams (/v1/router/events, /v1/router/schedule) open at "
                         f"once; more get 429 (1-{MAX_EVENT_STREAMS}, default {DEFAULT_MAX_EVENT_STREAMS})")
-    parser.add_argument("--grace", type=float, default=30.0, help="seconds in-flight calls get at stop")
+    parser.add_argument("--grace", type=_seconds_or_zero, default=30.0, help="seconds in-flight calls get at stop")
     parser.add_argument("--default-rpm", type=_count, default=0,
                         help="requests a minute for each caller without a key, per resolved address "
                         "(default 0: no limit; docs/tenancy.md)")
@@ -217,16 +215,17 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
     parser.add_argument(
         "--idle-timeout",
-        type=_seconds,
+        type=_idle_seconds,
         default=DEFAULT_IDLE_TIMEOUT_S,
         help="seconds a connection may stay without a whole request head, after it opens or "
         f"after its last answer, before it is closed (default {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--max-conns-per-client",
-        type=_count,
+        type=_conns,
         default=DEFAULT_MAX_CONNS_PER_CLIENT,
-        help="most open connections one client address may hold; the newest over it are closed. "
+        help="most idle connections one client address may hold; over it, its longest-idle ones are "
+        "closed (a connection with a call in flight never is). "
         "Trusted proxies (HUGPY_ROUTER_TRUSTED_PROXIES) are exempt; 0 = no cap "
         f"(default {DEFAULT_MAX_CONNS_PER_CLIENT})",
     )
@@ -275,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the router in front of a fleet of simulated boxes")
     add_serve_options(demo, port_required=False)
-    demo.add_argument("--sim-boxes", type=int, default=3, help="simulated boxes (default 3)")
+    demo.add_argument("--sim-boxes", type=_in_range(bounds.positive_int, "count", high=64), default=3, help="simulated boxes (default 3)")
 
     add_boxes_parser(sub)
     add_agent_parser(sub)

@@ -41,6 +41,7 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         lmstudio_port=args.lmstudio_port,
         queue_size=args.queue_size,
         queue_timeout_s=args.queue_timeout,
+        queue_per_caller=args.queue_per_caller,
         stream_keepalive_s=args.stream_keepalive,
         max_event_streams=args.max_event_streams,
         log_retention_days=args.log_retention_days,

@@ -13,6 +13,11 @@ Rules (tests/test_core_admission.py pins each against the plain model in tests/m
 5. A waiter leaves the queue exactly once: handed out (`next_for`), or removed (`remove`: its
    client left or its wait timed out). A removed waiter is never handed out.
 6. The queue holds at most `capacity` waiters; `push` past that is refused (429 queue_full).
+   One caller holds at most `per_caller` of them, whatever their class; its `push` past that is
+   refused (429 queue_share_full) while the queue still has room for everyone else. The
+   default share is `fair_share(capacity)`: a quarter of the places, at least 1, so one burst
+   leaves three quarters to the others and at least four callers can each hold a full share.
+   A caller is whoever the serve layer says (a key, else an address: docs/queue.md).
 7. Back-off. A box that refused a model with a placement refusal while it had n other calls in
    flight counts as full for that model at n calls (n = 0: full for it) for
    `backoff_s(consecutive refusals)`: doubling from BACKOFF_BASE_S, capped at BACKOFF_CAP_S. So
@@ -33,6 +38,15 @@ from router.core.backoff import doubling_s
 # in a tight loop; past 30 s a box that keeps refusing is better served by the queue's timeout.
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
+# Rule 6: the default share of one caller is capacity / SHARE_DIVISOR places (rounded up).
+SHARE_DIVISOR = 4
+QUEUE_FULL = "queue_full"
+QUEUE_SHARE_FULL = "queue_share_full"
+
+
+def fair_share(capacity: int) -> int:
+    """The default places one caller may hold: ceil(capacity / SHARE_DIVISOR), at least 1."""
+    return max(1, -(-capacity // SHARE_DIVISOR))
 
 
 class Priority(IntEnum):
@@ -88,8 +102,10 @@ class Waiter:
 class WaitQueue:
     """Waiting calls by class, then caller (a rotation), then arrival."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, per_caller: int | None = None) -> None:
         self.capacity = capacity
+        self.per_caller = fair_share(capacity) if per_caller is None else per_caller
+        self._held: dict[str, int] = {}  # caller -> its waiters, every class (rule 6)
         # per class: caller -> that caller's waiters in arrival order; dict order = rotation
         self._classes: list[OrderedDict[str, deque[Waiter]]] = [OrderedDict() for _ in Priority]
         self._size = 0
@@ -98,10 +114,21 @@ class WaitQueue:
     def __len__(self) -> int:
         return self._size
 
-    def push(self, waiter: Waiter) -> bool:
-        """Queues `waiter` behind its caller's earlier calls; False when the queue is full."""
+    def refusal_for(self, caller: str) -> str | None:
+        """Why a new waiter of `caller` would be refused now (rule 6): QUEUE_FULL when the queue
+        is full, else QUEUE_SHARE_FULL when the caller holds its share; None when it fits."""
         if self._size >= self.capacity:
+            return QUEUE_FULL
+        if self._held.get(caller, 0) >= self.per_caller:
+            return QUEUE_SHARE_FULL
+        return None
+
+    def push(self, waiter: Waiter) -> bool:
+        """Queues `waiter` behind its caller's earlier calls; False when the queue is full or its
+        caller holds its share (`refusal_for` says which)."""
+        if self.refusal_for(waiter.caller) is not None:
             return False
+        self._held[waiter.caller] = self._held.get(waiter.caller, 0) + 1
         waiter.seq = self._seq
         self._seq += 1
         rotation = self._classes[waiter.priority]
@@ -121,7 +148,7 @@ class WaitQueue:
         line.remove(waiter)
         if not line:
             del rotation[waiter.caller]
-        self._size -= 1
+        self._left(waiter.caller)
         return True
 
     def next_for(self, box: str, fits: Callable[[Waiter], bool] = lambda w: True) -> Waiter | None:
@@ -136,9 +163,17 @@ class WaitQueue:
                             rotation.move_to_end(caller)
                         else:
                             del rotation[caller]
-                        self._size -= 1
+                        self._left(caller)
                         return waiter
         return None
+
+    def _left(self, caller: str) -> None:
+        self._size -= 1
+        held = self._held[caller] - 1
+        if held:
+            self._held[caller] = held
+        else:
+            del self._held[caller]
 
     def waiting(self) -> Iterator[Waiter]:
         """Every waiter, in the order `next_for` would consider them."""

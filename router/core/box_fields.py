@@ -4,8 +4,8 @@ API (router.boxes.config.validate applies them, plus the store file check, which
 Rules (each check raises ConfigError with one line naming the field and why; a value that may
 hold a secret, a key or a URL with a password, is never echoed):
 1. name: the hugpy request-id alphabet, `NAME_RE` (it travels in headers and URLs as it is).
-2. url: `http` or `https`, a valid host (a DNS name of letters, digits, `-` and `_` labels, an
-   IPv4 address or a bracketed IPv6 one), a port 1-65535 when one is given, and nothing else:
+2. url: `http` or `https`, a valid host (a DNS name of letters, digits, `-` and `_` labels whose last is
+   not a number, an IPv4 dotted quad or a bracketed IPv6 address), a port 1-65535 when one is given, and nothing else:
    no user or password, no path, no query, no fragment, no whitespace or control character
    (Python's urlsplit drops a tab or newline silently, so the raw text is checked first).
 3. agent: the same, `http` only (a `router agent` serves plain HTTP).
@@ -18,7 +18,8 @@ hold a secret, a key or a URL with a password, is never echoed):
    is a hugpy-wrapper store is the I/O room's check.
 8. A URL names one of this router's own listeners (`names_listener`) when its port is one the
    router listens on and its host is the bind address, or, for a loopback or wildcard bind, a
-   loopback address, `localhost` or one of the machine's own names and addresses. Names are
+   loopback address (IPv4-mapped too), `localhost`, a wildcard address or one of the
+   machine's own names and addresses. Names are
    not resolved: a DNS name that points back here is caught by the hop marker instead.
 """
 
@@ -44,6 +45,10 @@ MAX_PATH_CHARS = 4096
 ECHO_CHARS = 80
 _LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 _VISIBLE_RE = re.compile(r"[\x21-\x7e]+")
+# A last label of digits (or 0x and hex digits) makes a name an IPv4 address in the resolver's
+# and browsers' eyes (inet_aton's shorthand: `127.1` is 127.0.0.1), never a DNS name: only the
+# dotted quad is taken, so no shorthand hides a loopback address from rule 8.
+_NUMERIC_LABEL_RE = re.compile(r"[0-9]+|0[xX][0-9a-fA-F]*")
 BOX_SCHEMES = ("http", "https")
 AGENT_SCHEMES = ("http",)
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -68,6 +73,8 @@ def valid_host(host: str) -> bool:
         pass
     if ":" in host or len(host) > 253:
         return False
+    if _NUMERIC_LABEL_RE.fullmatch(host.removesuffix(".").rpartition(".")[2]):
+        return False  # `127.1`, `2130706433`, `0x7f.0.0.1`: an address in a form ipaddress refused
     return all(_LABEL_RE.fullmatch(label) for label in host.removesuffix(".").split("."))
 
 
@@ -162,7 +169,7 @@ def names_listener(
         return True
     local = host in LOOPBACK_NAMES or _is_loopback(host)
     if _is_loopback(bind_host):
-        return local
+        return local or host in WILDCARD_HOSTS  # a connect to 0.0.0.0 or :: reaches this machine
     if bind_host in WILDCARD_HOSTS:
         return local or host in WILDCARD_HOSTS or host in own_hosts
     return False
@@ -170,6 +177,8 @@ def names_listener(
 
 def _is_loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 (Python 3.11 does not unwrap it)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)

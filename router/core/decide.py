@@ -12,16 +12,23 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    An empty pool is no pool. Failover passes `eligible` (the first decision's ranked set) so
    that a retry never broadens past it. `offline` and `no_model` carry the box's `down` (why
    its link fails: connection refused, TLS, a refused key ...) when there is one.
+   Blocked also covers a hugpy box's own pair settings (`blocked_pair`, router.core.pairs rule
+   5), right after the operator's block; a pin cannot pass it. `does_not_fit` comes right after
+   the model check: the box's verdicts say the model fits in no placement mode and it is not
+   resident (a resident fits by definition); a pin never meets it (verdicts never override one).
 2. Pin. A pinned call ranks only the pinned box, and only if it passes the gate; otherwise the
    decision is REFUSED with that box's reason. A pin is never rerouted (the proxy does not fail
    over a pinned call).
 3. Tiers. SERVING: the model is resident, healthy, not loading, and the settings the call asks
-   for equal the settings this router last sent that box for that model (unknown = default).
+   for equal the settings this router last sent that box for that model (unknown = default);
+   on a hugpy box both sides are load contracts (blanket ⊕ pair ⊕ the call's options:
+   router.core.pairs rule 4), so a pair-settings write after the load makes it a LOAD.
    Every other eligible box is LOAD (catalog, or resident under other settings).
 4. Rank inside a tier, ascending by the tuple of the small key functions below:
    load (pending + pressure + reservations + recent placement refusals), then pressure, then
-   the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: most free GPU memory, least recently
-   picked), then the stable id (position in the boxes file, then name). SERVING before LOAD.
+   the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: the verdicts' fit
+   (GPU, unknown, RAM only), most free GPU memory, least recently picked), then the stable id
+   (position in the boxes file, then name). SERVING before LOAD.
    Affinity (router.core.affinity) may then move one serving box to the front, within its slack.
 """
 
@@ -31,7 +38,8 @@ from typing import Iterable, Sequence
 
 from router.core.admission import is_full
 from router.core.affinity import Steer, place
-from router.core.kinds import call_key
+from router.core.kinds import Capability, call_key, can
+from router.core.pairs import EMPTY, Fit, blocked_by, contract
 from router.core.types import (
     BoxFacts,
     Call,
@@ -72,6 +80,8 @@ def _why_not(
         return Reason(ReasonCode.OTHER_POOL, box.pool or "")
     if box.blocked:
         return Reason(ReasonCode.BLOCKED)
+    if box.pairs is not EMPTY and (blocker := blocked_by(box.pairs, named[0])) is not None:
+        return Reason(ReasonCode.BLOCKED_PAIR, blocker)
     if box.id in tried:
         return Reason(ReasonCode.ALREADY_TRIED)
     if eligible is not None and box.id not in eligible:
@@ -79,6 +89,8 @@ def _why_not(
     key = named[0]
     if key not in box.residents and key not in box.catalog:
         return Reason(ReasonCode.NO_MODEL, f"{key} ({box.down})" if box.down else key)
+    if call.pin is None and box.fits.get(key) is Fit.NONE and key not in box.residents:
+        return Reason(ReasonCode.DOES_NOT_FIT, key)
     ceiling = box.cooling.get(key)
     if ceiling is not None and box.in_flight >= ceiling:
         return Reason(ReasonCode.COOLING, f"{key} at {ceiling} in flight")
@@ -97,6 +109,8 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None]) -> Tier:
     resident = box.residents.get(key)
     if resident is None or not resident.healthy or resident.loading:
         return Tier.LOAD
+    if can(box.kind, Capability.PAIR_SETTINGS):
+        settings = contract(box.pairs, key, settings)
     return Tier.SERVING if box.contracts.get(key) == settings else Tier.LOAD
 
 
@@ -112,9 +126,12 @@ def serving_tiebreak(resident: Resident) -> tuple:
     return (1 if resident.busy else 0, -resident.last_used_s)
 
 
-def load_tiebreak(box: BoxFacts) -> tuple:
-    """Most free GPU memory first (unknown counts as none), then least recently picked."""
-    return (-(box.free_gpu_bytes or 0), box.last_picked_s)
+def load_tiebreak(box: BoxFacts, key: str) -> tuple:
+    """A GPU fit, then unknown, then a RAM-only fit (the box's verdicts, router.core.pairs rule
+    6; no verdicts, and "fits nowhere" for a resident or a pinned call, count as unknown); then
+    most free GPU memory first (unknown counts as none), then least recently picked."""
+    fit = box.fits.get(key)
+    return (0 if fit is Fit.GPU else 2 if fit is Fit.RAM else 1, -(box.free_gpu_bytes or 0), box.last_picked_s)
 
 
 def stable_id(box: BoxFacts) -> tuple:
@@ -123,7 +140,7 @@ def stable_id(box: BoxFacts) -> tuple:
 
 
 def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
-    tiebreak = serving_tiebreak(box.residents[key]) if tier is Tier.SERVING else load_tiebreak(box)
+    tiebreak = serving_tiebreak(box.residents[key]) if tier is Tier.SERVING else load_tiebreak(box, key)
     return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
 
 

@@ -28,6 +28,9 @@ class Capability(StrEnum):
     CANCEL = "cancel"  # `POST /v1/requests/<call id>/cancel` ends the call on the box
     RELAY = "relay"  # its management API is relayed under /v1/boxes/<box>/ (serve/admin.py)
     STORE_WATCH = "store_watch"  # its inventory can be read from its local store file (`store`)
+    # it keeps its own pair settings and verdicts (router.core.pairs): blocks the router enforces,
+    # seats compared by load contract, a fit per model in the load tier, the fleet views
+    PAIR_SETTINGS = "pair_settings"
 
 
 class KindRules(NamedTuple):
@@ -51,7 +54,8 @@ KINDS: dict[BoxKind, KindRules] = {
         }),
         refusal_404=False,  # only its "model not found on this box" (router.core.refusal rule 4)
         no_model_prefix=None,
-        capabilities=frozenset({Capability.CALL_ID, Capability.CANCEL, Capability.RELAY, Capability.STORE_WATCH}),
+        capabilities=frozenset({Capability.CALL_ID, Capability.CANCEL, Capability.RELAY, Capability.STORE_WATCH,
+                                Capability.PAIR_SETTINGS}),
     ),
     BoxKind.OLLAMA: KindRules(
         call_key=ollama_call_key,

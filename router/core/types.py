@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Mapping, NamedTuple
 
 from router.core.bounds import clip
+from router.core.pairs import EMPTY, Fit, PairView
 
 
 class BoxKind(str, Enum):
@@ -34,9 +35,11 @@ class ReasonCode(str, Enum):
     OFFLINE = "offline"
     OTHER_POOL = "other_pool"
     BLOCKED = "blocked"
+    BLOCKED_PAIR = "blocked_pair"  # the box's own pair settings block the model (or the blanket)
     ALREADY_TRIED = "already_tried"
     NOT_ELIGIBLE = "not_eligible"  # failover never broadens past the first decision's set
     NO_MODEL = "no_model"  # the box's inventory does not advertise the model
+    DOES_NOT_FIT = "does_not_fit"  # not resident, and its verdicts say it fits in no mode
     COOLING = "cooling"  # it refused this model lately: full for it at that load, a while
     FULL = "full"  # at its in-flight limit (router.core.admission rule 1)
     UNKNOWN_BOX = "unknown_box"  # the pin names no box in the boxes file (not a gate check)
@@ -91,7 +94,10 @@ class BoxFacts:
     none); `cooling` maps each model key it refused to place lately to the calls it had in
     flight then (its learned ceiling for that model while the back-off lasts), and
     `recent_refusals` counts those refusals (they count as load: a box that fails fast never
-    looks idle). `down` says why an offline box is offline ("" when unknown).
+    looks idle). `down` says why an offline box is offline ("" when unknown). `pairs` is a hugpy
+    box's own pair settings and `fits` what its verdicts say per catalog key (absent: unknown)
+    (router.core.pairs); for a hugpy box `contracts` holds the load contract each seat was
+    loaded under (`pairs.contract`).
     """
 
     id: str
@@ -113,6 +119,8 @@ class BoxFacts:
     cooling: Mapping[str, int] = field(default_factory=dict)
     recent_refusals: int = 0
     down: str = ""
+    pairs: PairView = EMPTY
+    fits: Mapping[str, Fit] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

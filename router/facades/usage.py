@@ -6,16 +6,17 @@ Rules:
    and Messages APIs' and LM Studio's stats' `input_tokens`, Ollama's `prompt_eval_count`);
    completion tokens `completion_tokens` (`output_tokens`, `total_output_tokens`, `eval_count`);
    cached tokens `prompt_tokens_details.cached_tokens` (the Responses API's
-   `input_tokens_details.cached_tokens`, `cache_read_input_tokens`, llama.cpp's `timings.cache_n`). One API
-   speaks one of the names: the first name in that order found counts, its last occurrence (a
-   stream's running counts end with the whole call's). A JSON key is
+   `input_tokens_details.cached_tokens`, `cache_read_input_tokens`, llama.cpp's `timings.cache_n`). The
+   occurrence of any of the names nearest the end counts: a stream's running counts end with
+   the whole call's, and whatever an answer echoes of the call (a Responses answer's tools,
+   whose schemas may hold any key) comes before its usage. A JSON key is
    found by its quoted name followed by `:`: inside a JSON string a quote is escaped, so a
    model's text can never read as a count. A hugpy box's own accounting is its final `usage`
    frame, read the same way.
 2. `ask_usage(body)`: the body of an OpenAI-shaped stream with `stream_options.include_usage`
    true, or None when the client asked for usage itself (then its usage chunk is its own).
    Nothing else in the body changes: the member is added after the opening `{`, or an existing
-   `stream_options` object is rewritten with the flag on.
+   `stream_options` object (or `null`) is rewritten with the flag on.
 3. `UsageStrip` is the client's side of a stream the router asked usage for: it passes every
    SSE event through byte for byte except the usage chunk (`"choices":[]` with a `usage`), which
    it keeps for rule 1. An event is written once it is whole, so a chunk boundary inside one
@@ -57,16 +58,18 @@ class Reported(NamedTuple):
 
 
 def _last(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | None:
-    """The value of the last occurrence of the first of `keys` the tail holds (one API speaks
-    one of them), or None."""
+    """The value of the last occurrence in the tail of any of `keys`, or None. Each name after
+    the first is looked for only past what was found, so a report at the end costs little."""
+    value, after = None, floor
     for key in keys:
-        at = tail.rfind(key, floor)
+        at = tail.rfind(key, after)
         while at >= 0:
             found = _VALUE.match(tail, at + len(key))
             if found is not None:
-                return int(found.group(1))
-            at = tail.rfind(key, floor, at)
-    return None
+                value, after = int(found.group(1)), at + 1
+                break
+            at = tail.rfind(key, after, at)
+    return value
 
 
 def reported(tail: bytes) -> Reported | None:
@@ -76,7 +79,7 @@ def reported(tail: bytes) -> Reported | None:
     completion = _last(tail, COMPLETION_KEYS, floor)
     if prompt is None and completion is None:
         return None
-    cached = _last(tail, CACHED_KEYS, floor) if b"cache" in tail else None
+    cached = _last(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
     return Reported(prompt, completion, cached)
 
 
@@ -101,6 +104,8 @@ def ask_usage(body: bytes) -> bytes | None:
         return body[:start] + joiner + body[start:]
     start, end, _ = span
     options = orjson.loads(body[start:end])
+    if options is None:  # `"stream_options": null` (some clients' default) asks for nothing
+        options = {}
     if not isinstance(options, dict):
         return None  # not ours to fix: the box answers the client's own mistake
     if options.get("include_usage") is True:

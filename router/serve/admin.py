@@ -35,7 +35,7 @@ from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.kinds import Capability, can
 from router.core.types import BoxKind
-from router.serve import dashboard, event_feed
+from router.serve import dashboard, event_feed, fleet_views
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
 from router.serve.clock import CallClock
 from router.serve.dashboard import box_view
@@ -78,6 +78,7 @@ KEYS_BODY_LIMIT = 64 * 1024
 CURSOR_LIMIT_DEFAULT = 500  # 0.0.4's
 RELAY_TIMEOUT_S = 60.0
 # hugpy-wrapper's management paths a router operator may reach (contracts §2, §6), as segments.
+# §11.3 adds the rest an orchestrator reads; `v1/keys` is never relayed (the box's key admin).
 RELAY_PATHS = (
     ("v1", "telemetry"),
     ("v1", "settings"),
@@ -85,6 +86,17 @@ RELAY_PATHS = (
     ("v1", "cores"),
     ("v1", "models"),
     ("storage",),
+    ("v1", "verdicts"),
+    ("v1", "queue"),
+    ("v1", "next-call"),
+    ("v1", "requests"),
+    ("v1", "facts"),
+    ("v1", "station"),
+    ("v1", "hashes"),
+    ("v1", "drives"),
+    ("limits",),
+    ("profiles",),
+    ("residents",),
 )
 RELAY_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 # What a relayed segment may hold once decoded: visible ASCII but the backslash.
@@ -435,6 +447,7 @@ EXACT: dict[tuple[str, str], Handler] = {
     ("POST", "/v1/boxes"): box_put,
     ("GET", "/metrics"): metrics,
     ("GET", "/v1/router/events"): event_feed.events,
+    **fleet_views.ROUTES,
     **{("GET", path): dashboard.ui for path in dashboard.UI_FILES},
 }
 

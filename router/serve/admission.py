@@ -27,7 +27,7 @@ from typing import Callable, Protocol
 
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
-from router.core.admission import Priority, Waiter, WaitQueue
+from router.core.admission import QUEUE_FULL, QUEUE_SHARE_FULL, Priority, Waiter, WaitQueue
 from router.core.lifecycle import Event, Lifecycle
 from router.core.types import BoxFacts, Call, Decision
 from router.serve.load import Load
@@ -37,6 +37,11 @@ from router.serve.reply import Reply
 # most this many of them.
 DRAIN_WINDOW_S = 30.0
 DRAIN_SAMPLES = 4096
+REFUSAL_TEXT = {
+    QUEUE_FULL: "every box for this model is full and the queue is full",
+    QUEUE_SHARE_FULL: "every box for this model is full and this caller already holds its share "
+    "of the queue ({share} of {capacity} places)",
+}
 
 
 class CallerSlot(Protocol):
@@ -63,20 +68,24 @@ class Waiting(Protocol):
 
 
 class Admission:
-    def __init__(self, fleet: Fleet, capacity: int, timeout_s: float) -> None:
+    def __init__(self, fleet: Fleet, capacity: int, timeout_s: float, per_caller: int | None = None) -> None:
         self.fleet = fleet
-        self.queue = WaitQueue(capacity)
+        self.queue = WaitQueue(capacity, per_caller)
         self.timeout_s = timeout_s
         # perf_counter stamps of the latest hand-outs, for the drain rate: bounded, since a
         # router that never answers 429 or 503 never trims them by the window
         self.handed_out: deque[float] = deque(maxlen=DRAIN_SAMPLES)
-        self.outcomes: Counter[str] = Counter()  # admitted | queue_full | queue_timeout | left
+        # admitted | queue_full | queue_share_full | queue_timeout | left
+        self.outcomes: Counter[str] = Counter()
 
-    def join(self, waiting: Waiting, caller: str, priority: Priority, boxes: frozenset[str]) -> Waiter | None:
+    def join(self, waiting: Waiting, caller: str, priority: Priority, boxes: frozenset[str]) -> Waiter | str:
+        """The waiter now queued, or the refusal's code (QUEUE_FULL, QUEUE_SHARE_FULL)."""
+        refusal = self.queue.refusal_for(caller)
+        if refusal is not None:
+            self.outcomes[refusal] += 1
+            return refusal
         waiter = Waiter(caller, priority, boxes, ticket=waiting)
-        if not self.queue.push(waiter):
-            self.outcomes["queue_full"] += 1
-            return None
+        self.queue.push(waiter)
         return waiter
 
     def leave(self, waiter: Waiter, outcome: str) -> bool:
@@ -135,6 +144,7 @@ class Admission:
         return {
             "size": len(self.queue),
             "capacity": self.queue.capacity,
+            "per_caller": self.queue.per_caller,
             "timeout_s": self.timeout_s,
             "retry_after_s": self.retry_after_s(),
             "waiting": [
@@ -190,15 +200,16 @@ class Seat:
 
     async def join(self, decision: Decision, caller: str, priority: Priority) -> bool:
         """Takes a place waiting for a slot on one of `decision.waits_for`; False when the queue
-        is full (answered 429)."""
+        is full or the caller holds its share (answered 429)."""
         admission = self.admission
-        self.waiter = admission.join(self, caller, priority, decision.waits_for or frozenset(decision.boxes))
-        if self.waiter is None:
+        joined = admission.join(self, caller, priority, decision.waits_for or frozenset(decision.boxes))
+        if isinstance(joined, str):
             await self.reply.error(
-                429, "queue_full", "every box for this model is full and the queue is full",
+                429, joined, REFUSAL_TEXT[joined].format(share=admission.queue.per_caller, capacity=admission.queue.capacity),
                 {"boxes": decision.reasons_text()}, turned_away=True, retry_after_s=admission.retry_after_s(),
             )
             return False
+        self.waiter = joined
         loop = asyncio.get_running_loop()
         self.turn = loop.create_future()
         self.queued_s = loop.time()

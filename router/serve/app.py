@@ -49,8 +49,9 @@ class Shared:
                  store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
                  queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
-                 max_event_streams: int = 32, default_rpm: int | None = None,
-                 default_tpm: int | None = None, affinity: Affinity | None = None) -> None:
+                 queue_per_caller: int | None = None, max_event_streams: int = 32,
+                 default_rpm: int | None = None, default_tpm: int | None = None,
+                 affinity: Affinity | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -59,7 +60,7 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
-        self.admission = Admission(fleet, queue_size, queue_timeout_s)
+        self.admission = Admission(fleet, queue_size, queue_timeout_s, queue_per_caller)
         self.tenancy = Tenancy(keys, default_rpm=default_rpm, default_tpm=default_tpm)
         self.tenancy.admission = self.admission
         self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
@@ -75,6 +76,9 @@ class Shared:
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
+        # client port (as the interface gives it) -> requests in flight from it: the connection
+        # cap never closes those connections (serve/conn_cap.py rule 2)
+        self.working_ports: dict[str | int, int] = {}
         self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
@@ -116,6 +120,8 @@ class RouterApp:
         shared = self.shared
         shared.in_flight += 1
         shared.idle.clear()
+        working, port = shared.working_ports, edge.port
+        working[port] = working.get(port, 0) + 1
         facade = self.mount(edge.path)
         try:
             owned = admin.route(edge.method, edge.path) if self.admin else None
@@ -147,6 +153,11 @@ class RouterApp:
             shared.in_flight -= 1
             if shared.in_flight == 0:
                 shared.idle.set()
+            left = working[port] - 1
+            if left:
+                working[port] = left
+            else:
+                del working[port]
 
     async def allowed(self, edge: Edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
         """Checks access; answers 401/403/415 in the facade's shape when the caller may not."""

@@ -27,6 +27,7 @@ from typing import Callable
 
 import orjson
 
+from router.serve import fleet_views
 from router.store import db
 
 UI_DIR = Path(__file__).parent / "ui"
@@ -127,6 +128,7 @@ def state_doc(shared) -> dict:
             "placement_refusals": box.refusals,
             "reservations": shared.reservations.count(box.index),
             "contracts": box.contracts,
+            **fleet_views.box_state(box, link),
         })
         contracts.extend({"box": cfg.name, "model": model, "options": options}
                          for model, options in box.contracts.items())

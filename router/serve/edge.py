@@ -16,8 +16,9 @@ Invariants:
 4. `finish()` ends a streamed answer; after it, the edge holds nothing that keeps the answer open.
 5. Every answer carries ANSWER_HEADERS (nosniff and a CSP that runs no script and allows no
    framing), except the dashboard's own files, which `respond_page` sends under their own CSP.
-6. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`);
-   `caller` is who the access gate found calling (None: unknown, or not judged).
+6. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`),
+   `port` its port as the interface gives it (Granian's ASGI: text; "" when unknown); `caller`
+   is who the access gate found calling (None: unknown, or not judged).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Edge(Protocol):
     path: str
     query: str
     client: str  # the TCP peer's address (invariant 6)
+    port: str | int  # the TCP peer's port, as the interface gives it (invariant 6)
     caller: str | None  # who the access gate found calling
     key_id: str | None  # the valid key it presented, by id (`admin`: HUGPY_ROUTER_KEY); tenancy
 
@@ -105,7 +107,8 @@ class Edge(Protocol):
 
 
 class AsgiEdge:
-    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "caller", "key_id", "_headers")
+    __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "port", "caller", "key_id",
+                 "_headers")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -116,6 +119,7 @@ class AsgiEdge:
         self.query: str = scope["query_string"].decode("latin-1")
         client = scope.get("client")
         self.client: str = client[0] if client else ""
+        self.port: str | int = client[1] if client else ""
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
         self._headers: dict[str, str] | None = None
@@ -195,7 +199,7 @@ def _str_headers(
 
 
 class RsgiEdge:
-    __slots__ = ("scope", "proto", "method", "path", "query", "client", "caller", "key_id", "stream")
+    __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "key_id", "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -204,6 +208,7 @@ class RsgiEdge:
         self.path: str = scope.path
         self.query: str = scope.query_string
         self.client: str = peer_address(scope.client) if scope.client else ""
+        self.port: str | int = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
         self.stream = None

@@ -312,7 +312,7 @@ class RouterCollector:
         yield depth
         outcomes = CounterMetricFamily(
             "router_queue_outcomes",
-            "Calls that waited, by outcome (admitted, queue_full: 429, queue_timeout: 503, left).",
+            "Calls that waited, by outcome (admitted, queue_full and queue_share_full: 429, queue_timeout: 503, left).",
             labels=["outcome"])
         for outcome, count in sorted(self.admission.outcomes.items()):
             outcomes.add_metric([outcome], count)

@@ -18,7 +18,8 @@ Connections (issue 11 item 1):
    the box connection a call opens).
 2. A connection that has not sent a whole request head within `idle_timeout_s` of opening, or of
    its last answer, is closed (hyper's header_read_timeout covers both; measured).
-3. No address holds more than `max_conns_per_client` connections: router.serve.conn_cap.
+3. No address holds more than `max_conns_per_client` idle connections, and a listener near its
+   permits closes its longest-idle connections: router.serve.conn_cap.
 4. TLS (`ssl_certfile`/`ssl_keyfile`) is Granian's (rustls) on every listener, HTTP/1.1 only.
 
 Stop (SIGTERM or SIGINT): stop accepting, let calls in flight finish for up to the grace period,
@@ -57,7 +58,7 @@ from router.facades.mounts import Mount
 from router.serve import tracing
 from router.serve.affinity import DEFAULT_MEMORY_BYTES, Affinity
 from router.serve.app import RouterApp, Shared
-from router.serve.conn_cap import ConnCap
+from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
 from router.serve.tenancy import Tenancy
@@ -96,6 +97,7 @@ class ServeConfig:
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
+    queue_per_caller: int | None = None  # None: router.core.admission.fair_share(queue_size)
     stream_keepalive_s: float = 15.0  # 0: never
     max_event_streams: int = 32  # admin event streams open at once
     log_retention_days: float = 30.0  # 0 = keep every route_log row
@@ -265,6 +267,7 @@ class Running:
             stream_idle_timeout_s=config.stream_idle_timeout_s,
             queue_size=config.queue_size,
             queue_timeout_s=config.queue_timeout_s,
+            queue_per_caller=config.queue_per_caller,
             stream_keepalive_s=config.stream_keepalive_s,
             max_event_streams=config.max_event_streams,
             default_rpm=config.default_rpm,
@@ -318,6 +321,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     ]
     conn_cap = ConnCap(
         config.host, [port for _, port, _ in servers], config.max_conns_per_client, shared.access.proxies,
+        limit=max_conns, working_ports=lambda: port_numbers(shared.working_ports),
     )
     loop = asyncio.get_running_loop()
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")

@@ -31,6 +31,8 @@ steps, disconnects and threads follow `router.sim.server`; the rules of this kin
    frames as one piece, so without a cadence the whole stream is one write);
    `stall_after(n, s)` goes silent for s seconds after n content frames (connection open),
    `stall_body(...)` likewise inside a sized body. All are recorded calls.
+9. Pair and box settings, verdicts and `/residents` (§11): `router.sim.hugpy_settings`. A seat
+   is reused only under the same load contract (pair settings included, §11.2.6).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs
 
 from router.sim.prefix_cache import NO_PROMPT, Prefill, elements_of
+from router.sim.hugpy_settings import ROUTES as SETTINGS_ROUTES, PairSettings
 from router.sim.server import (
     CT_JSON,
     STREAM_TOKEN,
@@ -107,6 +110,11 @@ _KEY_INVALID = _json({"error": {
 _CHAT_REQUIRED = _json({"error": {"message": "model and messages required", "code": 400}})
 _MODEL_REQUIRED = _json({"error": {"message": "model required", "code": 400}})
 _DONE = b"data: [DONE]\n\n"
+_UNSUPPORTED = (b'<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">\n'
+                b"        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n"
+                b"        <p>Error code: 501</p>\n        <p>Message: Unsupported method ('%s').</p>\n"
+                b"        <p>Error code explanation: 501 - Server does not support this operation.</p>\n"
+                b"    </body>\n</html>\n")
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\n"
     b"Content-Type: text/event-stream\r\n"
@@ -141,7 +149,7 @@ class _Connection(Connection):
 # The box
 
 
-class SimBox(SimServer):
+class SimBox(PairSettings, SimServer):
     """One simulated hugpy-wrapper box. See the module docstring for the rules."""
 
     kind = "hugpy"
@@ -171,6 +179,9 @@ class SimBox(SimServer):
         self._waiters: set[asyncio.Future[None]] = set()  # pending long-polls
         self._epoch = 0  # bumped by restart(): pending long-polls answer at once
         self._live: dict[str, tuple[_Connection, Exchange]] = {}  # parent id -> call in progress
+        self._init_pair_settings()
+        for key, seat in self.residents.items():
+            seat["contract"] = self.seat_contract(key, None)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -209,6 +220,7 @@ class SimBox(SimServer):
                            "busy": {}, "hugpy_cpus": {}, "free_cores": 8, "reserved_cores": [],
                            "pressure_some": 0.0, "reason": "watch", "changes": self.changes, "at": now,
                            "reclaimable_cores": 0, "busy_held_cores": 0, "obtainable_cores": 8}],
+            "pair_settings": self.pair_rows(),
             "store_id": self.store_id,
             "changes": self.changes,
             "data_service": {"protocol": "hugpy-wrapper-data", "version": 1, "authority": "wrapper",
@@ -260,6 +272,10 @@ class SimBox(SimServer):
     # -- routing ------------------------------------------------------------------------------
 
     def _dispatch(self, conn: _Connection, ex: Exchange) -> Steps | None:
+        if ex.method in ("PUT", "PATCH", "DELETE"):  # §11: no do_PUT & co: the stdlib's 501, then close
+            ex.keep_alive = False
+            conn.respond(ex, 501, _UNSUPPORTED % ex.method.encode(), b"text/html;charset=utf-8")
+            return None
         handler = find_route(_ROUTES, _PATTERN_ROUTES, ex)
         if handler is None:
             conn.respond(ex, 404, _NOT_FOUND)  # also POST /v1/completions: not on the box (§8)
@@ -556,8 +572,10 @@ class SimBox(SimServer):
         resident, is resident under other settings (§5: reloaded), or is loading/errored."""
         now = time.time()
         seat = self.residents.get(base)
-        if seat is None or seat.get("settings") != settings:
-            seat = {"settings": settings, "busy": 0, "state": "loading", "last_used": now, "since": now}
+        contract = self.seat_contract(base, settings)
+        if seat is None or seat.get("contract", self.seat_contract(base, seat.get("settings"))) != contract:
+            seat = {"settings": settings, "contract": contract, "busy": 0, "state": "loading", "last_used": now,
+                    "since": now}
             self.residents[base] = seat
         loading = seat.get("state") in ("loading", "error")
         seat["busy"] = seat.get("busy", 0) + 1
@@ -716,6 +734,7 @@ _ROUTES: Routes = {
     ("POST", "/v1/chat/completions"): SimBox._chat,
     ("POST", "/chat/completions"): SimBox._chat,
     **{("POST", path): SimBox._task for path in _TASK_REPLIES},
+    **SETTINGS_ROUTES,
 }
 # §7: a parent id is `[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}`.
 _PATTERN_ROUTES: PatternRoutes = [

@@ -1,0 +1,137 @@
+"""A hugpy box's pair settings and verdicts (router/core/pairs.py) against contracts/hugpy-wrapper.md
+§11.1-11.2: the merge order property-tested against a plain model of the box's own code
+(db.pair_knobs, call_knobs.merge), and the contract's [run] examples as table rows."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.core import pairs
+from router.core.pairs import BLANKET_KNOBS, EMPTY, Fit
+
+KNOBS = ["max_wait_s", "tolerance", "kv_cache_type", "alloc_mode", "blocked", "resident_priority",
+         "model_paths", "frobnicate", "ctx_pct", "residency"]
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 3), st.sampled_from([1.0, 0.5, "q8_0", "slowest", "ram-only"]),
+                   st.lists(st.sampled_from([0, 1, True, "gpu-only"]), max_size=2))
+knob_dicts = st.dictionaries(st.sampled_from(KNOBS), VALUES, max_size=5)
+
+
+def model_merge(blanket: dict, pair: dict, call: dict) -> dict:
+    """The box, literally: pair_knobs = {**blanket ∩ BLANKET_KNOBS, **pair}; call_knobs.merge lets
+    every call key but `blocked` win."""
+    saved = {k: v for k, v in blanket.items() if k in BLANKET_KNOBS}
+    saved.update(pair)
+    for k, v in call.items():
+        if k != "blocked":
+            saved[k] = v
+    return saved
+
+
+@settings(max_examples=300, deadline=None)
+@given(blanket=knob_dicts, pair=knob_dicts, call=knob_dicts)
+def test_merge_matches_the_boxs_order(blanket, pair, call):
+    view = pairs.pair_view([{"worker": "w", "model_key": "*", "settings": blanket},
+                            {"worker": "w", "model_key": "m", "settings": pair}], "w")
+    merged = pairs.merge(pairs.effective(view, "m"), call)
+    assert merged == model_merge(blanket, pair, call)
+    for k, v in call.items():  # the call wins every conflict, false and 0 included
+        if k != "blocked":
+            assert merged[k] == v
+    for k, v in pair.items():  # keys the call does not name still apply
+        if k not in call or k == "blocked":
+            assert merged[k] == v
+    # a call can neither set nor clear `blocked`
+    assert ("blocked" in merged) is ("blocked" in pair)
+    assert merged.get("blocked") == pair.get("blocked")
+
+
+@settings(max_examples=500, deadline=None)
+@given(blanket=knob_dicts, pair=knob_dicts, other=knob_dicts)
+def test_contracts_are_equal_exactly_when_the_merged_knobs_are(blanket, pair, other):
+    rows = [{"worker": "w", "model_key": "*", "settings": blanket}, {"worker": "w", "model_key": "m", "settings": pair}]
+    edited = [rows[0], {"worker": "w", "model_key": "m", "settings": other}]
+    a = pairs.contract(pairs.pair_view(rows, "w"), "m", "ram-only")
+    b = pairs.contract(pairs.pair_view(edited, "w"), "m", "ram-only")
+
+    def reloads(knobs):  # the box compares seat contracts as Python dicts: False == 0, 1.0 == 1
+        return {k: v for k, v in model_merge(blanket, knobs, {"alloc_mode": "ram-only"}).items()
+                if k not in pairs.NOT_CONTRACT and v is not None}
+
+    assert (a == b) is (reloads(pair) == reloads(other))
+
+
+def test_option_over_pair_settings_as_the_box_merges_them():
+    """§11.2.6: pair `kv_cache_type: q8_0` + `model@ram-only` is a ram-only load with q8_0 KV."""
+    view = pairs.pair_view([{"worker": "w", "model_key": "m", "settings": {"kv_cache_type": "q8_0"}}], "w")
+    assert pairs.contract(view, "m", "ram-only") == '{"alloc_mode":"ram-only","kv_cache_type":"q8_0"}'
+    # the call's own kv type wins over the pair's
+    assert pairs.contract(view, "m", "kv-f16+ram-only") == '{"alloc_mode":"ram-only","kv_cache_type":"f16"}'
+    # without settings or options there is no contract: what a box without settings always compared
+    assert pairs.contract(EMPTY, "m", "ram-only") == '{"alloc_mode":"ram-only"}'
+    assert pairs.contract(view, "other", None) is None
+
+
+def test_option_tokens_become_the_boxs_knobs():
+    assert pairs.option_knobs("ctx-low+fa+kv-q4_0+no-moe") == {
+        "ctx_preset": "low", "flash_attn": True, "kv_cache_type": "q4_0", "moe": False}
+    assert pairs.option_knobs("ctx-50+ctx-max") == {"ctx_pct": 50, "ctx_preset": "xhigh"}
+    assert pairs.option_knobs("4bit+explicit+fit+q4_k_m") == {
+        "bnb_4bit": True, "alloc_mode": "explicit", "@fit": True, "gguf_file": "@q4_k_m"}
+
+
+def test_rows_of_another_worker_and_box_only_knobs_do_not_count():
+    """§11.2.7's [run] rows: the blanket's box-only keys are not inherited; rows under an old
+    worker name are not effective."""
+    rows = [
+        {"worker": "contractbox", "model_key": "tiny-llama",
+         "settings": {"max_wait_s": 30, "ctx_range_enabled": True, "frobnicate": 7, "blocked": "operator"}},
+        {"worker": "contractbox", "model_key": "*", "settings": {"tolerance": "slowest", "max_wait_s": 90,
+                                                                 "model_paths": ["/m"]}},
+        {"worker": "oldname", "model_key": "ghost-model", "settings": {"blocked": True}},
+    ]
+    view = pairs.pair_view(rows, "contractbox")
+    assert pairs.effective(view, "tiny-llama") == {
+        "tolerance": "slowest", "max_wait_s": 30, "ctx_range_enabled": True, "frobnicate": 7, "blocked": "operator"}
+    assert pairs.effective(view, "ghost-model") == {"tolerance": "slowest", "max_wait_s": 90}
+    assert pairs.blocked_by(view, "tiny-llama") == "tiny-llama"
+    assert pairs.blocked_by(view, "ghost-model") is None
+    assert pairs.pair_view(rows, "nobody") is EMPTY
+
+
+def test_names_match_as_the_box_matches_them():
+    """_key_match: exact first, else `owner~repo` in either direction, case-insensitively."""
+    rows = [{"worker": "w", "model_key": "Org~Tiny", "settings": {"blocked": True}},
+            {"worker": "w", "model_key": "big", "settings": {"max_wait_s": 1}},
+            {"worker": "w", "model_key": "org~big", "settings": {"max_wait_s": 2}}]
+    view = pairs.pair_view(rows, "w")
+    assert pairs.blocked_by(view, "tiny") == "tiny"
+    assert pairs.blocked_by(view, "other~tiny") is None  # a different owner is a different model
+    assert pairs.own_row(view, "big") == {"max_wait_s": 1}  # exact wins
+    assert pairs.own_row(view, "x~big") == {"max_wait_s": 1}  # `big` is the suffix of x~big
+    assert pairs.own_row(view, "org~big") == {"max_wait_s": 2}
+
+
+def test_a_blanket_block_covers_every_model():
+    view = pairs.pair_view([{"worker": "w", "model_key": "*", "settings": {"blocked": "maintenance"}}], "w")
+    assert view.blanket == {}  # `blocked` is no blanket knob: not inherited, yet it blocks the box
+    assert pairs.blocked_by(view, "anything") == "*"
+
+
+def row(key="m", mode="gpu-only", fits=True, status="candidate", on_disk=True):
+    return {"model_key": key, "on_disk": on_disk, "feasibility": {"status": status},
+            "auto": {"standard": {"mode": mode, "ctx": 2048, "fits": fits}}}
+
+
+def test_verdicts_per_model():
+    """§11.1.2-11.1.7: no row or every row impossible fits nowhere; `fits: null` is unknown;
+    a remote pair (`on_disk: false`) is not held."""
+    assert pairs.fit_of([]) is Fit.NONE
+    assert pairs.fit_of([row(status="impossible", fits=False)]) is Fit.NONE
+    assert pairs.fit_of([row(on_disk=False)]) is Fit.NONE
+    assert pairs.fit_of([row(fits=None)]) is Fit.UNKNOWN
+    assert pairs.fit_of([row(mode="ram-only")]) is Fit.RAM
+    assert pairs.fit_of([row(mode="ram-only"), row(mode="max-gpu")]) is Fit.GPU
+    assert pairs.fit_of([{"model_key": "m", "auto": {}}]) is Fit.UNKNOWN  # no facts: `auto` is {}
+    fits = pairs.fits_by_model([row("a"), row("b", mode="ram-only")], ["a", "b", "c"])
+    assert fits == {"a": Fit.GPU, "b": Fit.RAM, "c": Fit.NONE}
