@@ -20,6 +20,10 @@ a key with none, alternated over several rounds; the figure is the median differ
 `--alias` measures an alias instead (docs/aliases.md; budget: 3 µs): the same calls naming an
 alias whose chain's first model serves them, against the calls naming the model, alternated
 the same way.
+
+`--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
+key, chain hash, index look-up, steered decision, lesson) at 16 and at 100 boxes, over 64
+conversations' bodies at random turns (issue 25: ≤ 5 µs at 16 boxes, ≤ 20 µs at 100).
 """
 
 from __future__ import annotations
@@ -239,7 +243,16 @@ if __name__ == "__main__":
     parser.add_argument("--keys", action="store_true", help="a key with every limit against a key with none")
     parser.add_argument("--alias", action="store_true", help="calls naming an alias against calls naming its model")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--affinity-cost", action="store_true", help="affinity's own CPU per call, 16 and 100 boxes")
     args = parser.parse_args()
-    figures = uvloop.run(main(args))
+    if args.affinity_cost:
+        from affinity import affinity_cost
+
+        figures = {"affinity": [affinity_cost(boxes, args.calls) for boxes in (16, 100)]}
+        for row in figures["affinity"]:
+            print(f"{row['boxes']:4d} boxes: affinity {row['affinity_us']:5.2f} µs/call "
+                  f"(decide alone {row['decide_us']:5.2f} µs, bodies {row['body_kb']} kB)", flush=True)
+    else:
+        figures = uvloop.run(main(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -9,12 +9,15 @@ module, this one; its pieces live by subject in the files it includes, each open
    proper end from a box that died.
 3. `json_members` and `form_field` (_fastpath_body.pxi): the routing fields of a request body
    found without building it (a large body without the GIL).
+4. `prefix_chain` (_fastpath_prefix.pxi): the hash chain of a prompt's leading elements over their
+   raw bytes, for cache-aware routing (router.core.affinity).
 
 Each piece's plain model is in tests/ (tests/models.py, tests/test_body.py) and property tests
 run both; `IMPL` lets a test check that this compiled module is the one loaded.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memchr, memcmp, memcpy, memmove, memset
 
@@ -27,3 +30,4 @@ IMPL = "cython"
 include "_fastpath_reservations.pxi"
 include "_fastpath_stream.pxi"
 include "_fastpath_body.pxi"
+include "_fastpath_prefix.pxi"

@@ -18,7 +18,7 @@ DEF RELEASE_GIL_BYTES = 64 * 1024
 # --- json_members: the top-level members routing reads, found without building the body ------
 
 DEF MAX_DEPTH = 1024      # nesting orjson also refuses past
-DEF MAX_NAMES = 8
+DEF MAX_NAMES = 16  # a facade's routing members, the answer bounds, and affinity's (messages, input, prompt and its keys)
 DEF MAX_NAME_BYTES = 32
 
 # Scan verdicts (0 = a JSON object); the message for each is in _SCAN_ERRORS.

@@ -13,6 +13,9 @@ side by side and require equal answers.
 5. `RelayModel`: `router._fastpath.Relay` (rule 4), the stream kept whole as bytes.
 6. `KeyLimitsModel`: `router.core.limits` (its rules 1-8), one key's requests and tokens as
    lists of (when, amount) charges, each fading out linearly over a minute.
+7. `prefix_chain_model`: `router._fastpath.prefix_chain` (rule 6), elements found by the stdlib
+   JSON decoder and hashed with Python ints.
+8. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from router.core.pairs import Fit, blocked_by, contract
 from router.core.types import BoxFacts, BoxKind, Call, ReasonCode, Tier
 
 __all__ = [
+    "prefix_chain_model",
+    "reference_place",
     "ReservationModel",
     "FrameScannerModel",
     "RefDecision",
@@ -422,6 +427,84 @@ class RelayModel:
             self.stream += b"".join(batch)
 
 
+# -- 6. prefix_chain ------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+_P1, _P2, _MARK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x5BD1E9955BD1E995
+CHAIN_MAX, CHAIN_BLOCK = 256, 1024
+
+
+def _round_model(lane: int, word: int) -> int:
+    lane = ((lane ^ word) * _P1) & _M64
+    return lane ^ (lane >> 32)
+
+
+def _mix_model(h: int, data: bytes) -> int:
+    a, b, c, d = h ^ _MARK, (h + _P2) & _M64, h ^ _P1, (h - _MARK) & _M64
+    whole = len(data) // 32 * 32
+    for i in range(0, whole, 32):
+        w = [int.from_bytes(data[i + k:i + k + 8], "little") for k in (0, 8, 16, 24)]
+        a, b, c, d = _round_model(a, w[0]), _round_model(b, w[1]), _round_model(c, w[2]), _round_model(d, w[3])
+    h = _round_model(_round_model(_round_model(a, b), c), d)
+    for i in range(whole, len(data), 8):
+        h = _round_model(h, int.from_bytes(data[i:i + 8], "little"))
+    h = ((h ^ len(data)) * _P2) & _M64
+    return h ^ (h >> 29)
+
+
+def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
+    """One hash per array element (its raw bytes, outer whitespace left out) or per CHAIN_BLOCK
+    bytes of a string's raw content; chained from `seed`."""
+    import json
+
+    text = value.decode()
+    if text[0] == "[":
+        decoder = json.JSONDecoder()
+        spans, i = [], 1
+        while True:
+            while text[i] in " \t\r\n":
+                i += 1
+            if text[i] == "]" or len(spans) == CHAIN_MAX:
+                break
+            _, end = decoder.raw_decode(text, i)
+            spans.append(text[i:end].encode())
+            i = end
+            while text[i] in " \t\r\n":
+                i += 1
+            if text[i] == ",":
+                i += 1
+    elif text[0] == '"':
+        raw = value[1:-1]
+        spans = [raw[i:i + CHAIN_BLOCK] for i in range(0, len(raw), CHAIN_BLOCK)][:CHAIN_MAX]
+    else:
+        spans = []
+    chain, h = [], seed
+    for span in spans:
+        h = _mix_model(h, span)
+        chain.append((h & ((1 << 62) - 1)) | 1)
+    return tuple(chain)
+
+
+# -- 7. place -------------------------------------------------------------------------------------
+
+
+def reference_place(ranked: list, pull, keyed: bool, absolute: float, relative: float, spin: int) -> list:
+    """Affinity's rules 4-6 literally: nothing when off or when the best box is not serving; else
+    the pulled box first if it serves within best + absolute + relative * best; else, with a key,
+    the spin-th of the serving boxes tied with the best on (load, pressure)."""
+    if (absolute <= 0 and relative <= 0) or not ranked or ranked[0][0][0] != 0:
+        return ranked
+    serving = [entry for entry in ranked if entry[0][0] == 0]
+    best = serving[0][0][1]
+    if pull is not None:
+        for entry in serving:
+            if entry[1] == pull.box and entry[0][1] <= best + absolute + relative * best:
+                return [entry] + [e for e in ranked if e is not entry]
+    if not keyed:
+        return ranked
+    tied = [entry for entry in serving if entry[0][1:3] == serving[0][0][1:3]]
+    chosen = tied[spin % len(tied)]
+    return [chosen] + [e for e in ranked if e is not chosen]
 # --------------------------------------------------------------------------------------------
 # 6. Key limits
 # --------------------------------------------------------------------------------------------

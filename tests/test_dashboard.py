@@ -13,6 +13,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from router.boxes.link import HEALTH_TTL_S
 from router.sim import SimBox
+from router.sim.prefix_cache import prompt_tokens
 
 from conftest import ROOT
 
@@ -95,6 +96,10 @@ def test_the_page_shows_every_box_residents_and_a_new_call_live(start_fleet, bro
     expect(page.locator('#models tr[data-model="tiny"]')).to_contain_text("a")
     expect(page.locator('#series tr[data-box="a"] svg polyline').first).to_be_attached(timeout=SEEN_WITHIN_MS)
     expect(page.locator("#schedule li").first).to_contain_text("order")
+    # affinity: the pinned call and an unpinned one of one message have no key: both counted as none
+    assert call(router.url, "tiny")[0] == 200
+    expect(page.locator("#affinity-summary")).to_contain_text("on: slack")
+    expect(page.locator('#affinity tr[data-box="a"][data-model="tiny"]')).to_contain_text("0 / 0 / 2", timeout=SEEN_WITHIN_MS)
     assert "CANARY-prompt" not in page.content()
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -116,7 +121,8 @@ def test_the_keys_panel_shows_usage_against_limits(start_fleet, browser):
     row = page.locator(f'#keys tr[data-key="{created["id"]}"]')
     expect(row).to_contain_text("team-a", timeout=8000)
     expect(row).to_contain_text("/ 60")  # rpm left / limit
-    expect(row).to_contain_text("14 / 5000")  # the call's 8 + 6 tokens of the budget
+    spent = prompt_tokens({"messages": [{"role": "user", "content": "CANARY-prompt"}]}) + 6  # the sim's counts
+    expect(row).to_contain_text(f"{spent} / 5000")  # the call's prompt and answer tokens of the budget
     assert created["key"] not in page.content()
     assert errors == []
 

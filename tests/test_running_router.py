@@ -4,8 +4,11 @@ process (all of its stderr, not only its logging records); the rest runs in this
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+
+import httpx
 
 import openai
 
@@ -80,7 +83,7 @@ def test_a_box_restart_is_seen_and_the_view_resyncs(start_fleet_in_process):
     assert wait_for(lambda: resident_on() == ["a"], 3, 0.1)
 
 
-def test_no_prompt_chunk_or_key_reaches_the_log(start_fleet):
+def test_no_prompt_chunk_or_key_reaches_the_log(start_fleet, tmp_path):
     key = f"hpk_box_{CANARY}-box-key"
     a = SimBox("a", key=key, catalog=["tiny"], residents=["tiny"])
     b = SimBox("b", key=key, catalog=["tiny"])
@@ -96,7 +99,21 @@ def test_no_prompt_chunk_or_key_reaches_the_log(start_fleet):
         client(router).chat.completions.create(model="nope", messages=[{"role": "user", "content": CANARY}])
     except openai.APIStatusError:
         pass
+    # Affinity: a conversation hashed and matched, session ids and a prompt_cache_key used as keys
+    history = [{"role": "system", "content": f"{CANARY}-system"}, {"role": "user", "content": f"{CANARY}-first"}]
+    for turn in range(3):
+        client(router).chat.completions.create(model="tiny", messages=history)
+        history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"{CANARY}-{turn}"}]
+    client(router).chat.completions.create(model="tiny", messages=history, prompt_cache_key=f"{CANARY}-cache-key",
+                                           user=f"{CANARY}-user", extra_headers={"X-Router-Session": f"{CANARY}-s"})
+    metrics = httpx.get(router.url + "/metrics", timeout=5).text
     router.stop()
     log = router.log_text()
     assert "refused" in log  # debug routing lines were written
     assert CANARY not in log
+    # nor a hash of one (62-bit: 16 digits or more), in the log, the metrics or the store
+    store = b"".join(path.read_bytes() for path in (tmp_path / "home").rglob("*.sqlite3*"))
+    for text in (log, metrics, store.decode("latin-1")):
+        assert CANARY not in text
+        found = re.search(r"(?<![0-9a-f.])[0-9]{16,}(?![0-9a-f])", text)  # (call ids are hex)
+        assert found is None, text[found.start() - 300:found.end() + 50]

@@ -114,6 +114,7 @@ def test_open_store_creates_a_private_file_and_applies_every_migration(tmp_path)
     steps = db.migrations()
     names = [name for _, name, _ in steps]
     assert names[:4] == ["router", "route_log_facades", "admission", "tenancy"]
+    assert "route_log_affinity" in names[4:]  # numbered in landing order
     assert conn.pragma("user_version") == len(steps)
     assert conn.pragma("journal_mode") == "wal"
     assert conn.pragma("synchronous") == 1  # NORMAL

@@ -17,6 +17,7 @@ from router.core.limits import period_bounds
 from router.serve.tenancy import Tenancy
 from router.sim import SimFleet, SimLMStudio, SimOllama
 from router.sim.hugpy import Behavior, SimBox
+from router.sim.prefix_cache import prompt_tokens
 
 from conftest import wait_for, write_boxes
 from inproc import InProcessRouter
@@ -25,6 +26,7 @@ from test_admission import call, max_concurrency, request
 pytestmark = pytest.mark.timeout(90)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+PROMPT = prompt_tokens({"messages": MESSAGES})  # 9: the sims' own count (router/sim/prefix_cache.py)
 
 
 def new_key(router, **limits) -> tuple[str, str]:
@@ -109,7 +111,7 @@ def test_the_budget_is_refused_at_the_right_call_and_resets_at_the_period_bounda
     _, end = period_bounds("day", time.time())
     tenancy.clock = lambda: end - 5.0
     statuses = [call(router, headers=bearer(key))[0] for _ in range(4)]
-    assert statuses == [200, 200, 200, 429]  # 13 + 13 + 13 tokens: the third spends it
+    assert statuses == [200, 200, 200, 429]  # 14 + 14 + 14 tokens (9 + 5): the third spends it
     status, headers, body = call(router, headers=bearer(key))
     assert body["error"]["code"] == "budget_exceeded" and headers["retry-after"] == "5"
     tenancy.clock = lambda: end + 1.0  # the next UTC day
@@ -156,7 +158,7 @@ def test_streams_are_charged_like_non_streams_and_the_clients_stream_is_unchange
     call(router, headers=bearer(key))
     logged = [r for r in rows(router) if r["key_id"] == key_id]
     assert [(r["stream"], r["prompt_tokens"], r["completion_tokens"], r["tokens_estimated"]) for r in logged] == [
-        (1, 8, 5, 0), (1, 8, 5, 0), (0, 8, 5, 0)]
+        (1, PROMPT, 5, 0), (1, PROMPT, 5, 0), (0, PROMPT, 5, 0)]
 
 
 def test_ollamas_counts_and_lm_studios_stats_are_read(start_fleet_in_process):
@@ -171,7 +173,8 @@ def test_ollamas_counts_and_lm_studios_stats_are_read(start_fleet_in_process):
     assert status == 200
     logged = [(r["route"], r["prompt_tokens"], r["completion_tokens"], r["tokens_estimated"])
               for r in rows(router) if r["key_id"] == key_id]
-    assert logged[:2] == [("/api/chat", 8, 4, 0), ("/api/chat", 8, 4, 0)]
+    prompt = prompt_tokens({"messages": MESSAGES})  # the sims' own count (router/sim/prefix_cache.py)
+    assert logged[:2] == [("/api/chat", prompt, 4, 0), ("/api/chat", prompt, 4, 0)]
     assert logged[2][0] == "/api/v1/chat" and logged[2][1] == 8 and logged[2][3] == 0
 
 
@@ -214,18 +217,18 @@ def test_usage_survives_a_restart_and_keeps_the_budget(tmp_path):
     path = write_boxes(tmp_path / "boxes.json", [box])
     router = InProcessRouter(path)
     try:
-        key_id, key = new_key(router, budget_tokens=40)
+        key_id, key = new_key(router, budget_tokens=3 * (PROMPT + 5) + 1)  # (5: the sim's answer) one token left after 3 calls
         assert [call(router, headers=bearer(key))[0] for _ in range(3)] == [200] * 3
         time.sleep(0.2)  # the route-log writer's flush window: usage is read from the store
         usage = json.loads(request(router, "GET", f"/v1/keys/{key_id}/usage")[2])
     finally:
         router.stop()
-    assert usage["current"]["prompt_tokens"] == 24 and usage["left"]["budget_tokens"] == 1
+    assert usage["current"]["prompt_tokens"] == 3 * PROMPT and usage["left"]["budget_tokens"] == 1
     router = InProcessRouter(path)
     try:
         again = json.loads(request(router, "GET", f"/v1/keys/{key_id}/usage")[2])
         assert again["current"] == usage["current"]
-        assert call(router, headers=bearer(key))[0] == 200  # 39 of 40 used: one more call fits
+        assert call(router, headers=bearer(key))[0] == 200  # all but one token used: one more call fits
         assert call(router, headers=bearer(key))[0] == 429
     finally:
         router.stop()

@@ -25,10 +25,16 @@ Invariants:
    when more. A call that ended is not pending a moment longer, so calls that follow each other
    follow the ranking exactly; a burst, still running, spreads. The scheduler's snapshot
    `pending` (shown in the state) is that figure at snapshot time.
+5. Prefix cache epochs (router.core.affinity rule 3c): `cache_epoch(key)` changes whenever what
+   the box computed for that model is gone: the model left the residents or is loading again,
+   the router sent it other settings than before (a reload), or the box went offline, became
+   unreachable or restarted (every model). Epochs come from one process-wide counter, so an
+   old epoch never comes back.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +45,9 @@ from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
+
+
+_epochs = itertools.count(1)  # rule 5
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,8 @@ class BoxState:
         self.refusals: dict[str, int] = {}
         self.cooling: dict[str, tuple[float, int]] = {}
         self.unreachable = False
+        self.cache_epochs: dict[str, int] = {}  # rule 5: per model key, over cache_base
+        self.cache_base = 0
         self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
@@ -94,7 +105,21 @@ class BoxState:
     def set_online(self, online: bool) -> None:
         if online != self.online:
             self.online = online
+            if not online:
+                self.drop_caches()
             self.changed()
+
+    def cache_epoch(self, key: str) -> int:
+        """The epoch of what the box has computed for model `key` (rule 5)."""
+        epoch = self.cache_epochs.get(key, 0)
+        return epoch if epoch > self.cache_base else self.cache_base
+
+    def drop_caches(self, key: str | None = None) -> None:
+        """What the box computed for `key` (None: every model) is gone (rule 5)."""
+        if key is None:
+            self.cache_base = next(_epochs)
+        else:
+            self.cache_epochs[key] = next(_epochs)
 
     def set_down(self, why: str) -> None:
         if why != self.down:
@@ -108,6 +133,11 @@ class BoxState:
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
         self.inventory = inventory
+        if old.residents is not inventory.residents:
+            for key, was in old.residents.items():
+                now = inventory.residents.get(key)
+                if now is None or (now.loading and not was.loading):
+                    self.drop_caches(key)  # unloaded, or loading again
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
@@ -125,6 +155,8 @@ class BoxState:
             self.changed()
 
     def forget_contracts(self) -> None:
+        """The box restarted: what it was sent, and what it computed, are gone."""
+        self.drop_caches()
         if self.contracts or self.loaded:
             self.contracts, self.loaded = {}, {}
             self.changed()
@@ -159,6 +191,8 @@ class BoxState:
         """The box accepted a call for `key` under `settings`: remember both for the tiers."""
         self.last_picked_s = now_s
         if key not in self.contracts or self.contracts[key] != settings:
+            if key in self.contracts:
+                self.drop_caches(key)  # other settings: the box reloads the model
             self.contracts[key] = settings
         self.changed()
 
@@ -183,6 +217,7 @@ class BoxState:
     def mark_unreachable(self) -> None:
         if not self.unreachable:
             self.unreachable = True
+            self.drop_caches()
             self.changed()
 
     def reachable(self) -> None:

@@ -21,7 +21,9 @@ from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.cli.log import add_log_parser, log_command
 from router.core import bounds
+from router.core.affinity import DEFAULT_SLACK
 from router.core.errors import ConfigError
+from router.serve.affinity import DEFAULT_MEMORY_BYTES
 
 # Above the idle expiry of the common pooled clients (httpx 5 s, aiohttp 15 s), so that they drop
 # an idle connection before the router does and never send into one being closed; below nginx's
@@ -128,6 +130,13 @@ _idle_seconds = _in_range(bounds.finite_seconds, "seconds", high=86400.0)
 # At most one per descriptor the process may hold.
 _conns = _in_range(bounds.non_negative_int, "count", high=1 << 20)
 _streams = _in_range(bounds.positive_int, "count", high=MAX_EVENT_STREAMS)
+
+
+def _share(value: str) -> float:
+    number = float(value)
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return number
 
 
 def _days(value: str) -> float:
@@ -237,6 +246,17 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--otel", action="store_true",
                         help="export an OpenTelemetry span per call over OTLP (needs the otel extra; "
                         "also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+    parser.add_argument("--affinity", choices=["on", "off"], default="on",
+                        help="send a conversation back to the box that holds its prefix (docs/affinity.md; "
+                        "off: the seeds' strict order, for comparison)")
+    parser.add_argument("--affinity-slack", type=_share, default=DEFAULT_SLACK.absolute,
+                        help="how much more load (pending + pressure + reservations) the bound box may carry "
+                        f"than the best one and still be chosen (default {DEFAULT_SLACK.absolute:g})")
+    parser.add_argument("--affinity-slack-share", type=_share, default=DEFAULT_SLACK.relative,
+                        help="and, on top, this share of the best box's load "
+                        f"(default {DEFAULT_SLACK.relative:g}; both 0: off)")
+    parser.add_argument("--affinity-memory", type=_size, default=DEFAULT_MEMORY_BYTES,
+                        help=f"memory for bindings and the prefix index, LRU (default {DEFAULT_MEMORY_BYTES >> 20}m)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import uvloop
 
 from router.boxes import config as boxes_config
+from router.core.affinity import OFF, Slack
 from router.serve.server import ServeConfig, serve
 from router.store import paths as store_paths
 
@@ -51,6 +52,8 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         otel=args.otel,
+        affinity_slack=Slack(args.affinity_slack, args.affinity_slack_share) if args.affinity == "on" else OFF,
+        affinity_memory_bytes=args.affinity_memory,
     )
 
 

@@ -29,6 +29,7 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: the verdicts' fit
    (GPU, unknown, RAM only), most free GPU memory, least recently picked), then the stable id
    (position in the boxes file, then name). SERVING before LOAD.
+   Affinity (router.core.affinity) may then move one serving box to the front, within its slack.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from router.core.admission import is_full
+from router.core.affinity import Steer, place
 from router.core.kinds import Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, blocked_by, contract
 from router.core.types import (
@@ -157,6 +159,7 @@ def decide(
     boxes: Sequence[BoxFacts],
     tried: Iterable[str] = (),
     eligible: frozenset[str] | None = None,
+    steer: Steer | None = None,
 ) -> Decision:
     """Returns the Decision for `call` over `boxes`.
 
@@ -167,7 +170,8 @@ def decide(
     parsed once per box kind, not per box.
 
     Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
-    every box (and for an unknown pin, under the pin's name).
+    every box (and for an unknown pin, under the pin's name). `steer`: the call's affinity,
+    applied to the sorted ranking (router.core.affinity.place); None: the seeds' order.
     """
     tried = frozenset(tried)
     memo: dict[str, tuple] | None = None
@@ -209,6 +213,8 @@ def decide(
     # A rank key ends with the box's unique id, so keys never tie and the plain tuple sort
     # never compares past them.
     ranked.sort()
+    if steer is not None and call.pin is None:
+        ranked, _ = place(ranked, steer.pull, steer.keyed, steer.slack, steer.spin)
     path = Path.PINNED if call.pin is not None else Path.RANKED
     return Decision(
         path,

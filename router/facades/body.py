@@ -18,6 +18,10 @@ Rules:
 5. Nothing here copies or keeps the body; errors name the field, never echo the body.
 6. `with_model` is the body with its model replaced (an alias's chosen model), every other byte
    as the client sent it.
+7. Affinity (router.core.affinity) reads, in the same scan, the span of the prompt (`messages`,
+   `input` or `prompt`, first present: never parsed, only hashed later) and the small key
+   fields (`prompt_cache_key`, `user`, `previous_response_id`). They never make a call a 400:
+   one that is repeated, too large or not JSON is left out.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import orjson
 
 from router._fastpath import form_field, json_members
 from router.core.admission import Priority, parse_priority
+from router.core.affinity import BODY_KEY_FIELDS
 from router.core.bounds import check_identifier
 from router.core.errors import BadRequest
 from router.core.types import Call
@@ -43,8 +48,13 @@ class Inspected(NamedTuple):
     priority: Priority | None  # the class it asks for (None: its key's)
     max_tokens: int | None  # the answer's bound it states (tenancy's reservation; None: none)
     fallback: bool = True  # an alias's chain may move past its first model (rule 3)
+    prompt: tuple[int, int] | None = None  # the prompt's byte span (rule 6)
+    key_fields: tuple = (None, None, None)  # affinity.BODY_KEY_FIELDS' values (rule 6)
 
 
+# Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
+PROMPT_FIELDS = ("messages", "input", "prompt")
+_AFFINITY_FIELDS = PROMPT_FIELDS + BODY_KEY_FIELDS
 # Where a call bounds its answer: OpenAI's chat (`max_completion_tokens`, the older
 # `max_tokens`), the Responses API (`max_output_tokens`), Ollama's `options.num_predict`.
 ANSWER_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
@@ -59,6 +69,7 @@ def answer_bound(doc: dict) -> int | None:
     options = doc.get("options")
     value = options.get("num_predict") if isinstance(options, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
@@ -75,18 +86,22 @@ def _ascii(names: tuple[str, ...]) -> tuple[bytes, ...]:
     return tuple(name.encode("ascii") for name in names)
 
 
-def json_fields(body: bytes, names: tuple[str, ...]) -> dict:
+def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) -> dict:
     """The top-level members `names` of a JSON object body, each value parsed; absent ones are
-    left out (rule 1).
+    left out (rule 1). With `found`, the same scan also finds the affinity members (rule 6) and
+    puts the prompt's span under "prompt" and the key fields' values under their names.
 
     Raises BadRequest when the body is not one JSON object, when one of `names` is a key more
     than once (keys as JSON decodes them: `"mod\\u0065l"` is `model`), or when its value is
     over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
+    scanned = names + _AFFINITY_FIELDS if found is not None else names
     try:
-        spans = json_members(body, _ascii(names))
+        spans = json_members(body, _ascii(scanned))
     except ValueError as exc:  # the message says what and where, never the content
         raise BadRequest(f"request body {exc}") from None
+    if found is not None:
+        _affinity_members(body, spans[len(names):], found)
     doc = {}
     for name, span in zip(names, spans):
         if span is None:
@@ -105,6 +120,20 @@ def json_fields(body: bytes, names: tuple[str, ...]) -> dict:
         if name in UNIQUE_KEYS_INSIDE and isinstance(doc[name], dict):
             _refuse_duplicate_keys(name, body[start:end])
     return doc
+
+
+def _affinity_members(body: bytes, spans: tuple, found: dict) -> None:
+    """Rule 6: the first prompt span present, and the key fields that are one small JSON value."""
+    for span in spans[: len(PROMPT_FIELDS)]:
+        if span is not None:
+            found["prompt"] = span[:2]
+            break
+    for name, span in zip(BODY_KEY_FIELDS, spans[len(PROMPT_FIELDS):]):
+        if span is not None and span[2] == 1 and span[1] - span[0] <= MAX_FIELD_VALUE_BYTES:
+            try:
+                found[name] = orjson.loads(body[span[0]:span[1]])
+            except orjson.JSONDecodeError:
+                pass
 
 
 def _refuse_duplicate_keys(name: str, value: bytes) -> None:
@@ -230,6 +259,7 @@ def read_call(
     Raises BadRequest.
     """
     doc: dict = {}
+    found: dict = {}
     if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
         model = multipart_field(body, content_type.encode("latin-1"), b"model")
         if model is None or not model.strip():
@@ -237,7 +267,8 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields)
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields,
+                          found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -247,4 +278,5 @@ def read_call(
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
     return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), answer_bound(doc),
-                     asked_fallback(doc, header_fallback))
+                     asked_fallback(doc, header_fallback),
+                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS))

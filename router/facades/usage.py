@@ -5,7 +5,8 @@ Rules:
    body or of a stream's last writes. Prompt tokens are OpenAI's `prompt_tokens` (the Responses
    and Messages APIs' and LM Studio's stats' `input_tokens`, Ollama's `prompt_eval_count`);
    completion tokens `completion_tokens` (`output_tokens`, `total_output_tokens`, `eval_count`);
-   cached tokens `prompt_tokens_details.cached_tokens` (`cache_read_input_tokens`). The
+   cached tokens `prompt_tokens_details.cached_tokens` (the Responses API's
+   `input_tokens_details.cached_tokens`, `cache_read_input_tokens`, llama.cpp's `timings.cache_n`). The
    occurrence of any of the names nearest the end counts: a stream's running counts end with
    the whole call's, and whatever an answer echoes of the call (a Responses answer's tools,
    whose schemas may hold any key) comes before its usage. A JSON key is
@@ -20,6 +21,9 @@ Rules:
    SSE event through byte for byte except the usage chunk (`"choices":[]` with a `usage`), which
    it keeps for rule 1. An event is written once it is whole, so a chunk boundary inside one
    delays that part of it until its end arrives, never reorders or changes a byte.
+4. `response_id(tail)`: a Responses answer's own id (`resp_…`), read off its end the same way: a
+   whole body's top-level `id`, a stream's `response.completed` event's `response.id` (the
+   answer's items have ids of other prefixes). Affinity binds it to the box that answered.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from router.facades.genai import OPERATIONS
 USAGE_WINDOW = 16 << 10
 PROMPT_KEYS = (b'"prompt_tokens"', b'"input_tokens"', b'"prompt_eval_count"')
 COMPLETION_KEYS = (b'"completion_tokens"', b'"output_tokens"', b'"total_output_tokens"', b'"eval_count"')
-CACHED_KEYS = (b'"cached_tokens"', b'"cache_read_input_tokens"')
+CACHED_KEYS = (b'"cached_tokens"', b'"cache_read_input_tokens"', b'"cache_n"')
 _VALUE = re.compile(rb"\s*:\s*(\d{1,15})")
 _USAGE_CHUNK = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 STREAM_OPTIONS = (b"stream_options",)
@@ -77,6 +81,17 @@ def reported(tail: bytes) -> Reported | None:
         return None
     cached = _last(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
     return Reported(prompt, completion, cached)
+
+
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,200})"')
+
+
+def response_id(tail: bytes) -> str | None:
+    """Rule 4: the last `resp_` id in the end of `tail`, or None."""
+    found = None
+    for found in _RESPONSE_ID.finditer(tail, max(0, len(tail) - USAGE_WINDOW)):
+        pass
+    return found.group(1).decode() if found is not None else None
 
 
 def ask_usage(body: bytes) -> bytes | None:

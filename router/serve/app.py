@@ -22,6 +22,7 @@ from router.facades.table import Body, Facade, Route, with_aliases
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
+from router.serve.affinity import Affinity
 from router.serve.edge import AsgiEdge, Edge, RsgiEdge
 from router.serve.event_feed import EventFeed
 from router.serve.metrics import Metrics, registry as metrics_registry
@@ -49,7 +50,8 @@ class Shared:
                  max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
                  queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
                  queue_per_caller: int | None = None, max_event_streams: int = 32,
-                 default_rpm: int | None = None, default_tpm: int | None = None) -> None:
+                 default_rpm: int | None = None, default_tpm: int | None = None,
+                 affinity: Affinity | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -64,6 +66,9 @@ class Shared:
         self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
+        self.affinity = affinity if affinity is not None else Affinity()
+        self.affinity.fleet = fleet
+        self.scraped.register(self.affinity)
         self.scraped.register(KeyCollector(self.tenancy))
         self.clock = CallClock(self.admission.sweep)
         self.max_body_bytes = max_body_bytes
@@ -95,6 +100,7 @@ class RouterApp:
         self.tenancy = shared.tenancy
         self.access = shared.access
         self.scheduler = shared.scheduler
+        self.affinity = shared.affinity
         self.max_body_bytes = shared.max_body_bytes
         self.first_byte_timeout_s = shared.first_byte_timeout_s
         self.fallbacks = shared.metrics.fallbacks  # an alias call's moves (serve/chain.py)
@@ -165,6 +171,8 @@ class RouterApp:
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""
         shared = self.shared
+        if record.affinity is not None:
+            shared.affinity.observe(record)
         row = record.row()
         shared.route_log.record(row)
         if shared.tracer is not None:  # tracing off: this check is all a call pays

@@ -27,6 +27,7 @@ import functools
 import time
 from typing import Protocol
 
+from router.core.affinity import Steer
 from router.core.aliases import Alias, Move, resolve
 from router.core.decide import decide
 from router.core.kinds import KINDS
@@ -53,6 +54,7 @@ class OnTheChain(Protocol):
     usage_body: bytes | None
     tried: list[str]
     eligible: frozenset[str] | None
+    steer: Steer | None  # where its affinity key points (serve/affinity.py), if anywhere
     max_boxes: int
 
 NO_TIME_LEFT = Decision(Path.REFUSED, (), {}, {})
@@ -99,13 +101,13 @@ class ChainCall:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
         if current == 0 and not tried and not self.left:  # the common case: the first model
-            decision = decide(self.calls[0], facts, tried, eligible)  # type: ignore[arg-type]
+            decision = decide(self.calls[0], facts, tried, eligible, proxy.steer)  # type: ignore[arg-type]
             if decision.boxes:
                 return decision  # resolve's answer too: the first model in reach ranks a box
 
         def decide_model(position: int) -> Decision:
             if position == current:
-                return decide(self.call_at(position), facts, tried, eligible)
+                return decide(self.call_at(position), facts, tried, eligible, proxy.steer)
             return decide(self.call_at(position), facts)
 
         resolved = resolve(self.alias.chain, decide_model, self.left, current, tried,

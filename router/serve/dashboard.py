@@ -58,6 +58,7 @@ TAIL_ROWS = 100
 TAIL_COLUMNS = (
     "id", "request_id", "facade", "route", "model", "options", "pin", "box", "http_status", "state",
     "error", "stream", "attempts", "received_at", "first_byte_at", "responded_at", "bytes_in", "bytes_out",
+    "affinity",
 )
 _TAIL_SQL = (
     f"SELECT {', '.join(TAIL_COLUMNS)} FROM route_log WHERE id > ? ORDER BY id DESC LIMIT ?"
@@ -140,6 +141,7 @@ def state_doc(shared) -> dict:
         "models": [models[key] for key in sorted(models)],
         "aliases": alias_views(shared.fleet),
         "queue": shared.admission.snapshot(),
+        "affinity": shared.affinity.view(),
     }
 
 

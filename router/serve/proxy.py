@@ -45,6 +45,7 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
 from router.core.admission import Priority
+from router.core.affinity import Key, Steer
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
@@ -56,6 +57,7 @@ from router.facades.usage import ask_usage
 from router.serve import hops, no_box
 from router.serve.access import AccessGate
 from router.serve.admission import Admission, Seat
+from router.serve.affinity import Affinity
 from router.serve.attempt import Attempt, Refusal
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
 from router.serve.chain import ChainCall
@@ -79,6 +81,7 @@ class CallHost(Protocol):
     admission: Admission
     access: AccessGate
     tenancy: Tenancy
+    affinity: Affinity
     clock: CallClock
     max_body_bytes: int
     first_byte_timeout_s: float
@@ -116,6 +119,7 @@ class ProxyCall:
     __slots__ = (
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "started_s", "watch", "seat", "asked_priority",
+        "affinity_key", "steer",
         "charge", "usage_body", "chain",
     )
     max_boxes = MAX_BOXES_PER_CALL
@@ -139,6 +143,8 @@ class ProxyCall:
         self.watch: asyncio.Task | None = None  # the disconnect watcher, once started
         self.seat: Seat | None = None  # its place in the wait queue, while it waits
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
+        self.affinity_key: Key | None = None  # its affinity key (serve/affinity.py), when on
+        self.steer: Steer | None = None  # where that key points, for every decision of the call
         self.charge: Charge | None = None  # its account with its key's limits (serve/tenancy.py)
         self.usage_body: bytes | None = None  # the body asking the box for a stream's usage
         self.chain: ChainCall | None = None  # a call for an alias: where it is on the chain
@@ -190,7 +196,8 @@ class ProxyCall:
         self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
         try:
-            call, stream, self.asked_priority, max_tokens, fallback = await self.inspect()
+            inspected = await self.inspect()
+            call, stream, self.asked_priority, max_tokens, fallback = inspected[:5]
             self.record.asked(call)
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
@@ -198,6 +205,10 @@ class ProxyCall:
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(call.model)) is not None:
             self.chain = ChainCall(self, alias, call, fallback)
+        affinity = self.app.affinity
+        if affinity.on and call.pin is None:
+            self.affinity_key = affinity.key(self.edge, inspected, self.body)
+            self.steer = affinity.steer(self.affinity_key)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
         if stream and self.route.asks_usage:
@@ -276,7 +287,7 @@ class ProxyCall:
         alias call's, its chain's."""
         if self.chain is not None:
             return self.chain.decide(self, facts)
-        return decide(self.record.call, facts, self.tried, self.eligible)  # type: ignore[arg-type]
+        return decide(self.record.call, facts, self.tried, self.eligible, self.steer)  # type: ignore[arg-type]
 
     # -- one box -------------------------------------------------------------------------------
     async def try_box(self, box: BoxState) -> Refusal | None:
@@ -306,6 +317,8 @@ class ProxyCall:
                 if chain is not None:
                     chain.refused(refusal.code)
             elif verdict is not None:
+                if self.app.affinity.on and verdict.failure is None:
+                    self.app.affinity.took(self.affinity_key, self.steer, box, record)
                 await self.delivery.send(box, verdict, attempt, asked_usage=asks_usage)
         finally:
             attempt.done()

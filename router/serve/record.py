@@ -72,7 +72,7 @@ class CallRecord:
         "call_id", "facade", "route", "edge", "life",
         # facts
         "call", "decision", "box", "attempts", "waited_ms", "status", "answer_failure", "turned_away",
-        "end_failure", "stream", "tail", "usage_frame", "limit_headers", "tokens", "alias", "fallback",
+        "end_failure", "stream", "tail", "usage_frame", "limit_headers", "tokens", "alias", "fallback", "affinity",
         # sizes and times
         "bytes_in", "bytes_out", "received_at", "first_byte_at", "t_received", "t_body", "t_sent",
         "t_first_byte",
@@ -100,6 +100,7 @@ class CallRecord:
         self.tokens: Tokens | None = None  # once counted (`count_tokens`); None: no box served it
         self.alias: str | None = None  # the alias asked for; `call` is then the model served
         self.fallback = 0  # the served model's place in the alias's chain
+        self.affinity: str | None = None  # how its affinity key placed it (serve/affinity.py)
         self.bytes_in = 0
         self.bytes_out = 0
         self.received_at = time.time()
@@ -119,6 +120,10 @@ class CallRecord:
 
     def aliased(self, alias: str, position: int, call: Call) -> None:
         self.alias, self.fallback, self.call = alias, position, call
+    def placed(self, affinity: str) -> None:
+        """How the call's affinity key placed it (serve/affinity.py): `hit:<kind>`, `miss:<kind>`
+        or `none`."""
+        self.affinity = affinity
 
     def decided(self, decision: Decision) -> None:
         self.decision = decision
@@ -231,4 +236,5 @@ class CallRecord:
             completion_tokens=tokens.completion if tokens else None,
             cached_tokens=tokens.cached if tokens else None,
             tokens_estimated=int(tokens.estimated) if tokens else None,
+            affinity=self.affinity,
         )

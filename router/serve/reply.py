@@ -25,6 +25,7 @@ from typing import Callable
 import orjson
 
 from router.facades.table import Facade
+from router.serve.affinity import HEADER as AFFINITY_HEADER
 from router.serve.edge import ClientLeft, Edge
 from router.serve.record import CallRecord
 
@@ -153,6 +154,8 @@ class Reply:
         kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/tenancy.py)
         if self.model_headers:
             kept.extend(self.model_headers)
+        if self.record.affinity is not None:
+            kept.append((AFFINITY_HEADER, self.record.affinity.encode()))
         return kept
 
     # -- keep-alive of a long wait (rule 1) ----------------------------------------------------

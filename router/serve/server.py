@@ -51,10 +51,12 @@ from granian.server.embed import Server
 from router._fastpath import Reservations
 from router.boxes import listeners as own_listeners
 from router.boxes.fleet import Fleet
+from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.serve import tracing
+from router.serve.affinity import DEFAULT_MEMORY_BYTES, Affinity
 from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
@@ -114,6 +116,8 @@ class ServeConfig:
     # Freeze what start-up made once every listener is up (`router serve`; a process that embeds
     # serve() owns its collector and leaves this off).
     freeze_gc: bool = False
+    affinity_slack: Slack = DEFAULT_SLACK  # OFF: --affinity off
+    affinity_memory_bytes: int = DEFAULT_MEMORY_BYTES
 
 
 def free_port(host: str) -> int:
@@ -268,6 +272,7 @@ class Running:
             max_event_streams=config.max_event_streams,
             default_rpm=config.default_rpm,
             default_tpm=config.default_tpm,
+            affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes),
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())

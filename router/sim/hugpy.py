@@ -51,6 +51,7 @@ from email.policy import HTTP as EMAIL_HTTP_POLICY
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs
 
+from router.sim.prefix_cache import NO_PROMPT, Prefill, elements_of
 from router.sim.hugpy_settings import ROUTES as SETTINGS_ROUTES, PairSettings
 from router.sim.server import (
     CT_JSON,
@@ -243,6 +244,7 @@ class SimBox(PairSettings, SimServer):
     def _restart(self) -> None:
         self.changes = INITIAL_CHANGES
         self.residents.clear()
+        self.prefix_cache.forget()
         self._epoch += 1
         self._wake()
 
@@ -387,7 +389,7 @@ class SimBox(PairSettings, SimServer):
             return None
         rec.model = model
         rec.stream = bool(body.get("stream"))
-        return self._placed(conn, ex, model, rec.stream, None)
+        return self._placed(conn, ex, model, rec.stream, None, elements_of(body))
 
     def _task(self, conn: _Connection, ex: Exchange) -> Steps | None:
         rec = self._open_call(conn, ex)
@@ -408,7 +410,7 @@ class SimBox(PairSettings, SimServer):
         return self._placed(conn, ex, model, False, _TASK_REPLIES[ex.path])
 
     def _placed(self, conn: _Connection, ex: Exchange, model: str, stream: bool,
-                reply: TaskReply | None) -> Steps | None:
+                reply: TaskReply | None, prompt: list[str] | None = None) -> Steps | None:
         """The `@options` check (a real status, §4.3), then a scripted behaviour or placement."""
         base, at, opts = model.partition("@")
         settings = None
@@ -426,11 +428,12 @@ class SimBox(PairSettings, SimServer):
                 return None
             settings = "+".join(sorted({t.lower() for t in tokens})) or None
         behavior = self._next_behavior(base)
-        return self._answer(conn, ex, base, settings, stream, reply, behavior)
+        return self._answer(conn, ex, base, settings, stream, reply, behavior, prompt)
 
     def _answer(self, conn: _Connection, ex: Exchange, base: str, settings: str | None, stream: bool,
-                reply: TaskReply | None, behavior: Behavior | None) -> Steps:
-        """Generator: a scripted behaviour first, then the box's normal answer."""
+                reply: TaskReply | None, behavior: Behavior | None, prompt: list[str] | None = None) -> Steps:
+        """Generator: a scripted behaviour first, then the box's normal answer (a chat's prompt
+        through the box's prefix cache: its prefill, its cached tokens in `usage`)."""
         stream_chunks = self.chunks
         die = False
         clean = True
@@ -484,7 +487,7 @@ class SimBox(PairSettings, SimServer):
                     return
                 case "trickle":
                     conn.slow_writes(behavior.size, behavior.seconds)
-                    yield from self._answer(conn, ex, base, settings, stream, reply, None)
+                    yield from self._answer(conn, ex, base, settings, stream, reply, None, prompt)
                     yield conn.drained()  # the call lasts until its last byte is out
                     conn.slow_writes(None)
                     return
@@ -501,8 +504,15 @@ class SimBox(PairSettings, SimServer):
                     yield self.load_s
                 seat["state"] = "serving"
                 self._bump()
+                self.prefix_cache.forget(base)  # loaded afresh: nothing computed yet
+            prefill = self.prefix_cache.take(base, prompt or [])
+            if prefill.seconds > 0:
+                yield prefill.seconds
             if not stream:
-                content_type, body = (reply or _chat_reply)(self, base, ex.rid.decode())
+                if reply is not None:
+                    content_type, body = reply(self, base, ex.rid.decode())
+                else:
+                    content_type, body = _chat_reply(self, base, ex.rid.decode(), prefill)
                 conn.respond(ex, 200, body, content_type)
                 return
             created = int(time.time())
@@ -526,7 +536,7 @@ class SimBox(PairSettings, SimServer):
                     conn.reset()  # RST
                 return
             conn.write(_frame({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                               "hugpy": {"request_id": rid}}))
+                               "usage": _usage(prefill, stream_chunks), "hugpy": {"request_id": rid}}))
             conn.write(_DONE)
             if linger_s > 0:
                 yield conn.drained()
@@ -667,14 +677,21 @@ def _read_fields(ex: Exchange) -> dict[str, Any]:
 TaskReply = Callable[[SimBox, str, str], tuple[bytes, bytes]]  # (box, base, rid) -> (type, body)
 
 
-def _chat_reply(box: SimBox, base: str, rid: str) -> tuple[bytes, bytes]:
+def _usage(prefill: Prefill, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage, cached prompt tokens included (the box runs llama.cpp behind an OpenAI API)."""
+    prompt_tokens = prefill.prompt_tokens or 8
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": prefill.cached_tokens}}
+
+
+def _chat_reply(box: SimBox, base: str, rid: str, prefill: Prefill = NO_PROMPT) -> tuple[bytes, bytes]:
     # §5: a non-stream answer carries the engine's `model`, the GGUF path for llama-server.
     return CT_JSON, _json({
         "id": "chatcmpl-" + rid[3:], "object": "chat.completion", "created": int(time.time()),
         "model": box._model_path(base),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY_TEXT}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 8, "completion_tokens": 6, "total_tokens": 14},
-        "hugpy": {"request_id": rid}})
+        "usage": _usage(prefill, 6), "hugpy": {"request_id": rid}})
 
 
 def _json_reply(make: Callable[[str], dict[str, Any]]) -> TaskReply:

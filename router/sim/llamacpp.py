@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 
+from router.sim.prefix_cache import elements_of
 from router.sim.server import (
     ANSWERED,
     STREAM_TOKEN,
@@ -68,16 +69,25 @@ class SimLlamaCpp(SimServer):
     def _chat(self, conn: Connection, ex: Exchange) -> Steps:
         rec = self._record(ex)
         try:
-            model = json.loads(ex.body).get("model") or self.alias
+            body = json.loads(ex.body)
+            model = body.get("model") or self.alias
         except (ValueError, AttributeError):
             self._json(conn, ex, {"error": {"code": 500, "message": "invalid JSON", "type": "server_error"}}, 500)
             return
         rec.model = model
         if (yield from self._apply_script(conn, ex, model, False, False)) is ANSWERED:
             return
+        prefill = self.prefix_cache.take(model, elements_of(body))
+        if prefill.seconds > 0:
+            yield prefill.seconds
+        # llama.cpp's own count: `timings.cache_n` (prompt tokens reused from the slot's cache)
         self._json(conn, ex, {"id": "chatcmpl-sim", "object": "chat.completion", "created": int(time.time()),
                               "model": model, "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": STREAM_TOKEN}}]})
+                              "message": {"role": "assistant", "content": STREAM_TOKEN}}],
+                              "usage": {"prompt_tokens": prefill.prompt_tokens, "completion_tokens": 1,
+                                        "total_tokens": prefill.prompt_tokens + 1},
+                              "timings": {"cache_n": prefill.cached_tokens,
+                                          "prompt_n": prefill.prompt_tokens - prefill.cached_tokens}})
 
     def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, shape: bool) -> None:
         if behavior.kind in ("refuse", "in_band"):

@@ -30,7 +30,13 @@ Rules:
 8. Threads. The test thread may change `models`, `loaded`, `token`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
 9. Privacy. Bodies are read only for `model`, `stream`, `stream_options`, `input`, `store`
-   and `instance_id`; replies are fixed texts.
+   and `instance_id` (and the prompt, by the prefix cache: router/sim/prefix_cache.py); replies
+   are fixed texts.
+10. `POST /v1/responses` is stateful (§3, 0.3.29+): each answer's `id` (`resp_…`) is kept by
+   this box (the last RESPONSES_KEPT), and a call whose `previous_response_id` this box never
+   answered gets 400 `previous_response_not_found` (the wording is the sim's). A stream is
+   `response.created`, `response.output_text.delta` × chunks, `response.completed` (the whole
+   response, usage included), as named SSE events, without `[DONE]`.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote
 
+from router.sim.prefix_cache import NO_PROMPT, Prefill
 from router.sim.server import (
     ANSWERED,
     STREAM_TOKEN,
@@ -104,9 +111,17 @@ def _event(name: str, obj: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\n" + sse_frame({"type": name, **obj}, compact=True)
 
 
+def _named(name: str, obj: dict[str, Any]) -> bytes:
+    """One named SSE event of `/v1/responses` (the object carries its own `type`)."""
+    return b"event: " + name.encode() + b"\n" + sse_frame(obj, compact=True)
+
+
 def _error(message: str, type: str | None = "invalid_request_error", param: str | None = None,
            code: int | str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+RESPONSES_KEPT = 1000  # rule 10: response ids a box remembers
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +160,7 @@ class SimLMStudio(SimServer):
         self.models: list[str] = list(models)
         self.models += [m for m in self.loaded if m not in self.models]
         self.token = token
+        self.responses: dict[str, None] = {}  # the ids it answered, oldest first (rule 10)
 
     def script(self, model: str, *behaviors: Behavior) -> None:
         """Queues behaviours for the next model-bearing calls naming exactly `model` (FIFO,
@@ -271,6 +287,7 @@ class SimLMStudio(SimServer):
             return
         loading = model not in self.loaded
         if loading:
+            self.prefix_cache.forget(model)  # JIT-loaded afresh: nothing computed yet
             self.loaded.append(model)
         steps = route.answer(self, conn, ex, _Call(body, model, stream, loading, route.v0, fault))
         if steps is not None:
@@ -296,21 +313,61 @@ class SimLMStudio(SimServer):
                 conn.reset()
 
     def _openai_stream(self, conn: Connection, ex: Exchange, call: _Call, head: dict[str, Any],
-                       piece: dict[str, Any], last: dict[str, Any]) -> Steps:
+                       piece: dict[str, Any], last: dict[str, Any], prefill: Prefill = NO_PROMPT) -> Steps:
         """OpenAI SSE: `chunks` pieces, the last choice, usage when asked, `[DONE]`."""
         tail = [sse_frame({**head, "choices": [last]}, compact=True)]
         options = call.body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
-            tail.append(sse_frame({**head, "choices": [], "usage": self._usage()}, compact=True))
+            tail.append(sse_frame({**head, "choices": [], "usage": self._usage(prefill)}, compact=True))
         tail.append(_DONE)
         frame = sse_frame({**head, "choices": [piece]}, compact=True)
         return self._stream(conn, ex, CT_SSE, (), [frame] * self.chunks, tail, call.fault)
 
-    def _usage(self) -> dict[str, int]:
-        return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": self.chunks,
-                "total_tokens": PROMPT_TOKENS + self.chunks}
+    def _usage(self, prefill: Prefill = NO_PROMPT) -> dict[str, Any]:
+        """OpenAI's usage; a chat's cached prompt tokens the OpenAI way."""
+        prompt_tokens = prefill.prompt_tokens or PROMPT_TOKENS
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": self.chunks,
+                                 "total_tokens": prompt_tokens + self.chunks}
+        if prefill.prompt_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": prefill.cached_tokens}
+        return usage
+
+    def _responses(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
+        """Rule 10."""
+        previous = call.body.get("previous_response_id")
+        if previous is not None and previous not in self.responses:
+            self._json(conn, ex, _error(f"No response with id '{previous}' on this server.",
+                                        param="previous_response_id", code="previous_response_not_found"), 400)
+            return None
+        return self.prefix_cache.prefill(call.model, call.body, lambda prefill: self._response_answer(
+            conn, ex, call, prefill))
+
+    def _response_answer(self, conn: Connection, ex: Exchange, call: _Call, prefill: Prefill) -> Steps | None:
+        response_id = "resp_" + secrets.token_hex(12)
+        self.responses[response_id] = None
+        while len(self.responses) > RESPONSES_KEPT:
+            del self.responses[next(iter(self.responses))]
+        prompt_tokens = prefill.prompt_tokens or PROMPT_TOKENS
+        response = {"id": response_id, "object": "response", "created_at": int(time.time()), "status": "completed",
+                    "model": call.model, "output": [{"type": "message", "role": "assistant", "content": [
+                        {"type": "output_text", "text": STREAM_TOKEN * self.chunks}]}],
+                    "usage": {"input_tokens": prompt_tokens, "output_tokens": self.chunks,
+                              "total_tokens": prompt_tokens + self.chunks,
+                              "input_tokens_details": {"cached_tokens": prefill.cached_tokens}}}
+        if not call.stream:
+            self._json(conn, ex, response)
+            return None
+        created = {**response, "status": "in_progress", "output": [], "usage": None}
+        lead = [_named("response.created", {"type": "response.created", "response": created})]
+        delta = _named("response.output_text.delta", {"type": "response.output_text.delta", "delta": STREAM_TOKEN})
+        tail = [_named("response.completed", {"type": "response.completed", "response": response})]
+        return self._stream(conn, ex, CT_SSE, lead, [delta] * self.chunks, tail, call.fault)
 
     def _chat_completion(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
+        return self.prefix_cache.prefill(call.model, call.body, lambda prefill: self._chat_answer(
+            conn, ex, call, prefill))
+
+    def _chat_answer(self, conn: Connection, ex: Exchange, call: _Call, prefill: Prefill) -> Steps | None:
         head = {"id": "chatcmpl-" + secrets.token_hex(10), "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": call.model}
         if call.stream:
@@ -318,11 +375,11 @@ class SimLMStudio(SimServer):
                 conn, ex, call, head,
                 {"index": 0, "delta": {"role": "assistant", "content": STREAM_TOKEN}, "logprobs": None,
                  "finish_reason": None},
-                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"})
+                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}, prefill)
         self._json(conn, ex, {**head, "object": "chat.completion", "choices": [{
             "index": 0, "logprobs": None, "finish_reason": "stop",
             "message": {"role": "assistant", "content": STREAM_TOKEN * self.chunks}}],
-            "usage": self._usage(), **(_V0_EXTRAS if call.v0 else {})})
+            "usage": self._usage(prefill), **(_V0_EXTRAS if call.v0 else {})})
         return None
 
     def _completion(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
@@ -393,6 +450,7 @@ _ROUTES: Routes = {
     ("POST", "/api/v1/models/load"): _model_route(_Route(SimLMStudio._load)),
     ("POST", "/api/v1/models/unload"): SimLMStudio._unload,
     ("POST", "/api/v1/chat"): _model_route(_Route(SimLMStudio._rest_chat, events=True)),
+    ("POST", "/v1/responses"): _model_route(_Route(SimLMStudio._responses)),
 }
 _PATTERN_ROUTES: PatternRoutes = [
     ("GET", re.compile(r"/api/v0/models/(.+)"), SimLMStudio._v0_model),

@@ -58,6 +58,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 from router.sim.ollama_names import fold_key, parse
+from router.sim.prefix_cache import NO_PROMPT, Prefill
 from router.sim.server import (
     ANSWERED,
     BUSY_MESSAGE,
@@ -163,10 +164,15 @@ def _model_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _metrics(eval_count: int) -> dict[str, int]:
+def _evaluated(prefill: Prefill) -> int:
+    """Ollama counts only the prompt tokens it evaluated: a cached prefix is left out."""
+    return prefill.prompt_tokens - prefill.cached_tokens if prefill.prompt_tokens else PROMPT_TOKENS
+
+
+def _metrics(eval_count: int, prefill: Prefill = NO_PROMPT) -> dict[str, int]:
     """The final line's metrics, in nanoseconds; zero values are left out (Go's omitempty)."""
     metrics = {"total_duration": 150_000_000 + eval_count * 10_000_000, "load_duration": 1_000_000,
-               "prompt_eval_count": PROMPT_TOKENS, "prompt_eval_duration": 20_000_000,
+               "prompt_eval_count": _evaluated(prefill), "prompt_eval_duration": 20_000_000,
                "eval_count": eval_count, "eval_duration": eval_count * 10_000_000}
     return {k: v for k, v in metrics.items() if v}
 
@@ -364,6 +370,7 @@ class SimOllama(SimServer):
     def _load(self, name: str, key: str, keep_alive: float) -> None:
         if not any(fold_key(n) == key for n in list(self.loaded)):
             self.loaded.append(name)
+            self.prefix_cache.forget(key)  # a fresh runner has computed nothing
         self._expires[key] = time.time() + keep_alive
 
     def _unload(self, key: str) -> None:
@@ -450,12 +457,17 @@ class SimOllama(SimServer):
     def _generate_answer(self, conn: Connection, ex: Exchange, call: _Call, field: str, piece: object,
                          empty: object, whole: object) -> Steps | None:
         """Chat (`message`) or generate (`response`): NDJSON pieces and a final line, or one
-        object with the whole text and the final line's metrics."""
+        object with the whole text and the final line's metrics; after the prompt's prefill."""
+        return self.prefix_cache.prefill(call.key, call.body, lambda prefill: self._generated(
+            conn, ex, call, field, piece, empty, whole, prefill))
+
+    def _generated(self, conn: Connection, ex: Exchange, call: _Call, field: str, piece: object,
+                   empty: object, whole: object, prefill: Prefill) -> Steps | None:
         head = {"model": call.model, "created_at": _rfc3339(time.time())}
         final: dict[str, Any] = {**head, field: empty, "done": True, "done_reason": "stop"}
         if field == "response" and not call.body.get("raw"):
             final["context"] = [1, 2, 3]  # deprecated, but still sent unless raw
-        final.update(_metrics(self.chunks))
+        final.update(_metrics(self.chunks, prefill))
         if not call.stream:
             self._json(conn, ex, {**final, field: whole})
             return None
@@ -514,8 +526,13 @@ class SimOllama(SimServer):
         conn.respond(ex, 200, b"", b"")
 
     def _v1_chat(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
-        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": self.chunks,
-                 "total_tokens": PROMPT_TOKENS + self.chunks}
+        return self.prefix_cache.prefill(call.key, call.body, lambda prefill: self._v1_chat_answer(
+            conn, ex, call, prefill))
+
+    def _v1_chat_answer(self, conn: Connection, ex: Exchange, call: _Call, prefill: Prefill) -> Steps | None:
+        evaluated = _evaluated(prefill)  # no cached count: Ollama's compat layer has none
+        usage = {"prompt_tokens": evaluated, "completion_tokens": self.chunks,
+                 "total_tokens": evaluated + self.chunks}
         head = {"id": f"chatcmpl-{secrets.randbelow(999)}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": call.model, "system_fingerprint": "fp_ollama"}
         if not call.stream:

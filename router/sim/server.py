@@ -50,6 +50,8 @@ from typing import Any, Callable, Iterable, Iterator
 import httptools
 import uvloop
 
+from router.sim.prefix_cache import PrefixCache
+
 log = logging.getLogger(__name__)
 
 # Kept call records: the newest CALLS_KEPT survive a trim at twice that, so a benchmark of
@@ -698,6 +700,7 @@ class SimServer:
         self.name = name
         self.chunks = chunks  # content pieces per stream
         self.cadence_s = cadence_s  # pause before each content piece
+        self.prefix_cache = PrefixCache()  # what it computed for recent prompts (sim/prefix_cache.py)
         # observations
         self.calls: list[CallRecord] = []
         self.open_connections = 0

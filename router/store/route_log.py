@@ -113,6 +113,7 @@ class Row(NamedTuple):
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     tokens_estimated: int | None = None  # 1: the box reported no usage, the tokens are estimated
+    affinity: str | None = None  # hit:<kind> | miss:<kind> | none (None: --affinity off)
 
 
 COLUMNS = Row._fields

@@ -121,6 +121,19 @@ function renderQueue(queue) {
     el("td", { class: "num" }, `${waiter.waited_s.toFixed(1)} s`))));
 }
 
+function renderAffinity(affinity) {
+  document.querySelector("#affinity-summary").textContent = affinity.on
+    ? `on: slack ${affinity.slack.absolute} + ${Math.round(affinity.slack.relative * 100)} % of the best box's load; ` +
+      `${affinity.index_entries} of ${affinity.index_capacity} index entries`
+    : "off (--affinity off): the seeds' order";
+  replaceRows(document.querySelector("#affinity tbody"), affinity.by_box.map((row) => el("tr", { "data-box": row.box, "data-model": row.model },
+    el("td", {}, row.box),
+    el("td", { class: "mono" }, row.model),
+    el("td", { class: "num" }, row.hit_ratio === null ? "—" : `${Math.round(row.hit_ratio * 100)} %`),
+    el("td", { class: "num" }, `${row.hit} / ${row.miss} / ${row.none}`),
+    el("td", { class: "num" }, String(row.cached_tokens)))));
+}
+
 function renderState(state) {
   view.boxes = state.boxes;
   replaceRows(document.querySelector("#boxes tbody"), state.boxes.map((box) => el("tr",
@@ -139,6 +152,7 @@ function renderState(state) {
     el("td", { class: "num" }, bytes(box.free_gpu_bytes)),
     residentCell(box))));
   renderQueue(state.queue);
+  renderAffinity(state.affinity);
   replaceRows(document.querySelector("#models tbody"), state.models.map((model) => el("tr", { "data-model": model.model },
     el("td", { class: "mono" }, model.model),
     el("td", {}, model.resident_on.join(", ") || "—"),
@@ -290,7 +304,7 @@ function addCalls(rows) {
       el("td", { class: "mono" }, row.request_id),
       el("td", {}, row.facade || "—"),
       el("td", { class: "mono" }, row.model || "—", row.options ? el("span", { class: "settings" }, " @" + row.options) : null),
-      el("td", {}, row.box || "—"),
+      el("td", {}, row.box || "—", row.affinity ? el("span", { class: "muted" }, " " + row.affinity) : null),
       el("td", { class: ok ? "status-ok" : "status-err" }, `${row.http_status ?? "—"} ${row.state}`),
       attemptsCell(row),
       el("td", { class: "num" }, ms(firstByte)),

@@ -1,0 +1,235 @@
+"""Cache-aware routing: a call's affinity key, what this router sent where, and how far affinity
+may move a call inside the serving tier. Pure: no clock, no randomness that is not passed in.
+
+Rules (tests/test_core_affinity.py pins each against the plain model in tests/models.py):
+1. The key, first present wins: a session header (SESSION_HEADERS, in that order), the body's
+   `prompt_cache_key` (kind `key`), its `user`, the Responses API's `previous_response_id`
+   (kind `response`: the box that answered that response), else the prompt by its prefix chain
+   (kind `prefix`). None of these, or a prompt of fewer than MIN_PULL_DEPTH elements (it could
+   neither pull nor leave a node: rule 3a): no key, and the decision is the seeds' order.
+2. Scope. Every key is scoped per caller (its API key's id, else its resolved address) and per
+   model: two callers never share a binding, nor a prefix (the hash chain's seed carries both).
+3. The prefix chain h_1..h_n has one hash per leading element of the prompt (router._fastpath
+   prefix_chain): a node at depth d stands for "this router sent that box a prompt whose first
+   d elements are these". A node pulls a call only when
+   a. d >= MIN_PULL_DEPTH: the first element alone (a system prompt every caller sends) never
+      pulls;
+   b. the node is not shared: once two prompts continued it differently it is a common
+      preamble, not one conversation's history;
+   c. the box's cache for that model is the one the node was recorded under (`epoch`): the
+      model unloaded, reloaded with other settings, or the box restarted, drops it.
+   The deepest node found decides; a shared or stale one means no pull.
+4. Placement (`place`). Only inside the serving tier, after the gate, the pin, the tiers and the
+   seeds' rank have done their work: the pulled box goes first while its load (`load_of`: the
+   rank's own units) is within the slack of the best serving box's:
+   load <= best + absolute + relative * best. Among several pulled boxes the deepest match wins,
+   then the rank. A bound key (session, key, user, response) pulls harder than any prefix.
+5. A miss (a key, but no pulled box within the slack) goes to the least-loaded serving box; boxes
+   tied on (load, pressure) are chosen among by `spin` (random, passed in), so misses never pile
+   onto one box.
+6. Slack 0 (absolute and relative), which is `--affinity off`, changes nothing: the seeds' strict
+   order, ties included.
+7. Learning. When a box's answer goes to the client, the call's binding moves to that box and its
+   chain is recorded for (box, model): a failover moves the binding, and the next turns stick
+   to the new box.
+8. Memory. Bindings and nodes share one LRU of at most `capacity` entries; a lookup that hits
+   and every record refreshes its entries. Nothing here is ever stored, logged or exported:
+   the hashes are salted per process by their seed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, NamedTuple, Sequence
+
+# Headers that carry a conversation's identity, first present wins: ours, then the ones coding
+# harnesses send on every request of a session (Codex CLI: `session_id`, and `conversation_id`
+# in its older releases; Claude Code: `x-claude-code-session-id`), then a common generic one.
+SESSION_HEADERS = ("x-router-session", "session_id", "conversation_id", "x-claude-code-session-id",
+                   "x-session-id")
+# The first element (a system prompt, a tool preamble) is shared by every conversation of an
+# app: a match must reach at least the second element to pull (rule 3a).
+MIN_PULL_DEPTH = 2
+# A bound key outranks any prefix depth (the chain has at most a few hundred elements).
+BOUND_DEPTH = 1 << 30
+# One entry (an OrderedDict slot, its key and a 4-tuple node) holds ~200 bytes (tracemalloc over
+# 100k entries: 196-212 B), so `--affinity-memory` MiB converts to entries at this rate.
+ENTRY_BYTES = 200
+
+SESSION, KEY, USER, RESPONSE, PREFIX = "session", "key", "user", "response", "prefix"
+BODY_KEY_FIELDS = ("prompt_cache_key", "user", "previous_response_id")
+_BODY_KINDS = (KEY, USER, RESPONSE)
+
+
+class Slack(NamedTuple):
+    """How far above the best serving box's load a pulled box may be and still go first (rule 4)."""
+
+    absolute: float
+    relative: float
+
+    @property
+    def off(self) -> bool:
+        return self.absolute <= 0 and self.relative <= 0
+
+    def limit(self, best: int) -> float:
+        return best + self.absolute + self.relative * best
+
+
+OFF = Slack(0.0, 0.0)
+# Chosen with bench/affinity.py (docs/affinity.md): with 16 conversations over 4 boxes a box's
+# load swings by 2-3 around the mean, so a slack of 2 + 50 % keeps ~all turns home while a box
+# twice as loaded as the best one still sheds its new work.
+DEFAULT_SLACK = Slack(2.0, 0.5)
+
+
+class Key(NamedTuple):
+    """A call's affinity key: its kind (rule 1) and, for a bound kind, the scoped identity's
+    hash; for a prefix, the chain (the scope is in its seed)."""
+
+    kind: str
+    bound: int = 0
+    chain: tuple[int, ...] = ()
+
+
+def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
+           scope: str, model: str) -> Key | None:
+    """The call's key (rules 1 and 2). `headers`: the values of SESSION_HEADERS, in order;
+    `fields`: the body's BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent);
+    `chain()`: the prompt's prefix chain, seeded with the scope and model (called only when no
+    header or field gave a key: hashing is the costly part)."""
+    for value in headers:
+        if value:
+            return Key(SESSION, hash((scope, model, SESSION, value)))
+    for kind, value in zip(_BODY_KINDS, fields):
+        if isinstance(value, str) and value:
+            return Key(kind, hash((scope, model, kind, value)))
+    hashes = chain()
+    return Key(PREFIX, 0, hashes) if len(hashes) >= MIN_PULL_DEPTH else None
+
+
+def response_key(scope: str, model: str, response_id: str) -> int:
+    """The binding a Responses answer's id leaves, found again by its `previous_response_id`."""
+    return hash((scope, model, RESPONSE, response_id))
+
+
+class Pull(NamedTuple):
+    """Where a call's key points: the box and how deep it matched (BOUND_DEPTH for a binding)."""
+
+    box: str
+    depth: int
+
+
+class Steer(NamedTuple):
+    """What a decision needs to apply affinity: where the key points, whether the call has a key
+    at all, the slack, and a random number for the miss's tie (rule 5)."""
+
+    pull: Pull | None
+    keyed: bool
+    slack: Slack
+    spin: int
+
+
+def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[list, bool]:
+    """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
+    pressure, ...), tier 0 = serving) with affinity applied (rules 4-6): the same list when
+    nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
+    hit when the pulled box went first."""
+    if slack.off or not ranked or ranked[0][0][0] != 0:
+        return ranked, False
+    best_load = ranked[0][0][1]
+    if pull is not None:
+        limit = slack.limit(best_load)
+        for index, (rank, box_id, _) in enumerate(ranked):
+            if rank[0] != 0 or rank[1] > limit:
+                break  # past the serving tier, or (loads ascend) past the slack
+            if box_id == pull.box:
+                return _to_front(ranked, index), True
+    if not keyed:
+        return ranked, False
+    tied = 1
+    best = ranked[0][0][1:3]
+    while tied < len(ranked) and ranked[tied][0][0] == 0 and ranked[tied][0][1:3] == best:
+        tied += 1
+    return _to_front(ranked, spin % tied), False
+
+
+def _to_front(ranked: list, index: int) -> list:
+    if index == 0:
+        return ranked
+    return [ranked[index]] + ranked[:index] + ranked[index + 1:]
+
+
+class AffinityIndex:
+    """Bindings and prefix nodes, one LRU of at most `capacity` entries (rules 3, 7, 8).
+
+    A binding maps a scoped key's hash to a box name; a node maps a chain hash to
+    (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
+    SHARED. `epoch(box, model_key)` is the box's current cache epoch for that model (the serve
+    layer's: it changes when the model is unloaded, reloaded with other settings, or the box
+    restarts).
+    """
+
+    SHARED = -1
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self.entries: OrderedDict[int, object] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def pull(self, key: Key, epoch: Callable[[str, str], int]) -> Pull | None:
+        """Where `key` points now, or None (rules 3 and 4)."""
+        entries = self.entries
+        if key.kind != PREFIX:
+            box = entries.get(key.bound)
+            if box is None:
+                return None
+            entries.move_to_end(key.bound)
+            return Pull(box, BOUND_DEPTH)  # type: ignore[arg-type]
+        chain = key.chain
+        for depth in range(len(chain), MIN_PULL_DEPTH - 1, -1):
+            node = entries.get(chain[depth - 1])
+            if node is None:
+                continue
+            box, model_key, at, state = node  # type: ignore[misc]
+            if state == self.SHARED or epoch(box, model_key) != at:
+                return None
+            entries.move_to_end(chain[depth - 1])
+            return Pull(box, depth)
+        return None
+
+    def learn(self, key: Key, box: str, model_key: str, epoch: int, known: int = 0) -> None:
+        """`box` took the call: the binding moves there, its chain is recorded (rule 7). `known`:
+        the depth `pull` found on this same box, whose nodes and their ancestors' are as they
+        would be written again (the chain is the same up to there): only the nodes past it are
+        written, so a conversation's turn costs its new elements, not its whole history."""
+        entries = self.entries
+        if key.kind != PREFIX:
+            entries[key.bound] = box
+            entries.move_to_end(key.bound)
+        else:
+            chain = key.chain
+            last = len(chain) - 1
+            for index in range(max(MIN_PULL_DEPTH, known) - 1, len(chain)):
+                node_hash = chain[index]
+                following = chain[index + 1] if index < last else 0
+                old = entries.get(node_hash)
+                state = following
+                if old is not None:
+                    seen = old[3]  # type: ignore[index]
+                    if seen == self.SHARED or (seen and following and seen != following):
+                        state = self.SHARED
+                    elif not following:
+                        state = seen
+                entries[node_hash] = (box, model_key, epoch, state)
+                entries.move_to_end(node_hash)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def bind(self, bound: int, box: str) -> None:
+        """A binding made by an answer (a Responses id), not by the call's own key."""
+        self.entries[bound] = box
+        self.entries.move_to_end(bound)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)

@@ -1,0 +1,180 @@
+"""Affinity on the call path (router.core.affinity holds the rules): a call's key from its headers
+and body, the decision's steer, and what an answer teaches (the binding moves to the box that
+took the call, its prefix is recorded there).
+
+Rules:
+1. Off (`--affinity off`, or a slack of 0): nothing is computed, no header is sent, the route log's
+   `affinity` is NULL, and decisions are the seeds' order.
+2. The scope of a key is the caller: its API key's id when it sent one, else its resolved address
+   (the access gate's `edge.caller`). The chain's seed mixes this process's random salt, the
+   scope and the model, so no two callers or models share a node and no hash means anything
+   outside this process.
+3. The prompt is hashed only when no header or body field gave a key (first match wins), by the
+   compiled scan over its raw bytes; nothing of it is decoded or kept.
+4. An answer judged fit (2xx) teaches: the binding or prefix moves to its box. The outcome
+   (`hit:<kind>`, `miss:<kind>`, `none`) goes out as X-Router-Affinity and into the route log
+   and the metrics (per box and model, with the engine-cached tokens the answer reports).
+5. A Responses answer's id is bound to its box, so a call that names it as
+   `previous_response_id` goes back there.
+Its cost on a call with a key: the headers' look-up, one chain hash of the prompt at several GB/s,
+a few dict look-ups in the index and one insert per element (bench/callpath_cpu.py `affinity`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from router._fastpath import prefix_chain
+from router.core import access
+from router.core.affinity import (
+    DEFAULT_SLACK,
+    ENTRY_BYTES,
+    SESSION_HEADERS,
+    AffinityIndex,
+    Key,
+    Pull,
+    Slack,
+    Steer,
+    key_of,
+    response_key,
+)
+from router.core.kinds import call_key
+from router.facades.usage import response_id
+
+if TYPE_CHECKING:
+    from router.boxes.fleet import Fleet
+    from router.boxes.state import BoxState
+    from router.facades.body import Inspected
+    from router.serve.edge import Edge
+    from router.serve.record import CallRecord
+
+DEFAULT_MEMORY_BYTES = 64 << 20  # ~330k entries: 64 conversations × 256 elements × 20 boxes fit
+_SEED_MASK = (1 << 64) - 1
+RESPONSES_PATH = "/v1/responses"
+HEADER = b"x-router-affinity"
+
+
+class Affinity:
+    """One per process (every facade's calls share it)."""
+
+    def __init__(self, slack: Slack = DEFAULT_SLACK, memory_bytes: int = DEFAULT_MEMORY_BYTES,
+                 fleet: Fleet | None = None) -> None:
+        self.slack = slack
+        self.on = not slack.off
+        self.index = AffinityIndex(memory_bytes // ENTRY_BYTES)
+        self.fleet = fleet
+        self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
+        self._spin = random.getrandbits
+        # per (box, model) for the metrics (rule 4)
+        self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
+
+    # -- before the decision -------------------------------------------------------------------
+    def key(self, edge: Edge, inspected: Inspected, body: bytes) -> Key | None:
+        """The call's key (rules 2 and 3), or None."""
+        scope = scope_of(edge)
+        model = inspected.call.model
+        header = edge.header
+        prompt = inspected.prompt
+
+        def chain() -> tuple[int, ...]:
+            if prompt is None:
+                return ()
+            return prefix_chain(body, prompt[0], prompt[1], hash((self._salt, scope, model)) & _SEED_MASK)
+
+        return key_of([header(name) for name in SESSION_HEADERS], inspected.key_fields, chain, scope, model)
+
+    def steer(self, key: Key | None) -> Steer | None:
+        """What the decision applies for `key` (None: no key, the seeds' order)."""
+        if key is None:
+            return None
+        return Steer(self.index.pull(key, self._epoch), True, self.slack, self._spin(32))
+
+    def _epoch(self, box_name: str, model_key: str) -> int:
+        box = self.fleet.get(box_name) if self.fleet is not None else None
+        return box.cache_epoch(model_key) if box is not None else -1
+
+    # -- the answer ----------------------------------------------------------------------------
+    def took(self, key: Key | None, steer: Steer | None, box: BoxState, record: CallRecord) -> None:
+        """`box`'s answer is going to the client: learn, and say how the key placed it (rule 4)."""
+        if key is None:
+            record.placed("none")
+            return
+        pull: Pull | None = steer.pull if steer is not None else None
+        hit = pull is not None and pull.box == box.name
+        record.placed(("hit:" if hit else "miss:") + key.kind)
+        named = call_key(box.config.kind, record.call.model, record.call.settings)  # type: ignore[union-attr]
+        if named is not None:
+            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull.depth if hit else 0)  # type: ignore[union-attr]
+
+    def observe(self, record: CallRecord) -> None:
+        """A call ended: its outcome and the engine's cached tokens per (box, model: the box's own
+        key for it, so the labels are bounded by what the boxes hold); a Responses answer's id
+        bound to its box (rules 4 and 5)."""
+        box, call = record.box, record.call
+        if record.affinity is None or box is None or call is None or record.state != "done":
+            return
+        named = call_key(box.config.kind, call.model, call.settings)
+        label = (box.name, named[0] if named is not None else call.model)
+        self.outcomes[label + (record.affinity.partition(":")[0],)] += 1
+        tokens = record.tokens  # the box's own counts (facades.usage), counted before this
+        if tokens is not None and tokens.cached:
+            self.cached_tokens[label] += tokens.cached
+        if record.tail and record.route.path == RESPONSES_PATH:
+            answered = response_id(b"".join(record.tail))
+            if answered is not None:
+                self.index.bind(response_key(scope_of(record.edge), call.model, answered), box.name)
+
+    # -- the operator's view ------------------------------------------------------------------
+    def view(self) -> dict:
+        """The dashboard's and GET /v1/router/state's `affinity`: on or off, the slack, the index's
+        size, and per box and model the outcomes, the hit ratio and the engine-cached tokens."""
+        rows: dict[tuple[str, str], dict] = {}
+        for (box, model, outcome), count in self.outcomes.items():
+            row = rows.setdefault((box, model), {"box": box, "model": model, "hit": 0, "miss": 0, "none": 0})
+            row[outcome] = count
+        for (box, model), tokens in self.cached_tokens.items():
+            rows.setdefault((box, model), {"box": box, "model": model, "hit": 0, "miss": 0, "none": 0})
+        for (box, model), row in rows.items():
+            keyed = row["hit"] + row["miss"]
+            row["hit_ratio"] = round(row["hit"] / keyed, 3) if keyed else None
+            row["cached_tokens"] = self.cached_tokens.get((box, model), 0)
+        return {"on": self.on, "slack": {"absolute": self.slack.absolute, "relative": self.slack.relative},
+                "index_entries": len(self.index), "index_capacity": self.index.capacity,
+                "by_box": [rows[k] for k in sorted(rows)]}
+
+    # -- /metrics ------------------------------------------------------------------------------
+    def collect(self):
+        """The hit ratio per box and model, the outcomes behind it, and the engine-cached tokens."""
+        calls = CounterMetricFamily("router_affinity_calls", "Calls with an affinity key, by the box that "
+                                    "took them, model and outcome (hit: it went where its key pointed).",
+                                    labels=["box", "model", "outcome"])
+        ratio = GaugeMetricFamily("router_affinity_hit_ratio", "Share of keyed calls that went where their key "
+                                  "pointed, per box and model (none and miss count against).", labels=["box", "model"])
+        totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for (box, model, outcome), count in sorted(self.outcomes.items()):
+            calls.add_metric([box, model, outcome], count)
+            if outcome != "none":
+                totals[(box, model)][0] += count if outcome == "hit" else 0
+                totals[(box, model)][1] += count
+        for (box, model), (hits, keyed) in sorted(totals.items()):
+            ratio.add_metric([box, model], hits / keyed)
+        cached = CounterMetricFamily("router_engine_cached_tokens", "Prompt tokens the boxes served from their "
+                                     "own cache, as they reported them, per box and model.", labels=["box", "model"])
+        for (box, model), count in sorted(self.cached_tokens.items()):
+            cached.add_metric([box, model], count)
+        return [calls, ratio, cached, GaugeMetricFamily(
+            "router_affinity_index_entries", "Bindings and prefix nodes held (LRU, --affinity-memory).",
+            value=len(self.index))]
+
+
+def scope_of(edge: Edge) -> str:
+    """The caller a key is scoped to (rule 2): its API key's id, else its resolved address."""
+    token = access.bearer_token(edge.header("authorization"))
+    parsed = access.parse_key(token) if token else None
+    return f"key:{parsed[0]}" if parsed is not None else f"addr:{edge.caller}"
