@@ -197,3 +197,11 @@ def test_router_log_never_prints_a_callers_control_characters():
                        "model": "tiny\x1b]0;owned\x07\nFAKE\tdone 200", "box": "a", "state": "done", "http_status": 200})
     assert "\x1b" not in line and "\n" not in line and "\x07" not in line
     assert line.split("\t")[3] == "tiny\\x1b]0;owned\\x07\\nFAKE\\tdone 200"
+
+
+def test_the_readme_quick_start_walks_an_operators_day():
+    readme = (ROOT / "README.md").read_text()
+    start = readme[readme.index("## Using it"):readme.index("Every command and flag:")]
+    for step in ("router boxes add ", "router serve ", "/v1/chat/completions", "router keys create ",
+                 "router log ", "router boxes set ", "install ", "python -m router.sim --kind"):
+        assert step in start, step
