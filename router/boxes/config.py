@@ -38,7 +38,6 @@ import fcntl
 import os
 import re
 import stat
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -52,6 +51,7 @@ from router.core.aliases import Alias, check_alias
 from router.core.errors import ConfigError
 from router.core.types import BoxKind
 from router.store import paths
+from router.store.files import write_atomically
 
 T = TypeVar("T")
 # What `PUT /v1/boxes/<name>`, `router boxes set` and `update` may change (the url: a new add).
@@ -315,18 +315,7 @@ def save(boxes: BoxesFile) -> None:
     doc: dict = {"boxes": [b.to_json() for b in boxes.boxes]}
     if boxes.aliases:
         doc["aliases"] = {alias.name: list(alias.chain) for alias in boxes.aliases.values()}
-    data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
-    fd, tmp = tempfile.mkstemp(prefix=".boxes-", dir=path.parent)  # created 0600
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data + b"\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", 0o600)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import grp
 import json
 import os
@@ -47,7 +46,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -56,6 +54,7 @@ from typing import Callable
 
 from router import __version__
 from router.boxes import config as boxes_config
+from router.store.files import write_atomically
 from router.store import paths
 
 SERVICE = "hugpy-router"
@@ -151,40 +150,9 @@ def render_env(values: dict[str, str]) -> str:
 
 
 def write_file(path: Path, text: str, mode: int, owner: str | None = None, group: str | None = None) -> None:
-    """Writes atomically with `mode` (and owner/group), safe against planted links (issue 20
-    item 11: a predictable temp name, opened without O_EXCL, let a planted symlink receive the
-    env text, admin key included, with the victim's mode):
-
-    1. The temp file is made by `tempfile.mkstemp` in the target's directory: a random name,
-       created with O_CREAT|O_EXCL (never an existing file, never through a symlink), mode 0600.
-    2. Its mode and owner are set on the descriptor before a byte is written, so the text is
-       never readable by more than `mode` allows, not even for a moment.
-    3. `os.replace` renames it over `path`: a symlink at `path` is replaced, never followed.
-    4. On any error the temp file is removed and `path` is left as it was.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), mode)
-            if owner or group:
-                os.fchown(handle.fileno(), _uid(owner), _gid(group))
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _uid(owner: str | None) -> int:
-    return -1 if owner is None else pwd.getpwnam(owner).pw_uid
-
-
-def _gid(group: str | None) -> int:
-    return -1 if group is None else grp.getgrnam(group).gr_gid
+    """Writes `text` atomically with `mode` (and owner/group), safe against planted links
+    (router.store.files)."""
+    write_atomically(path, text.encode("utf-8"), mode, owner, group)
 
 
 def render_unit(lay: Layout) -> str:
