@@ -66,7 +66,6 @@ ID_ATTEMPTS = 3
 NAME_MAX = 200
 # A century: any longer is a typo, and the sum with the clock must stay a plain float.
 EXPIRES_DAYS_MAX = 36_500
-SECONDS_PER_DAY = 86_400.0
 LIST_COLUMNS = ("id", "name", "scope", "priority", "created_at", "created_by", "expires_at", "last_used_at", "revoked_at")
 LIMIT_COLUMNS = ("rpm", "tpm", "max_parallel", "budget_tokens", "budget_period", "models")
 SECONDS_PER_DAY = 86_400
