@@ -258,7 +258,7 @@ async def limits(app: AdminApp, edge: Edge) -> None:
 async def usage(app: AdminApp, edge: Edge) -> None:
     """GET /v1/keys/<id>/usage (one key) and GET /v1/keys/usage (every live key): usage in the
     current and previous period, what is left of each limit, when it resets."""
-    key_id = edge.path.removeprefix("/v1/keys/").removesuffix("usage").rstrip("/")
+    key_id = edge.path.removeprefix("/v1/keys/").removesuffix("usage").removesuffix("/")
     tenancy = app.shared.tenancy
     docs = await asyncio.get_running_loop().run_in_executor(
         None, app.shared.keys.usage_report, [key_id] if key_id else None, time.time())
@@ -496,7 +496,7 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
         return priority, "admin"
     if method == "PUT" and path.startswith("/v1/keys/") and path.endswith("/limits"):
         return limits, "admin"
-    if method == "GET" and path.startswith("/v1/keys/") and path.endswith("usage"):
+    if method == "GET" and (path == "/v1/keys/usage" or path.startswith("/v1/keys/") and path.endswith("/usage")):
         return usage, "admin"
     if path.startswith("/v1/aliases/"):
         handler = ALIAS_ROUTES.get(method)
