@@ -44,7 +44,8 @@ for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do
   mount -o remount,bind,ro "$m" 2>/dev/null || true
 done
 for rw in $WRITABLE; do mount --bind "$rw" "$rw"; mount -o remount,bind,rw "$rw"; done
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# a private /tmp, unless this checkout (its venv and the sandbox's own files) lives under /tmp
+[ -n "$UNDER_TMP" ] || mount -t tmpfs -o mode=1777 tmpfs /tmp
 as_service="setpriv --reuid=$SERVICE_UID --regid=$SERVICE_GID --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs"
 if $as_service sh -c "echo x >> '$CONF/wrapper.env'" 2>/dev/null; then echo "wrapper.env is writable"; exit 3; fi
 exec $as_service "$@"
@@ -106,7 +107,8 @@ def test_a_system_service_edits_its_boxes_file_and_nothing_else(writable):
                "PYTHON_PREFIX": sys.base_prefix, "PYTHONPATH": sysconfig.get_paths()["purelib"],
                "LD_LIBRARY_PATH": f"{top}/python/lib",  # its libpython, not the one it finds otherwise
                "SERVICE_UID": str(account.pw_uid), "SERVICE_GID": str(account.pw_gid),
-               "HUGPY_ROUTER_HOME": str(state), "PYTHONDONTWRITEBYTECODE": "1"}
+               "HUGPY_ROUTER_HOME": str(state), "PYTHONDONTWRITEBYTECODE": "1",
+               "UNDER_TMP": "1" if top.resolve().is_relative_to("/tmp") else ""}
         proc = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
              f"{top}/python/bin/python{sys.version_info[0]}.{sys.version_info[1]}", "-m", "router", "serve", "--host", "127.0.0.1", "--port", "auto",
