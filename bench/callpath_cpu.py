@@ -195,9 +195,7 @@ async def measure_keys(router: RouterApp, stop_router, args: argparse.Namespace,
     _, plain = keys.create("bench-none", "use")
     _, limited = keys.create("bench-limits", "use", limits=EVERY_LIMIT)
     figures, added = await alternated(router, args, ("key_none", body, plain), ("key_limits", body, limited))
-    figures["limits_added_loop_us"] = round(statistics.median(added), 1)
-    print(f"every limit set: {figures['limits_added_loop_us']:+.1f} µs of loop thread CPU a call, median of "
-          f"{KEY_ROUNDS} rounds ({', '.join(f'{a:+.1f}' for a in added)}; budget 5 µs)")
+    report_added(figures, "limits_added_loop_us", added, "every limit set", 5)
     await stop_router()
     return figures
 
@@ -210,11 +208,16 @@ async def measure_alias(router: RouterApp, stop_router, args: argparse.Namespace
     await router.fleet.reload()
     aliased = body.replace(b'"%s"' % ALIAS_CHAIN[0].encode(), b'"%s"' % ALIAS.encode())
     figures, added = await alternated(router, args, ("model", body, None), ("alias", aliased, None))
-    figures["alias_added_loop_us"] = round(statistics.median(added), 1)
-    print(f"an alias its first model serves: {figures['alias_added_loop_us']:+.1f} µs of loop thread CPU a call, "
-          f"median of {KEY_ROUNDS} rounds ({', '.join(f'{a:+.1f}' for a in added)}; budget 3 µs)")
+    report_added(figures, "alias_added_loop_us", added, "an alias its first model serves", 3)
     await stop_router()
     return figures
+
+
+def report_added(figures: dict, name: str, added: list[float], what: str, budget_us: float) -> None:
+    """The median of the rounds' differences into `figures[name]`, and one line saying it."""
+    figures[name] = round(statistics.median(added), 1)
+    print(f"{what}: {figures[name]:+.1f} µs of loop thread CPU a call, median of {KEY_ROUNDS} rounds "
+          f"({', '.join(f'{a:+.1f}' for a in added)}; budget {budget_us:g} µs)")
 
 
 async def alternated(router: RouterApp, args: argparse.Namespace, base: tuple, measured_run: tuple) -> tuple[dict, list]:

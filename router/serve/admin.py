@@ -226,15 +226,8 @@ async def priority(app: AdminApp, edge: Edge) -> None:
     if not isinstance(wanted, str):
         await _error(app, edge, 400, "invalid_priority", 'the body must be {"priority": "high" | "normal" | "low"}')
         return
-    try:
-        found = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.set_priority, key_id, wanted)
-    except BadRequest as exc:
-        await _error(app, edge, 400, exc.code, str(exc))
-        return
-    if not found:
-        await _error(app, edge, 404, "not_found", f"no key {key_id}")
-        return
-    await _json(edge, 200, {"id": key_id, "priority": wanted})
+    if await _change_key(app, edge, key_id, app.shared.keys.set_priority, wanted):
+        await _json(edge, 200, {"id": key_id, "priority": wanted})
 
 
 async def limits(app: AdminApp, edge: Edge) -> None:
@@ -244,15 +237,8 @@ async def limits(app: AdminApp, edge: Edge) -> None:
     doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
     if doc is None:
         return
-    try:
-        changed = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.set_limits, key_id, doc)
-    except BadRequest as exc:
-        await _error(app, edge, 400, exc.code, str(exc))
-        return
-    if changed is None:
-        await _error(app, edge, 404, "not_found", f"no key {key_id}")
-        return
-    await _json(edge, 200, {"id": key_id, "limits": changed.doc()})
+    if changed := await _change_key(app, edge, key_id, app.shared.keys.set_limits, doc):
+        await _json(edge, 200, {"id": key_id, "limits": changed.doc()})
 
 
 async def usage(app: AdminApp, edge: Edge) -> None:
@@ -273,11 +259,23 @@ async def usage(app: AdminApp, edge: Edge) -> None:
 
 async def revoke(app: AdminApp, edge: Edge) -> None:
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/revoke")
-    revoked = await asyncio.get_running_loop().run_in_executor(None, app.shared.keys.revoke, key_id)
-    if not revoked:
+    if await _change_key(app, edge, key_id, app.shared.keys.revoke):
+        await _json(edge, 200, {"id": key_id, "revoked": True})
+
+
+async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
+    """Runs `change(key_id, *args)` on the key store off the loop (rule 2); its result, or None
+    once the client was answered: 400 for a bad value, 404 for no such key (a result of False
+    or None)."""
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(None, change, key_id, *args)
+    except BadRequest as exc:
+        await _error(app, edge, 400, exc.code, str(exc))
+        return None
+    if result is None or result is False:
         await _error(app, edge, 404, "not_found", f"no key {key_id}")
-        return
-    await _json(edge, 200, {"id": key_id, "revoked": True})
+        return None
+    return result
 
 
 async def boxes(app: AdminApp, edge: Edge) -> None:
