@@ -569,6 +569,9 @@ def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in
     ("GET", "/v1/router/events", None),
     ("GET", "/v1/aliases", None),
     ("PUT", "/v1/aliases/fast", {"chain": ["tiny", "small"]}),
+    ("GET", "/v1/fleet/verdicts", None),
+    ("GET", "/v1/fleet/settings", None),
+    ("GET", "/v1/fleet/residents", None),
 ])
 def test_the_admin_edits_refuse_every_caller_but_an_admin(start_fleet_in_process, method, path, body):
     """Each admin route added beside the table's examples keeps the admin row's rule: from
