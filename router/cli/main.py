@@ -257,6 +257,19 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         f"(default {DEFAULT_SLACK.relative:g}; both 0: off)")
     parser.add_argument("--affinity-memory", type=_size, default=DEFAULT_MEMORY_BYTES,
                         help=f"memory for bindings and the prefix index, LRU (default {DEFAULT_MEMORY_BYTES >> 20}m)")
+    parser.add_argument("--instance", default=None,
+                        help="this router's name among several (route log `router` column, "
+                        "/v1/router/state); default host:port")
+    parser.add_argument("--database-url", default=os.environ.get("HUGPY_ROUTER_DATABASE_URL", "").strip() or None,
+                        help="postgresql://... : keep the store (route log, keys, boxes, aliases) in "
+                        "PostgreSQL, shared by several routers (default $HUGPY_ROUTER_DATABASE_URL; "
+                        "unset: the SQLite store; docs/several-routers.md)")
+    parser.add_argument("--shared-url", default=os.environ.get("HUGPY_ROUTER_SHARED_URL", "").strip() or None,
+                        help="redis://... : count box slots and key limits on a Redis-protocol server, "
+                        "exact across several routers (default $HUGPY_ROUTER_SHARED_URL)")
+    parser.add_argument("--shared-down", choices=["open", "closed"], default="open",
+                        help="when the shared server is unreachable: open (default) counts per router, "
+                        "loudly; closed refuses calls that need a shared count with 503 shared_store_down")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -54,6 +54,10 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         otel=args.otel,
         affinity_slack=Slack(args.affinity_slack, args.affinity_slack_share) if args.affinity == "on" else OFF,
         affinity_memory_bytes=args.affinity_memory,
+        instance=args.instance,
+        database_url=args.database_url,
+        shared_url=args.shared_url,
+        shared_down=args.shared_down,
     )
 
 

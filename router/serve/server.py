@@ -118,6 +118,10 @@ class ServeConfig:
     freeze_gc: bool = False
     affinity_slack: Slack = DEFAULT_SLACK  # OFF: --affinity off
     affinity_memory_bytes: int = DEFAULT_MEMORY_BYTES
+    instance: str | None = None  # this router's name among several; None: host:port
+    database_url: str | None = None  # postgresql://...; None: the SQLite store
+    shared_url: str | None = None  # redis://...; None: counts in this process
+    shared_down: str = "open"  # open | closed: what a call meets while the shared server is down
 
 
 def free_port(host: str) -> int:
