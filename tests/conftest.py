@@ -136,3 +136,31 @@ def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
             return value
         time.sleep(interval)
     return predicate()
+
+
+@pytest.fixture
+def redis_server():
+    """A redis-server of this test's own (tests/engines.py)."""
+    from engines import RedisServer
+
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One PostgreSQL cluster for the session; tests take a fresh database of it (`pg_url`)."""
+    from engines import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_url(postgres_cluster, request):
+    """A fresh, empty database of the session's cluster."""
+    import uuid
+
+    return postgres_cluster.database(f"t_{uuid.uuid4().hex[:12]}")
