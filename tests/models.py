@@ -284,8 +284,8 @@ def reference_decide(
     (pending + pressure + reservations + recent refusals, pressure, tie-break, boxes-file order, id), SERVING
     first. Tie-breaks: SERVING idle before busy, then the largest last_used_s; LOAD the verdicts'
     fit (GPU, unknown or none read, RAM only), the most free GPU bytes (unknown = 0), then the
-    smallest last_picked_s. A hugpy box compares load contracts (pairs.contract), others the
-    settings sent."""
+    smallest last_picked_s. A hugpy box compares load contracts (pairs.contract, the call's
+    body knobs included), others the settings sent."""
     tried = frozenset(tried)
     ruled_out: dict[str, ReasonCode] = {}
     serving: list[tuple] = []
@@ -300,7 +300,7 @@ def reference_decide(
         carried = box.pending + box.pressure + box.reservations + box.recent_refusals
         sent = box.contracts.get(key)  # absent = default settings (None)
         if box.kind is BoxKind.HUGPY:
-            settings = contract(box.pairs, key, settings)
+            settings = contract(box.pairs, key, settings, call.knobs)
         if (
             resident is not None
             and resident.healthy

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
 from router.core.types import Reason, ReasonCode
-from router.facades import ollama, openai
+from router.facades import mounts, ollama, openai
 from router._fastpath import form_field, json_members
 from router.core.admission import Priority
 from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
@@ -478,6 +478,24 @@ def test_read_call_reads_the_stream_flag_and_the_class_asked_for():
         assert exc.value.code == "invalid_priority"
     with pytest.raises(BadRequest):
         read_call(b'{"model": "m"}', "application/json", CHAT, openai.FACADE, None, None, "urgent")
+
+
+def test_read_call_reads_a_hugpy_calls_knobs_where_a_hugpy_box_can_take_it():
+    """rule 1: `knobs` (router.core.pairs.call_knobs) is a routing member of the facades that
+    reach hugpy boxes: one spelling per object, read once, capped."""
+    body = b'{"knobs": {"tolerance": "slowest", "max_wait_s": 5}, "model": "m@ram-only"}'
+    call = read_call(body, "application/json", CHAT, openai.FACADE, None, None).call
+    assert (call.model, call.knobs) == ("m@ram-only", '{"max_wait_s":5,"tolerance":"slowest"}')
+    assert read_call(b'{"model": "m", "knobs": null}', "application/json", CHAT, openai.FACADE,
+                     None, None).call.knobs is None
+    # the OpenAI routes mounted over Ollama boxes only, and Ollama's own API: no hugpy box there
+    assert not mounts.OPENAI_OVER_OLLAMA.reads_knobs
+    assert read_call(body, "application/json", CHAT, mounts.OPENAI_OVER_OLLAMA, None, None).call.knobs is None
+    for bad, code in ((b'{"model": "m", "knobs": {}, "knobs": {"max_wait_s": 5}}', "invalid_request"),
+                      (orjson.dumps({"model": "m", "knobs": {"quants": ["x" * 100] * 50}}), "knobs_too_large")):
+        with pytest.raises(BadRequest) as exc:
+            read_call(bad, "application/json", CHAT, openai.FACADE, None, None)
+        assert exc.value.code == code
 
 
 def test_clip():

@@ -303,6 +303,26 @@ def test_hugpy_settings_contract(model, body_settings, sent, tier):
 
 
 @pytest.mark.parametrize(
+    "model,knobs,loaded_options,loaded_knobs,tier",
+    [
+        # a hugpy call's body knobs are part of its contract (pairs rule 4), the seat's too
+        ("m", None, None, None, Tier.SERVING),
+        ("m", '{"max_wait_s":5}', None, None, Tier.LOAD),  # a preference knob reloads the seat
+        ("m", None, None, '{"max_wait_s":5}', Tier.LOAD),
+        ("m", '{"max_wait_s":5}', None, '{"max_wait_s":5.0}', Tier.SERVING),  # equal as Python compares
+        ("m", '{"alloc_mode":"ram-only"}', "ram-only", None, Tier.SERVING),  # the same knob either way
+        ("m@ram-only", '{"alloc_mode":"gpu-only"}', "ram-only", None, Tier.SERVING),  # options win
+        ("m", '{"blocked":true}', None, None, Tier.SERVING),  # not one a call can set
+        ("m", '{"max_wait_s":null}', None, None, Tier.SERVING),  # null: absent
+    ],
+)
+def test_hugpy_knobs_contract(model, knobs, loaded_options, loaded_knobs, tier):
+    contracts = {"m": pairs.contract(pairs.EMPTY, "m", loaded_options, loaded_knobs)}
+    b = box("h", 0, HUGPY, residents={"m": Resident("m")}, contracts={k: v for k, v in contracts.items() if v})
+    assert decide(call(model, knobs=knobs), [b]).why["h"].tier is tier
+
+
+@pytest.mark.parametrize(
     "body_settings,sent,tier",
     [
         (None, None, Tier.SERVING),
@@ -496,7 +516,7 @@ def subset(draw, options, n: int = 3) -> list:
 
 
 @st.composite
-def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
+def fleets(draw, model: str, call_settings: str | None, call_pool: str | None, call_knobs: str | None):
     """1..8 boxes, biased so that most of them pass the gate for the call's model and the
     ranking keys (load, pressure, tie-breaks, order) often tie and must be broken."""
     n = 1 + draw(_INDEX[8])
@@ -550,7 +570,7 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
                 max_inflight=pick(draw, [None, None, 1, 2]),
                 cooling={k: pick(draw, [0, 1, 2]) for k in subset(draw, sorted(resident_keys | catalog), 6)},
                 recent_refusals=pick(draw, [0, 0, 0, 1]),
-                **(hugpy_own(draw, wanted, keys, asked, contracts) if kind is HUGPY else {}),
+                **(hugpy_own(draw, wanted, keys, asked, call_knobs, contracts) if kind is HUGPY else {}),
             )
         )
     return boxes
@@ -558,10 +578,12 @@ def fleets(draw, model: str, call_settings: str | None, call_pool: str | None):
 
 PAIR_ROWS = [{}, {"max_wait_s": 30}, {"kv_cache_type": "q8_0"}, {"blocked": "operator"},
              {"residency": "static"}, {"alloc_mode": "ram-only"}]
+# A call's body knobs (pairs.call_knobs), as read_call hands them on
+CALL_KNOBS = [None, None, '{"max_wait_s":5}', '{"kv_cache_type":"q8_0"}', '{"blocked":false,"max_wait_s":null}']
 BLANKETS = [{}, {"tolerance": "slowest"}, {"max_wait_s": 90}, {"blocked": True}, {"model_paths": ["/m"]}]
 
 
-def hugpy_own(draw, wanted: str, keys: list[str], asked: str | None, contracts: dict) -> dict:
+def hugpy_own(draw, wanted: str, keys: list[str], asked: str | None, knobs: str | None, contracts: dict) -> dict:
     """A hugpy box's own pair settings and verdicts (sometimes), and seats loaded under the
     contract this call would get (so the serving tier stays reachable)."""
     if rarely(draw, 2):
@@ -572,7 +594,7 @@ def hugpy_own(draw, wanted: str, keys: list[str], asked: str | None, contracts: 
     view = pairs.pair_view(rows, "w")
     for k in list(contracts):
         if not rarely(draw, 3):
-            contracts[k] = pairs.contract(view, k, asked)
+            contracts[k] = pairs.contract(view, k, asked, pick(draw, [knobs, knobs, *CALL_KNOBS]))
     fits = {k: pick(draw, list(pairs.Fit)) for k in subset(draw, [wanted, *keys], 2)}
     return {"pairs": view, "fits": fits}
 
@@ -582,11 +604,12 @@ def scenarios(draw):
     model = pick(draw, MODELS if rarely(draw, 4) else VALID_MODELS)
     call_settings = pick(draw, SETTINGS)
     call_pool = pick(draw, [None, None, "a", "b"])
-    boxes = draw(fleets(model, call_settings, call_pool))
+    knobs = pick(draw, CALL_KNOBS)
+    boxes = draw(fleets(model, call_settings, call_pool, knobs))
     ids = [b.id for b in boxes]
     kinds = set(subset(draw, KINDS, 2)) if rarely(draw, 6) else set(KINDS)
     pin = pick(draw, ids + ["ghost"]) if rarely(draw, 8) else None
-    c = Call(model=model, kinds=frozenset(kinds), settings=call_settings, pin=pin, pool=call_pool)
+    c = Call(model=model, kinds=frozenset(kinds), settings=call_settings, pin=pin, pool=call_pool, knobs=knobs)
     tried = frozenset(subset(draw, ids, 5)) if rarely(draw, 3) else frozenset()
     eligible = frozenset(subset(draw, ids, 2)) if rarely(draw, 3) else None
     return c, boxes, tried, eligible
@@ -648,7 +671,7 @@ def test_remembered_verdicts_follow_every_change_of_facts(scenario, data):
     across a run of decisions for one call, where each step swaps some boxes' facts for other
     facts under the same name and keeps the rest, every decision still equals the reference."""
     c, boxes, _, _ = scenario
-    other = data.draw(fleets(c.model, c.settings, c.pool))
+    other = data.draw(fleets(c.model, c.settings, c.pool, c.knobs))
     for _ in range(data.draw(st.integers(1, 6))):
         swap = data.draw(st.lists(st.booleans(), min_size=len(boxes), max_size=len(boxes)))
         boxes = [other[i] if flip and i < len(other) else b for i, (flip, b) in enumerate(zip(swap, boxes))]

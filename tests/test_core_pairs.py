@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.core import pairs
+from router.core.errors import BadRequest
 from router.core.pairs import BLANKET_KNOBS, EMPTY, Fit
 
 KNOBS = ["max_wait_s", "tolerance", "kv_cache_type", "alloc_mode", "blocked", "resident_priority",
@@ -59,6 +63,70 @@ def test_contracts_are_equal_exactly_when_the_merged_knobs_are(blanket, pair, ot
                 if k not in pairs.NOT_CONTRACT and v is not None}
 
     assert (a == b) is (reloads(pair) == reloads(other))
+
+
+OPTIONS = [None, "ram-only", "kv-q8_0", "kv-f16+ram-only", "ctx-50+fa"]
+
+
+def box_contract(blanket: dict, pair: dict, body_knobs: dict, options: str | None) -> dict:
+    """The box, literally: `_resolve_variant` puts the options' knobs over `body.knobs`,
+    `_placement` merges that over pair_knobs (call_knobs.merge), and the seat keeps what its
+    contract holds (`_same_contract` compares dicts)."""
+    call = {**body_knobs, **pairs.option_knobs(options)}
+    return {k: v for k, v in model_merge(blanket, pair, call).items()
+            if k not in pairs.NOT_CONTRACT and v is not None}
+
+
+def read_contract(text: str | None) -> dict:
+    return json.loads(text) if text else {}
+
+
+@settings(max_examples=500, deadline=None)
+@given(blanket=knob_dicts, pair=knob_dicts, knobs=knob_dicts, options=st.sampled_from(OPTIONS),
+       other_knobs=knob_dicts, other_options=st.sampled_from(OPTIONS))
+def test_a_calls_body_knobs_enter_the_contract_as_the_box_merges_them(blanket, pair, knobs, options,
+                                                                       other_knobs, other_options):
+    view = pairs.pair_view([{"worker": "w", "model_key": "*", "settings": blanket},
+                            {"worker": "w", "model_key": "m", "settings": pair}], "w")
+    got = pairs.contract(view, "m", options, pairs.call_knobs(knobs))
+    merged = box_contract(blanket, pair, knobs, options)
+    assert read_contract(got) == merged  # Python's ==: the box's own comparison
+    option_keys = pairs.option_knobs(options).keys()
+    for k, v in knobs.items():  # the call wins every conflict, false and 0 included ...
+        if k not in pairs.NOT_CONTRACT and k not in option_keys:  # ... its options over its knobs
+            assert read_contract(got).get(k) == v
+    assert "blocked" not in read_contract(got)  # a call can neither set nor clear `blocked`
+    saved = pairs.effective(view, "m")
+    for k, v in saved.items():  # keys the call does not name still apply
+        if k not in knobs and k not in option_keys and k not in pairs.NOT_CONTRACT and v is not None:
+            assert read_contract(got)[k] == v
+    # two calls reuse one seat exactly when the box would
+    other = pairs.contract(view, "m", other_options, pairs.call_knobs(other_knobs))
+    assert (got == other) is (merged == box_contract(blanket, pair, other_knobs, other_options))
+
+
+def test_call_knobs_are_the_bodys_object_in_one_spelling():
+    assert pairs.call_knobs({"tolerance": "slowest", "max_wait_s": 5}) == pairs.call_knobs(
+        {"max_wait_s": 5, "tolerance": "slowest"}) == '{"max_wait_s":5,"tolerance":"slowest"}'
+    assert pairs.call_knobs({"max_wait_s": None}) == '{"max_wait_s":null}'  # clears the saved one
+    # the box takes no knobs from these (and refuses a call whose knobs are a list or a string)
+    for nothing in (None, False, 0, {}, [], "", ["max_wait_s"], "max_wait_s=5"):
+        assert pairs.call_knobs(nothing) is None
+    big = {"quants": ["x" * 100] * 40}
+    with pytest.raises(BadRequest) as exc:
+        pairs.call_knobs(big)
+    assert exc.value.code == "knobs_too_large" and "x" * 10 not in str(exc.value)
+
+
+def test_a_null_body_knob_clears_a_saved_one_and_options_win_over_knobs():
+    """§5, §11.2.6: `{**body.knobs, **options}` then merge(pair, …)."""
+    view = pairs.pair_view([{"worker": "w", "model_key": "*", "settings": {"max_wait_s": 90}},
+                            {"worker": "w", "model_key": "m", "settings": {"kv_cache_type": "q8_0"}}], "w")
+    assert pairs.contract(view, "m", None, None) == '{"kv_cache_type":"q8_0","max_wait_s":90}'
+    assert pairs.contract(view, "m", None, '{"max_wait_s":null}') == '{"kv_cache_type":"q8_0"}'
+    assert pairs.contract(view, "m", "kv-f16", '{"kv_cache_type":"q4_0","max_wait_s":5}') == (
+        '{"kv_cache_type":"f16","max_wait_s":5}')
+    assert pairs.contract(view, "m", None, '{"blocked":true}') == pairs.contract(view, "m", None, None)
 
 
 def test_option_over_pair_settings_as_the_box_merges_them():

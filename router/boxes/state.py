@@ -8,9 +8,10 @@ Invariants:
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them. On a hugpy box,
    `loaded[key]` is the load contract that seat runs under (router.core.pairs rule 4): the
-   call's contract when the box took it, or, for a seat the router first sees already loaded,
-   the contract a call without options had at that moment. The decision compares these, so a
-   pair-settings write after the load turns the seat into a load. `fits` is what the box's
+   call's contract (its body knobs and options over the pair settings) when the box took it,
+   or, for a seat the router first sees already loaded, the contract a call without options
+   or knobs had at that moment. The decision compares these, so a pair-settings write after
+   the load turns the seat into a load. `fits` is what the box's
    verdicts said per catalog key when last read (boxes/verdicts.py).
 3. Refusal memory (router.core.admission rule 7): `refusals[key]` counts placement refusals in a
    row and `cooling[key] = (until_s, ceiling)` is when the back-off they set ends and the calls
@@ -172,7 +173,7 @@ class BoxState:
         named = call_key(self.config.kind, call.model, call.settings)
         if named is not None:
             if can(self.config.kind, Capability.PAIR_SETTINGS):
-                self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1])
+                self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1], call.knobs)
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
 

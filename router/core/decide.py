@@ -21,8 +21,9 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    over a pinned call).
 3. Tiers. SERVING: the model is resident, healthy, not loading, and the settings the call asks
    for equal the settings this router last sent that box for that model (unknown = default);
-   on a hugpy box both sides are load contracts (blanket ⊕ pair ⊕ the call's options:
-   router.core.pairs rule 4), so a pair-settings write after the load makes it a LOAD.
+   on a hugpy box both sides are load contracts (blanket ⊕ pair ⊕ the call's body knobs and
+   options: router.core.pairs rule 4), so a pair-settings write after the load, or a call
+   whose knobs differ from those the seat was loaded under, makes it a LOAD.
    Every other eligible box is LOAD (catalog, or resident under other settings).
 4. Rank inside a tier, ascending by the tuple of the small key functions below:
    load (pending + pressure + reservations + recent placement refusals), then pressure, then
@@ -101,16 +102,16 @@ def _why_not(
 
 def tier_of(call: Call, box: BoxFacts) -> Tier:
     """SERVING when a healthy, not-loading resident runs the call's settings."""
-    return _tier_of(box, call_key(box.kind, call.model, call.settings))  # type: ignore[arg-type]
+    return _tier_of(box, call_key(box.kind, call.model, call.settings), call.knobs)  # type: ignore[arg-type]
 
 
-def _tier_of(box: BoxFacts, named: tuple[str, str | None]) -> Tier:
+def _tier_of(box: BoxFacts, named: tuple[str, str | None], knobs: str | None) -> Tier:
     key, settings = named
     resident = box.residents.get(key)
     if resident is None or not resident.healthy or resident.loading:
         return Tier.LOAD
     if can(box.kind, Capability.PAIR_SETTINGS):
-        settings = contract(box.pairs, key, settings)
+        settings = contract(box.pairs, key, settings, knobs)
     return Tier.SERVING if box.contracts.get(key) == settings else Tier.LOAD
 
 
@@ -149,7 +150,7 @@ def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
 # immutable, and under load every box but the one that took the last call keeps its facts
 # object from one call to the next. So the verdict is reused while `facts is` the remembered
 # object: a decision over 8 boxes then works out one box instead of eight. Bounded: past
-# MEMO_CALLS distinct calls (model, settings, kinds, pin, pool) the memory starts over.
+# MEMO_CALLS distinct calls (model, settings, kinds, pin, pool, knobs) the memory starts over.
 MEMO_CALLS = 256
 _verdicts: dict[Call, dict[str, tuple]] = {}
 
@@ -197,7 +198,7 @@ def decide(
             reason = _why_not(call, box, named, tried, eligible)
             key = why = None
             if reason is None:
-                tier = _tier_of(box, named)  # type: ignore[arg-type]
+                tier = _tier_of(box, named, call.knobs)  # type: ignore[arg-type]
                 key = rank_key(box, tier, named[0])  # type: ignore[index]
                 why = Why(tier, key)
             if memo is not None:

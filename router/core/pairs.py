@@ -10,12 +10,15 @@ contracts/hugpy-wrapper.md §11.2 (pair and box settings) and §11.1 (verdicts).
    LIKE); among several such rows, the first.
 3. Effective settings = the blanket's BLANKET_KNOBS, then the model's own row, key by key
    (`pair_knobs`, db.py:695-706). Box-only knobs in the blanket are never inherited.
-4. The load contract of a call = effective settings, then the call's own knobs (`model@options`
-   parsed as the box parses them, `option_knobs`), the call winning every conflict, `false`
-   and `0` included; keys the call does not name still apply. `blocked` cannot be set or
-   cleared by a call (`call_knobs.merge`). Only knobs the box puts in a seat's contract count
-   (`NOT_CONTRACT` are the ones it does not): two calls with equal contracts reuse a seat,
-   any difference reloads it (§11.2.6).
+4. The load contract of a call = effective settings, then the call's own knobs, the call
+   winning every conflict, `false` and `0` included; keys the call does not name still apply.
+   The call's knobs are its body's top-level `knobs` object (`call_knobs`; anything else, or
+   none, is no knobs), then its `model@options` parsed as the box parses them
+   (`option_knobs`) over them: `_resolve_variant` (front_door.py:5382-5413) lets the options
+   win over the body's knobs, then `_placement` merges the result over the saved settings
+   (`call_knobs.merge`). `blocked` cannot be set or cleared by a call. Only knobs the box puts
+   in a seat's contract count (`NOT_CONTRACT` are the ones it does not): two calls with equal
+   contracts reuse a seat, any difference reloads it (§11.2.6, §5).
 5. Blocks. The box does not enforce `blocked` (§11.2.6); the router does: a model whose own row
    has a truthy `blocked`, or every model when the blanket row has one (hugpy-core's reading
    of a blocked worker), is blocked on that box. A call cannot clear a block.
@@ -32,6 +35,8 @@ import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Mapping
+
+from router.core.errors import BadRequest
 
 BLANKET_KEY = "*"
 # constants.py:138-140: the blanket knobs every pair inherits (the box-only ones are not).
@@ -170,6 +175,26 @@ def option_knobs(options: str | None) -> dict[str, Any]:
     return knobs
 
 
+# A call's knobs are a few dozen small preferences; more than this, and the router would keep
+# (per call in its decision memo, per seat, per contract memo entry) what a client chose to send.
+MAX_CALL_KNOBS_BYTES = 4096
+
+
+def call_knobs(value: Any) -> str | None:
+    """The body's `knobs` member as the contract reads it (rule 4): an object, as canonical JSON
+    (sorted keys, so equal objects are equal strings); None for anything else (the box takes
+    no knobs from null, false or {}, and refuses a call whose knobs are another value).
+    A null inside is kept: it clears that saved knob for the call, as the box merges it.
+
+    Raises BadRequest (`knobs_too_large`) when the JSON is over MAX_CALL_KNOBS_BYTES."""
+    if not isinstance(value, dict) or not value:
+        return None
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))  # ASCII: a character is a byte
+    if len(text) > MAX_CALL_KNOBS_BYTES:
+        raise BadRequest(f"'knobs' is over {MAX_CALL_KNOBS_BYTES} bytes", code="knobs_too_large")
+    return text
+
+
 def merge(saved: Mapping[str, Any], call: Mapping[str, Any]) -> dict[str, Any]:
     """call_knobs.merge: the call wins every conflict except `blocked`, which it cannot touch
     (rule 4)."""
@@ -177,26 +202,28 @@ def merge(saved: Mapping[str, Any], call: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # The decision asks for a contract per box per call whenever a box's facts moved (every call's
-# start and end), and a box's view lives until its settings change: each (view, model, options)
-# is worked out once (~4 µs: a merge and a JSON dump), then looked up. The entry holds its view,
-# so the id in its key cannot be reused while it is there. Bounded: past CONTRACT_MEMO entries
-# the memory starts over.
+# start and end), and a box's view lives until its settings change: each (view, model, options,
+# knobs) is worked out once (~4 µs: a merge and a JSON dump), then looked up. The entry holds
+# its view, so the id in its key cannot be reused while it is there. Bounded: past
+# CONTRACT_MEMO entries the memory starts over.
 CONTRACT_MEMO = 1024
-_contracts: dict[tuple[int, str, str | None], tuple[PairView, str | None]] = {}
+_contracts: dict[tuple[int, str, str | None, str | None], tuple[PairView, str | None]] = {}
 
 
-def contract(view: PairView, key: str, options: str | None) -> str | None:
-    """The load contract a call for `key@options` gets on the box, as a canonical string (the
-    knobs as sorted JSON; None for no knobs). Two calls reuse one seat exactly when their
-    contracts are equal (rule 4). A knob set to null counts as absent, as the box reads it."""
-    if view is EMPTY and not options:
+def contract(view: PairView, key: str, options: str | None, knobs: str | None = None) -> str | None:
+    """The load contract a call for `key@options` with body knobs `knobs` (`call_knobs`) gets on
+    the box, as a canonical string (the knobs as sorted JSON; None for no knobs). Two calls
+    reuse one seat exactly when their contracts are equal (rule 4). A knob set to null counts
+    as absent, as the box reads it."""
+    if view is EMPTY and not options and not knobs:
         return None
-    memo_key = (id(view), key, options)
+    memo_key = (id(view), key, options, knobs)
     seen = _contracts.get(memo_key)
     if seen is not None and seen[0] is view:
         return seen[1]
-    knobs = merge(effective(view, key), option_knobs(options))
-    kept = {k: _equal_as_python(v) for k, v in knobs.items() if k not in NOT_CONTRACT and v is not None}
+    asked = {**json.loads(knobs), **option_knobs(options)} if knobs else option_knobs(options)
+    merged = merge(effective(view, key), asked)
+    kept = {k: _equal_as_python(v) for k, v in merged.items() if k not in NOT_CONTRACT and v is not None}
     result = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str) if kept else None
     if len(_contracts) >= CONTRACT_MEMO:
         _contracts.clear()

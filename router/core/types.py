@@ -129,7 +129,9 @@ class Call:
 
     `model` is the client's string, untouched; each box kind derives its own key and settings
     from it (`router.core.names`). `settings` is what the facade read from the body beyond the
-    name (Ollama runner options, normalised); None means default.
+    name (Ollama runner options, normalised); None means default. `knobs` is the body's `knobs`
+    object, a hugpy box's per-call contract (`router.core.pairs.call_knobs`: canonical JSON;
+    None for none); only a hugpy box's tiers read it.
     """
 
     model: str
@@ -137,6 +139,7 @@ class Call:
     settings: str | None = None
     pin: str | None = None
     pool: str | None = None
+    knobs: str | None = None
 
 
 class Why(NamedTuple):

@@ -4,7 +4,8 @@ needs: whether it asks for a stream and the class it asks for.
 Rules:
 1. JSON bodies: one compiled scan (router._fastpath.json_members) checks that the body is one
    JSON object (RFC 8259, UTF-8, nesting at most 1,024) and finds the top-level members
-   routing reads: the model field(s), `alloc`, `stream` and the facade's settings fields. Only those
+   routing reads: the model field(s), `alloc`, `stream`, the facade's settings fields and, where
+   the facade reaches hugpy boxes, `knobs` (router.core.pairs.call_knobs). Only those
    values are parsed (orjson), so the cost of a large body is one scan at ~1 GB/s that holds
    no GIL, not a parse building every object in it. A routing member twice is a 400 (keys
    compared as JSON decodes them). The model must be a non-empty string; `alloc`, when
@@ -37,6 +38,7 @@ from router._fastpath import form_field, json_members
 from router.core.admission import Priority, parse_priority
 from router.core.affinity import BODY_KEY_FIELDS
 from router.core.bounds import check_identifier
+from router.core.pairs import call_knobs
 from router.core.errors import BadRequest
 from router.core.types import Call
 from router.facades.table import Body, Facade, Route
@@ -55,6 +57,7 @@ class Inspected(NamedTuple):
 # Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
 PROMPT_FIELDS = ("messages", "input", "prompt")
 _AFFINITY_FIELDS = PROMPT_FIELDS + BODY_KEY_FIELDS
+KNOBS_FIELD = ("knobs",)  # a hugpy box's per-call contract (rule 1)
 # Where a call bounds its answer: OpenAI's chat (`max_completion_tokens`, the older
 # `max_tokens`), the Responses API (`max_output_tokens`), Ollama's `options.num_predict`.
 ANSWER_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
@@ -265,18 +268,19 @@ def read_call(
         if model is None or not model.strip():
             raise BadRequest("form field 'model' is required", code="model_required")
         check_identifier("model", model)
-        pin, settings, pool = None, None, None
+        pin, settings, pool, knobs = None, None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields,
-                          found)
+        fields = route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields
+        doc = json_fields(body, fields + KNOBS_FIELD if facade.reads_knobs else fields, found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
+        knobs = call_knobs(doc.get("knobs"))
     if pin is None and header_pin is not None:
         pin = check_identifier("X-Router-Box", header_pin)
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
-    call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
+    call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool, knobs=knobs)
     return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), answer_bound(doc),
                      asked_fallback(doc, header_fallback),
                      found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS))

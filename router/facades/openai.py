@@ -141,4 +141,5 @@ FACADE = Facade(
     shape_error=shape_error,
     sse_keepalive=True,
     whole_as_stream=whole_as_stream,
+    reads_knobs=True,
 )

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import orjson
 
 from router.core.aliases import Alias
+from router.core.kinds import Capability, can
 from router.core.types import BoxKind
 
 
@@ -81,6 +82,9 @@ class Facade:
     # whole_as_stream(body) -> a box's whole 2xx answer as the frames of the stream the call
     # asked for, ending it (None: the stream cannot carry it); for a kept-alive stream's head
     whole_as_stream: Callable[[bytes], bytes | None] | None = None
+    # its JSON bodies' top-level `knobs` object is a hugpy box's per-call load contract
+    # (router.core.pairs rule 4): read into Call.knobs, so a box's tiers can compare it
+    reads_knobs: bool = False
     _exact: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -98,5 +102,6 @@ class Facade:
 
     def serving(self, kinds: frozenset[BoxKind], no_box_status: int, name: str) -> "Facade":
         """The same routes restricted to some box kinds (a dedicated engine listener)."""
+        reads_knobs = self.reads_knobs and any(can(kind, Capability.PAIR_SETTINGS) for kind in kinds)
         return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings,
-                      self.settings_fields, self.unknown, self.sse_keepalive, self.whole_as_stream)
+                      self.settings_fields, self.unknown, self.sse_keepalive, self.whole_as_stream, reads_knobs)

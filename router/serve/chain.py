@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from router.core.affinity import Steer
@@ -75,7 +76,7 @@ class ChainCall:
     def __init__(self, proxy: OnTheChain, alias: Alias, asked: Call, fallback: bool) -> None:
         self.alias = alias
         self.asked = asked  # the call as the client made it, for the alias's name
-        first = Call(alias.chain[0], asked.kinds, asked.settings, asked.pin, asked.pool)
+        first = replace(asked, model=alias.chain[0])
         self.calls: list[Call | None] = [None] * len(alias.chain)  # each model's, once needed
         self.calls[0] = first
         self.current = 0
@@ -90,8 +91,7 @@ class ChainCall:
         call = self.calls[position]
         if call is None:
             asked = self.asked
-            call = self.calls[position] = Call(self.alias.chain[position], asked.kinds, asked.settings,
-                                               asked.pin, asked.pool)
+            call = self.calls[position] = replace(asked, model=self.alias.chain[position])
         return call
 
     # -- rule 1 --------------------------------------------------------------------------------
