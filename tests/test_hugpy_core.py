@@ -41,15 +41,15 @@ def request(router, method: str, path: str, doc=None, headers: dict | None = Non
 LAST_CALL: dict = {}
 
 
-def chat(router, model: str = "tiny", headers: dict | None = None):
-    status, head, body = request(router, "POST", "/v1/chat/completions",
-                                 {"model": model, "messages": [{"role": "user", "content": "x"}]}, headers)
+def chat(router, model: str = "tiny", headers: dict | None = None, knobs: dict | None = None):
+    doc = {"model": model, "messages": [{"role": "user", "content": "x"}], **({} if knobs is None else {"knobs": knobs})}
+    status, head, body = request(router, "POST", "/v1/chat/completions", doc, headers)
     LAST_CALL[router] = head.get("x-hugpy-router-request-id")
     return status, head, body
 
 
-def served_by(router, model: str = "tiny", headers: dict | None = None) -> str:
-    status, head, body = chat(router, model, headers)
+def served_by(router, model: str = "tiny", headers: dict | None = None, knobs: dict | None = None) -> str:
+    status, head, body = chat(router, model, headers, knobs)
     assert status == 200, body
     return head["x-hugpy-box"]
 
@@ -149,6 +149,40 @@ def test_options_over_pair_settings_match_as_the_box_merges_them(start_fleet_in_
     assert last_decision(router)["why"]["a"] == "serving"
     served_by(router, "tiny@kv-f16+ram-only")  # the call wins key by key
     assert last_decision(router)["why"]["a"] == "load"
+
+
+def test_a_calls_knobs_go_to_the_seat_loaded_under_them_and_reload_it_elsewhere(start_fleet_in_process):
+    """The body's `knobs` are part of the contract (blanket ⊕ pair ⊕ knobs ⊕ options): a call
+    goes to the box whose seat runs its contract, and reloads a seat only where none does."""
+    a = SimBox("a", key=KEY, catalog=["tiny"])
+    b = SimBox("b", key=KEY, catalog=["tiny"])
+    b.set_pair("tiny", max_wait_s=5)
+    router = start_fleet_in_process(a, b)
+    wait_for(lambda: state(router)["b"]["pair_settings"].get("tiny") == {"max_wait_s": 5})
+    assert served_by(router, headers={"X-Router-Box": "a"}) == "a"  # a's seat: {}
+    assert served_by(router, headers={"X-Router-Box": "b"}) == "b"  # b's seat: {max_wait_s: 5}
+    wait_for(lambda: resident(router, "a") and resident(router, "b"))
+    since = {box.name: box.residents["tiny"]["since"] for box in (a, b)}
+    for _ in range(3):
+        assert served_by(router, knobs={"max_wait_s": 5}) == "b"
+        assert last_decision(router)["why"] == {"a": "load", "b": "serving"}
+    served_by(router)  # no knobs: each seat runs what a call without knobs gets there
+    assert last_decision(router)["why"] == {"a": "serving", "b": "serving"}
+    assert served_by(router, knobs={"max_wait_s": None}) == "a"  # a call's null clears b's pair knob
+    assert last_decision(router)["why"] == {"a": "serving", "b": "load"}
+    assert served_by(router, knobs={"max_wait_s": 5.0, "blocked": True}) == "b"  # 5.0 == 5; no `blocked`
+    assert {box.name: box.residents["tiny"]["since"] for box in (a, b)} == since  # neither box reloaded
+    # knobs no seat runs: a load, and that box's seat reloads under them, then serves them
+    new = {"tolerance": "slowest"}
+    took = served_by(router, knobs=new)
+    assert last_decision(router)["why"] == {"a": "load", "b": "load"}
+    box = a if took == "a" else b
+    assert box.residents["tiny"]["since"] > since[took]
+    assert json.loads(state(router)[took]["loaded_under"]["tiny"]) == box.residents["tiny"]["contract"]
+    wait_for(lambda: resident(router, took))
+    assert served_by(router, knobs=new) == took
+    assert last_decision(router)["why"][took] == "serving"
+    assert box.residents["tiny"]["since"] > since[took]
 
 
 def test_a_box_where_the_model_does_not_fit_is_never_tried_cold(start_fleet_in_process):

@@ -177,6 +177,28 @@ def test_model_names_and_options(box: SimBox) -> None:
     assert request(box, "POST", "/v1/completions", CHAT)[0] == 404
 
 
+def test_a_calls_knobs_are_part_of_the_seats_contract(box: SimBox) -> None:
+    """§5, §11.2.6: the body's `knobs`, `model@options` over them, merged over the pair settings;
+    any difference reloads the seat (a new `since`), an equal contract reuses it."""
+    box.set_pair("m", kv_cache_type="q8_0")
+    wait_for(lambda: box.pair_settings.get("m") == {"kv_cache_type": "q8_0"})
+
+    def since_after(model: str = "m", knobs: dict | None = None) -> float:
+        time.sleep(0.01)  # a reload's `since` is later than the last one's
+        body = {**CHAT, "model": model, **({"knobs": knobs} if knobs is not None else {})}
+        assert request(box, "POST", "/v1/chat/completions", body)[0] == 200
+        return box.residents["m"]["since"]
+
+    loaded = since_after()
+    assert since_after(knobs={"kv_cache_type": "q8_0"}) == loaded  # the pair's own value: the same contract
+    assert since_after(knobs={"blocked": True}) == loaded  # not a knob a call can set
+    with_wait = since_after(knobs={"max_wait_s": 5})  # a preference knob reloads
+    assert with_wait > loaded
+    assert since_after(knobs={"max_wait_s": 5.0}) == with_wait  # compared as Python compares
+    assert since_after("m@kv-f16", knobs={"max_wait_s": 5, "kv_cache_type": "q4_0"}) > with_wait  # options win
+    assert box.residents["m"]["contract"] == {"kv_cache_type": "f16", "max_wait_s": 5}
+
+
 def test_binary_speech_body(box: SimBox) -> None:
     status, headers, body = request(box, "POST", "/v1/audio/speech", {"model": "m", "input": "hello"})
     assert status == 200 and headers["content-type"] == "audio/wav"

@@ -495,7 +495,7 @@ class SimBox(PairSettings, SimServer):
             self._refuse_placement(conn, ex, base, stream, 404, "not_found_error",
                                    f"model not found on this box: {base}", 404)
             return
-        seat, loading = self._take_seat(base, settings)
+        seat, loading = self._take_seat(base, settings, self.body_knobs(ex))
         try:
             if stream:
                 conn.sse_head(ex)  # §4.3: the head goes out before placement; a load is silence
@@ -567,12 +567,12 @@ class SimBox(PairSettings, SimServer):
 
     # -- seats --------------------------------------------------------------------------------
 
-    def _take_seat(self, base: str, settings: str | None) -> tuple[dict[str, Any], bool]:
+    def _take_seat(self, base: str, settings: str | None, knobs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Marks the seat busy. Returns (seat, needs a load): a load when the model is not
         resident, is resident under other settings (§5: reloaded), or is loading/errored."""
         now = time.time()
         seat = self.residents.get(base)
-        contract = self.seat_contract(base, settings)
+        contract = self.seat_contract(base, settings, knobs)
         if seat is None or seat.get("contract", self.seat_contract(base, seat.get("settings"))) != contract:
             seat = {"settings": settings, "contract": contract, "busy": 0, "state": "loading", "last_used": now,
                     "since": now}

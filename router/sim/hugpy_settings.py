@@ -6,9 +6,11 @@ Rules (the box's, as §11 records them):
    knobs included). A row is found as the box finds it: the exact key, else `owner~repo` in
    either direction, case-insensitively. Every write moves `changes` (the long-poll answers).
 2. A call's load contract: the blanket's BLANKET_KNOBS, the pair's own row, then the call's
-   `model@options` as knobs (variants.parse), the call winning; a call cannot touch `blocked`.
-   `blocked`, `residency` and `fit_order` are not in a seat's contract. A seat is reused only
-   under an equal contract (§11.2.6); the box never enforces `blocked`.
+   knobs, the call winning; a call cannot touch `blocked`. The call's knobs are its JSON
+   body's `knobs` object with its `model@options` as knobs (variants.parse) over it (§5,
+   §11.2.6). `blocked`, `residency` and `fit_order` are not in a seat's contract. A seat is
+   reused only under an equal contract, compared as Python dicts (§11.2.6); the box never
+   enforces `blocked`.
 3. `verdicts[model]` is one of VERDICT_KINDS (default "unknown": `fits: null`, not priced yet);
    `GET /v1/verdicts` has one row per catalog model but those set to "none".
 4. Writes are POSTs answered with the row after the merge (§11.2.3, §11.2.4); a key set to null
@@ -94,17 +96,30 @@ class PairSettings:
         blanket = {k: v for k, v in self.pair_settings.get("*", {}).items() if k in BLANKET_KNOBS}
         return {**blanket, **self.own_row(key)}
 
-    def seat_contract(self, base: str, options: str | None) -> str:
-        knobs = self.effective(base)
+    def seat_contract(self, base: str, options: str | None, body_knobs: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+        """Rule 2: the contract a call for `base@options` with `body_knobs` loads under."""
+        call = dict(body_knobs or {})
         for token in (options or "").split("+"):
             if not token:
                 continue
             knob, value = _TOKEN_KNOBS.get(token, ("gguf_file", token))
             if token.startswith("ctx-") and token[4:].isdigit():
                 knob, value = "ctx_pct", int(token[4:])
-            knobs[knob] = value
-        return json.dumps({k: v for k, v in knobs.items() if k not in OFF_CONTRACT and v is not None},
-                          sort_keys=True)
+            call[knob] = value
+        knobs = {**self.effective(base), **{k: v for k, v in call.items() if k != "blocked"}}
+        return {k: v for k, v in knobs.items() if k not in OFF_CONTRACT and v is not None}
+
+    @staticmethod
+    def body_knobs(ex: Exchange) -> dict[str, Any]:
+        """The `knobs` object of a call's JSON body (rule 2); {} for none, or for a form body."""
+        if ex.headers.get("content-type", "").lower().startswith("multipart/"):
+            return {}
+        try:
+            knobs = json.loads(ex.body or b"{}").get("knobs")
+        except (ValueError, AttributeError):
+            return {}
+        return knobs if isinstance(knobs, dict) else {}
 
     def pair_rows(self) -> list[dict[str, Any]]:
         """`pair_settings` as the state long-poll lists them (§11.2.7)."""
