@@ -171,6 +171,9 @@ def test_a_calls_knobs_go_to_the_seat_loaded_under_them_and_reload_it_elsewhere(
     assert served_by(router, knobs={"max_wait_s": None}) == "a"  # a call's null clears b's pair knob
     assert last_decision(router)["why"] == {"a": "serving", "b": "load"}
     assert served_by(router, knobs={"max_wait_s": 5.0, "blocked": True}) == "b"  # 5.0 == 5; no `blocked`
+    assert request(router, "PUT", "/v1/aliases/fast", {"chain": ["tiny"]})[0] == 201
+    for knobs, box_name in (({"max_wait_s": 5}, "b"), ({"max_wait_s": None}, "a")):  # an alias keeps them
+        assert served_by(router, "fast", knobs=knobs) == box_name
     assert {box.name: box.residents["tiny"]["since"] for box in (a, b)} == since  # neither box reloaded
     # knobs no seat runs: a load, and that box's seat reloads under them, then serves them
     new = {"tolerance": "slowest"}
