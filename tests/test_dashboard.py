@@ -220,7 +220,7 @@ def test_open_event_streams_do_not_hold_up_a_stop(start_fleet):
 def test_the_queue_and_each_boxs_limit_show_live(start_fleet, browser):
     from concurrent.futures import ThreadPoolExecutor
 
-    from router.sim.server import Behavior
+    from router.sim import Behavior
 
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     a.script("tiny", Behavior.hang(4.0), Behavior.hang(0.1))

@@ -1,7 +1,7 @@
 """Faults: what a production front door must do when boxes, connections and clients misbehave.
 
 Each test starts the real router (in this process, tests/inproc.py; as a `router serve` process
-where a signal is the point) in front of simulated hugpy boxes whose faults are scripted per call (`router.sim.server.Behavior`), and checks three things: what the client
+where a signal is the point) in front of simulated hugpy boxes whose faults are scripted per call (`router.sim.behavior.Behavior`), and checks three things: what the client
 sees, what the box saw (its `CallRecord`s), and the router's own record of the call (the
 route_log row read through the admin cursor).
 """
