@@ -43,18 +43,23 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 import secrets
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
-from urllib.parse import unquote
 
 from router.sim.behavior import Behavior
 from router.sim.connection import Connection, Exchange, Steps
+from router.sim.lmstudio_inventory import (
+    CONTEXT_LENGTH,
+    PATTERN_ROUTES as INVENTORY_PATTERN_ROUTES,
+    QUANTIZATION,
+    ROUTES as INVENTORY_ROUTES,
+    Inventory,
+    is_embedding,
+)
 from router.sim.prefix_cache import NO_PROMPT, Prefill
-from router.sim.server import ANSWERED, PatternRoutes, Routes, SimServer, find_route, model_route
+from router.sim.server import ANSWERED, Routes, SimServer, find_route, model_route
 from router.sim.wire import (
     CT_JSON_UTF8,
     CT_SSE,
@@ -66,10 +71,6 @@ from router.sim.wire import (
     sse_frame,
     wants_usage,
 )
-
-QUANTIZATION = "Q4_K_M"
-CONTEXT_LENGTH = 4096  # a loaded instance's context
-PARALLEL = 4  # "Max Concurrent Predictions" default
 
 _TOKEN_REQUIRED = compact_json({"error": {
     "type": "invalid_request", "code": "invalid_api_key",
@@ -84,18 +85,6 @@ _V0_EXTRAS = {
     "model_info": {"arch": "llama", "quant": QUANTIZATION, "format": "gguf", "context_length": CONTEXT_LENGTH},
     "runtime": {"name": "llama.cpp-linux-x86_64-avx2", "version": "1.3.0", "supported_formats": ["gguf"]},
 }
-
-
-def _is_embedding(model: str) -> bool:
-    return "embed" in model.lower()
-
-
-def _publisher(model: str) -> str:
-    return model.split("/", 1)[0] if "/" in model else "lmstudio-community"
-
-
-def _max_context(model: str) -> int:
-    return 2048 if _is_embedding(model) else 32768
 
 
 def _event(name: str, obj: dict[str, Any]) -> bytes:
@@ -138,7 +127,7 @@ class _Route:
     events: bool = False  # `/api/v1/chat`: errors in a stream are an `error` event
 
 
-class SimLMStudio(SimServer):
+class SimLMStudio(Inventory, SimServer):
     """One simulated LM Studio server. See the module docstring for the rules."""
 
     kind = "lmstudio"
@@ -162,7 +151,7 @@ class SimLMStudio(SimServer):
             if denied is not None:
                 conn.respond(ex, 401, denied, CT_JSON_UTF8)
                 return None
-        handler = find_route(_ROUTES, _PATTERN_ROUTES, ex)
+        handler = find_route(_ROUTES, INVENTORY_PATTERN_ROUTES, ex)
         if handler is None:
             path = ex.url.partition("?")[0]
             self._json(conn, ex, {"error": f"Unexpected endpoint or method. ({ex.method} {path})"})
@@ -188,45 +177,6 @@ class SimLMStudio(SimServer):
 
     def _greeting(self, conn: Connection, ex: Exchange) -> None:
         self._json(conn, ex, {"lmstudio": True})
-
-    def _v0_models(self, conn: Connection, ex: Exchange) -> None:
-        self._json(conn, ex, {"object": "list", "data": [self._v0_row(m) for m in list(self.models)]})
-
-    def _v0_model(self, conn: Connection, ex: Exchange) -> None:
-        model = unquote(ex.path_args[0])  # ids with `/` may arrive as %2F
-        if model not in self.models:
-            self._unknown_model(conn, ex, model)
-            return
-        self._json(conn, ex, self._v0_row(model))
-
-    def _v0_row(self, model: str) -> dict[str, Any]:
-        embedding = _is_embedding(model)
-        return {"id": model, "object": "model", "type": "embeddings" if embedding else "llm",
-                "publisher": _publisher(model), "arch": "nomic-bert" if embedding else "llama",
-                "compatibility_type": "gguf", "quantization": QUANTIZATION,
-                "state": "loaded" if model in self.loaded else "not-loaded", "max_context_length": _max_context(model)}
-
-    def _v1_models(self, conn: Connection, ex: Exchange) -> None:
-        data = [{"id": m, "object": "model", "owned_by": "organization_owner"} for m in list(self.models)]
-        self._json(conn, ex, {"object": "list", "data": data})
-
-    def _rest_models(self, conn: Connection, ex: Exchange) -> None:
-        self._json(conn, ex, {"models": [self._rest_row(m) for m in list(self.models)]})
-
-    def _rest_row(self, model: str) -> dict[str, Any]:
-        embedding = _is_embedding(model)
-        row: dict[str, Any] = {
-            "type": "embedding" if embedding else "llm", "publisher": _publisher(model), "key": model,
-            "display_name": model.rsplit("/", 1)[-1], "architecture": "nomic-bert" if embedding else "llama",
-            "quantization": {"name": QUANTIZATION, "bits_per_weight": 4.8},
-            "size_bytes": 1_000_000_000 + zlib.crc32(model.encode()) % 4_000_000_000,
-            "params_string": None if embedding else "8B",
-            "loaded_instances": [{"id": model, "config": {"context_length": CONTEXT_LENGTH, "parallel": PARALLEL}}]
-            if model in self.loaded else [],
-            "max_context_length": _max_context(model), "format": "gguf"}
-        if not embedding:
-            row["capabilities"] = {"vision": False, "trained_for_tool_use": False}
-        return row
 
     def _unload(self, conn: Connection, ex: Exchange) -> None:
         body = self._read_body(conn, ex)
@@ -379,7 +329,7 @@ class SimLMStudio(SimServer):
                               "model": model, "usage": {"prompt_tokens": 2 * count, "total_tokens": 2 * count}})
 
     def _load(self, conn: Connection, ex: Exchange, call: _Call) -> None:
-        self._json(conn, ex, {"type": "embedding" if _is_embedding(call.model) else "llm", "instance_id": call.model,
+        self._json(conn, ex, {"type": "embedding" if is_embedding(call.model) else "llm", "instance_id": call.model,
                               "load_time_seconds": 0.5 if call.loading else 0.0, "status": "loaded"})
 
     def _rest_chat(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
@@ -409,21 +359,16 @@ class SimLMStudio(SimServer):
 
 
 _ROUTES: Routes = {
+    **INVENTORY_ROUTES,
     ("GET", "/lmstudio-greeting"): SimLMStudio._greeting,
-    ("GET", "/api/v0/models"): SimLMStudio._v0_models,
     ("POST", "/api/v0/chat/completions"): model_route(_Route(SimLMStudio._chat_completion, v0=True)),
     ("POST", "/api/v0/completions"): model_route(_Route(SimLMStudio._completion, v0=True)),
     ("POST", "/api/v0/embeddings"): model_route(_Route(SimLMStudio._embeddings, v0=True)),
-    ("GET", "/v1/models"): SimLMStudio._v1_models,
     ("POST", "/v1/chat/completions"): model_route(_Route(SimLMStudio._chat_completion)),
     ("POST", "/v1/completions"): model_route(_Route(SimLMStudio._completion)),
     ("POST", "/v1/embeddings"): model_route(_Route(SimLMStudio._embeddings)),
-    ("GET", "/api/v1/models"): SimLMStudio._rest_models,
     ("POST", "/api/v1/models/load"): model_route(_Route(SimLMStudio._load)),
     ("POST", "/api/v1/models/unload"): SimLMStudio._unload,
     ("POST", "/api/v1/chat"): model_route(_Route(SimLMStudio._rest_chat, events=True)),
     ("POST", "/v1/responses"): model_route(_Route(SimLMStudio._responses)),
 }
-_PATTERN_ROUTES: PatternRoutes = [
-    ("GET", re.compile(r"/api/v0/models/(.+)"), SimLMStudio._v0_model),
-]
