@@ -142,6 +142,10 @@ class SimBox(PairSettings, Inventory, SimServer):
 
     # -- public API (rule 3) -------------------------------------------------------------------
 
+    @property
+    def router_key(self) -> str | None:
+        return self.key
+
     def changed(self) -> None:
         """Bumps `changes` and wakes long-polls; callable from any thread."""
         self._on_loop(self._bump)

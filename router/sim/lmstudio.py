@@ -143,6 +143,10 @@ class SimLMStudio(Inventory, SimServer):
         self.token = token
         self.responses: dict[str, None] = {}  # the ids it answered, oldest first (rule 10)
 
+    @property
+    def router_key(self) -> str | None:
+        return self.token
+
     # -- routing ------------------------------------------------------------------------------
 
     def _dispatch(self, conn: Connection, ex: Exchange) -> Steps | None:

@@ -154,6 +154,11 @@ class SimServer:
         await self._server.wait_closed()
         self._server = None
 
+    @property
+    def router_key(self) -> str | None:
+        """The key a router sends this box (`router boxes add --key`), where it has one."""
+        return None
+
     # -- for subclasses -----------------------------------------------------------------------
 
     def _dispatch(self, conn: Connection, ex: Exchange) -> Steps | None:
