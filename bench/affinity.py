@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from router.sim.hugpy import SimBox  # noqa: E402
-from router.sim.server import SimFleet  # noqa: E402
+from router.sim.fleet import SimFleet  # noqa: E402
 
 MODEL = "tiny"
 SYSTEM = {"role": "system", "content": ("You are a careful assistant for a large codebase. Answer briefly, cite files, "

@@ -1,7 +1,9 @@
 """The real router, in the test process: `router.serve.server.serve` with Granian embedded, on
 its own uvloop loop in a background thread, configured from the same command line as
 `router serve`. It has the surface tests use on a `RouterProcess` (url, urls, boxes_path,
-log_text(), stop()) and skips the process start, which is most of a fault case's time.
+log_text(), stop()) and skips the process start, which is most of a fault case's time. Its
+call clock can be stepped ahead (`advance_clock`): a deadline test sets a long timeout and
+steps past it, instead of waiting out a short one on real time.
 
 What it cannot stand in for stays with RouterProcess: signals (only the main thread may install
 handlers, so this loop holds them and stop() calls SIGTERM's), exit codes and start-up errors
@@ -88,6 +90,10 @@ class InProcessRouter:
         self._failure: BaseException | None = None
         self._up = threading.Event()
         self._loop: HeldSignalsLoop | None = None
+        self._clock = None  # the router's CallClock, for advance_clock
+
+        def started(shared) -> None:
+            self._clock = shared.clock
 
         def ready(name: str, url: str) -> None:
             self.urls[name] = url
@@ -97,7 +103,7 @@ class InProcessRouter:
         def run() -> None:
             try:
                 with asyncio.Runner(loop_factory=self._new_loop) as runner:
-                    self.returncode = runner.run(serve(_config(args, boxes_path), ready=ready))
+                    self.returncode = runner.run(serve(_config(args, boxes_path), ready=ready, started=started))
             except BaseException as exc:  # reported by __init__ or stop()
                 self._failure = exc
             finally:
@@ -113,6 +119,16 @@ class InProcessRouter:
     def _new_loop(self) -> HeldSignalsLoop:
         self._loop = HeldSignalsLoop()
         return self._loop
+
+    def advance_clock(self, seconds: float) -> None:
+        """One tick of the router's CallClock as if `seconds` more had passed, on the router's
+        loop: the deadlines of the calls in flight that fall due by then fire now, without the
+        wait (the real ticks go on meanwhile). Set long timeouts, then step past them."""
+
+        async def tick() -> None:
+            self._clock.tick_all(asyncio.get_running_loop().time() + seconds)
+
+        asyncio.run_coroutine_threadsafe(tick(), self._loop).result(STOP_TIMEOUT_S)
 
     def signal(self, signum: int) -> None:
         """Runs the handler `serve` set for `signum`, on the router's loop."""

@@ -218,18 +218,24 @@ def test_ollama_callers_get_429_in_ollamas_shape(start_fleet_in_process):
 
 
 def test_a_wait_past_the_queue_timeout_is_503_with_retry_after(start_fleet_in_process):
+    """The queue's deadline on the router's call clock, stepped ahead (tests/inproc.py
+    advance_clock): a minute's timeout, not yet due a second before it, due a second after."""
     box = SimBox("a", residents=["tiny"])
-    box.script("tiny", Behavior.hang(3.0))
-    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}}, extra_args=("--queue-timeout", "0.4"))
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    box.script("tiny", Behavior.hang(5.0))  # holds the slot while the test steps the clock
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}},
+                                    extra_args=("--queue-timeout", "60", "--first-byte-timeout", "600"))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(call, router)
         assert wait_for(lambda: get_json(router, "/v1/router/state")["boxes"][0]["full"], 5)
-        started = time.monotonic()
-        status, headers, body = call(router)
-        waited = time.monotonic() - started
+        waiting = pool.submit(call, router)
+        assert wait_for(lambda: in_queue(router) == 1, 5)
+        router.advance_clock(59)
+        assert in_queue(router) == 1 and not waiting.done()
+        router.advance_clock(61)
+        status, headers, body = waiting.result(5)
         assert status == 503 and body["error"]["code"] == "queue_timeout"
         assert int(headers["retry-after"]) >= 1
-        assert 0.35 < waited < 2.0
+        assert not first.done()  # the 503 came at the queue's deadline, not when the slot freed
         assert first.result()[0] == 200
     assert chat_calls(box) == 1
 
@@ -283,12 +289,13 @@ def test_the_back_off_grows_with_refusals_in_a_row_and_a_success_resets_it(start
     assert box_state()["cooling"]["tiny"]["ceiling"] == 0 and 0.3 < box_state()["cooling"]["tiny"]["seconds_left"] <= 0.5
     started = time.monotonic()
     assert call(router, alloc={"worker": "a"})[0] == 503  # waits out 0.5 s, then refused again
+    # real time: the back-off is the router's own, waited out on its loop; a lower bound, which load cannot break
     assert time.monotonic() - started > 0.3  # it waited instead of hammering the box
     assert box_state()["placement_refusals"] == {"tiny": 2} and 0.7 < box_state()["cooling"]["tiny"]["seconds_left"] <= 1.0
     started = time.monotonic()
     status, headers, _ = call(router, alloc={"worker": "a"})
     assert status == 200 and headers["x-hugpy-box"] == "a"
-    assert time.monotonic() - started > 0.7
+    assert time.monotonic() - started > 0.7  # real time, a lower bound: as above
     assert box_state()["placement_refusals"] == {} and box_state()["cooling"] == {}
     assert chat_calls(box) == 3
 
@@ -423,6 +430,7 @@ def test_a_stream_waiting_in_the_queue_is_kept_alive_and_the_openai_client_reads
         client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=15)
         started = time.monotonic()
         chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
+        # real time: the keep-alive frames are written by the router's own timer; a lower bound
         assert time.monotonic() - started > 0.5  # it waited for the slot, kept alive meanwhile
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert first.result()[0] == 200

@@ -210,7 +210,8 @@ def test_open_event_streams_do_not_hold_up_a_stop(start_fleet):
         streams.append((conn, resp))
     started = time.monotonic()
     assert router.stop() == 0
-    assert time.monotonic() - started < 5  # not the 30 s grace for calls in flight
+    # real time: a router process stopping on SIGTERM; half the 30 s grace it would wait out
+    assert time.monotonic() - started < 15  # not the 30 s grace for calls in flight
     for conn, resp in streams:
         while resp.read1(4096):  # each stream ended cleanly
             pass
@@ -220,7 +221,7 @@ def test_open_event_streams_do_not_hold_up_a_stop(start_fleet):
 def test_the_queue_and_each_boxs_limit_show_live(start_fleet, browser):
     from concurrent.futures import ThreadPoolExecutor
 
-    from router.sim.server import Behavior
+    from router.sim import Behavior
 
     a = SimBox("a", catalog=["tiny"], residents=["tiny"])
     a.script("tiny", Behavior.hang(4.0), Behavior.hang(0.1))

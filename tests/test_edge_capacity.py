@@ -178,11 +178,13 @@ def test_near_the_limit_idle_connections_make_room_for_probes_and_working_client
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
                 started = time.monotonic()
-                assert health(router, timeout=5) == 200
+                assert health(router, timeout=20) == 200
                 worst_s = max(worst_s, time.monotonic() - started)
                 time.sleep(0.1)
             print(f"worst /health with 320 idle sockets from 5 addresses, 256 permits: {worst_s * 1000:.0f} ms")
-            assert worst_s < 2.5
+            # real time: accepts and closes in the router process; it waited out the 60 s
+            # idle timeout before, so a sixth of it is generous and still tells them apart
+            assert worst_s < 10
             assert stream.result().rstrip().endswith(b"data: [DONE]")
             held = sum(held_from(router, f"127.0.0.{21 + i}") for i in range(5))
             assert held <= 256 and "near a listener's limit of 256" in router.log_text()
@@ -206,9 +208,10 @@ def test_idle_and_slow_connections_are_closed_after_the_idle_timeout(start_fleet
     started = time.monotonic()
     try:
         for sock in (slow, kept):
-            sock.settimeout(5)
+            sock.settimeout(10)
             assert sock.recv(4096) == b""  # closed by the router
-        assert time.monotonic() - started < 3
+        # real time: Granian's idle timer in the router process (1 s); never closed would time out
+        assert time.monotonic() - started < 5
         assert wait_for(lambda: all(closed_by_router(s) for s in idle), timeout=3)
         assert held_from(router, "127.0.0.3") == 0
         assert health(router) == 200
@@ -380,4 +383,4 @@ def test_the_idle_timeout_never_cuts_a_call_in_progress(start_fleet):
     stream = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True)
     assert [c for c in stream if c.choices and c.choices[0].finish_reason == "stop"]
-    assert time.monotonic() - started > 2.5  # both outlasted the timeout
+    assert time.monotonic() - started > 2.5  # both outlasted the timeout (real time: a lower bound)

@@ -81,6 +81,8 @@ def test_one_state_document_and_one_route_log_read_per_tick_whatever_the_streams
     assert all(set(doc) == {b"state", b"series"} for doc in docs)  # every stream got its welcome
     assert all(doc[b"state"] == docs[0][b"state"] for doc in docs)  # the same document
     time.sleep(2.2)
+    # real time: the ticks are the router's own loop sleeps; counted against the time that
+    # passed, so a loaded host only loosens the bound (12 streams would read 12 per tick)
     ticks = (time.monotonic() - started) / dashboard.STREAM_TICK_S + 2
     assert len(built) <= ticks and len(read) <= ticks, (len(built), len(read), ticks)  # not 12 per tick
     for conn, _ in streams:

@@ -1,7 +1,7 @@
 """Faults: what a production front door must do when boxes, connections and clients misbehave.
 
 Each test starts the real router (in this process, tests/inproc.py; as a `router serve` process
-where a signal is the point) in front of simulated hugpy boxes whose faults are scripted per call (`router.sim.server.Behavior`), and checks three things: what the client
+where a signal is the point) in front of simulated hugpy boxes whose faults are scripted per call (`router.sim.behavior.Behavior`), and checks three things: what the client
 sees, what the box saw (its `CallRecord`s), and the router's own record of the call (the
 route_log row read through the admin cursor).
 """
@@ -23,6 +23,8 @@ import ollama
 import openai
 import pytest
 
+from router.boxes.fleet import WATCH_INTERVAL_S
+from router.boxes.hugpy import POLL_WAIT_S
 from router.core.lifecycle import Event
 from router.serve import attempt as attempt_mod
 from router.sim import SimOllama
@@ -257,14 +259,17 @@ def test_no_first_byte_within_the_timeout_fails_over(start_fleet_in_process, str
         assert [c for c in raw.parse() if c.choices and c.choices[0].delta.content]
     else:
         assert raw.parse().choices[0].message.content
-    assert 0.9 < time.monotonic() - started < 4
+    # real time: the timeout of a real attempt that fails over to another box (a stepped clock
+    # would also step past b's fresh deadline); a lower bound, which load cannot break. That it
+    # fired before a's 5 s answer, the attempts say.
+    assert time.monotonic() - started > 0.9
     row = row_of(router, raw.headers["x-hugpy-router-request-id"])
     assert [(att["box"], att.get("refusal")) for att in row["attempts"]] == [("a", "first_byte_timeout"), ("b", None)]
     assert row["state"] == "done"
     # The router gave up on a's call: it closed that connection, so a stopped working on it.
     (abandoned,) = box_calls(a)
-    assert wait_for(lambda: abandoned.finished_at is not None, 2)
-    assert abandoned.finished_at - abandoned.started_at < 2.5
+    assert wait_for(lambda: abandoned.finished_at is not None, 3)
+    assert abandoned.client_closed_at is not None  # the router left before a answered
 
 
 def test_an_invalid_http_head_fails_over_and_is_recorded(start_fleet_in_process):
@@ -379,11 +384,13 @@ def test_a_client_leaving_during_a_slow_upload_is_cancelled_and_no_box_is_contac
 
 
 def hang_up(sock: socket.socket, call) -> None:
-    """The client closes its connection: the box's call must end within 1 s."""
+    """The client closes its connection: the box's call must end long before it would have
+    (each caller's box call lasts 5 s or more). Real time: the router closes its box connection
+    (or posts the cancel) on its loop, the box sees it on another thread."""
     left = time.monotonic()
     sock.close()
-    assert wait_for(lambda: call.finished_at is not None, 2)
-    assert call.finished_at - left < 1.0
+    assert wait_for(lambda: call.finished_at is not None, 3)
+    assert call.finished_at - left < 2.5
 
 
 def test_a_client_leaving_while_the_box_is_silent_ends_the_box_call_and_is_cancelled(start_fleet_in_process):
@@ -414,7 +421,7 @@ def test_a_client_leaving_mid_stream_ends_the_box_call_and_is_cancelled(start_fl
 
 def test_a_client_leaving_mid_trickle_ends_the_box_call(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=20)
-    a.script("tiny", Behavior.trickle(32, 0.02))
+    a.script("tiny", Behavior.trickle(32, 0.05))  # about 5 s for the whole stream
     router = start_fleet_in_process(a)
     sock = open_raw(router, chat_body(stream=True))
     assert b'"tok "' in read_until(sock, b'"tok "')
@@ -493,15 +500,15 @@ def test_flapping_health_and_a_box_restart_never_fail_a_call(start_fleet):
         # before its next poll, and then the poll answers without a low counter: contracts/
         # hugpy-wrapper.md §2.2. So either sign counts; calls keep flowing meanwhile.)
         a.restart()
-        restarted = time.monotonic()
 
         def followed() -> bool:
             calls_for(0.1)
             seen = box_view(router, "a")["residents"]
             return "box a restarted" in router.log_text() or [r["key"] for r in seen] == sorted(a.residents)
 
-        assert wait_for(followed, 3, 0)
-        assert time.monotonic() - restarted < 2.5
+        # real time: the router's long-poll on its own loop. A restart answers the pending poll
+        # at once; without that the router would learn of it only when the poll ends (10 s).
+        assert wait_for(followed, POLL_WAIT_S / 2, 0)
         calls_for(0.5)
     finally:
         stop.set()
@@ -528,7 +535,10 @@ def run_boxes(router, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_boxes_file_edits_apply_within_two_seconds_and_never_drop_a_call_in_flight(start_fleet_in_process):
+def test_boxes_file_edits_apply_at_the_next_watch_and_never_drop_a_call_in_flight(start_fleet_in_process):
+    """Real time: the file watch is the router's own loop, and the edit a `router boxes` process.
+    Each edit must show within a few watch intervals (docs/boxes.md: within a second); an
+    unwatched file would never show it."""
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=60, cadence_s=0.07)  # a ~4 s stream
     b = SimBox("b", catalog=["tiny"], residents=["tiny"])
     router = start_fleet_in_process(a)
@@ -548,24 +558,18 @@ def test_boxes_file_edits_apply_within_two_seconds_and_never_drop_a_call_in_flig
             return status, data
 
         run_boxes(router, "add", "--name", "b", "--url", b.url)
-        edited = time.monotonic()  # the file is written: the clock starts
-        assert wait_for(lambda: pinned("b")[0] == 200, 3, 0.1)
-        assert time.monotonic() - edited < 2.0
+        assert wait_for(lambda: pinned("b")[0] == 200, 4 * WATCH_INTERVAL_S, 0.1)
 
         run_boxes(router, "block", "a")
-        edited = time.monotonic()
         assert wait_for(lambda: json.loads(pinned("a")[1]).get("error", {}).get("reasons", {}).get("a") == "blocked",
-                        3, 0.1)
-        assert time.monotonic() - edited < 2.0
+                        4 * WATCH_INTERVAL_S, 0.1)
         before = len(box_calls(a))
         assert all(post_chat(router)[1]["x-hugpy-box"] == "b" for _ in range(3))
         assert len(box_calls(a)) == before
 
         run_boxes(router, "remove", "a")
-        edited = time.monotonic()
         assert wait_for(lambda: json.loads(pinned("a")[1]).get("error", {}).get("reasons", {}).get("a", "")
-                        .startswith("unknown_box"), 3, 0.1)
-        assert time.monotonic() - edited < 2.0
+                        .startswith("unknown_box"), 4 * WATCH_INTERVAL_S, 0.1)
         assert in_flight.result(15) == ("a", 60)  # the stream that started on a finished whole
     row = wait_for(lambda: next((r for r in rows(router) if r["box"] == "a" and r["stream"]), None), 3, 0.05)
     assert row is not None and row["state"] == "done"
@@ -734,18 +738,29 @@ IDLE_TIMEOUT = ("--stream-idle-timeout", "0.4")
 
 
 def test_a_box_silent_mid_stream_ends_it_with_an_error_frame_and_is_cancelled(start_fleet_in_process):
+    """The idle deadline on the router's call clock, stepped ahead (tests/inproc.py
+    advance_clock): a minute's timeout, not yet due a second before it, due a second after."""
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=5)
-    a.script("tiny", Behavior.stall_after(2, 20))
-    router = start_fleet_in_process(a, extra_args=IDLE_TIMEOUT)
+    a.script("tiny", Behavior.stall_after(2, 600))
+    router = start_fleet_in_process(a, extra_args=("--stream-idle-timeout", "60"))
     raw = client(router).chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, stream=True)
     call_id = raw.headers["x-hugpy-router-request-id"]
     pieces = []
-    started = time.monotonic()
-    with pytest.raises(openai.APIError) as info:  # the in-band error frame, never a clean end
+
+    def read_all() -> None:
         for chunk in raw.parse():
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
-    assert 0.3 < time.monotonic() - started < 2.0
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_all)
+        assert wait_for(lambda: len(pieces) == 2, 5)  # the box went silent after two frames
+        router.advance_clock(0)  # a look at the silence: its minute starts now
+        router.advance_clock(59)
+        assert not reading.done()
+        router.advance_clock(61)
+        with pytest.raises(openai.APIError) as info:  # the in-band error frame, never a clean end
+            reading.result(5)
     assert len(pieces) == 2 and info.value.body["code"] == "stream_idle_timeout"
     (call,) = box_calls(a)
     assert wait_for(lambda: call.finished_at is not None, 2)  # the box connection was closed

@@ -18,6 +18,7 @@ from router.boxes.hugpy import HugpyLink
 from router.boxes.state import BoxState
 from router.core.backoff import BACKOFF_CAP_S, LOG_EVERY_S, Streak, backoff_s
 from router.sim import SimBox, SimFleet
+from router.telemetry import agent as agent_mod
 from router.telemetry.agent import AgentLink, AgentServer
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.nvml import Scanner
@@ -85,7 +86,7 @@ def test_a_box_link_rides_out_thousands_of_failures_and_recovers_at_once(monkeyp
             assert not any(task.done() for task in link.tasks)  # and no link task died
             a.catalog.add("big")  # the box comes back holding something new
             await loop.run_in_executor(None, fleet.start_box, a)
-            back_s = await wait_until(lambda: box.online and "big" in box.catalog, timeout_s=2)
+            back_s = await wait_until(lambda: box.online and "big" in box.catalog, timeout_s=5)
             assert link.streak.failures == 0  # the streak ended with the first good read
             return back_s
         finally:
@@ -95,7 +96,8 @@ def test_a_box_link_rides_out_thousands_of_failures_and_recovers_at_once(monkeyp
         back_s = uvloop.run(main())
     finally:
         fleet.stop()
-    assert back_s < 0.5
+    # real time: the link's loops run against a real box; half the 2 s inventory poll interval
+    assert back_s < link_mod.POLL_INTERVAL_S / 2
     failing = [r for r in caplog.records if "inventory link failing" in r.getMessage()]
     assert len(failing) == 1 and failing[0].levelno == logging.WARNING  # one line, not thousands
     assert any("inventory link recovered" in r.getMessage() for r in caplog.records)
@@ -157,18 +159,20 @@ def test_an_agent_link_rides_out_thousands_of_failures_and_recovers_at_once():
             cards.set(88.0)
             server = AgentServer(Scanner(cards), interval_s=0.02)
             await server.start("127.0.0.1", port)
-            back_s = await wait_until(lambda: cache.get("remote-box", loop.time()).util_pct == 88.0, timeout_s=2.0)
+            back_s = await wait_until(lambda: cache.get("remote-box", loop.time()).util_pct == 88.0, timeout_s=5.0)
             assert link.streak.failures == 0
             return back_s
         finally:
             await link.stop()
             await server.stop()
 
-    assert uvloop.run(main()) < 0.5
+    # real time: the link against a real agent; well under the 5 s long-poll it would wait out
+    # if it asked with its old `since`
+    assert uvloop.run(main()) < agent_mod.LINK_WAIT_S / 2
 
 
 def test_a_box_back_from_an_outage_is_read_at_the_next_probe_not_after_the_back_off(monkeypatch):
-    """With the real cap, the inventory loop may be asleep for seconds when the box comes back;
+    """After a few failures the inventory loop may be asleep for seconds when the box comes back;
     the first good health probe wakes it."""
     monkeypatch.setattr(link_mod, "HEALTH_INTERVAL_S", 0.05)
     a = SimBox("a", catalog=["tiny"])
@@ -179,19 +183,21 @@ def test_a_box_back_from_an_outage_is_read_at_the_next_probe_not_after_the_back_
         loop = asyncio.get_running_loop()
         box = BoxState(BoxConfig("a", a.url), 0, 0)
         link = HugpyLink(box)
-        link.streak = Streak(base_s=1.0, cap_s=BACKOFF_CAP_S)  # waits of 0.5-1 s, 1-2 s, then 2-4 s
+        link.streak = Streak(base_s=2.0, cap_s=10.0)  # waits of 1-2 s, 2-4 s, then 4-8 s
         link.start()
         try:
             await link.first_read()
             await loop.run_in_executor(None, fleet.stop_box, a)
-            await wait_until(lambda: link.streak.failures >= 3, timeout_s=6)  # asleep for 2-4 s now
+            await wait_until(lambda: link.streak.failures >= 3, timeout_s=12)  # asleep for 4-8 s now
             a.catalog.add("big")
             await loop.run_in_executor(None, fleet.start_box, a)
-            return await wait_until(lambda: "big" in box.catalog, timeout_s=5)
+            return await wait_until(lambda: "big" in box.catalog, timeout_s=10)
         finally:
             await link.stop()
 
     try:
-        assert uvloop.run(main()) < 1.0
+        # real time: the link's two loops against a real box; half the shortest sleep (4 s) the
+        # inventory loop would finish without the probe's wake-up
+        assert uvloop.run(main()) < 2.0
     finally:
         fleet.stop()

@@ -273,18 +273,21 @@ def test_agent_answers_at_once_without_since_then_on_change():
         assert doc["cards"] == [
             {"index": 0, "uuid": "GPU-0", "util_pct": 10.0, "mem_free_bytes": 10 * GIB, "mem_total_bytes": 80 * GIB}
         ]
-        assert 0.0 <= doc["age_s"] < 1.0
-        poll = asyncio.ensure_future(get_json(port, f"/v1/agent/reading?wait=5&since={doc['seq']}"))
+        # real time, here and below: the agent's own clock and long-poll timers, read over a socket.
+        # Bounds are far below what a broken rule gives: an age from another clock, a poll that
+        # waits out its 30 s.
+        assert 0.0 <= doc["age_s"] < 5.0
+        poll = asyncio.ensure_future(get_json(port, f"/v1/agent/reading?wait=30&since={doc['seq']}"))
         await asyncio.sleep(0.1)
         assert not poll.done()
         cards.set(60.0)
         status, changed, elapsed_s = await poll
         assert status == 200 and changed["util_pct"] == 60.0
         assert changed["seq"] == doc["seq"] + 1
-        assert elapsed_s < 1.0
+        assert elapsed_s < 10
         # a `since` the agent is not at (it restarted) answers at once
-        _, now_doc, elapsed_s = await get_json(port, f"/v1/agent/reading?wait=5&since={doc['seq'] + 100}")
-        assert now_doc["seq"] == changed["seq"] and elapsed_s < 0.5
+        _, now_doc, elapsed_s = await get_json(port, f"/v1/agent/reading?wait=30&since={doc['seq'] + 100}")
+        assert now_doc["seq"] == changed["seq"] and elapsed_s < 10
 
     run_with_agent(cards, body)
 
@@ -296,7 +299,7 @@ def test_agent_long_poll_times_out_with_the_same_seq_while_only_the_stamp_moves(
         _, doc, _ = await get_json(port, "/v1/agent/reading")
         status, again, elapsed_s = await get_json(port, f"/v1/agent/reading?wait=0.3&since={doc['seq']}")
         assert status == 200
-        assert 0.29 <= elapsed_s < 1.5  # the loop clock may wake a hair early
+        assert 0.29 <= elapsed_s < 5  # real time (the agent's timer); the loop clock may wake a hair early
         assert cards.calls > 5  # scanned all along, yet nothing changed
         assert again["seq"] == doc["seq"] and again["util_pct"] == 33.0
         assert again["read_at"] > doc["read_at"]
@@ -338,7 +341,9 @@ def test_link_wait_renews_an_unchanged_reading_before_it_goes_stale():
     assert agent_mod.LINK_WAIT_S <= STALE_AFTER_S / 2
 
 
-def test_a_reading_injected_at_the_agent_reaches_the_cache_within_a_second():
+def test_a_reading_injected_at_the_agent_reaches_the_cache_before_the_long_poll_ends():
+    """Real time: a link and an agent on one loop, over a socket. The change answers the link's
+    pending long-poll at once; a link that missed it would wait out the poll (LINK_WAIT_S)."""
     cards = FakeCards(5.0)
 
     async def body(server, port):
@@ -350,17 +355,17 @@ def test_a_reading_injected_at_the_agent_reaches_the_cache_within_a_second():
             await wait_until(lambda: cache.get("remote-box", loop.time()) is not None, timeout_s=2.0)
             cards.set(12.0, 91.0)
             elapsed_s = await wait_until(
-                lambda: cache.get("remote-box", loop.time()).util_pct == 91.0, timeout_s=1.0
+                lambda: cache.get("remote-box", loop.time()).util_pct == 91.0, timeout_s=agent_mod.LINK_WAIT_S
             )
             got = cache.get("remote-box", loop.time())
             assert got.source == SOURCE_SCAN
             assert (got.mem_free_bytes, got.mem_total_bytes) == (20 * GIB, 160 * GIB)
-            assert 0.0 <= loop.time() - got.read_at_s < 1.0  # stamped on this side's clock
+            assert 0.0 <= loop.time() - got.read_at_s < 5.0  # stamped on this side's clock
             return elapsed_s
         finally:
             await link.stop()
 
-    assert run_with_agent(cards, body) < 1.0
+    assert run_with_agent(cards, body) < agent_mod.LINK_WAIT_S / 2
 
 
 def test_a_link_survives_its_agent_going_away():

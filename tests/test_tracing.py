@@ -68,6 +68,7 @@ def test_a_span_per_call_with_genai_and_routing_attributes(start_fleet, tmp_path
     assert attrs["gen_ai.usage.output_tokens"] == CHUNKS and attrs["gen_ai.usage.input_tokens"] > 0
     duration_s = (stream["end_ns"] - stream["start_ns"]) / 1e9
     assert 0 < attrs["gen_ai.response.time_to_first_chunk"] < duration_s
+    # real time (the router's own span stamps): lower bounds, which load cannot break
     assert duration_s >= (CHUNKS - 1) * CADENCE_S  # the span lasted as long as the stream
     assert stream["start_ns"] / 1e9 >= started - 0.01
 
@@ -129,7 +130,7 @@ def test_an_unreachable_collector_does_not_hold_up_the_stop(start_fleet):
         started = time.monotonic()
         assert router.stop() == 0
         print(f"stopped in {time.monotonic() - started:.1f} s")
-        assert time.monotonic() - started < tracing.FLUSH_TIMEOUT_S + 5
+        assert time.monotonic() - started < tracing.FLUSH_TIMEOUT_S + 5  # real time: a process's exit
 
 
 def test_off_without_the_flag_or_an_endpoint():

@@ -306,8 +306,10 @@ class Running:
         await self.fleet.stop()
 
 
-async def serve(config: ServeConfig, *, ready=None) -> int:
-    """Serves until SIGTERM/SIGINT. `ready(name, url)` is called once each listener is up.
+async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
+    """Serves until SIGTERM/SIGINT. `started(shared)` is called once the shared state is up
+    (tests/inproc.py ticks its CallClock ahead through it); `ready(name, url)` once each
+    listener is up.
 
     Raises ConfigError before anything starts when a listener cannot be bound or the TLS
     certificate cannot be used."""
@@ -318,6 +320,8 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     ports = [port for _, _, port, _ in listeners]
     running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
     shared = await running.start(tracer)
+    if started is not None:
+        started(shared)
     own_listeners.write_record(config.boxes_path, config.host, ports)
     servers = [
         (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))

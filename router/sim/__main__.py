@@ -96,20 +96,16 @@ def make_boxes(args: argparse.Namespace) -> list[tuple[SimServer, int]]:
             for n, (kind, port) in enumerate(zip(args.kind, ports), 1)]
 
 
-def _key(box: SimServer) -> str | None:
-    return getattr(box, "key", None) or getattr(box, "token", None)
-
-
 def boxes_add_line(box: SimServer) -> str:
     """The `router boxes add` command that puts this box in a router's fleet."""
-    key = _key(box)
+    key = box.router_key
     return (f"router boxes add --name {box.name} --url {box.url} --kind {box.kind}"
             + (f" --key {key}" if key else ""))
 
 
 def write_boxes_file(path: str, boxes: list[SimServer]) -> None:
     """Writes {"boxes": [...]} with mode 0600 via a temp file in the same directory."""
-    doc = {"boxes": [{"name": b.name, "url": b.url, "kind": b.kind, **({"key": _key(b)} if _key(b) else {})}
+    doc = {"boxes": [{"name": b.name, "url": b.url, "kind": b.kind, **({"key": b.router_key} if b.router_key else {})}
                      for b in boxes]}
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".boxes-", dir=directory)  # mkstemp creates it 0600

@@ -1,5 +1,6 @@
-"""The simulated hugpy box's pair and box settings, verdicts and management reads
-(contracts/hugpy-wrapper.md §11). A stand-in: it shares no code with router.core.pairs.
+"""The simulated hugpy box's pair and box settings, a model name's `@options`, verdicts and
+management reads (contracts/hugpy-wrapper.md §5, §11). A stand-in: it shares no code with
+router.core.pairs.
 
 Rules (the box's, as §11 records them):
 1. `pair_settings[model_key]` is a pair's own row, `pair_settings["*"]` the blanket (box-only
@@ -8,25 +9,29 @@ Rules (the box's, as §11 records them):
 2. A call's load contract: the blanket's BLANKET_KNOBS, the pair's own row, then the call's
    knobs, the call winning; a call cannot touch `blocked`. The call's knobs are its JSON
    body's `knobs` object with its `model@options` as knobs (variants.parse) over it (§5,
-   §11.2.6). `blocked`, `residency` and `fit_order` are not in a seat's contract. A seat is
-   reused only under an equal contract, compared as Python dicts (§11.2.6); the box never
-   enforces `blocked`.
+   §11.2.6). The options are OPTION_TOKENS and `ctx-<pct>`, case-insensitive (`read_options`).
+   `blocked`, `residency` and `fit_order` are not in a seat's contract. A seat is reused only
+   under an equal contract, compared as Python dicts (§11.2.6); the box never enforces
+   `blocked`.
 3. `verdicts[model]` is one of VERDICT_KINDS (default "unknown": `fits: null`, not priced yet);
    `GET /v1/verdicts` has one row per catalog model but those set to "none".
 4. Writes are POSTs answered with the row after the merge (§11.2.3, §11.2.4); a key set to null
    is removed. `GET /v1/settings/pair?model_key=K` gives own row, blanket and `effective`.
 5. The management routes are admin (a use key would need to be told apart from the box key:
-   the sim has only the box key); `/residents` is a use route.
+   the sim has only the box key).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 from urllib.parse import parse_qs
 
-from router.sim.server import Exchange, json_body as _json
+from router.sim.connection import Connection, Exchange
+from router.sim.hugpy_inventory import QUANT_LABEL, model_path
+from router.sim.wire import json_body as _json
 
 # constants.py:138-140
 BLANKET_KNOBS = frozenset(
@@ -47,6 +52,18 @@ _TOKEN_KNOBS: dict[str, tuple[str, Any]] = {
     **{f"ctx-{level}": ("ctx_preset", level) for level in ("low", "medium", "high", "xhigh")},
     **{f"kv-{kv}": ("kv_cache_type", kv) for kv in ("f16", "q8_0", "q4_0")},
 }
+# §5: the option tokens the box accepts after `@` (case-insensitive, split on `+` or `,`).
+OPTION_TOKENS = frozenset(_TOKEN_KNOBS) | {QUANT_LABEL}
+_CTX_PCT_RE = re.compile(r"ctx-(100|[1-9][0-9]?)")
+_OPTION_SPLIT_RE = re.compile(r"[+,]")
+
+
+def read_options(options: str) -> tuple[str | None, list[str]]:
+    """A model name's `@options` as the box reads them (§5, rule 2): (the seat's settings,
+    tokens sorted and joined with `+`, or None; the tokens it does not know)."""
+    tokens = [t.strip() for t in _OPTION_SPLIT_RE.split(options) if t.strip()]
+    unknown = [t for t in tokens if t.lower() not in OPTION_TOKENS and not _CTX_PCT_RE.fullmatch(t.lower())]
+    return "+".join(sorted({t.lower() for t in tokens})) or None, unknown
 
 
 def _error(status: int, message: str) -> bytes:
@@ -130,7 +147,7 @@ class PairSettings:
         fits = {"gpu": (True, True), "ram": (False, True), "unknown": (None, None),
                 "impossible": (False, False)}[kind]
         mode = "gpu-only" if kind in ("gpu", "unknown", "impossible") else "ram-only"
-        file = self._model_path(key).rsplit("/", 1)[1]
+        file = model_path(key).rsplit("/", 1)[1]
         return {"model_key": key, "file": file, "quant": "q4_k_m", "engine": "gguf", "elected": True,
                 "on_disk": True,
                 "feasibility": {"status": "impossible" if kind == "impossible" else "candidate",
@@ -142,18 +159,11 @@ class PairSettings:
 
     # -- routes -----------------------------------------------------------------------------------
 
-    def _admin(self, conn, ex: Exchange) -> bool:
-        denied = self._auth(ex, admin=True)
-        if denied is not None:
-            conn.respond(ex, 401, denied)
-            return False
-        return True
-
     def _query(self, ex: Exchange) -> dict[str, str]:
         return {k: v[0] for k, v in parse_qs(ex.query or "").items()}
 
-    def _verdicts(self, conn, ex: Exchange) -> None:
-        if not self._admin(conn, ex):
+    def _verdicts(self, conn: Connection, ex: Exchange) -> None:
+        if self._turned_away(conn, ex, admin=True):
             return
         self.verdict_reads += 1
         wanted = self._query(ex).get("model_key")
@@ -165,7 +175,7 @@ class PairSettings:
                                                    "sampled_at": time.time()},
                                      "verdicts": rows, "at": time.time()}))
 
-    def _body_object(self, conn, ex: Exchange) -> dict[str, Any] | None:
+    def _body_object(self, conn: Connection, ex: Exchange) -> dict[str, Any] | None:
         try:
             doc = json.loads(ex.body or b"{}")
         except ValueError:
@@ -175,8 +185,8 @@ class PairSettings:
             return None
         return doc
 
-    def _pair_get(self, conn, ex: Exchange) -> None:
-        if not self._admin(conn, ex):
+    def _pair_get(self, conn: Connection, ex: Exchange) -> None:
+        if self._turned_away(conn, ex, admin=True):
             return
         key = self._query(ex).get("model_key", "")
         blanket = {k: v for k, v in self.pair_settings.get("*", {}).items() if k in BLANKET_KNOBS}
@@ -184,8 +194,8 @@ class PairSettings:
                                      "box": blanket, "effective": self.effective(key) if key else blanket,
                                      "env_profile": None, "quant_fallback": "auto"}))
 
-    def _pair_post(self, conn, ex: Exchange) -> None:
-        if not self._admin(conn, ex):
+    def _pair_post(self, conn: Connection, ex: Exchange) -> None:
+        if self._turned_away(conn, ex, admin=True):
             return
         doc = self._body_object(conn, ex)
         if doc is None:
@@ -207,12 +217,12 @@ class PairSettings:
                 "accepts": sorted(BLANKET_KNOBS),
                 "box_only": {k: row.get(k) for k in sorted(BOX_ONLY_KNOBS)}}
 
-    def _box_get(self, conn, ex: Exchange) -> None:
-        if self._admin(conn, ex):
+    def _box_get(self, conn: Connection, ex: Exchange) -> None:
+        if not self._turned_away(conn, ex, admin=True):
             conn.respond(ex, 200, _json({**self._box_report(), "box_only_accepts": sorted(BOX_ONLY_KNOBS)}))
 
-    def _box_post(self, conn, ex: Exchange) -> None:
-        if not self._admin(conn, ex):
+    def _box_post(self, conn: Connection, ex: Exchange) -> None:
+        if self._turned_away(conn, ex, admin=True):
             return
         doc = self._body_object(conn, ex)
         if doc is None:
@@ -231,18 +241,6 @@ class PairSettings:
         self._write("*", settings)
         conn.respond(ex, 200, _json(self._box_report()))
 
-    def _residents_route(self, conn, ex: Exchange) -> None:
-        denied = self._auth(ex, admin=False)
-        if denied is not None:
-            conn.respond(ex, 401, denied)
-            return
-        now = time.time()
-        rows = []
-        for key, seat in sorted(self.residents.items()):
-            row = self._resident_row(key, seat, now)
-            rows.append({**row, **{k: bool(row[k]) for k in ("alive", "healthy", "busy", "loading", "is_moe")}})
-        conn.respond(ex, 200, _json({"residents": rows}))
-
 
 ROUTES = {
     ("GET", "/v1/verdicts"): PairSettings._verdicts,
@@ -250,5 +248,4 @@ ROUTES = {
     ("POST", "/v1/settings/pair"): PairSettings._pair_post,
     ("GET", "/v1/settings/box"): PairSettings._box_get,
     ("POST", "/v1/settings/box"): PairSettings._box_post,
-    ("GET", "/residents"): PairSettings._residents_route,
 }

@@ -1,10 +1,10 @@
 """A simulated LM Studio server: a real HTTP/1.1 server on loopback that speaks LM Studio's HTTP
-API as contracts/ollama-lmstudio.md §3 describes it, quirks included. The wire, steps,
-disconnects and threads follow `router.sim.server`.
+API as contracts/ollama-lmstudio.md §3 describes it, quirks included. The wire, steps and
+disconnects follow `router.sim.connection`, threads and scripts `router.sim.server`.
 
 Rules:
 1. Ids are matched exactly, byte for byte: `qwen/qwen3-14b` is not `Qwen/qwen3-14b`, and
-   there is no implicit tag. A model-bearing call naming an id the box does not have gets 400
+   there is no implicit tag (so are the names a script is queued under). A model-bearing call naming an id the box does not have gets 400
    `{"error": {"message": "Invalid model identifier \\"X\\". …", "type":
    "invalid_request_error", "param": "model", "code": "model_not_found"}}`.
 2. Unknown endpoint or method → **200** `{"error": "Unexpected endpoint or method. (METHOD
@@ -43,41 +43,34 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 import secrets
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
-from urllib.parse import unquote
 
-from router.sim.prefix_cache import NO_PROMPT, Prefill
-from router.sim.server import (
-    ANSWERED,
-    STREAM_TOKEN,
-    Behavior,
-    Connection,
-    Exchange,
-    Handler,
-    PatternRoutes,
-    Routes,
-    SimServer,
-    Steps,
-    answer_raw,
-    compact_json,
-    find_route,
-    sse_frame,
+from router.sim.behavior import Behavior
+from router.sim.connection import Connection, Exchange, Steps
+from router.sim.lmstudio_inventory import (
+    CONTEXT_LENGTH,
+    PATTERN_ROUTES as INVENTORY_PATTERN_ROUTES,
+    QUANTIZATION,
+    ROUTES as INVENTORY_ROUTES,
+    Inventory,
+    is_embedding,
 )
-
-QUANTIZATION = "Q4_K_M"
-CONTEXT_LENGTH = 4096  # a loaded instance's context
-PROMPT_TOKENS = 8
-EMBEDDING = [0.6, 0.8, 0.0]
-PARALLEL = 4  # "Max Concurrent Predictions" default
-
-CT_JSON_UTF8 = b"application/json; charset=utf-8"
-CT_SSE = b"text/event-stream"
-_DONE = b"data: [DONE]\n\n"
+from router.sim.prefix_cache import NO_PROMPT, Prefill
+from router.sim.server import ANSWERED, Routes, SimServer, find_route, model_route
+from router.sim.wire import (
+    CT_JSON_UTF8,
+    CT_SSE,
+    EMBEDDING,
+    PROMPT_TOKENS,
+    SSE_DONE,
+    STREAM_TOKEN,
+    compact_json,
+    sse_frame,
+    wants_usage,
+)
 
 _TOKEN_REQUIRED = compact_json({"error": {
     "type": "invalid_request", "code": "invalid_api_key",
@@ -92,18 +85,6 @@ _V0_EXTRAS = {
     "model_info": {"arch": "llama", "quant": QUANTIZATION, "format": "gguf", "context_length": CONTEXT_LENGTH},
     "runtime": {"name": "llama.cpp-linux-x86_64-avx2", "version": "1.3.0", "supported_formats": ["gguf"]},
 }
-
-
-def _is_embedding(model: str) -> bool:
-    return "embed" in model.lower()
-
-
-def _publisher(model: str) -> str:
-    return model.split("/", 1)[0] if "/" in model else "lmstudio-community"
-
-
-def _max_context(model: str) -> int:
-    return 2048 if _is_embedding(model) else 32768
 
 
 def _event(name: str, obj: dict[str, Any]) -> bytes:
@@ -146,7 +127,7 @@ class _Route:
     events: bool = False  # `/api/v1/chat`: errors in a stream are an `error` event
 
 
-class SimLMStudio(SimServer):
+class SimLMStudio(Inventory, SimServer):
     """One simulated LM Studio server. See the module docstring for the rules."""
 
     kind = "lmstudio"
@@ -162,10 +143,9 @@ class SimLMStudio(SimServer):
         self.token = token
         self.responses: dict[str, None] = {}  # the ids it answered, oldest first (rule 10)
 
-    def script(self, model: str, *behaviors: Behavior) -> None:
-        """Queues behaviours for the next model-bearing calls naming exactly `model` (FIFO,
-        once each)."""
-        self._queue_behaviors(model, behaviors)
+    @property
+    def router_key(self) -> str | None:
+        return self.token
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -175,7 +155,7 @@ class SimLMStudio(SimServer):
             if denied is not None:
                 conn.respond(ex, 401, denied, CT_JSON_UTF8)
                 return None
-        handler = find_route(_ROUTES, _PATTERN_ROUTES, ex)
+        handler = find_route(_ROUTES, INVENTORY_PATTERN_ROUTES, ex)
         if handler is None:
             path = ex.url.partition("?")[0]
             self._json(conn, ex, {"error": f"Unexpected endpoint or method. ({ex.method} {path})"})
@@ -192,9 +172,6 @@ class SimLMStudio(SimServer):
     def _crash_body(self, exc: Exception) -> bytes:
         return compact_json(_error(repr(exc), "internal_error"))
 
-    def _json(self, conn: Connection, ex: Exchange, obj: object, status: int = 200) -> None:
-        conn.respond(ex, status, compact_json(obj), CT_JSON_UTF8)
-
     def _unknown_model(self, conn: Connection, ex: Exchange, model: str) -> None:
         known = ", ".join(list(self.models))
         self._json(conn, ex, _error(f'Invalid model identifier "{model}". Please specify a valid downloaded '
@@ -204,45 +181,6 @@ class SimLMStudio(SimServer):
 
     def _greeting(self, conn: Connection, ex: Exchange) -> None:
         self._json(conn, ex, {"lmstudio": True})
-
-    def _v0_models(self, conn: Connection, ex: Exchange) -> None:
-        self._json(conn, ex, {"object": "list", "data": [self._v0_row(m) for m in list(self.models)]})
-
-    def _v0_model(self, conn: Connection, ex: Exchange) -> None:
-        model = unquote(ex.path_args[0])  # ids with `/` may arrive as %2F
-        if model not in self.models:
-            self._unknown_model(conn, ex, model)
-            return
-        self._json(conn, ex, self._v0_row(model))
-
-    def _v0_row(self, model: str) -> dict[str, Any]:
-        embedding = _is_embedding(model)
-        return {"id": model, "object": "model", "type": "embeddings" if embedding else "llm",
-                "publisher": _publisher(model), "arch": "nomic-bert" if embedding else "llama",
-                "compatibility_type": "gguf", "quantization": QUANTIZATION,
-                "state": "loaded" if model in self.loaded else "not-loaded", "max_context_length": _max_context(model)}
-
-    def _v1_models(self, conn: Connection, ex: Exchange) -> None:
-        data = [{"id": m, "object": "model", "owned_by": "organization_owner"} for m in list(self.models)]
-        self._json(conn, ex, {"object": "list", "data": data})
-
-    def _rest_models(self, conn: Connection, ex: Exchange) -> None:
-        self._json(conn, ex, {"models": [self._rest_row(m) for m in list(self.models)]})
-
-    def _rest_row(self, model: str) -> dict[str, Any]:
-        embedding = _is_embedding(model)
-        row: dict[str, Any] = {
-            "type": "embedding" if embedding else "llm", "publisher": _publisher(model), "key": model,
-            "display_name": model.rsplit("/", 1)[-1], "architecture": "nomic-bert" if embedding else "llama",
-            "quantization": {"name": QUANTIZATION, "bits_per_weight": 4.8},
-            "size_bytes": 1_000_000_000 + zlib.crc32(model.encode()) % 4_000_000_000,
-            "params_string": None if embedding else "8B",
-            "loaded_instances": [{"id": model, "config": {"context_length": CONTEXT_LENGTH, "parallel": PARALLEL}}]
-            if model in self.loaded else [],
-            "max_context_length": _max_context(model), "format": "gguf"}
-        if not embedding:
-            row["capabilities"] = {"vision": False, "trained_for_tool_use": False}
-        return row
 
     def _unload(self, conn: Connection, ex: Exchange) -> None:
         body = self._read_body(conn, ex)
@@ -293,33 +231,25 @@ class SimLMStudio(SimServer):
         if steps is not None:
             yield from steps
 
-    def _misbehave(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, events: bool) -> None:
-        """Answers a scripted refusal (rule 7); `hang` and a streamed `die_after` or `stall_after`
-        never get here."""
-        match behavior.kind:
-            case "in_band" if stream:
-                conn.stream_head(ex, CT_SSE)
-                if events:
-                    conn.send(_event("error", {"error": {"type": behavior.type or "unknown",
-                                                         "message": behavior.message}}))
-                else:
-                    conn.send(sse_frame(_error(behavior.message, behavior.type, code=behavior.code), compact=True))
-                conn.end_stream(ex)
-            case "refuse" | "in_band":
-                self._json(conn, ex, _error(behavior.message, behavior.type, code=behavior.code), behavior.status)
-            case "raw":
-                answer_raw(conn, ex, behavior)
-            case _:  # reset, and die_after without a stream
-                conn.reset()
+    def _refuse(self, conn: Connection, ex: Exchange, behavior: Behavior, stream: bool, events: bool) -> None:
+        """A scripted refusal in LM Studio's dialect (rule 7)."""
+        if not (behavior.kind == "in_band" and stream):
+            self._json(conn, ex, _error(behavior.message, behavior.type, code=behavior.code), behavior.status)
+            return
+        conn.stream_head(ex, CT_SSE)
+        if events:
+            conn.send(_event("error", {"error": {"type": behavior.type or "unknown", "message": behavior.message}}))
+        else:
+            conn.send(sse_frame(_error(behavior.message, behavior.type, code=behavior.code), compact=True))
+        conn.end_stream(ex)
 
     def _openai_stream(self, conn: Connection, ex: Exchange, call: _Call, head: dict[str, Any],
                        piece: dict[str, Any], last: dict[str, Any], prefill: Prefill = NO_PROMPT) -> Steps:
         """OpenAI SSE: `chunks` pieces, the last choice, usage when asked, `[DONE]`."""
         tail = [sse_frame({**head, "choices": [last]}, compact=True)]
-        options = call.body.get("stream_options")
-        if isinstance(options, dict) and options.get("include_usage"):
+        if wants_usage(call.body):
             tail.append(sse_frame({**head, "choices": [], "usage": self._usage(prefill)}, compact=True))
-        tail.append(_DONE)
+        tail.append(SSE_DONE)
         frame = sse_frame({**head, "choices": [piece]}, compact=True)
         return self._stream(conn, ex, CT_SSE, (), [frame] * self.chunks, tail, call.fault)
 
@@ -403,7 +333,7 @@ class SimLMStudio(SimServer):
                               "model": model, "usage": {"prompt_tokens": 2 * count, "total_tokens": 2 * count}})
 
     def _load(self, conn: Connection, ex: Exchange, call: _Call) -> None:
-        self._json(conn, ex, {"type": "embedding" if _is_embedding(call.model) else "llm", "instance_id": call.model,
+        self._json(conn, ex, {"type": "embedding" if is_embedding(call.model) else "llm", "instance_id": call.model,
                               "load_time_seconds": 0.5 if call.loading else 0.0, "status": "loaded"})
 
     def _rest_chat(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
@@ -432,26 +362,17 @@ class SimLMStudio(SimServer):
         return self._stream(conn, ex, CT_SSE, lead, pieces, tail, call.fault)
 
 
-def _model_route(route: _Route) -> Handler:
-    return lambda box, conn, ex: box._model_call(conn, ex, route)
-
-
 _ROUTES: Routes = {
+    **INVENTORY_ROUTES,
     ("GET", "/lmstudio-greeting"): SimLMStudio._greeting,
-    ("GET", "/api/v0/models"): SimLMStudio._v0_models,
-    ("POST", "/api/v0/chat/completions"): _model_route(_Route(SimLMStudio._chat_completion, v0=True)),
-    ("POST", "/api/v0/completions"): _model_route(_Route(SimLMStudio._completion, v0=True)),
-    ("POST", "/api/v0/embeddings"): _model_route(_Route(SimLMStudio._embeddings, v0=True)),
-    ("GET", "/v1/models"): SimLMStudio._v1_models,
-    ("POST", "/v1/chat/completions"): _model_route(_Route(SimLMStudio._chat_completion)),
-    ("POST", "/v1/completions"): _model_route(_Route(SimLMStudio._completion)),
-    ("POST", "/v1/embeddings"): _model_route(_Route(SimLMStudio._embeddings)),
-    ("GET", "/api/v1/models"): SimLMStudio._rest_models,
-    ("POST", "/api/v1/models/load"): _model_route(_Route(SimLMStudio._load)),
+    ("POST", "/api/v0/chat/completions"): model_route(_Route(SimLMStudio._chat_completion, v0=True)),
+    ("POST", "/api/v0/completions"): model_route(_Route(SimLMStudio._completion, v0=True)),
+    ("POST", "/api/v0/embeddings"): model_route(_Route(SimLMStudio._embeddings, v0=True)),
+    ("POST", "/v1/chat/completions"): model_route(_Route(SimLMStudio._chat_completion)),
+    ("POST", "/v1/completions"): model_route(_Route(SimLMStudio._completion)),
+    ("POST", "/v1/embeddings"): model_route(_Route(SimLMStudio._embeddings)),
+    ("POST", "/api/v1/models/load"): model_route(_Route(SimLMStudio._load)),
     ("POST", "/api/v1/models/unload"): SimLMStudio._unload,
-    ("POST", "/api/v1/chat"): _model_route(_Route(SimLMStudio._rest_chat, events=True)),
-    ("POST", "/v1/responses"): _model_route(_Route(SimLMStudio._responses)),
+    ("POST", "/api/v1/chat"): model_route(_Route(SimLMStudio._rest_chat, events=True)),
+    ("POST", "/v1/responses"): model_route(_Route(SimLMStudio._responses)),
 }
-_PATTERN_ROUTES: PatternRoutes = [
-    ("GET", re.compile(r"/api/v0/models/(.+)"), SimLMStudio._v0_model),
-]
