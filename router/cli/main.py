@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from router import __version__
+from router.boxes.config import RegistryDown
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.aliases import add_aliases_parser, aliases_command
 from router.cli.boxes import add_boxes_parser, boxes_command
@@ -328,3 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"router: {exc}", file=sys.stderr)
         return 2
+    except RegistryDown as exc:  # the boxes registry's database is down
+        print(f"router: {exc}", file=sys.stderr)
+        return 1

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol
 from urllib.parse import quote, unquote
 
-import apsw
 import orjson
 from prometheus_client import CollectorRegistry
 
@@ -176,9 +175,9 @@ async def telemetry(app: AdminApp, edge: Edge) -> None:
         return
     loop = asyncio.get_running_loop()
     try:
-        doc = await loop.run_in_executor(None, route_log.read_rows, app.shared.store_path, since, limit, tail)
-    except apsw.Error as exc:
-        await _error(app, edge, 503, "store_unavailable", f"route log unreadable: {type(exc).__name__}")
+        doc = await loop.run_in_executor(None, app.shared.route_log.read, since, limit, tail)
+    except route_log.ReadFailed as exc:
+        await _error(app, edge, 503, "store_unavailable", f"route log unreadable: {exc}")
         return
     await _json(edge, 200, doc)
 
@@ -299,16 +298,16 @@ async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int 
         return result
 
     try:
-        result = await asyncio.get_running_loop().run_in_executor(None, boxes_config.edit, fleet.path, checked)
+        result = await asyncio.get_running_loop().run_in_executor(None, fleet.registry.edit, checked)
     except boxes_config.UnknownBox as exc:
         await _error(app, edge, 404, "unknown_box", str(exc))
         return
     except ConfigError as exc:
         await _error(app, edge, 400, "invalid_box", str(exc))
         return
-    except OSError as exc:  # e.g. a system unit's read-only /etc (ProtectSystem=strict)
+    except OSError as exc:  # a system unit's read-only /etc (ProtectSystem=strict); a database down
         await _error(app, edge, 503, "boxes_file_unwritable",
-                     f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}")
+                     f"cannot write the {fleet.registry.where}: {exc.strerror or exc}")
         return
     await fleet.reload()
     box = fleet.get(name)
