@@ -180,7 +180,7 @@ class ReadFailed(Exception):
     """The route log could not be read now (the store is busy, gone, or unreachable)."""
 
 
-def _values(row: Row, router: str | None = None) -> list:
+def row_values(row: Row, router: str | None = None) -> list:
     """The row's values for binding, its text clipped (rule 12), its JSON columns encoded (rule
     4), its `router` filled in (rule 14)."""
     values = list(row)
@@ -331,14 +331,14 @@ class RouteLogWriter:
     def _write(self, batch: list[tuple[float, Row]]) -> None:
         row_errors = self.row_errors
         try:
-            self._commit([_values(row, self.instance) for _, row in batch], usage_by_day([row for _, row in batch]))
+            self._commit([row_values(row, self.instance) for _, row in batch], usage_by_day([row for _, row in batch]))
             written = len(batch)
         except row_errors as exc:
             log.warning("route_log: batch failed (%s); writing its %d rows one by one", exc, len(batch))
             written = 0
             for _, row in batch:
                 try:
-                    self._commit([_values(row, self.instance)], usage_by_day([row]))
+                    self._commit([row_values(row, self.instance)], usage_by_day([row]))
                     written += 1
                 except row_errors as row_exc:
                     self.dropped += 1

@@ -13,8 +13,8 @@ Rules:
    counted in `outage_dropped` (and `dropped`). Nothing below the bounds is lost.
 4. While rows are parked the writer tries the database every RETRY_S (each try bounded by the
    connect timeout), new batches parked behind them; once it answers, the held rows go first,
-   then the spill file's, then new ones. A spill file left by a router that stopped during an
-   outage is flushed the same way at the next start.
+   then the spill file's, then new ones. A router stopping during an outage moves its held rows
+   to the spill file, and the next start flushes the file the same way.
 5. Retention pruning runs on exactly one router: the one whose writer connection holds the
    session advisory lock PRUNE_LOCK (pg_try_advisory_lock; a lease that ends with its session,
    so another router takes it over at its next look when the holder dies).
@@ -100,6 +100,10 @@ class PgRouteLogWriter(base.RouteLogWriter):
             self._went_down(exc)
 
     def _close(self) -> None:
+        if self._held:  # stopping while down: the next start flushes them (rule 4)
+            held, self._held = self._held, []
+            self.parked -= len(held)
+            self._spill(held)
         for conn in (self._conn, self._reader):
             if conn is not None:
                 conn.close()
@@ -183,7 +187,7 @@ class PgRouteLogWriter(base.RouteLogWriter):
         spill = []
         for _, row in batch:
             try:
-                values = base._values(row, self.instance)
+                values = base.row_values(row, self.instance)
             except TypeError as exc:
                 self.dropped += 1
                 log.error("route_log: row dropped: %s", exc)
@@ -193,9 +197,13 @@ class PgRouteLogWriter(base.RouteLogWriter):
                 self.parked += 1
             else:
                 spill.append(values)
-        if not spill:
-            return
-        lines = [orjson.dumps(values) + b"\n" for values in spill]
+        if spill:
+            self._spill(spill)
+
+    def _spill(self, rows: list[list]) -> None:
+        """Appends encoded rows to the spill file up to SPILL_MAX_BYTES; drops and counts the
+        rest (rule 3)."""
+        lines = [orjson.dumps(values) + b"\n" for values in rows]
         kept = []
         for line in lines:
             if self._spill_bytes + len(line) > SPILL_MAX_BYTES:
