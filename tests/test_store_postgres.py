@@ -4,6 +4,7 @@ advisory lock, keys, the route log and the boxes registry on a real throw-away c
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 
@@ -164,3 +165,66 @@ def test_the_registry_holds_boxes_and_aliases_validated_as_the_file(pg_url):
     registry.session.url = "postgresql://postgres@127.0.0.1:1/none"
     registry.session._conn.close()
     assert registry.stamp() == stamp  # down: the last stamp, so the fleet keeps its copy
+
+
+def _table(conn, sql: str) -> list[tuple]:
+    return [tuple(row) for row in conn.execute(sql)]
+
+
+def test_export_and_import_round_trip_through_the_cli(pg_url, tmp_path, monkeypatch, capsys):
+    """pg/transfer.py rules 1-3 and cli/store.py rules 1-2: a single router's store into
+    PostgreSQL, the commands on it, and back into fresh files, equal to the first."""
+    from router.boxes import config as boxes_config
+    from router.cli.main import main
+    from router.store import db
+    from router.store.pg.transfer import ORDER, TABLES
+    from router.store.route_log import RouteLogWriter
+
+    monkeypatch.delenv(engines.ENV, raising=False)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    store = engines.keys(first / "router.sqlite3", None)
+    key_id, key = store.create("team", "use", limits={"rpm": 7, "budget_tokens": 900})
+    store.close()
+    writer = RouteLogWriter(first / "router.sqlite3", instance="solo")
+    writer.start()
+    for i in range(30):
+        writer.record(_row(i, key_id=key_id, prompt_tokens=2, completion_tokens=3))
+    writer.stop()
+    boxes_config.edit(first / "boxes.json", lambda f: (
+        f.put(BoxConfig("a", "http://127.0.0.1:9", BoxKind.OLLAMA, key="box-key", max_inflight=2)),
+        box_aliases.set_alias(f, "fast", ["tiny", "llama3"])))
+
+    assert main(["store", "export", "--to", pg_url, "--store", str(first / "router.sqlite3"),
+                 "--boxes-file", str(first / "boxes.json")]) == 0
+    assert capsys.readouterr().out.split() == ["api_keys=1", "key_usage=1", "route_log=30", "boxes=1", "aliases=1"]
+    assert main(["store", "export", "--to", pg_url, "--store", str(first / "router.sqlite3"),
+                 "--boxes-file", str(first / "boxes.json")]) == 2  # never merges
+    assert "is not empty" in capsys.readouterr().err
+
+    # The commands work on the database (cli/store.py rule 1).
+    assert main(["keys", "--database-url", pg_url, "list", "--json"]) == 0
+    assert key_id in capsys.readouterr().out
+    assert main(["log", "--database-url", pg_url, "--tail", "3", "--json"]) == 0
+    assert [json.loads(line)["router"] for line in capsys.readouterr().out.splitlines()] == ["solo"] * 3
+    assert main(["boxes", "--database-url", pg_url, "block", "a"]) == 0
+    assert main(["boxes", "--database-url", pg_url, "unblock", "a"]) == 0
+    assert main(["aliases", "--database-url", pg_url, "list"]) == 0
+    assert "fast\ttiny -> llama3" in capsys.readouterr().out
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the identity moved past the copied ids
+        conn.execute("INSERT INTO route_log (request_id, received_at) VALUES ('new', 1)")
+        assert conn.execute("SELECT id FROM route_log WHERE request_id = 'new'").fetchone()[0] > 30
+        conn.execute("DELETE FROM route_log WHERE request_id = 'new'")
+
+    assert main(["store", "import", "--from", pg_url, "--store", str(second / "router.sqlite3"),
+                 "--boxes-file", str(second / "boxes.json")]) == 0
+    a, b = db.open_store(first / "router.sqlite3"), db.open_store(second / "router.sqlite3")
+    for table, columns in TABLES.items():
+        sql = f"SELECT {', '.join(columns)} FROM {table} ORDER BY {ORDER[table]}"
+        assert _table(a, sql) == _table(b, sql), table
+    a.close(), b.close()
+    assert boxes_config.load(second / "boxes.json").boxes == boxes_config.load(first / "boxes.json").boxes
+    assert boxes_config.load(second / "boxes.json").aliases == boxes_config.load(first / "boxes.json").aliases
+    back = engines.keys(second / "router.sqlite3", None)
+    assert back.scope_of(key, time.time(), None) == "use" and back.limits_of(key_id).rpm == 7
+    back.close()

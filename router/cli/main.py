@@ -21,6 +21,7 @@ from router.cli.boxes import add_boxes_parser, boxes_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.cli.log import add_log_parser, log_command
+from router.cli.store import add_store_parser, store_command
 from router.core import bounds
 from router.core.affinity import DEFAULT_SLACK
 from router.core.errors import ConfigError
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_parser(sub)
     add_keys_parser(sub)
     add_log_parser(sub)
+    add_store_parser(sub)
     add_install_parsers(sub)
     return parser
 
@@ -319,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             return keys_command(args)
         if args.command == "log":
             return log_command(args)
+        if args.command == "store":
+            return store_command(args)
         if args.command in ("install", "uninstall", "status"):
             return install_command(args)
         from router.cli.run import run_demo, run_serve

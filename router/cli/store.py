@@ -6,6 +6,9 @@ Rules:
    `log` work on the PostgreSQL store, as a router started with the same URL does
    (router.store.engines); unset, they work on the files, as before. A command migrates a new
    database first, so it may run before any router has.
+2. `router store export --to URL` copies this machine's store file and boxes file into an empty
+   PostgreSQL store; `router store import --from URL` copies one back into an empty store file
+   and boxes file (router.store.pg.transfer). Each prints what moved, by table.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 from pathlib import Path
 
 from router.boxes import config as boxes_config
-from router.store import engines
+from router.store import engines, paths
 
 
 def add_database_option(parser: argparse.ArgumentParser) -> None:
@@ -39,3 +42,31 @@ def registry_of(args: argparse.Namespace) -> tuple[boxes_config.Registry, str]:
     url = database_of(args)
     registry = engines.registry(path, url)
     return registry, str(args.boxes_file or boxes_config.default_path()) if url is None else registry.where
+
+
+def add_store_parser(sub) -> None:
+    store = sub.add_parser("store", help="move the store between SQLite and PostgreSQL (several routers)")
+    ssub = store.add_subparsers(dest="store_command", required=True)
+    out = ssub.add_parser("export", help="copy the store file and boxes file into an empty PostgreSQL store")
+    out.add_argument("--to", required=True, metavar="URL", help="postgresql://... of the database")
+    back = ssub.add_parser("import", help="copy a PostgreSQL store into an empty store file and boxes file")
+    back.add_argument("--from", required=True, dest="source", metavar="URL", help="postgresql://... of the database")
+    for command in (out, back):
+        command.add_argument("--store", type=Path, default=None,
+                             help="the store file (default: $HUGPY_ROUTER_HOME/router.sqlite3, as serve uses)")
+        command.add_argument("--boxes-file", type=Path, default=None,
+                             help="the boxes file (default: $HUGPY_ROUTER_BOXES or <config dir>/router/boxes.json)")
+
+
+def store_command(args: argparse.Namespace) -> int:
+    """Rule 2. Raises ConfigError (main prints it, exit 2)."""
+    from router.store.pg import transfer
+
+    store_path = args.store or paths.db_path()
+    boxes_path = args.boxes_file or boxes_config.default_path()
+    if args.store_command == "export":
+        moved = transfer.export(store_path, boxes_path, engines.database_url(args.to))
+    else:
+        moved = transfer.import_(engines.database_url(args.source), store_path, boxes_path)
+    print(" ".join(f"{table}={count}" for table, count in moved.items()))
+    return 0

@@ -54,20 +54,12 @@ class PgRegistry:
             raise RegistryDown(f"{self.where} unreachable: {type(exc).__name__}") from None
 
     def edit(self, change: Callable[[boxes_config.BoxesFile], T]) -> T:
-        from psycopg.types.json import Jsonb
-
         try:
             with self.session.use() as conn, conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (pg.REGISTRY_LOCK,))
                 boxes = self._read(conn)
                 result = change(boxes)
-                conn.execute("DELETE FROM boxes")
-                with conn.cursor() as cursor:
-                    cursor.executemany("INSERT INTO boxes (name, position, doc) VALUES (%s, %s, %s)",
-                                       [(box.name, n, Jsonb(box.to_json())) for n, box in enumerate(boxes.boxes)])
-                    conn.execute("DELETE FROM aliases")
-                    cursor.executemany("INSERT INTO aliases (name, position, chain) VALUES (%s, %s, %s)",
-                                       [(a.name, n, Jsonb(list(a.chain))) for n, a in enumerate(boxes.aliases.values())])
+                write(conn, boxes)
         except self._errors as exc:
             raise RegistryDown(f"{self.where} unreachable: {type(exc).__name__}") from None
         return result
@@ -87,3 +79,16 @@ class PgRegistry:
 
     def close(self) -> None:
         self.session.close()
+
+
+def write(conn, boxes: boxes_config.BoxesFile) -> None:
+    """Makes the tables hold `boxes` (rule 1), inside the caller's transaction."""
+    from psycopg.types.json import Jsonb
+
+    conn.execute("DELETE FROM boxes")
+    conn.execute("DELETE FROM aliases")
+    with conn.cursor() as cursor:
+        cursor.executemany("INSERT INTO boxes (name, position, doc) VALUES (%s, %s, %s)",
+                           [(box.name, n, Jsonb(box.to_json())) for n, box in enumerate(boxes.boxes)])
+        cursor.executemany("INSERT INTO aliases (name, position, chain) VALUES (%s, %s, %s)",
+                           [(a.name, n, Jsonb(list(a.chain))) for n, a in enumerate(boxes.aliases.values())])
