@@ -17,7 +17,7 @@ from router.core.errors import BadRequest, ConfigError
 from router.core.types import BoxKind
 from router.store import engines
 from router.store.pg import conn as pg
-from router.store.pg.registry import PgRegistry
+from router.boxes.pg_registry import PgRegistry
 from router.store.route_log import Row
 
 from conftest import wait_for

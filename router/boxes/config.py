@@ -30,8 +30,8 @@ Rules:
    are checked when read (router.core.aliases rule 1; router.boxes.aliases edits them).
 8. Where the boxes and aliases live is a `Registry`: `load`, `edit` (rule 5's one edit), and a
    `stamp` that changes when they changed. `FileRegistry` is this file; several routers keep
-   the same contents in PostgreSQL (router.store.pg.registry), parsed and validated by this
-   module's `parse`, so every rule here holds there too.
+   the same contents in PostgreSQL (router.boxes.pg_registry), parsed and validated by this
+   module's `parse`, so every rule here holds there too. `registry_for` picks one.
 """
 
 from __future__ import annotations
@@ -397,3 +397,12 @@ class FileRegistry:
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def registry_for(path: Path, database_url: str | None) -> Registry:
+    """The boxes file at `path`, or the registry in the database at `database_url` (rule 8)."""
+    if database_url is None:
+        return FileRegistry(path)
+    from router.boxes.pg_registry import PgRegistry
+
+    return PgRegistry(database_url)

@@ -40,7 +40,7 @@ def registry_of(args: argparse.Namespace) -> tuple[boxes_config.Registry, str]:
     database (rule 1)."""
     path = Path(os.path.realpath(args.boxes_file or boxes_config.default_path()))
     url = database_of(args)
-    registry = engines.registry(path, url)
+    registry = boxes_config.registry_for(path, url)
     return registry, str(args.boxes_file or boxes_config.default_path()) if url is None else registry.where
 
 
@@ -59,14 +59,30 @@ def add_store_parser(sub) -> None:
 
 
 def store_command(args: argparse.Namespace) -> int:
-    """Rule 2. Raises ConfigError (main prints it, exit 2)."""
+    """Rule 2: the tables by router.store.pg.transfer, the boxes and aliases beside them (in
+    the same transaction on PostgreSQL). Raises ConfigError (main prints it, exit 2)."""
+    from router.boxes import pg_registry
     from router.store.pg import transfer
 
     store_path = args.store or paths.db_path()
     boxes_path = args.boxes_file or boxes_config.default_path()
     if args.store_command == "export":
-        moved = transfer.export(store_path, boxes_path, engines.database_url(args.to))
+        boxes = boxes_config.load(boxes_path)
+        moved = transfer.export(store_path, engines.database_url(args.to),
+                                lambda conn: pg_registry.write(conn, boxes))
     else:
-        moved = transfer.import_(engines.database_url(args.source), store_path, boxes_path)
+        url = engines.database_url(args.source)
+        present = boxes_config.load(boxes_path)
+        transfer.refuse_unless_empty({"boxes": len(present.boxes), "aliases": len(present.aliases)},
+                                     f"boxes file {boxes_path}")
+        moved = transfer.import_(url, store_path)
+        boxes = pg_registry.PgRegistry(url).load()
+
+        def replace(file: boxes_config.BoxesFile) -> None:
+            file.boxes[:] = boxes.boxes
+            file.aliases = dict(boxes.aliases)
+
+        boxes_config.edit(boxes_path, replace)
+    moved["boxes"], moved["aliases"] = len(boxes.boxes), len(boxes.aliases)
     print(" ".join(f"{table}={count}" for table, count in moved.items()))
     return 0

@@ -50,6 +50,7 @@ from granian.server.embed import Server
 
 from router._fastpath import Reservations
 from router.boxes import listeners as own_listeners
+from router.boxes import config as boxes_config
 from router.boxes.fleet import Fleet
 from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
@@ -234,7 +235,7 @@ class Running:
         self.reservations = Reservations()
         self.database_url = engines.database_url(config.database_url)
         self.fleet = Fleet(config.boxes_path, self.reservations,
-                           engines.registry(config.boxes_path, self.database_url))
+                           boxes_config.registry_for(config.boxes_path, self.database_url))
         self.telemetry = TelemetryCache()
         self.agents = AgentLinks(self.fleet, self.telemetry)
         self.store_path = config.store_path or store_paths.db_path()

@@ -2,10 +2,10 @@
 URL is given (`--database-url`, HUGPY_ROUTER_DATABASE_URL).
 
 Rules:
-1. One place picks the engine for each part of the store (the keys, the route log, the boxes
-   registry and aliases), for the router and for every CLI alike; the parts' code is the same
-   either way (router.store.keys, router.store.route_log, router.boxes.config), behind small
-   engine seams.
+1. One place picks the engine for each part of the store (the keys, the route log; the boxes
+   registry and aliases: router.boxes.config.registry_for), for the router and for every CLI
+   alike; the parts' code is the same either way (router.store.keys, router.store.route_log),
+   behind small engine seams.
 2. Opening PostgreSQL migrates it first (router.store.pg.conn.migrate, under its advisory lock),
    so the first router or CLI to touch a new database creates its tables.
 3. Nothing of the PostgreSQL side is imported without a URL: a single router needs no driver.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from router.boxes import config as boxes_config
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 
@@ -60,11 +59,3 @@ def route_log(store_path: Path, url: str | None, retention_s: float | None = Non
 
     return PgRouteLogWriter(url, store_path, retention_s, instance)
 
-
-def registry(boxes_path: Path, url: str | None) -> boxes_config.Registry:
-    """Where the boxes and aliases live: the boxes file, or the database."""
-    if url is None:
-        return boxes_config.FileRegistry(boxes_path)
-    from router.store.pg.registry import PgRegistry
-
-    return PgRegistry(url)

@@ -7,7 +7,7 @@ Rules:
    admin API and this registry.
 2. `edit` is the file's rule 5 in one transaction: the transaction advisory lock REGISTRY_LOCK
    (other routers and CLIs wait), read, change, validate, write; a change that fails writes
-   nothing. The tables' triggers notify every router at commit (conn.py rule 4).
+   nothing. The tables' triggers notify every router at commit (router.store.pg.conn rule 4).
 3. `stamp` is the `boxes` topic's version (0 before any edit). While the database is down it
    answers the last stamp it read, so the fleet keeps its last copy and does not reload; the
    LISTEN task reloads when the database is back.
