@@ -453,7 +453,10 @@ async def _key_upkeep(keys: KeyStore, tenancy: Tenancy) -> None:
         await asyncio.sleep(KEY_REFRESH_S)
         await loop.run_in_executor(None, keys.refresh_if_changed)
         await loop.run_in_executor(None, keys.flush_last_used, time.time())
-        tenancy.seed(await loop.run_in_executor(None, tenancy.seeds))
+        try:
+            tenancy.seed(await loop.run_in_executor(None, tenancy.seeds))
+        except keys.errors:  # the store unreadable now (a database down): the next look tries again
+            pass
 
 
 async def wait_listening(host: str, port: int, serving: asyncio.Task) -> None:

@@ -200,6 +200,11 @@ class KeyStore:
         with self._lock:
             self._db.close()
 
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """What a store error raises here (the engine's)."""
+        return self._db.errors
+
     # --- the hot path ---------------------------------------------------------------------
 
     def scope_of(self, bearer: str, now: float, admin_key: str | None) -> str | None:
