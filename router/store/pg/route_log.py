@@ -168,6 +168,8 @@ class PgRouteLogWriter(base.RouteLogWriter):
         except self._down_errors as exc:
             self._went_down(exc)
             self._park(batch)
+            return
+        self._came_back()
 
     def _tick(self) -> float | None:
         if not self.parked:
@@ -241,11 +243,14 @@ class PgRouteLogWriter(base.RouteLogWriter):
         except self._down_errors as exc:
             self._went_down(exc)
             return False
+        self._came_back()
+        return True
+
+    def _came_back(self) -> None:
         if self._down_since is not None:
             log.warning("route_log: database back after %.1f s; parked rows written",
                         time.monotonic() - self._down_since)
             self._down_since = None
-        return True
 
     def _flush_spill(self) -> None:
         """Writes the spill file's rows in batches; on an outage midway, keeps the rest in the
