@@ -18,7 +18,7 @@ from router.core.types import BoxKind
 from router.store import engines
 from router.store.pg import conn as pg
 from router.boxes.pg_registry import PgRegistry
-from router.store.route_log import Row
+from router.store.route_log import Row, row_values
 
 from conftest import wait_for
 
@@ -100,9 +100,10 @@ def test_keys_are_served_from_the_last_copy_while_the_database_is_down(pg_keys, 
 
 
 def _row(i: int, **extra) -> Row:
-    return Row(request_id=f"c{i}", state="done", facade="openai", model="m", box="a",
-               decision={"ranked": [["a", "serving"]]}, attempts=[{"box": "a", "status": 200}],
-               received_at=1000.0 + i, responded_at=1000.5 + i, http_status=200, **extra)
+    fields = dict(request_id=f"c{i}", state="done", facade="openai", model="m", box="a",
+                  decision={"ranked": [["a", "serving"]]}, attempts=[{"box": "a", "status": 200}],
+                  received_at=1000.0 + i, responded_at=1000.5 + i, http_status=200)
+    return Row(**{**fields, **extra})
 
 
 def test_the_route_log_is_written_in_batches_with_the_router_column(pg_url, tmp_path):
@@ -113,15 +114,18 @@ def test_the_route_log_is_written_in_batches_with_the_router_column(pg_url, tmp_
     for i in range(600):
         writer.record(_row(i, key_id="k1" if i % 2 else None, prompt_tokens=3, completion_tokens=4))
     writer.record(_row(1))  # a duplicate: dropped alone
+    writer.record(Row("bad-state", "exploded", received_at=1.0))  # the table's CHECK: dropped alone
+    writer.record(_row(600, model="a\x00b"))  # a NUL PostgreSQL's text cannot hold: kept (rule 1)
     writer.stop()
-    assert (writer.written, writer.dropped) == (600, 1)
+    assert (writer.written, writer.dropped) == (601, 2)
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT count(*), min(router), max(router) FROM route_log").fetchone() == (600, "r1", "r1")
+        assert conn.execute("SELECT count(*), min(router), max(router) FROM route_log").fetchone() == (601, "r1", "r1")
+        assert conn.execute("SELECT model FROM route_log WHERE request_id = 'c600'").fetchone() == ("a\ufffdb",)
         assert conn.execute("SELECT sum(requests), sum(prompt_tokens) FROM key_usage").fetchone() == (300, 900)
     page = writer.read(tail=2)
-    assert [r["request_id"] for r in page["rows"]] == ["c598", "c599"]
+    assert [r["request_id"] for r in page["rows"]] == ["c599", "c600"]
     assert page["rows"][0]["decision"] == {"ranked": [["a", "serving"]]}
-    assert writer.read(since=page["rows"][0]["id"], limit=5)["rows"][0]["request_id"] == "c599"
+    assert writer.read(since=page["rows"][0]["id"], limit=5)["rows"][0]["request_id"] == "c600"
 
 
 def test_retention_prunes_on_exactly_one_router(pg_url, tmp_path, monkeypatch):
@@ -131,11 +135,12 @@ def test_retention_prunes_on_exactly_one_router(pg_url, tmp_path, monkeypatch):
     for writer in writers:
         writer._open()
     try:
+        writers[1]._commit([row_values(_row(i), "r2") for i in range(3)])  # received long ago
         firsts = [writer._prune(time.time()) for writer in writers]
         assert [w._prune_lease for w in writers] == [True, False]
-        writers[0]._conn.close()  # the holder's session ends: its lease with it
-        writers[1]._prune(time.time())
-        assert writers[1]._prune_lease
+        assert [w.pruned for w in writers] == [3, 0]  # only the holder pruned
+        writers[0]._conn.close()  # the holder's session ends: its lease with it (soon after, server side)
+        assert wait_for(lambda: writers[1]._prune(time.time()) is False and writers[1]._prune_lease)
         assert firsts == [False, False]
     finally:
         for writer in writers:

@@ -127,7 +127,7 @@ class Row(NamedTuple):
 COLUMNS = Row._fields
 _JSON_COLUMNS = tuple(COLUMNS.index(name) for name in ("decision", "attempts"))
 # Columns whose text may carry what a client (model, pin, route, client address) or a box sent.
-_TEXT_COLUMNS = tuple(
+TEXT_COLUMNS = tuple(
     COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error")
 )
 _ROUTER_COLUMN = COLUMNS.index("router")
@@ -186,7 +186,7 @@ def row_values(row: Row, router: str | None = None) -> list:
     values = list(row)
     if values[_ROUTER_COLUMN] is None:
         values[_ROUTER_COLUMN] = router
-    for index in _TEXT_COLUMNS:
+    for index in TEXT_COLUMNS:
         value = values[index]
         if isinstance(value, str) and len(value) > TEXT_CHARS:
             values[index] = clip(value)

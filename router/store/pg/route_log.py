@@ -3,8 +3,11 @@ PostgreSQL, and what it does while the database is down.
 
 Rules:
 1. The queue, the batching, the encoding and the counters are RouteLogWriter's (its rules
-   1-14); a batch goes in as one multi-row INSERT with its `key_usage` increments, in one
-   transaction, on the writer thread's own connection (conn.py rule 1's timeouts).
+   1-14); a batch goes in as one COPY with its `key_usage` increments, in one transaction, on
+   the writer thread's own connection (conn.py rule 1's timeouts). COPY costs the router ~9 µs
+   of CPU a row where a multi-row INSERT cost ~170 µs (psycopg binds each value in Python; a
+   loaded 2-core machine, 20k ~600 B rows). PostgreSQL's text cannot hold NUL, which a
+   client's text may: it becomes U+FFFD here, so the row is kept, as SQLite keeps it.
 2. Down is a connection error or a timeout (psycopg.OperationalError, InterfaceError): the
    batch is parked, not dropped. A refused row (a duplicate, a bad value) is dropped and
    counted, as on SQLite.
@@ -23,7 +26,6 @@ Rules:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -47,9 +49,7 @@ SPILL_FILE = "route_log.spill.jsonl"
 RETRY_S = 1.0
 
 
-@functools.cache
-def insert_sql(rows: int) -> str:
-    return base.insert_sql(rows).replace("?", "%s")
+COPY_SQL = f"COPY route_log ({', '.join(base.COLUMNS)}) FROM STDIN"
 
 
 ADD_USAGE = base.ADD_USAGE.replace("?", "%s").replace(
@@ -118,7 +118,13 @@ class PgRouteLogWriter(base.RouteLogWriter):
     def _commit(self, rows: list[list], usage: list[tuple] = ()) -> None:  # type: ignore[assignment]
         conn = self._live()
         with conn.transaction(), conn.cursor() as cursor:
-            cursor.execute(insert_sql(len(rows)), [value for row in rows for value in row])
+            with cursor.copy(COPY_SQL) as copy:
+                for row in rows:
+                    for index in base.TEXT_COLUMNS:  # PostgreSQL's text holds no NUL (rule 1)
+                        value = row[index]
+                        if value.__class__ is str and "\x00" in value:
+                            row[index] = value.replace("\x00", "\ufffd")
+                    copy.write_row(row)
             if usage:
                 cursor.executemany(ADD_USAGE, usage)
 
