@@ -107,6 +107,11 @@ def test_a_router_serves_every_call_through_a_postgresql_restart_and_loses_no_ro
         own_cluster.stop()
         assert wait_for(lambda: get_json(router, "/v1/router/state")["database"]["up"] is False, timeout=10)
         assert [call(router, headers=auth, timeout=10)[0] for _ in range(20)] == [200] * 20
+        # Edits refuse, loudly and quickly; calls go on (docs/several-routers.md).
+        status, doc = admin(router, "POST", "/v1/keys", {"name": "later"})
+        assert (status, doc["error"]["code"]) == (503, "store_unavailable")
+        status, doc = admin(router, "POST", "/v1/boxes", {"name": "p", "url": box.url, "kind": "ollama"})
+        assert status == 503, doc
         metrics = request(router, "GET", "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})[2].decode()
         assert "router_database_up 0.0" in metrics
         own_cluster.start()

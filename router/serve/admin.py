@@ -186,7 +186,11 @@ async def keys(app: AdminApp, edge: Edge) -> None:
     store = app.shared.keys
     loop = asyncio.get_running_loop()
     if edge.method == "GET":
-        listed = await loop.run_in_executor(None, store.list, _query(edge).get("all") == "1")
+        try:
+            listed = await loop.run_in_executor(None, store.list, _query(edge).get("all") == "1")
+        except store.errors as exc:
+            await _store_down(app, edge, exc)
+            return
         await _json(edge, 200, {"keys": listed})
         return
     doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
@@ -207,10 +211,13 @@ async def keys(app: AdminApp, edge: Edge) -> None:
         key_id, key = await loop.run_in_executor(
             None, store.create, name, scope, expires_days, "api", priority_class, limits
         )
+        rows = await loop.run_in_executor(None, store.list, True)
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
         return
-    rows = await loop.run_in_executor(None, store.list, True)
+    except store.errors as exc:
+        await _store_down(app, edge, exc)
+        return
     row = next(r for r in rows if r["id"] == key_id)
     await _json(edge, 201, {**row, "key": key, "note": "store this key now; it is not shown again"})
 
@@ -262,6 +269,11 @@ async def revoke(app: AdminApp, edge: Edge) -> None:
         await _json(edge, 200, {"id": key_id, "revoked": True})
 
 
+async def _store_down(app: AdminApp, edge: Edge, exc: BaseException) -> None:
+    """A key change or listing the store cannot take now (a database down): 503, calls go on."""
+    await _error(app, edge, 503, "store_unavailable", f"the key store cannot be reached now: {type(exc).__name__}")
+
+
 async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
     """Runs `change(key_id, *args)` on the key store off the loop (rule 2); its result, or None
     once the client was answered: 400 for a bad value, 404 for no such key (a result of False
@@ -270,6 +282,9 @@ async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
         result = await asyncio.get_running_loop().run_in_executor(None, change, key_id, *args)
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
+        return None
+    except app.shared.keys.errors as exc:
+        await _store_down(app, edge, exc)
         return None
     if result is None or result is False:
         await _error(app, edge, 404, "not_found", f"no key {key_id}")
