@@ -15,7 +15,8 @@ Rules:
    interval of its link (boxes.link.HEALTH_INTERVAL_S). The stream ends when the client leaves
    or the router stops.
 4. A route-log row on the stream carries metadata only: ids, facade, model and settings, box,
-   status, attempts and refusals, times. The store holds no prompt or body to begin with.
+   status, attempts and refusals, times, the router that served it. The store holds no prompt
+   or body to begin with.
 5. Reading the route log is a store read (SQLite or PostgreSQL): it runs in a worker thread,
    never on the event loop.
 """
@@ -58,7 +59,7 @@ TAIL_ROWS = 100
 TAIL_COLUMNS = (
     "id", "request_id", "facade", "route", "model", "options", "pin", "box", "http_status", "state",
     "error", "stream", "attempts", "received_at", "first_byte_at", "responded_at", "bytes_in", "bytes_out",
-    "affinity",
+    "affinity", "router",
 )
 SSE_HEADERS = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
 
