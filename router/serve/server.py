@@ -49,8 +49,8 @@ from granian.log import LogLevels
 from granian.server.embed import Server
 
 from router._fastpath import Reservations
-from router.boxes import listeners as own_listeners
 from router.boxes import config as boxes_config
+from router.boxes import listeners as own_listeners
 from router.boxes.fleet import Fleet
 from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
@@ -295,22 +295,15 @@ class Running:
             loop.create_task(watch_loop(shared.metrics), name="loop-watch"),
             loop.create_task(sample_calls(shared.metrics), name="call-series"),
         ]
-        if url is not None:
-            self.tasks.append(loop.create_task(self._listen(url), name="database-listen"))
+        if url is not None:  # changes from any router, live here (router.store.pg.listen)
+            from router.store.pg.listen import Listener
+
+            shared.database = Listener(url, {"keys": lambda: loop.run_in_executor(None, self.keys.reload),
+                                             "boxes": fleet.reload})
+            shared.scraped.register(shared.database)
+            self.tasks.append(loop.create_task(shared.database.run(), name="database-listen"))
         shared.clock.start()
         return shared
-
-    async def _listen(self, url: str) -> None:
-        """Changes from any router, live here (router.store.pg.listen)."""
-        from router.store.pg.listen import Listener
-
-        loop = asyncio.get_running_loop()
-        listener = self.shared.database = Listener(url, {
-            "keys": lambda: loop.run_in_executor(None, self.keys.reload),
-            "boxes": self.fleet.reload,
-        })
-        self.shared.scraped.register(listener)
-        await listener.run()
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
