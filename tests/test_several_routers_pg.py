@@ -106,3 +106,25 @@ def test_one_route_log_holds_both_routers_rows(routers, fleet, pg_url):
     assert {row["router"] for row in tail} == {"r0", "r1"}
     state = get_json(a, "/v1/router/state")["database"]
     assert state["engine"] == "postgresql" and state["up"] is True
+
+
+def test_routers_starting_together_on_a_new_database_migrate_it_once(tmp_path, pg_url):
+    """router/store/pg/conn.py rule 2, with real routers: three start at once on an empty database."""
+    import concurrent.futures
+
+    folders = []
+    for n in range(3):
+        folder = tmp_path / f"r{n}"
+        folder.mkdir()
+        (folder / "boxes.json").write_text('{"boxes": []}')
+        folders.append(folder / "boxes.json")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        started = list(pool.map(lambda path: RouterProcess(path, "--database-url", pg_url), folders))
+    try:
+        assert wait_for(lambda: all(get_json(r, "/v1/router/state")["database"]["up"] for r in started))
+        with psycopg.connect(pg_url) as conn:
+            applied = conn.execute("SELECT version, count(*) FROM schema_migrations GROUP BY version").fetchall()
+        assert applied and all(count == 1 for _, count in applied)
+    finally:
+        for router in started:
+            router.stop()
