@@ -94,7 +94,7 @@ def test_metrics_follow_the_conventions_in_both_formats(start_fleet):
               if s.name.endswith("_count")}
     assert counts == {"a": 1, "": 1}
     dropped = {s.labels["reason"]: s.value for s in families["router_route_log_dropped_rows"].samples}
-    assert dropped == {"write_failed": 0, "backlog_full": 0}
+    assert dropped == {"write_failed": 0, "backlog_full": 0, "database_down": 0}
 
     status, content_type, text = get(router.url, "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
     assert status == 200 and content_type.startswith("application/openmetrics-text")
@@ -118,7 +118,7 @@ def test_dropped_route_log_rows_are_counted(tmp_path):
     body, _ = exposition(scraped, None)
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     dropped = {s.labels["reason"]: s.value for s in families["router_route_log_dropped_rows"].samples}
-    assert dropped == {"write_failed": 1, "backlog_full": 0}
+    assert dropped == {"write_failed": 1, "backlog_full": 0, "database_down": 0}
 
 
 def test_quantile_interpolates_inside_its_bucket_as_histogram_quantile():

@@ -28,6 +28,10 @@ Rules:
    store_watch rule 7), but one that exists must pass.
 7. Aliases live beside the boxes, in the same file (`"aliases": {name: [model, ...]}`), and
    are checked when read (router.core.aliases rule 1; router.boxes.aliases edits them).
+8. Where the boxes and aliases live is a `Registry`: `load`, `edit` (rule 5's one edit), and a
+   `stamp` that changes when they changed. `FileRegistry` is this file; several routers keep
+   the same contents in PostgreSQL (router.boxes.pg_registry), parsed and validated by this
+   module's `parse`, so every rule here holds there too. `registry_for` picks one.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import re
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import apsw
@@ -352,3 +356,53 @@ def read_key_file(path: str) -> str:
         if match:
             return match.group(1)
     raise ConfigError(f"{path} has no FITEVICT_TOKEN= line")
+
+
+class RegistryDown(OSError):
+    """The registry cannot be reached now (a database down): not the edit's fault."""
+
+
+class Registry(Protocol):
+    """Where the boxes and aliases live (rule 8)."""
+
+    where: str  # shown in messages: the file's path, or the database
+
+    def load(self) -> BoxesFile:
+        """The boxes and aliases, validated. Raises ConfigError."""
+
+    def edit(self, change: Callable[[BoxesFile], T]) -> T:
+        """Rule 5's one edit. Raises ConfigError, with nothing written; OSError when the
+        registry cannot be written now."""
+
+    def stamp(self) -> object:
+        """Changes when the contents changed (None: there are none)."""
+
+
+class FileRegistry:
+    """The boxes file as the Registry (rules 1-7)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.where = f"boxes file {path}"
+
+    def load(self) -> BoxesFile:
+        return load(self.path)
+
+    def edit(self, change: Callable[[BoxesFile], T]) -> T:
+        return edit(self.path, change)
+
+    def stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def registry_for(path: Path, database_url: str | None) -> Registry:
+    """The boxes file at `path`, or the registry in the database at `database_url` (rule 8)."""
+    if database_url is None:
+        return FileRegistry(path)
+    from router.boxes.pg_registry import PgRegistry
+
+    return PgRegistry(database_url)

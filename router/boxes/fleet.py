@@ -1,8 +1,8 @@
 """The fleet: every box's live state and link, kept in step with the boxes file.
 
 Rules:
-1. The boxes file is re-read when its size, mtime or inode change (checked every
-   `WATCH_INTERVAL_S`): new boxes get a link, removed boxes lose theirs (calls already on them
+1. The boxes file (or the registry in its place: config rule 8) is re-read when its stamp
+   (the file's size, mtime and inode) changes (checked every `WATCH_INTERVAL_S`): new boxes get a link, removed boxes lose theirs (calls already on them
    finish, they hold their own reference), changed boxes are rebuilt. `reload()` re-reads at
    once (an admin API edit, a SIGHUP); re-reads never overlap, so the last one applies the
    newest file. The file's aliases (`aliases`) are replaced whole with its boxes.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 from router._fastpath import Reservations
@@ -58,8 +57,10 @@ def link_class(cfg: BoxConfig) -> type[Link]:
 
 
 class Fleet:
-    def __init__(self, path: Path, reservations: Reservations) -> None:
+    def __init__(self, path: Path, reservations: Reservations,
+                 registry: boxes_config.Registry | None = None) -> None:
         self.path = path
+        self.registry = registry if registry is not None else boxes_config.FileRegistry(path)
         self.reservations = reservations
         self.boxes: dict[str, BoxState] = {}
         self.links: dict[str, Link] = {}
@@ -74,7 +75,7 @@ class Fleet:
 
     def read(self) -> boxes_config.BoxesFile:
         """The boxes file, its boxes checked whole (rule 3). Raises ConfigError with one line."""
-        loaded = boxes_config.load(self.path)
+        loaded = self.registry.load()
         self.check(loaded.boxes)
         return loaded
 
@@ -84,14 +85,10 @@ class Fleet:
             try:
                 self.listening.check(configs)
             except NamesThisRouter as exc:
-                raise ConfigError(f"boxes file {self.path}, entry {exc.number}: {exc}") from None
+                raise ConfigError(f"{self.registry.where}, entry {exc.number}: {exc}") from None
 
-    def _file_stamp(self) -> tuple | None:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    def _file_stamp(self) -> object:
+        return self.registry.stamp()
 
     async def start(self) -> None:
         """Loads the file, starts every link and waits (bounded) for their first reads."""
@@ -158,8 +155,8 @@ class Fleet:
             stamp = self._stamp = await loop.run_in_executor(None, self._file_stamp)
             if stamp is None:
                 if self.boxes:
-                    log.warning("boxes file %s is gone: the last fleet (%d boxes) keeps serving; "
-                                "write a file with no boxes for an empty fleet", self.path, len(self.boxes))
+                    log.warning("%s is gone: the last fleet (%d boxes) keeps serving; "
+                                "write a file with no boxes for an empty fleet", self.registry.where, len(self.boxes))
                     return False
                 loaded = boxes_config.BoxesFile(self.path)
             else:

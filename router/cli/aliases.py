@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 from router.boxes import aliases as box_aliases
-from router.boxes import config as boxes_config
+from router.cli.store import add_database_option, registry_of
 
 
 def add_aliases_parser(sub) -> None:
     aliases = sub.add_parser("aliases", help="manage model aliases (a name and a chain of models)")
     aliases.add_argument("--boxes-file", type=Path, default=None)
+    add_database_option(aliases)
     asub = aliases.add_subparsers(dest="aliases_command", required=True)
     define = asub.add_parser("set", help="define an alias: the models it tries, in order")
     define.add_argument("name")
@@ -30,17 +31,17 @@ def add_aliases_parser(sub) -> None:
 
 def aliases_command(args: argparse.Namespace) -> int:
     """Raises ConfigError for a definition the rules refuse (the CLI prints its one line)."""
-    path = args.boxes_file or boxes_config.default_path()
+    registry, path = registry_of(args)
     if args.aliases_command == "list":
-        for alias in boxes_config.load(path).aliases.values():
+        for alias in registry.load().aliases.values():
             print(f"{alias.name}\t{' -> '.join(alias.chain)}")
         return 0
     if args.aliases_command == "set":
-        added = boxes_config.edit(path, lambda boxes: box_aliases.set_alias(boxes, args.name, args.models))
+        added = registry.edit(lambda boxes: box_aliases.set_alias(boxes, args.name, args.models))
         print(f"alias {args.name} {'added' if added else 'replaced'}: {' -> '.join(args.models)}")
         return 0
     try:
-        boxes_config.edit(path, lambda boxes: box_aliases.remove_alias(boxes, args.name))
+        registry.edit(lambda boxes: box_aliases.remove_alias(boxes, args.name))
     except box_aliases.UnknownAlias:
         print(f"no alias named {args.name} in {path}", file=sys.stderr)
         return 1

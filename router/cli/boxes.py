@@ -1,9 +1,10 @@
 """`router boxes list | add | set | remove | block | unblock`: the boxes file.
 
 Rules:
-1. Every change is one `boxes_config.edit` (locked, atomic), the code path of the admin API's
-   box routes; a running router applies it within a second (its file watch), or at once on
-   SIGHUP.
+1. Every change is one registry edit (the boxes file's `boxes_config.edit`, or the database's
+   with `--database-url`: locked, atomic), the code path of the admin API's box routes; a
+   running router applies it within a second (its file watch, or the database's
+   notification), or at once on SIGHUP.
 2. `add` adds a box. Over an existing name it refuses (exit 1) unless `--replace` is given,
    which replaces the box whole; a replace that leaves out the key the box had says that it
    dropped it.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from router.boxes import config as boxes_config
 from router.boxes import listeners
+from router.cli.store import add_database_option, registry_of
 from router.core.types import BoxKind
 
 
@@ -38,6 +40,7 @@ def _limit(value: str) -> int | None:
 def add_boxes_parser(sub) -> None:
     boxes = sub.add_parser("boxes", help="manage the boxes file")
     boxes.add_argument("--boxes-file", type=Path, default=None)
+    add_database_option(boxes)
     bsub = boxes.add_subparsers(dest="boxes_command", required=True)
     add = bsub.add_parser("add", help="add a box (--replace: replace the box of that name whole)")
     add.add_argument("--name", required=True)
@@ -76,17 +79,18 @@ def _key(args: argparse.Namespace) -> str | None:
     return boxes_config.read_key_file(args.key_file) if args.key_file else args.key
 
 
-def _not_this_router(path: Path, boxes: boxes_config.BoxesFile) -> None:
-    """Rule 4: raises ConfigError when a box names the listeners of the router serving `path`."""
-    running = listeners.read_record(path)
+def _not_this_router(args: argparse.Namespace, boxes: boxes_config.BoxesFile) -> None:
+    """Rule 4: raises ConfigError when a box names the listeners of the router serving the boxes
+    file (the router of this machine, with a database)."""
+    running = listeners.read_record(args.boxes_file or boxes_config.default_path())
     if running is not None:
         running.check(boxes.boxes)
 
 
 def boxes_command(args: argparse.Namespace) -> int:
-    path = args.boxes_file or boxes_config.default_path()
+    registry, path = registry_of(args)
     if args.boxes_command == "list":
-        for box in boxes_config.load(path).boxes:
+        for box in registry.load().boxes:
             flags = " ".join(
                 f for f in (f"pool={box.pool}" if box.pool else "", "blocked" if box.blocked else "",
                             "key" if box.key else "no-key", f"store={box.store}" if box.store else "",
@@ -96,14 +100,14 @@ def boxes_command(args: argparse.Namespace) -> int:
         return 0
     try:
         if args.boxes_command == "add":
-            return _add(args, path)
+            return _add(args, registry, path)
         if args.boxes_command == "set":
-            return _set(args, path)
+            return _set(args, registry)
         if args.boxes_command == "remove":
-            boxes_config.edit(path, lambda boxes: boxes.remove(args.name))
+            registry.edit(lambda boxes: boxes.remove(args.name))
         else:
             blocked = args.boxes_command == "block"
-            boxes_config.edit(path, lambda boxes: boxes.update(args.name, blocked=blocked))
+            registry.edit(lambda boxes: boxes.update(args.name, blocked=blocked))
     except boxes_config.UnknownBox:
         print(f"router: no box named {args.name} in {path}", file=sys.stderr)
         return 1
@@ -115,7 +119,7 @@ def boxes_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add(args: argparse.Namespace, path: Path) -> int:
+def _add(args: argparse.Namespace, registry: boxes_config.Registry, path: str) -> int:
     new = boxes_config.BoxConfig(
         name=args.name, url=args.url.rstrip("/"), kind=BoxKind(args.kind), key=_key(args),
         store=args.store, pool=args.pool or None, agent=args.agent, max_inflight=args.max_inflight,
@@ -124,10 +128,10 @@ def _add(args: argparse.Namespace, path: Path) -> int:
     def change(boxes: boxes_config.BoxesFile) -> boxes_config.BoxConfig | None:
         old = boxes.find(new.name)
         boxes.put(new, replace=args.replace)
-        _not_this_router(path, boxes)
+        _not_this_router(args, boxes)
         return old
 
-    old = boxes_config.edit(path, change)
+    old = registry.edit(change)
     print(f"box {new.name} {'replaced' if old else 'added'} in {path}")
     if old is not None and old.key and not new.key:
         print(f"box {new.name}: its key was dropped (give --key or --key-file to keep one; "
@@ -135,7 +139,7 @@ def _add(args: argparse.Namespace, path: Path) -> int:
     return 0
 
 
-def _set(args: argparse.Namespace, path: Path) -> int:
+def _set(args: argparse.Namespace, registry: boxes_config.Registry) -> int:
     fields: dict = {}
     if args.kind is not None:
         fields["kind"] = args.kind
@@ -153,9 +157,9 @@ def _set(args: argparse.Namespace, path: Path) -> int:
 
     def change(boxes: boxes_config.BoxesFile) -> None:
         boxes.update(args.name, **fields)
-        _not_this_router(path, boxes)
+        _not_this_router(args, boxes)
 
-    boxes_config.edit(path, change)
+    registry.edit(change)
     shown = ", ".join(f"{k}={'(set)' if k == 'key' else (v if v is not None else 'none')}" for k, v in fields.items())
     print(f"box {args.name}: {shown}")
     return 0

@@ -32,9 +32,10 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any
 
+from router.cli.store import add_database_option, database_of
 from router.core.errors import BadRequest
 from router.core.limits import PERIODS
-from router.store import paths
+from router.store import engines, paths
 from router.store.keys import PRIORITIES, SCOPES, KeyStore
 
 NOTE = "store this key now; it is not shown again"
@@ -132,6 +133,7 @@ def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     keys.add_argument("--router-port", default=None,
                       help="go through the router running on this port (default $HUGPY_ROUTER_PORT; "
                       "neither: work on the store file)")
+    add_database_option(keys)
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     create = ksub.add_parser("create", help="mint a key (printed once)")
     create.add_argument("--name", required=True, help="who or what the key is for")
@@ -194,7 +196,7 @@ def keys_command(args: argparse.Namespace) -> int:
         store: KeyStore | ApiKeys = ApiKeys(os.environ.get("HUGPY_ROUTER_HOST", "").strip(), port,
                                             os.environ.get("HUGPY_ROUTER_KEY") or None)
     else:
-        store = KeyStore(paths.db_path())
+        store = engines.keys(paths.db_path(), database_of(args))
     try:
         return _run(store, args)
     except RouterUnreachable as exc:

@@ -1,9 +1,10 @@
 """`router log [--tail N] [--follow] [--json] [--store FILE]`: the newest calls of the route log.
 
 Rules:
-1. It reads the store file (`router.store.paths`, or `--store`) in the same way as the admin
-   API's `/v1/telemetry?tail=N`, so a running router is not asked and need not be up. SQLite's
-   WAL lets it read while the router writes.
+1. It reads the store file (`router.store.paths`, or `--store`), or the PostgreSQL store with
+   `--database-url` (router.cli.store), in the same way as the admin API's
+   `/v1/telemetry?tail=N`, so a running router is not asked and need not be up. SQLite's WAL
+   lets it read while the router writes.
 2. A line per call: when it arrived (UTC), its request id, facade, model, the box that served
    it, its state and HTTP status, and its timings (queue wait, first byte, total), then the
    error code if any. The route log holds no body, prompt, chunk or key, so neither does this;
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import orjson
 
-from router.store import paths, route_log
+from router.cli.store import add_database_option, database_of
+from router.store import engines, paths
 
 # The route-log writer commits every 50 ms; half a second keeps `--follow` current to the eye
 # at a cost of two index probes a second.
@@ -47,6 +49,7 @@ def add_log_parser(sub) -> None:
     log.add_argument("--json", action="store_true", help="one JSON object per call, every column")
     log.add_argument("--store", type=Path, default=None,
                      help="the router's store file (default: $HUGPY_ROUTER_HOME/router.sqlite3, as serve uses)")
+    add_database_option(log)
 
 
 def _ms(start: float | None, end: float | None) -> str:
@@ -82,10 +85,12 @@ def _print(rows: list[dict], as_json: bool) -> None:
 
 def log_command(args: argparse.Namespace) -> int:
     path = args.store or paths.db_path()
-    if not Path(path).exists():
+    url = database_of(args)
+    if url is None and not Path(path).exists():
         print(f"router log: no route log at {path}: no router has run with this store yet", file=sys.stderr)
         return 1
-    page = route_log.read_rows(path, tail=args.tail)
+    reader = engines.route_log(path, url)
+    page = reader.read(tail=args.tail)
     _print(page["rows"], args.json)
     if not args.follow:
         return 0
@@ -93,7 +98,7 @@ def log_command(args: argparse.Namespace) -> int:
     try:
         while True:
             time.sleep(FOLLOW_POLL_S)
-            page = route_log.read_rows(path, since, TAIL_MAX)
+            page = reader.read(since, TAIL_MAX)
             _print(page["rows"], args.json)
             since = page["next"]
     except KeyboardInterrupt:

@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 from router import __version__
+from router.boxes.config import RegistryDown
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.aliases import add_aliases_parser, aliases_command
 from router.cli.boxes import add_boxes_parser, boxes_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
 from router.cli.log import add_log_parser, log_command
+from router.cli.store import add_store_parser, store_command
 from router.core import bounds
 from router.core.affinity import DEFAULT_SLACK
 from router.core.errors import ConfigError
@@ -295,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_parser(sub)
     add_keys_parser(sub)
     add_log_parser(sub)
+    add_store_parser(sub)
     add_install_parsers(sub)
     return parser
 
@@ -318,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             return keys_command(args)
         if args.command == "log":
             return log_command(args)
+        if args.command == "store":
+            return store_command(args)
         if args.command in ("install", "uninstall", "status"):
             return install_command(args)
         from router.cli.run import run_demo, run_serve
@@ -328,3 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"router: {exc}", file=sys.stderr)
         return 2
+    except RegistryDown as exc:  # the boxes registry's database is down
+        print(f"router: {exc}", file=sys.stderr)
+        return 1

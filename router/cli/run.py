@@ -67,7 +67,8 @@ def _announce(name: str, url: str) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     boxes_path = args.boxes_file or boxes_config.default_path()
-    boxes_config.load(boxes_path)  # a broken file stops the start with a clear message
+    if not args.database_url:  # the boxes live in the database otherwise
+        boxes_config.load(boxes_path)  # a broken file stops the start with a clear message
     config = dataclasses.replace(_config(args, boxes_path), freeze_gc=True)
     return uvloop.run(serve(config, ready=_announce))
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol
 from urllib.parse import quote, unquote
 
-import apsw
 import orjson
 from prometheus_client import CollectorRegistry
 
@@ -176,9 +175,9 @@ async def telemetry(app: AdminApp, edge: Edge) -> None:
         return
     loop = asyncio.get_running_loop()
     try:
-        doc = await loop.run_in_executor(None, route_log.read_rows, app.shared.store_path, since, limit, tail)
-    except apsw.Error as exc:
-        await _error(app, edge, 503, "store_unavailable", f"route log unreadable: {type(exc).__name__}")
+        doc = await loop.run_in_executor(None, app.shared.route_log.read, since, limit, tail)
+    except route_log.ReadFailed as exc:
+        await _error(app, edge, 503, "store_unavailable", f"route log unreadable: {exc}")
         return
     await _json(edge, 200, doc)
 
@@ -187,7 +186,11 @@ async def keys(app: AdminApp, edge: Edge) -> None:
     store = app.shared.keys
     loop = asyncio.get_running_loop()
     if edge.method == "GET":
-        listed = await loop.run_in_executor(None, store.list, _query(edge).get("all") == "1")
+        try:
+            listed = await loop.run_in_executor(None, store.list, _query(edge).get("all") == "1")
+        except store.errors as exc:
+            await _store_down(app, edge, exc)
+            return
         await _json(edge, 200, {"keys": listed})
         return
     doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
@@ -208,10 +211,13 @@ async def keys(app: AdminApp, edge: Edge) -> None:
         key_id, key = await loop.run_in_executor(
             None, store.create, name, scope, expires_days, "api", priority_class, limits
         )
+        rows = await loop.run_in_executor(None, store.list, True)
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
         return
-    rows = await loop.run_in_executor(None, store.list, True)
+    except store.errors as exc:
+        await _store_down(app, edge, exc)
+        return
     row = next(r for r in rows if r["id"] == key_id)
     await _json(edge, 201, {**row, "key": key, "note": "store this key now; it is not shown again"})
 
@@ -263,6 +269,11 @@ async def revoke(app: AdminApp, edge: Edge) -> None:
         await _json(edge, 200, {"id": key_id, "revoked": True})
 
 
+async def _store_down(app: AdminApp, edge: Edge, exc: BaseException) -> None:
+    """A key change or listing the store cannot take now (a database down): 503, calls go on."""
+    await _error(app, edge, 503, "store_unavailable", f"the key store cannot be reached now: {type(exc).__name__}")
+
+
 async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
     """Runs `change(key_id, *args)` on the key store off the loop (rule 2); its result, or None
     once the client was answered: 400 for a bad value, 404 for no such key (a result of False
@@ -271,6 +282,9 @@ async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
         result = await asyncio.get_running_loop().run_in_executor(None, change, key_id, *args)
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
+        return None
+    except app.shared.keys.errors as exc:
+        await _store_down(app, edge, exc)
         return None
     if result is None or result is False:
         await _error(app, edge, 404, "not_found", f"no key {key_id}")
@@ -299,16 +313,16 @@ async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int 
         return result
 
     try:
-        result = await asyncio.get_running_loop().run_in_executor(None, boxes_config.edit, fleet.path, checked)
+        result = await asyncio.get_running_loop().run_in_executor(None, fleet.registry.edit, checked)
     except boxes_config.UnknownBox as exc:
         await _error(app, edge, 404, "unknown_box", str(exc))
         return
     except ConfigError as exc:
         await _error(app, edge, 400, "invalid_box", str(exc))
         return
-    except OSError as exc:  # e.g. a system unit's read-only /etc (ProtectSystem=strict)
+    except OSError as exc:  # a system unit's read-only /etc (ProtectSystem=strict); a database down
         await _error(app, edge, 503, "boxes_file_unwritable",
-                     f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}")
+                     f"cannot write the {fleet.registry.where}: {exc.strerror or exc}")
         return
     await fleet.reload()
     box = fleet.get(name)

@@ -2,8 +2,8 @@
 admin.py reads the request and writes the answer.
 
 Rules:
-1. Every change is one boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code
-   path), off the loop; the fleet applies it before the answer, so the next call sees it.
+1. Every change is one registry edit (the boxes file's router.boxes.config.edit, or the
+   database's: locked, atomic, the CLI's code path), off the loop; the fleet applies it before the answer, so the next call sees it.
 2. `PUT` takes `{"chain": [model, ...]}` (201 added, 200 replaced); a definition that
    router.core.aliases.check_alias refuses, or one that would shadow a model a box serves now,
    is a 400 with its one line and changes nothing. `DELETE` of an unknown alias is a 404.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 
 from router.boxes import aliases as box_aliases
-from router.boxes import config as boxes_config
 from router.boxes.fleet import Fleet
 from router.core.decide import decide
 from router.core.errors import ConfigError
@@ -56,14 +55,14 @@ def alias_views(fleet: Fleet) -> list[dict]:
 async def _edit(fleet: Fleet, change) -> object:
     """Rule 1: what `change` returned. Raises AliasRefused."""
     try:
-        result = await asyncio.get_running_loop().run_in_executor(None, boxes_config.edit, fleet.path, change)
+        result = await asyncio.get_running_loop().run_in_executor(None, fleet.registry.edit, change)
     except box_aliases.UnknownAlias as exc:
         raise AliasRefused(404, "unknown_alias", str(exc)) from None
     except ConfigError as exc:
         raise AliasRefused(400, "invalid_alias", str(exc)) from None
     except OSError as exc:
         raise AliasRefused(503, "boxes_file_unwritable",
-                           f"cannot write the boxes file {fleet.path}: {exc.strerror or exc}") from None
+                           f"cannot write the {fleet.registry.where}: {exc.strerror or exc}") from None
     await fleet.reload()
     return result
 

@@ -65,6 +65,7 @@ class Shared:
         self.tenancy.admission = self.admission
         self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
+        self.database = None  # a router.store.pg.listen.Listener while the store is PostgreSQL
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.affinity = affinity if affinity is not None else Affinity()
         self.affinity.fleet = fleet

@@ -15,8 +15,10 @@ Rules:
    interval of its link (boxes.link.HEALTH_INTERVAL_S). The stream ends when the client leaves
    or the router stops.
 4. A route-log row on the stream carries metadata only: ids, facade, model and settings, box,
-   status, attempts and refusals, times. The store holds no prompt or body to begin with.
-5. Reading the route log is SQLite: it runs in a worker thread, never on the event loop.
+   status, attempts and refusals, times, the router that served it. The store holds no prompt
+   or body to begin with.
+5. Reading the route log is a store read (SQLite or PostgreSQL): it runs in a worker thread,
+   never on the event loop.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import orjson
 
 from router.serve import fleet_views
 from router.serve.alias_admin import alias_views
-from router.store import db
 
 UI_DIR = Path(__file__).parent / "ui"
 UI_FILES = {
@@ -58,10 +59,7 @@ TAIL_ROWS = 100
 TAIL_COLUMNS = (
     "id", "request_id", "facade", "route", "model", "options", "pin", "box", "http_status", "state",
     "error", "stream", "attempts", "received_at", "first_byte_at", "responded_at", "bytes_in", "bytes_out",
-    "affinity",
-)
-_TAIL_SQL = (
-    f"SELECT {', '.join(TAIL_COLUMNS)} FROM route_log WHERE id > ? ORDER BY id DESC LIMIT ?"
+    "affinity", "router",
 )
 SSE_HEADERS = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
 
@@ -142,23 +140,24 @@ def state_doc(shared) -> dict:
         "aliases": alias_views(shared.fleet),
         "queue": shared.admission.snapshot(),
         "affinity": shared.affinity.view(),
+        "database": _database_view(shared),
     }
 
 
-def route_log_tail(path, since: int, limit: int) -> list[dict]:
-    """The newest `limit` rows after `since`, oldest first (rule 4). Raises apsw.Error."""
-    conn = db.connect(path)
-    try:
-        rows = list(conn.execute(_TAIL_SQL, (since, limit)))
-    finally:
-        conn.close()
-    tail = []
-    for values in reversed(rows):
-        row = dict(zip(TAIL_COLUMNS, values))
-        if isinstance(row["attempts"], str):
-            row["attempts"] = orjson.loads(row["attempts"])
-        tail.append(row)
-    return tail
+def _database_view(shared) -> dict:
+    """Where the store is, whether it answers, and the route-log rows held back or lost while
+    it did not (docs/several-routers.md)."""
+    route_log = shared.route_log
+    held = {"route_log_parked": route_log.parked, "route_log_dropped_while_down": route_log.outage_dropped}
+    if shared.database is None:
+        return {"engine": "sqlite", "up": True, **held}
+    return {**shared.database.view(), **held}
+
+
+def route_log_tail(route_log, since: int, limit: int) -> list[dict]:
+    """The newest `limit` rows after `since`, oldest first (rule 4), from the route log's store
+    (router.store.route_log.RouteLogWriter.read). Raises route_log.ReadFailed."""
+    return route_log.read(since, limit, tail=limit, columns=TAIL_COLUMNS)["rows"]
 
 
 def sse_event(name: bytes, doc) -> bytes:

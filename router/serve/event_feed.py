@@ -27,11 +27,10 @@ import collections
 import logging
 import time
 
-import apsw
-
 from router.facades.openai import shape_error
 from router.serve import dashboard
 from router.serve.dashboard import SSE_HEADERS, STREAM_TICK_S, TAIL_ROWS, next_snapshot, sse_event, until_over
+from router.store.route_log import ReadFailed
 
 # Frames a stream may fall behind (about this many seconds): more is a client that stopped reading.
 STREAM_BACKLOG = 64
@@ -140,8 +139,8 @@ class EventFeed:
         shared = self.shared
         try:
             rows = await asyncio.get_running_loop().run_in_executor(
-                None, dashboard.route_log_tail, shared.store_path, self.since, TAIL_ROWS)
-        except apsw.Error:
+                None, dashboard.route_log_tail, shared.route_log, self.since, TAIL_ROWS)
+        except ReadFailed:
             rows = []  # the store is busy or gone: the next tick tries again
         frames = []
         points = [p for p in shared.metrics.series.points if p["at"] > self.series_at]

@@ -279,17 +279,22 @@ class RouterCollector:
 
     def _route_log(self):
         route_log = self.route_log
-        backlog = route_log.queued - route_log.written - route_log.dropped
+        backlog = route_log.queued - route_log.written - route_log.dropped - route_log.parked
         yield GaugeMetricFamily("router_route_log_queue", "Route-log rows waiting for the writer.", value=backlog)
         dropped = CounterMetricFamily(
             "router_route_log_dropped_rows",
             "Route-log rows never written: write_failed (the store refused the row), "
-            "backlog_full (shed while the writer was behind).",
+            "backlog_full (shed while the writer was behind), database_down (PostgreSQL was down "
+            "and the memory and spill bounds were full).",
             labels=["reason"],
         )
-        dropped.add_metric(["write_failed"], route_log.dropped)
+        dropped.add_metric(["write_failed"], route_log.dropped - route_log.outage_dropped)
         dropped.add_metric(["backlog_full"], route_log.shed)
+        dropped.add_metric(["database_down"], route_log.outage_dropped)
         yield dropped
+        yield GaugeMetricFamily("router_route_log_parked_rows",
+                                "Route-log rows held (memory or spill file) while the database is down.",
+                                value=route_log.parked)
         yield GaugeMetricFamily("router_route_log_write_lag_seconds", "How long the last flushed row waited.",
                                 value=route_log.last_flush_lag_s, unit="seconds")
 

@@ -49,6 +49,7 @@ from granian.log import LogLevels
 from granian.server.embed import Server
 
 from router._fastpath import Reservations
+from router.boxes import config as boxes_config
 from router.boxes import listeners as own_listeners
 from router.boxes.fleet import Fleet
 from router.core.affinity import DEFAULT_SLACK, Slack
@@ -62,9 +63,9 @@ from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
 from router.serve.tenancy import Tenancy
+from router.store import engines
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
-from router.store.route_log import RouteLogWriter
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.local import LocalScanTask, is_loopback_url
@@ -232,22 +233,29 @@ class Running:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.reservations = Reservations()
-        self.fleet = Fleet(config.boxes_path, self.reservations)
+        self.database_url = engines.database_url(config.database_url)
+        self.fleet = Fleet(config.boxes_path, self.reservations,
+                           boxes_config.registry_for(config.boxes_path, self.database_url))
         self.telemetry = TelemetryCache()
         self.agents = AgentLinks(self.fleet, self.telemetry)
         self.store_path = config.store_path or store_paths.db_path()
+        self.instance = config.instance  # serve() names it host:port when the config does not
         self.tasks: list[asyncio.Task] = []
 
     async def start(self, tracer) -> Shared:
-        config, fleet = self.config, self.fleet
+        config, fleet, url = self.config, self.fleet, self.database_url
+        loop = asyncio.get_running_loop()
+        if url is not None:
+            await loop.run_in_executor(None, engines.open_database, url)
         await fleet.start()
         # After the listeners' check: a start that fails says one line and nothing else.
-        log.info("boxes file %s: %d boxes; store %s", config.boxes_path, len(fleet.ordered()), self.store_path)
+        log.info("%s: %d boxes; store %s", fleet.registry.where, len(fleet.ordered()),
+                 self.store_path if url is None else "in the database")
         if not fleet.ordered():
             log.warning(
-                "the fleet is empty: no boxes in %s, so every call is refused until one is added "
+                "the fleet is empty: no boxes in the %s, so every call is refused until one is added "
                 "(`hugpy-router boxes add`, or --boxes FILE / HUGPY_ROUTER_BOXES for another file)",
-                config.boxes_path,
+                fleet.registry.where,
             )
         self.scanner = LocalScanTask(
             self.telemetry,
@@ -256,8 +264,9 @@ class Running:
         self.scanner.start()
         self.scheduler = Scheduler(fleet, self.reservations, self.telemetry)
         self.scheduler.start()
-        self.keys = KeyStore(self.store_path)
-        self.route_log = RouteLogWriter(self.store_path, config.log_retention_days * 86400 or None)
+        self.keys = engines.keys(self.store_path, url)
+        self.route_log = engines.route_log(self.store_path, url, config.log_retention_days * 86400 or None,
+                                           self.instance)
         self.route_log.start()
         self.shared = shared = Shared(
             fleet,
@@ -280,13 +289,19 @@ class Running:
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
-        loop = asyncio.get_running_loop()
         shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
             loop.create_task(watch_loop(shared.metrics), name="loop-watch"),
             loop.create_task(sample_calls(shared.metrics), name="call-series"),
         ]
+        if url is not None:  # changes from any router, live here (router.store.pg.listen)
+            from router.store.pg.listen import Listener
+
+            shared.database = Listener(url, {"keys": lambda: loop.run_in_executor(None, self.keys.reload),
+                                             "boxes": fleet.reload})
+            shared.scraped.register(shared.database)
+            self.tasks.append(loop.create_task(shared.database.run(), name="database-listen"))
         shared.clock.start()
         return shared
 
@@ -318,6 +333,7 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     running = Running(config)
     ports = [port for _, _, port, _ in listeners]
+    running.instance = config.instance or f"{config.host}:{ports[0]}"
     running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
     shared = await running.start(tracer)
     if started is not None:
@@ -434,7 +450,10 @@ async def _key_upkeep(keys: KeyStore, tenancy: Tenancy) -> None:
         await asyncio.sleep(KEY_REFRESH_S)
         await loop.run_in_executor(None, keys.refresh_if_changed)
         await loop.run_in_executor(None, keys.flush_last_used, time.time())
-        tenancy.seed(await loop.run_in_executor(None, tenancy.seeds))
+        try:
+            tenancy.seed(await loop.run_in_executor(None, tenancy.seeds))
+        except keys.errors:  # the store unreadable now (a database down): the next look tries again
+            pass
 
 
 async def wait_listening(host: str, port: int, serving: asyncio.Task) -> None:

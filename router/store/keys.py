@@ -15,15 +15,19 @@ Rules:
    (`expires_at < now` is expired), and its secret's hash match. The answer is the row's
    scope; anything else is None. Both comparisons run in constant time.
 4. The map is reloaded after `create` and `revoke` on this KeyStore, and by
-   `refresh_if_changed()` when `PRAGMA data_version` says another connection committed (a
-   `router keys` command in another process; also the route_log writer, a harmless false
-   alarm costing one small SELECT). It looks at most once per `REFRESH_EVERY_S`. A store error
-   while reloading empties the map: a store error counts as an invalid key (fails closed).
+   `refresh_if_changed()` when the engine's version says another connection committed
+   (SQLite's `PRAGMA data_version`: a `router keys` command in another process; also the
+   route_log writer, a harmless false alarm costing one small SELECT). It looks at most once
+   per `REFRESH_EVERY_S`. A SQLite error while reloading empties the map: a store error counts
+   as an invalid key (fails closed). A PostgreSQL engine keeps the last map instead (issue 23:
+   an outage of the shared database must not stop calls; router.store.pg.keys).
 5. `last_used_at` is lazy: `scope_of` notes id -> now in memory; `flush_last_used(now)` writes
    a key's last use when it is newer than what was written and `LAST_USED_EVERY_S` have passed
    since this process last wrote that key. `list()` shows the newer of stored and noted.
-6. All SQLite work (`create`, `list`, `revoke`, `refresh_if_changed`, `flush_last_used`,
-   `set_limits`, `usage`) is serialised by one lock and belongs off the event loop.
+6. All store work (`create`, `list`, `revoke`, `refresh_if_changed`, `flush_last_used`,
+   `set_limits`, `usage`) is serialised by one lock and belongs off the event loop. It goes
+   through a `KeyEngine` (SQLite's `SqliteKeys` here, PostgreSQL's in router.store.pg.keys):
+   the SQL is this module's, written with `?` parameters; an engine runs it.
 7. A key's limits (router.core.limits) are columns of its row, read into the map with it:
    `limits_of` reads them from memory, so a change through this KeyStore (the admin API) holds
    from the next call, and one by another process (`router keys limits`) within a second
@@ -40,7 +44,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import apsw
 
@@ -116,18 +120,77 @@ def _validate(name: str, scope: str, expires_days: float | None) -> str:
     return name
 
 
-class KeyStore:
-    """API keys in the store, checked from memory (rules 1-6)."""
+class KeyEngine(Protocol):
+    """Runs KeyStore's SQL (`?` parameters) on one engine (rule 6)."""
 
-    def __init__(self, db_path: Path | str) -> None:
-        """Opens (checks, migrates) the store and loads the keys. Raises ConfigError."""
+    errors: tuple[type[BaseException], ...]  # what a failed statement raises
+    duplicate: type[BaseException]  # what an INSERT of a taken id raises
+    keep_on_error: bool  # an unreadable store keeps the last map (True) or empties it (rule 4)
+
+    def fetch(self, sql: str, params: tuple = ()) -> list[tuple]: ...
+
+    def run(self, sql: str, params: tuple = ()) -> int:
+        """Runs one change; returns the rows it changed."""
+
+    def run_many(self, sql: str, rows: list[tuple]) -> None:
+        """Runs one change per row, all in one transaction."""
+
+    def version(self) -> object:
+        """Changes when another connection committed a change to the keys (rule 4)."""
+
+    def close(self) -> None: ...
+
+
+class SqliteKeys:
+    """KeyStore's engine on the SQLite store."""
+
+    errors = (apsw.Error,)
+    duplicate = apsw.ConstraintError
+    keep_on_error = False
+
+    def __init__(self, path: Path) -> None:
+        self._conn = db.open_store(path)
+
+    def fetch(self, sql: str, params: tuple = ()) -> list[tuple]:
+        return list(self._conn.execute(sql, params))
+
+    def run(self, sql: str, params: tuple = ()) -> int:
+        self._conn.execute(sql, params)
+        return self._conn.changes()
+
+    def run_many(self, sql: str, rows: list[tuple]) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(sql, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def version(self) -> object:
+        return self._conn.pragma("data_version")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class KeyStore:
+    """API keys in the store, checked from memory (rules 1-7)."""
+
+    def __init__(self, db_path: Path | str, engine: KeyEngine | None = None) -> None:
+        """Opens (checks, migrates) the store and loads the keys: the SQLite file at `db_path`,
+        or `engine` when given (`db_path` then only names the router's folder). Raises
+        ConfigError."""
         self.path = Path(db_path)
         self._lock = threading.Lock()
-        self._conn = db.open_store(self.path)
+        self._db: KeyEngine = engine if engine is not None else SqliteKeys(self.path)
         # The map scope_of reads (rule 2) and the data_version it was loaded at (rule 4).
         self._rows: dict[str, KeyRow] = {}
-        self._data_version: int | None = None
+        self._data_version: object = None
         self._checked_mono = -math.inf
+        self._unread_since: float | None = None  # when the store stopped reading (keep_on_error)
         # Rule 5: id -> last use noted by scope_of; id -> (when written, value written).
         self._used: dict[str, float] = {}
         self._flushed: dict[str, tuple[float, float]] = {}
@@ -135,7 +198,12 @@ class KeyStore:
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            self._db.close()
+
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """What a store error raises here (the engine's)."""
+        return self._db.errors
 
     # --- the hot path ---------------------------------------------------------------------
 
@@ -179,9 +247,9 @@ class KeyStore:
         self._checked_mono = now
         try:
             with self._lock:
-                changed = self._conn.pragma("data_version") != self._data_version
-        except apsw.Error as exc:
-            self._fail_closed(exc)
+                changed = self._db.version() != self._data_version
+        except self._db.errors as exc:
+            self._unreadable(exc)
             return True
         if changed:
             self._reload()
@@ -198,19 +266,12 @@ class KeyStore:
             return 0
         try:
             with self._lock:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self._conn.executemany(
-                        "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1 "
-                        "AND (last_used_at IS NULL OR last_used_at < ?2)",
-                        due,
-                    )
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
-                    raise
-        except apsw.Error as exc:
+                self._db.run_many(
+                    "UPDATE api_keys SET last_used_at = ? WHERE id = ? "
+                    "AND (last_used_at IS NULL OR last_used_at < ?)",
+                    [(used, key_id, used) for key_id, used in due],
+                )
+        except self._db.errors as exc:
             log.warning("api_keys: last_used_at not written (%s); will retry", exc)
             return 0
         for key_id, used in due:
@@ -249,7 +310,7 @@ class KeyStore:
             key_id, secret = secrets.token_hex(5), secrets.token_urlsafe(32)
             try:
                 with self._lock:
-                    self._conn.execute(
+                    self._db.run(
                         "INSERT INTO api_keys (id, name, scope, secret_hash, created_at, created_by,"
                         f" expires_at, priority, {', '.join(LIMIT_COLUMNS)})"
                         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -257,7 +318,7 @@ class KeyStore:
                          *limited),
                     )
                 break
-            except apsw.ConstraintError:  # an id collision (rule 1's 40 bits); try another
+            except self._db.duplicate:  # an id collision (rule 1's 40 bits); try another
                 if attempt == ID_ATTEMPTS - 1:
                     raise
         self._reload()
@@ -270,7 +331,7 @@ class KeyStore:
         if not include_revoked:
             sql += " WHERE revoked_at IS NULL"
         with self._lock:
-            found = list(self._conn.execute(sql + " ORDER BY created_at, id"))
+            found = self._db.fetch(sql + " ORDER BY created_at, id")
         split = len(LIST_COLUMNS)
         rows = [{**dict(zip(LIST_COLUMNS, row[:split])), "limits": _limits_of(*row[split:]).doc()} for row in found]
         for row in rows:
@@ -283,8 +344,7 @@ class KeyStore:
         """Changes a key's class. Returns False when no key has that id. Raises BadRequest."""
         priority = _priority(priority)
         with self._lock:
-            self._conn.execute("UPDATE api_keys SET priority = ? WHERE id = ?", (priority, key_id))
-            found = self._conn.changes() > 0
+            found = self._db.run("UPDATE api_keys SET priority = ? WHERE id = ?", (priority, key_id)) > 0
         if found:
             self._reload()
         return found
@@ -294,14 +354,12 @@ class KeyStore:
         absent field kept, null removed). Returns the new limits, None when no key has that id.
         Raises BadRequest, changing nothing (rule 7)."""
         with self._lock:
-            found = self._conn.execute(
-                f"SELECT {', '.join(LIMIT_COLUMNS)} FROM api_keys WHERE id = ?", (key_id,)
-            ).fetchone()
-        if found is None:
+            found = self._db.fetch(f"SELECT {', '.join(LIMIT_COLUMNS)} FROM api_keys WHERE id = ?", (key_id,))
+        if not found:
             return None
-        limits = parse_limits(changes, _limits_of(*found))
+        limits = parse_limits(changes, _limits_of(*found[0]))
         with self._lock:
-            self._conn.execute(
+            self._db.run(
                 f"UPDATE api_keys SET {', '.join(f'{c} = ?' for c in LIMIT_COLUMNS)} WHERE id = ?",
                 (*_limit_values(limits), key_id),
             )
@@ -311,12 +369,12 @@ class KeyStore:
     def usage(self, key_id: str, start: float, end: float) -> dict[str, int]:
         """A key's calls and tokens in [start, end) (UTC day bounds), from `key_usage`."""
         with self._lock:
-            found = self._conn.execute(
+            (found,) = self._db.fetch(
                 f"SELECT {', '.join(f'coalesce(sum({c}), 0)' for c in USAGE_SUMS)} FROM key_usage"
                 " WHERE key_id = ? AND day >= ? AND day < ?",
                 (key_id, int(start // SECONDS_PER_DAY), int(end // SECONDS_PER_DAY)),
-            ).fetchone()
-        return dict(zip(USAGE_SUMS, found))
+            )
+        return {name: int(value) for name, value in zip(USAGE_SUMS, found)}
 
     def usage_report(self, key_ids: list[str] | None, now: float) -> list[dict[str, Any]]:
         """Each key's (every live key's, for None) limits and usage in its current and previous
@@ -340,11 +398,10 @@ class KeyStore:
         """Revokes a key (again: a no-op keeping the first time). Returns False when no key
         has that id."""
         with self._lock:
-            self._conn.execute(
+            found = self._db.run(
                 "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?",
                 (time.time(), key_id),
-            )
-            found = self._conn.changes() > 0
+            ) > 0
         if found:
             self._reload()
         return found
@@ -359,22 +416,34 @@ class KeyStore:
         try:
             with self._lock:
                 # The version first: a commit landing between the two is seen next time.
-                version = self._conn.pragma("data_version")
+                version = self._db.version()
                 rows = {
                     key_id: KeyRow(scope, secret_hash, expires_at, revoked_at, Priority[priority.upper()],
                                    _limits_of(*limited))
-                    for key_id, scope, secret_hash, expires_at, revoked_at, priority, *limited in self._conn.execute(
+                    for key_id, scope, secret_hash, expires_at, revoked_at, priority, *limited in self._db.fetch(
                         "SELECT id, scope, secret_hash, expires_at, revoked_at, priority,"
                         f" {', '.join(LIMIT_COLUMNS)} FROM api_keys"
                     )
                 }
-        except apsw.Error as exc:
-            self._fail_closed(exc)
+        except self._db.errors as exc:
+            self._unreadable(exc)
             return
+        if self._unread_since is not None:
+            log.warning("api_keys: store readable again; keys reloaded")
+            self._unread_since = None
         self._rows = rows
         self._data_version = version
 
-    def _fail_closed(self, exc: apsw.Error) -> None:
+    def _unreadable(self, exc: BaseException) -> None:
+        """Rule 4: SQLite fails closed; an engine that keeps its map serves the last copy (said
+        once per outage)."""
+        if self._db.keep_on_error:
+            if self._unread_since is None:
+                self._unread_since = time.monotonic()
+                log.warning("api_keys: store unreadable (%s); serving the last %d keys loaded until it "
+                            "reads again", type(exc).__name__, len(self._rows))
+            self._data_version = None  # read again at the next look
+            return
         log.warning("api_keys: store unreadable (%s); every key is invalid until it reads again", exc)
         self._rows = {}
         self._data_version = None

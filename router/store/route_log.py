@@ -22,8 +22,10 @@ Rules:
    its connection and exits, and `stop()` joins it. Recording after `stop()` is a bug: the row
    is never written.
 8. Each counter has one writing thread (`queued`, `shed`: the recording thread, which should
-   be one, the event loop; `written`, `dropped`, `max_batch`, `last_flush_lag_s`: the writer),
-   so they are read without locks. Backlog = queued - written - dropped.
+   be one, the event loop; `written`, `dropped`, `parked`, `outage_dropped`, `max_batch`,
+   `last_flush_lag_s`: the writer), so they are read without locks. Backlog = queued - written
+   - dropped - parked (`parked`: rows an engine holds back while its database is down, written
+   when it returns; always 0 on SQLite; `outage_dropped`, the part of `dropped` lost that way).
 9. A killed process loses only rows not yet committed: the open batch window plus any backlog.
    WAL keeps the file consistent, and it reopens clean.
 10. The writer holds the GIL as little and as seldom as it can: every time it takes the GIL back
@@ -38,6 +40,11 @@ Rules:
 13. Tenancy: the rows of a batch that name a key add their calls and tokens to `key_usage`
    (per key and UTC day of the call's end) in the same transaction, so the usage a key shows
    is exactly its rows'; retention prunes the days wholly before the cut-off with the rows.
+14. The `router` column names the router that served the call (`--instance`, default
+   host:port): the writer fills it in, off the loop, for a row that does not name one.
+15. The engine is a few methods (`_open`, `_commit`, `_prune`, `_close`, `read`): this class is
+   SQLite's; router.store.pg.route_log overrides them for PostgreSQL. The queue, the batching,
+   the counters and the row encoding are this class's, whatever the engine.
 """
 
 from __future__ import annotations
@@ -114,14 +121,16 @@ class Row(NamedTuple):
     cached_tokens: int | None = None
     tokens_estimated: int | None = None  # 1: the box reported no usage, the tokens are estimated
     affinity: str | None = None  # hit:<kind> | miss:<kind> | none (None: --affinity off)
+    router: str | None = None  # the serving router's instance name (rule 14; the writer fills it)
 
 
 COLUMNS = Row._fields
 _JSON_COLUMNS = tuple(COLUMNS.index(name) for name in ("decision", "attempts"))
 # Columns whose text may carry what a client (model, pin, route, client address) or a box sent.
-_TEXT_COLUMNS = tuple(
+TEXT_COLUMNS = tuple(
     COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error")
 )
+_ROUTER_COLUMN = COLUMNS.index("router")
 _ONE_ROW = "(" + ", ".join("?" * len(COLUMNS)) + ")"
 SECONDS_PER_DAY = 86_400
 ADD_USAGE = (
@@ -157,9 +166,6 @@ def insert_sql(rows: int) -> str:
     return f"INSERT INTO route_log ({', '.join(COLUMNS)}) VALUES " + ", ".join([_ONE_ROW] * rows)
 
 
-# What one bad row can raise: SQLite refusing it, or a value neither SQLite nor orjson can take
-# (orjson.JSONEncodeError is a TypeError).
-_ROW_ERRORS = (apsw.Error, TypeError)
 _STOP = object()
 
 
@@ -170,10 +176,17 @@ def _json_default(value: Any) -> Any:
     return log_doc()
 
 
-def _values(row: Row) -> list:
-    """The row's values for binding, its text clipped (rule 11), its JSON columns encoded (rule 4)."""
+class ReadFailed(Exception):
+    """The route log could not be read now (the store is busy, gone, or unreachable)."""
+
+
+def row_values(row: Row, router: str | None = None) -> list:
+    """The row's values for binding, its text clipped (rule 12), its JSON columns encoded (rule
+    4), its `router` filled in (rule 14)."""
     values = list(row)
-    for index in _TEXT_COLUMNS:
+    if values[_ROUTER_COLUMN] is None:
+        values[_ROUTER_COLUMN] = router
+    for index in TEXT_COLUMNS:
         value = values[index]
         if isinstance(value, str) and len(value) > TEXT_CHARS:
             values[index] = clip(value)
@@ -187,14 +200,19 @@ def _values(row: Row) -> list:
 
 
 class RouteLogWriter:
-    """Writes route_log rows from a background thread (rules 1-12).
+    """Writes route_log rows from a background thread (rules 1-15).
 
     `retention_s`: rows received longer ago are deleted (rule 11); None keeps every row.
+    `instance`: this router's name, for the rows' `router` column (rule 14).
     """
 
-    def __init__(self, path: Path | str, retention_s: float | None = None) -> None:
+    # What one bad row can raise (rule 5); an engine's writer names its own.
+    row_errors: tuple[type[BaseException], ...] = (apsw.Error, TypeError)
+
+    def __init__(self, path: Path | str, retention_s: float | None = None, instance: str | None = None) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
+        self.instance = instance
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # Bound once: record() is on the hot path.
         self._put = self._queue.put
@@ -210,6 +228,8 @@ class RouteLogWriter:
         self.max_batch = 0
         self.last_flush_lag_s = 0.0
         self.pruned = 0
+        self.parked = 0
+        self.outage_dropped = 0
 
     def start(self) -> None:
         """Opens (checks, migrates) the store and starts the writer thread.
@@ -218,7 +238,7 @@ class RouteLogWriter:
         """
         if self._thread is not None:
             raise UsageError("RouteLogWriter.start() called twice")
-        self._conn = db.open_store(self.path)
+        self._open()
         # A daemon, so a router that dies without stop() still exits; a clean stop joins it.
         self._thread = threading.Thread(target=self._run, name="route-log-writer", daemon=True)
         self._thread.start()
@@ -226,7 +246,7 @@ class RouteLogWriter:
     def record(self, row: Row) -> None:
         """Queues one row for writing (rule 1). Never blocks, never raises for a bad row (the
         writer drops it, rule 5)."""
-        if self.queued - self.written - self.dropped >= MAX_BACKLOG_ROWS:
+        if self.queued - self.written - self.dropped - self.parked >= MAX_BACKLOG_ROWS:
             self.shed += 1
             return
         self._put((self._monotonic(), row))
@@ -249,10 +269,10 @@ class RouteLogWriter:
         next_prune = time.monotonic()  # the first look comes at once
         try:
             while not stopping:
+                waits = [wait for wait in (self._tick(), None if self.retention_s is None
+                                           else max(0.0, next_prune - time.monotonic())) if wait is not None]
                 try:
-                    item = get(
-                        timeout=None if self.retention_s is None else max(0.0, next_prune - time.monotonic())
-                    )
+                    item = get(timeout=min(waits) if waits else None)
                 except queue.Empty:
                     item = None
                 if item is _STOP:
@@ -283,20 +303,44 @@ class RouteLogWriter:
                         self.dropped += len(chunk)
                         log.exception("route_log: batch of %d rows lost", len(chunk))
         finally:
-            self._conn.close()
+            self._close()
+
+    # --- the engine (rule 15): SQLite here ---------------------------------------------------
+
+    def _open(self) -> None:
+        self._conn = db.open_store(self.path)
+
+    def _close(self) -> None:
+        self._conn.close()
+
+    def _tick(self) -> float | None:
+        """The engine's upkeep between rows; returns how soon to call it again without a row
+        (None: only when one comes). SQLite has none."""
+        return None
+
+    def read(self, since: int = 0, limit: int = 500, tail: int | None = None,
+             columns: tuple[str, ...] | None = None) -> dict:
+        """`read_rows` on this writer's store. Raises ReadFailed."""
+        try:
+            return read_rows(self.path, since, limit, tail, columns)
+        except apsw.Error as exc:
+            raise ReadFailed(type(exc).__name__) from exc
+
+    # --- the writer thread, whatever the engine ------------------------------------------------
 
     def _write(self, batch: list[tuple[float, Row]]) -> None:
+        row_errors = self.row_errors
         try:
-            self._commit([_values(row) for _, row in batch], usage_by_day([row for _, row in batch]))
+            self._commit([row_values(row, self.instance) for _, row in batch], usage_by_day([row for _, row in batch]))
             written = len(batch)
-        except _ROW_ERRORS as exc:
+        except row_errors as exc:
             log.warning("route_log: batch failed (%s); writing its %d rows one by one", exc, len(batch))
             written = 0
             for _, row in batch:
                 try:
-                    self._commit([_values(row)], usage_by_day([row]))
+                    self._commit([row_values(row, self.instance)], usage_by_day([row]))
                     written += 1
-                except _ROW_ERRORS as row_exc:
+                except row_errors as row_exc:
                     self.dropped += 1
                     log.error("route_log: row dropped: %s", row_exc)
         self.written += written
@@ -338,30 +382,41 @@ class RouteLogWriter:
             raise
 
 
-def read_rows(path: Path | str, since: int = 0, limit: int = 500, tail: int | None = None) -> dict:
-    """The route log as the admin API and `router log` read it: the rows after id `since`, at
-    most `limit`, oldest first (0.0.4's cursor); or, with `tail`, the newest `tail` rows, still
-    oldest first. `next` is the cursor to follow on from, `more` whether rows are left after
-    this page. The JSON columns come back decoded. Runs in a worker thread, never on the loop."""
-    conn = db.connect(path)
-    # Rows as dicts, named while the statement runs (an empty result has no description after).
-    conn.row_trace = lambda cursor, row: dict(zip((d[0] for d in cursor.get_description()), row))
-    try:
-        if tail is not None:
-            rows = list(conn.execute(
-                "SELECT * FROM route_log WHERE id > ? ORDER BY id DESC LIMIT ?", (since, tail)
-            ))[::-1]
-            more = False
-        else:
-            rows = list(conn.execute(
-                "SELECT * FROM route_log WHERE id > ? ORDER BY id LIMIT ?", (since, limit + 1)
-            ))
-            more = len(rows) > limit
-            rows = rows[:limit]
-    finally:
-        conn.close()
+def page_sql(tail: bool, columns: tuple[str, ...] | None) -> str:
+    """The SELECT of one page of `read_rows` (parameters: since, then the limit), `?` style."""
+    shown = ", ".join(columns) if columns else "*"
+    return f"SELECT {shown} FROM route_log WHERE id > ? ORDER BY id {'DESC ' if tail else ''}LIMIT ?"
+
+
+def page(rows: list[dict], since: int, limit: int, tail: int | None) -> dict:
+    """`read_rows`' answer from the rows of `page_sql` (limit + 1 of them, or the tail newest
+    first), the JSON columns decoded."""
+    if tail is not None:
+        rows = rows[::-1]
+        more = False
+    else:
+        more = len(rows) > limit
+        rows = rows[:limit]
     for row in rows:
         for column in ("decision", "attempts"):
             if isinstance(row.get(column), str):
                 row[column] = orjson.loads(row[column])
     return {"table": "route_log", "rows": rows, "next": rows[-1]["id"] if rows else since, "more": more}
+
+
+def read_rows(path: Path | str, since: int = 0, limit: int = 500, tail: int | None = None,
+              columns: tuple[str, ...] | None = None) -> dict:
+    """The route log as the admin API and `router log` read it: the rows after id `since`, at
+    most `limit`, oldest first (0.0.4's cursor); or, with `tail`, the newest `tail` rows, still
+    oldest first. `next` is the cursor to follow on from, `more` whether rows are left after
+    this page. `columns`: only those (None: all). The JSON columns come back decoded. Runs in a
+    worker thread, never on the loop."""
+    conn = db.connect(path)
+    # Rows as dicts, named while the statement runs (an empty result has no description after).
+    conn.row_trace = lambda cursor, row: dict(zip((d[0] for d in cursor.get_description()), row))
+    try:
+        rows = list(conn.execute(page_sql(tail is not None, columns),
+                                 (since, tail if tail is not None else limit + 1)))
+    finally:
+        conn.close()
+    return page(rows, since, limit, tail)
