@@ -22,6 +22,9 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    calls interleave, they overshoot a token limit by at most one call's reservation: when each
    call settles at most what it reserved, the tokens charged in a period never exceed the budget
    plus the largest reservation (tests/test_core_limits.py states it over any interleaving).
+   A reservation (`reserve`) is the prompt's estimate plus the answer's bound: the one the call
+   states, else one the router gives it and tells the box (serve/tenancy.py rule 2), so no
+   call's answer is longer than what it reserved.
 5. `settle` replaces the reservation by the tokens the box reported: `tpm` gets back what was
    reserved and draws what was used, the budget's reserved falls by the reservation and its used
    grows by the tokens. A call refused before any box served it settles with 0 tokens; its
@@ -51,9 +54,10 @@ WINDOW_S = 60.0  # rpm and tpm: a minute
 MAX_COUNT = 10**12
 MAX_MODELS = 256
 MAX_MODEL_CHARS = 256
-# A reservation's estimate when the call does not say how long its answer may be (no
-# `max_tokens` or the facade's equivalent): what a chat answer of a few paragraphs takes.
-DEFAULT_COMPLETION_TOKENS = 512
+# The answer's bound of a call, counted against token limits, that states none (no `max_tokens`
+# or the facade's equivalent): the router tells the box, and the call reserves it (rule 4;
+# `--default-max-tokens`). What a chat answer of a few paragraphs takes.
+DEFAULT_ANSWER_TOKENS = 512
 # The stated estimates when a box reports no usage (README "Tenancy"): a prompt of ~4 bytes a
 # token (English in JSON: the body's own syntax makes it an overestimate); a whole answer the
 # same; a stream one token per STREAM_BYTES_PER_TOKEN bytes relayed (an OpenAI chunk frame or an
@@ -348,10 +352,14 @@ def left(tally: Tally, limits: Limits, now: float) -> Left:
 # --- estimates -------------------------------------------------------------------------------
 
 
-def reservation(body_bytes: int, max_tokens: int | None) -> int:
-    """A call's token estimate: its prompt by size, plus its answer's stated bound or the default."""
-    completion = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_COMPLETION_TOKENS
-    return prompt_estimate(body_bytes) + min(completion, MAX_COUNT)
+def reserve(body_bytes: int, stated: int | None, default_answer: int) -> tuple[int, int | None]:
+    """Rule 4: (the tokens a call reserves, the answer's bound the router gives it). The tokens
+    are its prompt by size plus its answer's bound: `stated`, the one it states, else
+    `default_answer`, which is then the bound it is given (None: it states its own)."""
+    prompt = prompt_estimate(body_bytes)
+    if stated is None:
+        return prompt + default_answer, default_answer
+    return prompt + (stated if stated < MAX_COUNT else MAX_COUNT), None
 
 
 def prompt_estimate(body_bytes: int) -> int:

@@ -22,6 +22,9 @@ Rules:
    `input` or `prompt`, first present: never parsed, only hashed later) and the small key
    fields (`prompt_cache_key`, `user`, `previous_response_id`). They never make a call a 400:
    one that is repeated, too large or not JSON is left out.
+8. The answer's bound a call states is read from its route's fields (`Route.answer_bound`);
+   `with_answer_bound` writes one the router chose into the body, every other byte as the
+   client sent it.
 """
 
 from __future__ import annotations
@@ -55,20 +58,19 @@ class Inspected(NamedTuple):
 # Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
 PROMPT_FIELDS = ("messages", "input", "prompt")
 _AFFINITY_FIELDS = PROMPT_FIELDS + BODY_KEY_FIELDS
-# Where a call bounds its answer: OpenAI's chat (`max_completion_tokens`, the older
-# `max_tokens`), the Responses API (`max_output_tokens`), Ollama's `options.num_predict`.
-ANSWER_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def answer_bound(doc: dict) -> int | None:
-    """The answer's stated bound in tokens, or None (a bad value is the box's to refuse)."""
-    for name in ANSWER_BOUND_FIELDS:
-        value = doc.get(name)
+def answer_bound(doc: dict, fields: tuple[str, ...]) -> int | None:
+    """The answer's bound in tokens a call states in its route's `fields` (Route.answer_bound,
+    `options.num_predict` a member of `options`), or None (a bad value is the box's to refuse)."""
+    for name in fields:
+        outer, _, inner = name.partition(".")
+        value = doc.get(outer)
+        if inner:
+            value = value.get(inner) if isinstance(value, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    options = doc.get("options")
-    value = options.get("num_predict") if isinstance(options, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return None
 
 
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
@@ -86,6 +88,13 @@ def _ascii(names: tuple[str, ...]) -> tuple[bytes, ...]:
     return tuple(name.encode("ascii") for name in names)
 
 
+@functools.cache
+def _unique(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` without repeats (a scan finds a member once: a route's answer bound may live in a
+    member the facade reads for its settings too)."""
+    return tuple(dict.fromkeys(names))
+
+
 def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) -> dict:
     """The top-level members `names` of a JSON object body, each value parsed; absent ones are
     left out (rule 1). With `found`, the same scan also finds the affinity members (rule 6) and
@@ -95,6 +104,7 @@ def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) 
     than once (keys as JSON decodes them: `"mod\\u0065l"` is `model`), or when its value is
     over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
+    names = _unique(names)
     scanned = names + _AFFINITY_FIELDS if found is not None else names
     try:
         spans = json_members(body, _ascii(scanned))
@@ -249,6 +259,26 @@ def with_model(body: bytes, content_type: str, route: Route, model: str) -> byte
     return body
 
 
+def with_answer_bound(body: bytes, field: str, tokens: int) -> bytes:
+    """`body` (a JSON object `read_call` read) bounding its answer at `tokens` in `field` (rule 8):
+    the member's value replaced where the body has it, else the member added after the opening
+    `{`; `options.num_predict` set inside `options` (kept, else added). An `options` that is not
+    an object is left as it is: the box refuses the client's own mistake."""
+    outer, _, inner = field.partition(".")
+    span = json_members(body, _ascii((outer,)))[0]
+    if inner:
+        options = orjson.loads(body[span[0]:span[1]]) if span is not None else None
+        if options is not None and not isinstance(options, dict):
+            return body
+        value = orjson.dumps({**(options or {}), inner: tokens})
+    else:
+        value = b"%d" % tokens
+    if span is not None:
+        return b"".join((body[: span[0]], value, body[span[1] :]))
+    start = body.index(b"{") + 1
+    return b"".join((body[:start], b'"%s":%s,' % (outer.encode(), value), body[start:]))
+
+
 def read_call(
     body: bytes, content_type: str, route: Route, facade: Facade, header_pin: str | None, header_pool: str | None,
     header_priority: str | None = None, header_fallback: str | None = None,
@@ -267,7 +297,7 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields,
+        doc = json_fields(body, route.model_fields + ("alloc", "stream") + route.bound_members + facade.settings_fields,
                           found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
@@ -277,6 +307,7 @@ def read_call(
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), answer_bound(doc),
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
+                     answer_bound(doc, route.answer_bound),
                      asked_fallback(doc, header_fallback),
                      found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS))

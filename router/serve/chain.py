@@ -70,7 +70,7 @@ class ChainCall:
     """One call's walk along one alias's chain. It keeps no reference to its ProxyCall (which
     holds it): an ended call is freed by reference counting (tests/test_no_cycles.py)."""
 
-    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies")
+    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "bodies")
 
     def __init__(self, proxy: OnTheChain, alias: Alias, asked: Call, fallback: bool) -> None:
         self.alias = alias
@@ -81,7 +81,6 @@ class ChainCall:
         self.current = 0
         self.left: dict[int, Move] = {}  # places passed over for good (rule 2)
         self.fallback = fallback
-        self.body = proxy.body  # as the client sent it
         self.bodies: dict[tuple[str, bool], bytes] = {}  # (the model as a box gets it, usage asked) -> body
         proxy.record.aliased(alias.name, 0, first)
         proxy.reply.model_headers = model_headers(alias.chain[0], 0)
@@ -132,14 +131,15 @@ class ChainCall:
 
     # -- rules 2-4, per attempt ----------------------------------------------------------------
     def body_for(self, proxy: OnTheChain, box: BoxState, asks_usage: bool) -> bytes:
-        """The body `box` gets (rule 3): the client's, or the one that asks for a stream's usage
-        (`asks_usage`, serve/tenancy's), with the model in the box's spelling."""
+        """The body `box` gets (rule 3): the call's (the client's, perhaps with the answer's bound
+        tenancy gave it), or the one that asks for a stream's usage (`asks_usage`, serve/tenancy's),
+        with the model in the box's spelling."""
         name = KINDS[box.config.kind].sent_name(self.alias.chain[self.current], box.inventory.catalog)
         body = self.bodies.get((name, asks_usage))
         if body is None:
             route = proxy.route
             content_type = (proxy.edge.header("content-type") or "") if route.body is Body.FORM else ""
-            base = proxy.usage_body if asks_usage else self.body
+            base = proxy.usage_body if asks_usage else proxy.body
             body = self.bodies[(name, asks_usage)] = with_model(base, content_type, route, name)  # type: ignore[arg-type]
         return body
 
