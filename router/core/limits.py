@@ -41,7 +41,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -81,10 +81,11 @@ class Limits:
     budget_tokens: int | None = None
     budget_period: str = "day"
     models: frozenset[str] | None = None
+    # a token limit is set (a field, not a property: read on every call of the key)
+    counts_tokens: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def counts_tokens(self) -> bool:
-        return self.tpm is not None or self.budget_tokens is not None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counts_tokens", self.tpm is not None or self.budget_tokens is not None)
 
     def doc(self) -> dict[str, Any]:
         """The limits as the API and the CLI show them (`budget_period` only with a budget)."""
@@ -241,7 +242,8 @@ def _wait_s(seconds: float) -> int:
 def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
     """Rule 3: None when the call is admitted (its request and tokens are then reserved on
     `tally`), else why not. Never raises."""
-    if limits.models is not None and not model_allowed(limits.models, ask.model):
+    models = limits.models
+    if models is not None and ask.model not in models and not model_allowed(models, ask.model):
         return Refused(MODEL_NOT_ALLOWED, 0, "this key may not call this model")
     _catch_up(tally, limits, now)
     budget = limits.budget_tokens
@@ -262,13 +264,16 @@ def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
     return None
 
 
-def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float) -> None:
-    """Rule 5: a call that reserved `reserved` tokens ended having used `used`."""
+def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float, slot: bool = False) -> None:
+    """Rule 5: a call that reserved `reserved` tokens ended having used `used`; with `slot`, it
+    gives back its max_parallel slot too (`give_parallel`, in the same step)."""
     _catch_up(tally, limits, now)
     drawn = tally.tok_drawn + used - reserved
     tally.tok_drawn = drawn if drawn > 0.0 else 0.0
     tally.reserved -= reserved
     tally.used += used
+    if slot:
+        give_parallel(tally)
 
 
 def take_parallel(tally: Tally, limits: Limits) -> bool:
@@ -280,7 +285,8 @@ def take_parallel(tally: Tally, limits: Limits) -> bool:
 
 
 def give_parallel(tally: Tally) -> None:
-    tally.parallel = max(0, tally.parallel - 1)
+    if tally.parallel > 0:
+        tally.parallel -= 1
 
 
 def has_room(tally: Tally, limits: Limits) -> bool:
@@ -297,6 +303,11 @@ class Left(NamedTuple):
     budget: int | None
     budget_reset_s: float
     parallel: int | None
+
+
+# Builds a NamedTuple on the call path without its Python-level __new__ (half the cost):
+# `new_tuple(Windows, (...))`.
+new_tuple = tuple.__new__
 
 
 class Windows(NamedTuple):
@@ -320,7 +331,7 @@ def windows_after(tally: Tally, limits: Limits) -> Windows:
     if tpm is not None:
         drawn = tally.tok_drawn
         tokens, tokens_reset = int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm
-    return Windows(requests, requests_reset, tokens, tokens_reset)
+    return new_tuple(Windows, (requests, requests_reset, tokens, tokens_reset))
 
 
 def left(tally: Tally, limits: Limits, now: float) -> Left:
@@ -375,8 +386,9 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
 
 def reset_header(seconds: float) -> bytes:
     """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`
-    (rounded up; integer arithmetic, as it runs for every served call of a limited key)."""
-    ms = -int(-seconds * 1000.0 // 1.0) if seconds > 0.0 else 0
+    (rounded up; integer arithmetic past the one ceiling, as it runs for every served call of a
+    limited key)."""
+    ms = math.ceil(seconds * 1000.0) if seconds > 0.0 else 0
     if ms < 1000:
         return b"%dms" % ms
     if ms < 60_000:
@@ -392,13 +404,6 @@ class Tokens(NamedTuple):
     completion: int
     cached: int
     estimated: bool
-
-    @property
-    def total(self) -> int:
-        return self.prompt + self.completion
-
-
-NO_TOKENS = Tokens(0, 0, 0, False)
 
 
 def tokens_of(report: tuple[int | None, int | None, int | None] | None, body_bytes: int,

@@ -39,7 +39,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from router.core import limits as rules
 from router.core.limits import (
-    DEFAULT_ANSWER_TOKENS, NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, Windows, reset_header,
+    DEFAULT_ANSWER_TOKENS, NO_LIMITS, Ask, Limits, Refused, Windows, new_tuple, reset_header,
 )
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
@@ -57,16 +57,17 @@ TOKEN_KINDS = ("prompt", "completion", "cached")
 
 def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
     """OpenAI's `x-ratelimit-*` for the limits set, right after the call's admission (rule 2)."""
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-    if limits.rpm is not None:
-        headers = ((b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
-                   (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
-                   (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
-    if limits.tpm is not None:
-        headers += ((b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
-                    (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
-                    (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
-    return headers
+    rpm, tpm = limits.rpm, limits.tpm
+    requests = () if rpm is None else (
+        (b"x-ratelimit-limit-requests", b"%d" % rpm),
+        (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
+        (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
+    if tpm is None:
+        return requests
+    return requests + (
+        (b"x-ratelimit-limit-tokens", b"%d" % tpm),
+        (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
+        (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
 
 
 class Charge:
@@ -93,10 +94,10 @@ class Charge:
     def has_room(self) -> bool:
         return self.slot or self.tenancy.counters.has_room(self.name, self.limits)
 
-    def settle(self, tokens: Tokens) -> None:
-        """Rule 4; once, at the call's end."""
+    def settle(self, used: int) -> None:
+        """Rule 4; once, at the call's end, with the tokens it used."""
         tenancy, slot = self.tenancy, self.slot and self.limits.max_parallel is not None
-        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, tenancy.clock(), slot)
+        tenancy.counters.settle(self.name, self.limits, self.reserved, used, tenancy.clock(), slot)
         self.slot = False
         if slot and tenancy.admission is not None:
             tenancy.admission.offer()
@@ -131,7 +132,7 @@ class Tenancy:
         if limits is NO_LIMITS:
             return None
         tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
-        admitted = self.counters.admit(name, limits, Ask(call.model, tokens), self.clock())
+        admitted = self.counters.admit(name, limits, new_tuple(Ask, (call.model, tokens)), self.clock())
         if admitted.__class__ is Refused:
             self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
             return admitted  # type: ignore[return-value]
@@ -141,9 +142,10 @@ class Tenancy:
     def ended(self, record: CallRecord, charge: Charge | None) -> None:
         """A call ended: its tokens counted, its charge settled (rule 4)."""
         tokens = record.count_tokens()
+        used = 0 if tokens is None else tokens.prompt + tokens.completion
         if charge is not None:
-            charge.settle(tokens or NO_TOKENS)
-        if tokens is not None and tokens.total:
+            charge.settle(used)
+        if used:
             label = record.edge.key_id or NO_KEY
             self.tokens[(label, "prompt")] += tokens.prompt
             self.tokens[(label, "completion")] += tokens.completion

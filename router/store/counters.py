@@ -68,13 +68,10 @@ class LocalCounters:
         return refused if refused is not None else rules.windows_after(tally, limits)
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
-        tally = self.tallies.get(key) or self._tally(key)
-        rules.settle(tally, limits, reserved, used, now)
-        if slot:
-            rules.give_parallel(tally)
+        rules.settle(self.tallies.get(key) or self._tally(key), limits, reserved, used, now, slot)
 
     def take_parallel(self, key: str, limits: Limits) -> bool:
-        return rules.take_parallel(self._tally(key), limits)
+        return rules.take_parallel(self.tallies.get(key) or self._tally(key), limits)
 
     def has_room(self, key: str, limits: Limits) -> bool:
         tally = self.tallies.get(key)
