@@ -120,6 +120,21 @@ def test_calls_without_max_tokens_get_the_routers_bound_so_a_burst_overshoots_by
     assert status == 200 and body["usage"]["completion_tokens"] == 400 and body["choices"][0]["finish_reason"] == "stop"
 
 
+def test_an_alias_call_gets_the_bound_and_its_model_in_a_body_rewritten_before_it(start_fleet_in_process):
+    box = SimOllama("o", tags=["tiny"], loaded=["tiny"], chunks=400)
+    router = start_fleet_in_process(box, extra_args=("--default-max-tokens", "40"))
+    assert request(router, "PUT", "/v1/aliases/fast", {"chain": ["tiny"]})[0] == 201
+    _, key = new_key(router, tpm=100_000)
+    # `options` before `model`: the bound rewrites it, so the model is found anew where it now is
+    status, _, raw = request(router, "POST", "/api/chat", {"options": {"num_ctx": 4096}, "model": "fast",
+                                                          "messages": MESSAGES, "stream": False}, headers=bearer(key))
+    answer = json.loads(raw)
+    assert status == 200 and answer["eval_count"] == 40 and answer["done_reason"] == "length"
+    status, _, body = call(router, headers=bearer(key), model="fast")
+    assert status == 200 and body["usage"]["completion_tokens"] == 40
+    assert [r.model for r in box.calls if r.path in ("/api/chat", "/v1/chat/completions")] == ["tiny:latest"] * 2
+
+
 def test_a_box_that_ignores_the_bound_is_charged_what_it_reports(start_fleet_in_process):
     box = SimOllama("o", tags=["tiny"], loaded=["tiny"], chunks=300)
     box.honours_bound = False

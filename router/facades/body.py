@@ -53,6 +53,7 @@ class Inspected(NamedTuple):
     fallback: bool = True  # an alias's chain may move past its first model (rule 3)
     prompt: tuple[int, int] | None = None  # the prompt's byte span (rule 6)
     key_fields: tuple = (None, None, None)  # affinity.BODY_KEY_FIELDS' values (rule 6)
+    spans: tuple | None = None  # a JSON body's scan: its routing members' spans, model fields first (rule 6)
 
 
 # Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
@@ -97,8 +98,9 @@ def _unique(names: tuple[str, ...]) -> tuple[str, ...]:
 
 def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) -> dict:
     """The top-level members `names` of a JSON object body, each value parsed; absent ones are
-    left out (rule 1). With `found`, the same scan also finds the affinity members (rule 6) and
-    puts the prompt's span under "prompt" and the key fields' values under their names.
+    left out (rule 1). With `found`, the same scan also finds the affinity members (rule 7) and
+    puts the prompt's span under "prompt" and the key fields' values under their names, and
+    every span under "spans" (`names` first, without repeats).
 
     Raises BadRequest when the body is not one JSON object, when one of `names` is a key more
     than once (keys as JSON decodes them: `"mod\\u0065l"` is `model`), or when its value is
@@ -111,6 +113,7 @@ def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) 
     except ValueError as exc:  # the message says what and where, never the content
         raise BadRequest(f"request body {exc}") from None
     if found is not None:
+        found["spans"] = spans
         _affinity_members(body, spans[len(names):], found)
     doc = {}
     for name, span in zip(names, spans):
@@ -246,17 +249,29 @@ def asked_fallback(doc: dict, header: str | None) -> bool:
     return value == "on"
 
 
-def with_model(body: bytes, content_type: str, route: Route, model: str) -> bytes:
+def model_span(route: Route, spans: tuple | None) -> tuple[int, int] | None:
+    """Where the model's value is in a JSON body (`Inspected.spans`: the first present of the
+    route's model fields), or None (a form body)."""
+    if spans is not None:
+        for span in spans[: len(route.model_fields)]:
+            if span is not None:
+                return span[0], span[1]
+    return None
+
+
+def with_model(body: bytes, content_type: str, route: Route, model: str,
+               span: tuple[int, int] | None = None) -> bytes:
     """`body` with its model (the route's first present model field, or the form field) set to
-    `model` (rule 6). The body was read by `read_call` already, so its model is there."""
+    `model` (rule 6). The body was read by `read_call` already, so its model is there; `span`,
+    where it is when known (`model_span`), spares a scan of the body."""
+    if span is not None:
+        return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
     if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
         match = _BOUNDARY_RE.search(content_type.encode("latin-1"))
         start, end = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
         return b"".join((body[:start], model.encode(), body[end:]))
-    for span in json_members(body, _ascii(route.model_fields)):
-        if span is not None:
-            return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
-    return body
+    found = model_span(route, json_members(body, _ascii(route.model_fields)))
+    return body if found is None else with_model(body, content_type, route, model, found)
 
 
 def with_answer_bound(body: bytes, field: str, tokens: int) -> bytes:
@@ -310,4 +325,4 @@ def read_call(
     return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
                      answer_bound(doc, route.answer_bound),
                      asked_fallback(doc, header_fallback),
-                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS))
+                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS), found.get("spans"))

@@ -204,7 +204,7 @@ class ProxyCall:
             return False
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(call.model)) is not None:
-            self.chain = ChainCall(self, alias, call, fallback)
+            self.chain = ChainCall(self, alias, call, fallback, inspected.spans)
         affinity = self.app.affinity
         if affinity.on and call.pin is None:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
