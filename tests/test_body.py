@@ -587,14 +587,17 @@ def test_the_answers_bound_is_read_from_the_routes_own_fields(route, body, field
     assert not route.answer_bound or route.answer_bound[0] == field
 
 
-@pytest.mark.parametrize("body, field, expected", [
-    (b'{"model":"m", "x":1}', "max_tokens", b'{"max_tokens":40,"model":"m", "x":1}'),
-    (b' { "model":"m","max_tokens":null }', "max_tokens", b' { "model":"m","max_tokens":40 }'),
-    (b'{"options":{"num_ctx":8192,"num_predict":-1},"model":"m"}', "options.num_predict",
+@pytest.mark.parametrize("route, body, expected", [
+    (openai.ROUTES[0], b'{"model":"m", "x":1}', b'{"max_tokens":40,"model":"m", "x":1}'),
+    (openai.ROUTES[0], b' { "model":"m","max_tokens":null }', b' { "model":"m","max_tokens":40 }'),
+    (openai.ROUTES[3], b'{"max_output_tokens":0,"model":"m"}', b'{"max_output_tokens":40,"model":"m"}'),
+    (ollama.ROUTES[8], b'{"options":{"num_ctx":8192,"num_predict":-1},"model":"m"}',
      b'{"options":{"num_ctx":8192,"num_predict":40},"model":"m"}'),
-    (b'{"model":"m","options":null}', "options.num_predict", b'{"model":"m","options":{"num_predict":40}}'),
-    (b'{"model":"m"}', "options.num_predict", b'{"options":{"num_predict":40},"model":"m"}'),
-    (b'{"model":"m","options":[1]}', "options.num_predict", b'{"model":"m","options":[1]}'),  # the box's to refuse
+    (ollama.ROUTES[8], b'{"model":"m","options":null}', b'{"model":"m","options":{"num_predict":40}}'),
+    (ollama.ROUTES[8], b'{"model":"m"}', b'{"options":{"num_predict":40},"model":"m"}'),
+    (ollama.ROUTES[8], b'{"model":"m","options":[1]}', b'{"model":"m","options":[1]}'),  # the box's to refuse
 ])
-def test_with_answer_bound_sets_the_bound_once_and_keeps_every_other_byte(body, field, expected):
-    assert with_answer_bound(body, field, 40) == expected
+def test_with_answer_bound_sets_the_bound_once_and_keeps_every_other_byte(route, body, expected):
+    facade = ollama.FACADE if route in ollama.ROUTES else openai.FACADE
+    spans = read_call(body, "application/json", route, facade, None, None).spans  # the scan it reuses
+    assert with_answer_bound(body, route, spans, 40) == expected

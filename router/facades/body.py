@@ -74,6 +74,7 @@ def answer_bound(doc: dict, fields: tuple[str, ...]) -> int | None:
     return None
 
 
+ROUTING_MEMBERS = ("alloc", "stream")
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
 # a larger one is refused before it is parsed, so no client can make the router build a big object.
@@ -274,13 +275,14 @@ def with_model(body: bytes, content_type: str, route: Route, model: str,
     return body if found is None else with_model(body, content_type, route, model, found)
 
 
-def with_answer_bound(body: bytes, field: str, tokens: int) -> bytes:
-    """`body` (a JSON object `read_call` read) bounding its answer at `tokens` in `field` (rule 8):
-    the member's value replaced where the body has it, else the member added after the opening
-    `{`; `options.num_predict` set inside `options` (kept, else added). An `options` that is not
-    an object is left as it is: the box refuses the client's own mistake."""
-    outer, _, inner = field.partition(".")
-    span = json_members(body, _ascii((outer,)))[0]
+def with_answer_bound(body: bytes, route: Route, spans: tuple, tokens: int) -> bytes:
+    """`body` (a JSON object `read_call` read, `spans` its scan) bounding its answer at `tokens`
+    in the route's first bound field (rule 8): the member's value replaced where the body has it,
+    else the member added after the opening `{`; `options.num_predict` set inside `options` (kept,
+    else added). An `options` that is not an object is left as it is: the box refuses the
+    client's own mistake. No second scan: read_call's found the member, or found it absent."""
+    outer, _, inner = route.answer_bound[0].partition(".")
+    span = spans[len(route.model_fields) + len(ROUTING_MEMBERS)]  # scan_names' order: the bound's member next
     if inner:
         options = orjson.loads(body[span[0]:span[1]]) if span is not None else None
         if options is not None and not isinstance(options, dict):
@@ -292,6 +294,14 @@ def with_answer_bound(body: bytes, field: str, tokens: int) -> bytes:
         return b"".join((body[: span[0]], value, body[span[1] :]))
     start = body.index(b"{") + 1
     return b"".join((body[:start], b'"%s":%s,' % (outer.encode(), value), body[start:]))
+
+
+def scan_names(route: Route, facade: Facade) -> tuple[str, ...]:
+    """The top-level members read_call's scan finds (rule 1), in this order (with_answer_bound
+    and model_span read their spans by place): the model fields, ROUTING_MEMBERS, the route's
+    answer bound's members (`bound_members[0]` is where the router writes one), the facade's
+    settings fields. None of the model fields or routing members is a bound's member."""
+    return route.model_fields + ROUTING_MEMBERS + route.bound_members + facade.settings_fields
 
 
 def read_call(
@@ -312,8 +322,7 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool = None, None, None
     else:
-        doc = json_fields(body, route.model_fields + ("alloc", "stream") + route.bound_members + facade.settings_fields,
-                          found)
+        doc = json_fields(body, scan_names(route, facade), found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)

@@ -211,13 +211,13 @@ class ProxyCall:
             self.steer = affinity.steer(self.affinity_key)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
-        if not await self.admitted(call, max_tokens):
+        if not await self.admitted(call, max_tokens, inspected.spans):
             return False
         if stream and self.route.asks_usage:
             self.usage_body = ask_usage(self.body)
         return True
 
-    async def admitted(self, call: Call, max_tokens: int | None) -> bool:
+    async def admitted(self, call: Call, max_tokens: int | None, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
         (serve/tenancy.py rules 1-2); False when turned away. The body then bounds its answer
         where the router gave it a bound."""
@@ -231,7 +231,7 @@ class ProxyCall:
             self.charge = charge
             self.record.limited(charge.headers)
             if charge.bound is not None:
-                self.body = with_answer_bound(self.body, route.answer_bound[0], charge.bound)
+                self.body = with_answer_bound(self.body, route, spans, charge.bound)  # type: ignore[arg-type]
         return True
 
     async def inspect(self) -> Inspected:
