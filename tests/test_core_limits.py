@@ -191,8 +191,8 @@ def test_a_change_keeps_what_it_does_not_name_and_null_removes():
 
 
 def test_reset_headers_are_written_as_openai_writes_them():
-    assert [rules.reset_header(s) for s in (0.0, 0.0204, 1.5, 6.0, 59.95, 360.0)] == [
-        b"0ms", b"21ms", b"1.5s", b"6s", b"60s", b"6m0s"]
+    assert [rules.reset_header(s) for s in (0.0, 0.0204, 0.9999, 1.0001, 1.5, 6.0, 59.95, 59.999, 61.2, 360.0)] == [
+        b"0ms", b"21ms", b"1s", b"1.1s", b"1.5s", b"6s", b"60s", b"60s", b"1m2s", b"6m0s"]
 
 
 def test_the_local_counters_apply_the_rules_and_seed_from_the_store():

@@ -32,7 +32,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
 6. A budget counts the tokens settled in its current period: the first step after a boundary
    starts `used` at 0 (reservations in flight carry over and are charged where they settle).
 7. `max_parallel` is a count taken when a call is dispatched and given back when it ends
-   (`take_parallel`, `give_parallel`); a key at its limit is full for its caller, and the call
+   (`take_parallel`, `settle`); a key at its limit is full for its caller, and the call
    waits in the queue (router.core.admission), never refused for it.
 8. Retry-After: rpm, the time until one request fits again; tpm, until the bucket is below its
    limit again; budget, until the period ends; whole seconds, at least 1.
@@ -40,6 +40,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -266,14 +267,14 @@ def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
 
 def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float, slot: bool = False) -> None:
     """Rule 5: a call that reserved `reserved` tokens ended having used `used`; with `slot`, it
-    gives back its max_parallel slot too (`give_parallel`, in the same step)."""
+    gives back its max_parallel slot too (rule 7, in the same step)."""
     _catch_up(tally, limits, now)
     drawn = tally.tok_drawn + used - reserved
     tally.tok_drawn = drawn if drawn > 0.0 else 0.0
     tally.reserved -= reserved
     tally.used += used
-    if slot:
-        give_parallel(tally)
+    if slot and tally.parallel > 0:
+        tally.parallel -= 1
 
 
 def take_parallel(tally: Tally, limits: Limits) -> bool:
@@ -282,11 +283,6 @@ def take_parallel(tally: Tally, limits: Limits) -> bool:
         return False
     tally.parallel += 1
     return True
-
-
-def give_parallel(tally: Tally) -> None:
-    if tally.parallel > 0:
-        tally.parallel -= 1
 
 
 def has_room(tally: Tally, limits: Limits) -> bool:
@@ -324,14 +320,16 @@ def windows_after(tally: Tally, limits: Limits) -> Windows:
     rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
     not set. The served call's headers, at a few subtractions."""
     rpm, tpm = limits.rpm, limits.tpm
-    requests = requests_reset = tokens = tokens_reset = 0
-    if rpm is not None:
+    if rpm is None:
+        requests = requests_reset = 0
+    else:
         drawn = tally.req_drawn
-        requests, requests_reset = int(rpm - drawn) if drawn < rpm else 0, drawn * WINDOW_S / rpm
-    if tpm is not None:
-        drawn = tally.tok_drawn
-        tokens, tokens_reset = int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm
-    return new_tuple(Windows, (requests, requests_reset, tokens, tokens_reset))
+        requests = int(rpm - drawn) if drawn < rpm else 0
+        requests_reset = drawn * WINDOW_S / rpm
+    if tpm is None:
+        return new_tuple(Windows, (requests, requests_reset, 0, 0))
+    drawn = tally.tok_drawn
+    return new_tuple(Windows, (requests, requests_reset, int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm))
 
 
 def left(tally: Tally, limits: Limits, now: float) -> Left:
@@ -385,16 +383,26 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
 
 
 def reset_header(seconds: float) -> bytes:
-    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`
-    (rounded up; integer arithmetic past the one ceiling, as it runs for every served call of a
-    limited key)."""
+    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`,
+    rounded up to the unit it is written in. It runs for every served call of a limited key, so
+    each text is made once (`_reset_text`, by the duration in that unit: ms below a second,
+    tenths below a minute, else whole seconds as a negative number)."""
     ms = math.ceil(seconds * 1000.0) if seconds > 0.0 else 0
     if ms < 1000:
-        return b"%dms" % ms
+        return _reset_text(ms)
     if ms < 60_000:
-        tenths = (ms + 99) // 100
-        return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
-    return b"%dm%ds" % divmod((ms + 999) // 1000, 60)
+        return _reset_text((ms + 99) // 100 * 100)
+    return _reset_text(-((ms + 999) // 1000))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reset_text(unit: int) -> bytes:
+    if unit < 0:
+        return b"%dm%ds" % divmod(-unit, 60)
+    if unit < 1000:
+        return b"%dms" % unit
+    tenths = unit // 100
+    return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
 
 
 class Tokens(NamedTuple):

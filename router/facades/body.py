@@ -277,23 +277,33 @@ def with_model(body: bytes, content_type: str, route: Route, model: str,
 
 def with_answer_bound(body: bytes, route: Route, spans: tuple, tokens: int) -> bytes:
     """`body` (a JSON object `read_call` read, `spans` its scan) bounding its answer at `tokens`
-    in the route's first bound field (rule 8): the member's value replaced where the body has it,
-    else the member added after the opening `{`; `options.num_predict` set inside `options` (kept,
+    in the route's first bound field (rule 8): the member added after the opening `{` where the
+    body has none, else its value replaced; `options.num_predict` set inside `options` (kept,
     else added). An `options` that is not an object is left as it is: the box refuses the
     client's own mistake. No second scan: read_call's found the member, or found it absent."""
-    outer, _, inner = route.answer_bound[0].partition(".")
+    field = route.answer_bound[0]
     span = spans[len(route.model_fields) + len(ROUTING_MEMBERS)]  # scan_names' order: the bound's member next
+    if span is None:  # the common case: a call that says nothing of its answer's length
+        start = body.index(b"{") + 1
+        return body[:start] + _bound_member(field, tokens) + body[start:]
+    _, _, inner = field.partition(".")
     if inner:
-        options = orjson.loads(body[span[0]:span[1]]) if span is not None else None
+        options = orjson.loads(body[span[0]:span[1]])
         if options is not None and not isinstance(options, dict):
             return body
         value = orjson.dumps({**(options or {}), inner: tokens})
     else:
         value = b"%d" % tokens
-    if span is not None:
-        return b"".join((body[: span[0]], value, body[span[1] :]))
-    start = body.index(b"{") + 1
-    return b"".join((body[:start], b'"%s":%s,' % (outer.encode(), value), body[start:]))
+    return b"".join((body[: span[0]], value, body[span[1] :]))
+
+
+@functools.lru_cache(maxsize=256)
+def _bound_member(field: str, tokens: int) -> bytes:
+    """The member `with_answer_bound` adds (`"max_tokens":512,`, `"options":{"num_predict":512},`),
+    built once per pair: a few routes' fields, mostly the one default bound."""
+    outer, _, inner = field.partition(".")
+    value = orjson.dumps({inner: tokens}) if inner else b"%d" % tokens
+    return b'"%s":%s,' % (outer.encode(), value)
 
 
 def scan_names(route: Route, facade: Facade) -> tuple[str, ...]:

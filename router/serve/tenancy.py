@@ -31,6 +31,7 @@ This room:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -59,15 +60,21 @@ def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes],
     """OpenAI's `x-ratelimit-*` for the limits set, right after the call's admission (rule 2)."""
     rpm, tpm = limits.rpm, limits.tpm
     requests = () if rpm is None else (
-        (b"x-ratelimit-limit-requests", b"%d" % rpm),
+        limit_header(b"x-ratelimit-limit-requests", rpm),
         (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
         (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
     if tpm is None:
         return requests
     return requests + (
-        (b"x-ratelimit-limit-tokens", b"%d" % tpm),
+        limit_header(b"x-ratelimit-limit-tokens", tpm),
         (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
         (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
+
+
+@functools.lru_cache(maxsize=1024)
+def limit_header(name: bytes, limit: int) -> tuple[bytes, bytes]:
+    """A limit's own header, made once per limit (rate_headers runs for every served call)."""
+    return name, b"%d" % limit
 
 
 class Charge:

@@ -37,7 +37,7 @@ class Counters(Protocol):
         """`rules.admit`; admitted: `rules.windows_after` (the served call's headers)."""
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
-        """`rules.settle`, and `rules.give_parallel` when the call held a slot."""
+        """`rules.settle` (giving back the call's max_parallel slot when it held one)."""
 
     def take_parallel(self, key: str, limits: Limits) -> bool: ...
 
