@@ -53,7 +53,9 @@ class Inspected(NamedTuple):
     fallback: bool = True  # an alias's chain may move past its first model (rule 3)
     prompt: tuple[int, int] | None = None  # the prompt's byte span (rule 6)
     key_fields: tuple = (None, None, None)  # affinity.BODY_KEY_FIELDS' values (rule 6)
-    spans: tuple | None = None  # a JSON body's scan: its routing members' spans, model fields first (rule 6)
+    # a JSON body's scan: its members' spans in scan_names' order, for later splices without a
+    # second scan (with_model, with_answer_bound; None: a form body)
+    spans: tuple | None = None
 
 
 # Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
@@ -74,6 +76,7 @@ def answer_bound(doc: dict, fields: tuple[str, ...]) -> int | None:
     return None
 
 
+# What every JSON call is scanned for beside its model: `alloc` (pin, pool, class, fallback), `stream`.
 ROUTING_MEMBERS = ("alloc", "stream")
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
