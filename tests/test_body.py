@@ -20,7 +20,9 @@ from router.core.types import Reason, ReasonCode
 from router.facades import mounts, ollama, openai
 from router._fastpath import form_field, json_members
 from router.core.admission import Priority
-from router.facades.body import MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call
+from router.facades.body import (
+    MAX_FIELD_VALUE_BYTES, json_fields, model_and_pin, multipart_field, read_call, with_answer_bound,
+)
 
 CANARY = "CANARY-7f3a9e"
 
@@ -587,3 +589,33 @@ def test_a_huge_form_field_is_refused_undecoded():
     with pytest.raises(BadRequest) as exc:
         multipart_field(body, CT, b"model")
     assert "over" in str(exc.value)
+
+
+@pytest.mark.parametrize("route, body, field, bound", [
+    (openai.ROUTES[0], b'{"model":"m","messages":[]}', "max_tokens", None),
+    (openai.ROUTES[0], b'{"model":"m","max_completion_tokens":7}', "max_tokens", 7),
+    (openai.ROUTES[2], b'{"model":"m","max_tokens":7}', "max_tokens", None),  # embeddings: no bound read
+    (openai.ROUTES[3], b'{"model":"m","max_tokens":7}', "max_output_tokens", None),  # not the Responses field
+    (ollama.ROUTES[8], b'{"model":"m","options":{"num_predict":-1}}', "options.num_predict", None),
+    (ollama.ROUTES[8], b'{"model":"m","options":{"num_predict":9}}', "options.num_predict", 9),
+])
+def test_the_answers_bound_is_read_from_the_routes_own_fields(route, body, field, bound):
+    facade = ollama.FACADE if route in ollama.ROUTES else openai.FACADE
+    assert read_call(body, "application/json", route, facade, None, None).max_tokens == bound
+    assert not route.answer_bound or route.answer_bound[0] == field
+
+
+@pytest.mark.parametrize("route, body, expected", [
+    (openai.ROUTES[0], b'{"model":"m", "x":1}', b'{"max_tokens":40,"model":"m", "x":1}'),
+    (openai.ROUTES[0], b' { "model":"m","max_tokens":null }', b' { "model":"m","max_tokens":40 }'),
+    (openai.ROUTES[3], b'{"max_output_tokens":0,"model":"m"}', b'{"max_output_tokens":40,"model":"m"}'),
+    (ollama.ROUTES[8], b'{"options":{"num_ctx":8192,"num_predict":-1},"model":"m"}',
+     b'{"options":{"num_ctx":8192,"num_predict":40},"model":"m"}'),
+    (ollama.ROUTES[8], b'{"model":"m","options":null}', b'{"model":"m","options":{"num_predict":40}}'),
+    (ollama.ROUTES[8], b'{"model":"m"}', b'{"options":{"num_predict":40},"model":"m"}'),
+    (ollama.ROUTES[8], b'{"model":"m","options":[1]}', b'{"model":"m","options":[1]}'),  # the box's to refuse
+])
+def test_with_answer_bound_sets_the_bound_once_and_keeps_every_other_byte(route, body, expected):
+    facade = ollama.FACADE if route in ollama.ROUTES else openai.FACADE
+    spans = read_call(body, "application/json", route, facade, None, None).spans  # the scan it reuses
+    assert with_answer_bound(body, route, spans, 40) == expected

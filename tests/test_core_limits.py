@@ -79,6 +79,38 @@ def test_any_interleaving_overshoots_a_budget_by_at_most_one_reservation(budget,
     assert tally.used <= budget + largest
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 600), st.lists(st.tuples(
+    st.booleans(), st.integers(0, 400), st.one_of(st.none(), st.integers(1, 600)), st.integers(0, 5000),
+    st.booleans()), max_size=200))
+def test_every_call_stated_bound_or_not_keeps_the_overshoot_to_one_reservation(budget, default_answer, ops):
+    """Rule 4 for the calls as they come: some state an answer's bound, some do not (the router
+    then gives them `default_answer`, and the box is told it). Whatever answer each would give
+    unbounded, and whether its box counts the prompt at the estimate or below, each is charged at
+    most what it reserved, so any interleaving overshoots the budget (and the minute) by at most
+    the largest single reservation, never by the burst."""
+    limits = Limits(budget_tokens=budget, tpm=budget)
+    tally, in_flight, largest = Tally(), [], 0
+    for admit_next, body_bytes, stated, unbounded_answer, prompt_below in ops:
+        if admit_next or not in_flight:
+            tokens, bound = rules.reserve(body_bytes, stated, default_answer)
+            assert (bound is None) == (stated is not None)
+            if rules.admit(tally, limits, Ask("m", tokens), T0) is None:
+                answer = min(unbounded_answer, stated if bound is None else bound)  # what the box answers
+                prompt = rules.prompt_estimate(body_bytes) // (2 if prompt_below else 1)
+                in_flight.append((tokens, prompt + answer))
+                largest = max(largest, tokens)
+        else:
+            reserved, used = in_flight.pop(len(in_flight) // 2)  # settled out of order
+            assert used <= reserved
+            rules.settle(tally, limits, reserved, used, T0)
+        assert tally.used + tally.reserved <= budget + largest
+        assert tally.tok_drawn <= budget + largest
+    for reserved, used in in_flight:
+        rules.settle(tally, limits, reserved, used, T0)
+    assert tally.used <= budget + largest
+
+
 @settings(deadline=None)  # a loaded machine must not fail a rule
 @given(st.integers(1, 200))
 def test_rpm_is_exact_in_a_burst(rpm):
@@ -159,8 +191,8 @@ def test_a_change_keeps_what_it_does_not_name_and_null_removes():
 
 
 def test_reset_headers_are_written_as_openai_writes_them():
-    assert [rules.reset_header(s) for s in (0.0, 0.0204, 1.5, 6.0, 59.95, 360.0)] == [
-        b"0ms", b"21ms", b"1.5s", b"6s", b"60s", b"6m0s"]
+    assert [rules.reset_header(s) for s in (0.0, 0.0204, 0.9999, 1.0001, 1.5, 6.0, 59.95, 59.999, 61.2, 360.0)] == [
+        b"0ms", b"21ms", b"1s", b"1.1s", b"1.5s", b"6s", b"60s", b"60s", b"1m2s", b"6m0s"]
 
 
 def test_the_local_counters_apply_the_rules_and_seed_from_the_store():

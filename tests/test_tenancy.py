@@ -93,6 +93,59 @@ def test_tpm_overshoots_by_at_most_one_call(start_fleet_in_process):
     assert sum(b["usage"]["total_tokens"] for b in served) <= 500 + reservation + drained
 
 
+def test_calls_without_max_tokens_get_the_routers_bound_so_a_burst_overshoots_by_at_most_one_call(
+        start_fleet_in_process):
+    box = SimOllama("o", tags=["tiny"], loaded=["tiny"], chunks=400)  # 400 tokens unless the call bounds it
+    router = start_fleet_in_process(box, extra_args=("--default-max-tokens", "40"))
+    _, key = new_key(router, budget_tokens=300)
+    results = burst(12, lambda: call(router, headers=bearer(key)))  # none states max_tokens
+    served = [body for status, _, body in results if status == 200]
+    assert len(served) >= 2 and all(status in (200, 429) for status, _, _ in results)
+    assert all(b["choices"][0]["finish_reason"] == "length" and b["usage"]["completion_tokens"] == 40 for b in served)
+    body_bytes = len(json.dumps({"model": "tiny", "messages": MESSAGES}))
+    reservation = -(-body_bytes // 4) + 40  # its prompt by size and the router's bound
+    assert sum(b["usage"]["total_tokens"] for b in served) <= 300 + reservation  # unbounded: 409 a call
+
+    _, key = new_key(router, tpm=100_000)  # the bound on every API: a stream, Ollama's own, a stated one
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0)
+    chunks = [c for c in client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True) if c.choices]
+    assert len([c for c in chunks if c.choices[0].delta.content]) == 40 and chunks[-1].choices[0].finish_reason == "length"
+    native = ollama.Client(host=router.url, headers=bearer(key)).chat("tiny", MESSAGES, stream=False,
+                                                                       options={"num_ctx": 4096})
+    assert native.eval_count == 40 and native.done_reason == "length"
+    assert call(router, headers=bearer(key), max_tokens=100)[2]["usage"]["completion_tokens"] == 100
+
+    _, key = new_key(router, rpm=100)  # no token limits: the body goes to the box as it came
+    status, _, body = call(router, headers=bearer(key))
+    assert status == 200 and body["usage"]["completion_tokens"] == 400 and body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_an_alias_call_gets_the_bound_and_its_model_in_a_body_rewritten_before_it(start_fleet_in_process):
+    box = SimOllama("o", tags=["tiny"], loaded=["tiny"], chunks=400)
+    router = start_fleet_in_process(box, extra_args=("--default-max-tokens", "40"))
+    assert request(router, "PUT", "/v1/aliases/fast", {"chain": ["tiny"]})[0] == 201
+    _, key = new_key(router, tpm=100_000)
+    # `options` before `model`: the bound rewrites it, so the model is found anew where it now is
+    status, _, raw = request(router, "POST", "/api/chat", {"options": {"num_ctx": 4096}, "model": "fast",
+                                                          "messages": MESSAGES, "stream": False}, headers=bearer(key))
+    answer = json.loads(raw)
+    assert status == 200 and answer["eval_count"] == 40 and answer["done_reason"] == "length"
+    status, _, body = call(router, headers=bearer(key), model="fast")
+    assert status == 200 and body["usage"]["completion_tokens"] == 40
+    assert [r.model for r in box.calls if r.path in ("/api/chat", "/v1/chat/completions")] == ["tiny:latest"] * 2
+
+
+def test_a_box_that_ignores_the_bound_is_charged_what_it_reports(start_fleet_in_process):
+    box = SimOllama("o", tags=["tiny"], loaded=["tiny"], chunks=300)
+    box.honours_bound = False
+    router = start_fleet_in_process(box, extra_args=("--default-max-tokens", "40"))
+    key_id, key = new_key(router, budget_tokens=100)
+    assert call(router, headers=bearer(key))[2]["usage"]["completion_tokens"] == 300
+    assert call(router, headers=bearer(key))[2]["error"]["code"] == "budget_exceeded"
+    (row,) = [r for r in rows(router) if r["key_id"] == key_id and r["http_status"] == 200]
+    assert (row["prompt_tokens"], row["completion_tokens"], row["tokens_estimated"]) == (PROMPT, 300, 0)
+
+
 def test_max_parallel_is_never_exceeded_at_the_box_and_every_call_is_served(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.15)] * 8)

@@ -25,6 +25,7 @@ from router.cli.store import add_store_parser, store_command
 from router.core import bounds
 from router.core.affinity import DEFAULT_SLACK
 from router.core.errors import ConfigError
+from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.serve.affinity import DEFAULT_MEMORY_BYTES
 
 # Above the idle expiry of the common pooled clients (httpx 5 s, aiohttp 15 s), so that they drop
@@ -214,6 +215,10 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         "(default 0: no limit; docs/tenancy.md)")
     parser.add_argument("--default-tpm", type=_count, default=0,
                         help="tokens a minute for each caller without a key, per resolved address (default 0: no limit)")
+    parser.add_argument("--default-max-tokens", type=_positive, default=DEFAULT_ANSWER_TOKENS,
+                        help="the answer's bound in tokens the router gives a call counted against token limits "
+                        "(tpm, a budget) that states none: written into the body it sends the box (max_tokens, "
+                        f"max_output_tokens, num_predict) and reserved (default {DEFAULT_ANSWER_TOKENS}; docs/tenancy.md)")
     parser.add_argument("--log-retention-days", type=_days, default=30.0,
                         help="route-log rows older than this are deleted (default 30; 0 keeps every row)")
     parser.add_argument(

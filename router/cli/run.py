@@ -47,6 +47,7 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         log_retention_days=args.log_retention_days,
         default_rpm=args.default_rpm or None,
         default_tpm=args.default_tpm or None,
+        default_max_tokens=args.default_max_tokens,
         idle_timeout_s=args.idle_timeout,
         max_conns_per_client=args.max_conns_per_client,
         ssl_certfile=args.ssl_certfile,

@@ -22,6 +22,9 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    calls interleave, they overshoot a token limit by at most one call's reservation: when each
    call settles at most what it reserved, the tokens charged in a period never exceed the budget
    plus the largest reservation (tests/test_core_limits.py states it over any interleaving).
+   A reservation (`reserve`) is the prompt's estimate plus the answer's bound: the one the call
+   states, else one the router gives it and tells the box (serve/tenancy.py rule 2), so no
+   call's answer is longer than what it reserved.
 5. `settle` replaces the reservation by the tokens the box reported: `tpm` gets back what was
    reserved and draws what was used, the budget's reserved falls by the reservation and its used
    grows by the tokens. A call refused before any box served it settles with 0 tokens; its
@@ -29,7 +32,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
 6. A budget counts the tokens settled in its current period: the first step after a boundary
    starts `used` at 0 (reservations in flight carry over and are charged where they settle).
 7. `max_parallel` is a count taken when a call is dispatched and given back when it ends
-   (`take_parallel`, `give_parallel`); a key at its limit is full for its caller, and the call
+   (`take_parallel`, `settle`); a key at its limit is full for its caller, and the call
    waits in the queue (router.core.admission), never refused for it.
 8. Retry-After: rpm, the time until one request fits again; tpm, until the bucket is below its
    limit again; budget, until the period ends; whole seconds, at least 1.
@@ -37,8 +40,9 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -51,9 +55,10 @@ WINDOW_S = 60.0  # rpm and tpm: a minute
 MAX_COUNT = 10**12
 MAX_MODELS = 256
 MAX_MODEL_CHARS = 256
-# A reservation's estimate when the call does not say how long its answer may be (no
-# `max_tokens` or the facade's equivalent): what a chat answer of a few paragraphs takes.
-DEFAULT_COMPLETION_TOKENS = 512
+# The answer's bound of a call, counted against token limits, that states none (no `max_tokens`
+# or the facade's equivalent): the router tells the box, and the call reserves it (rule 4;
+# `--default-max-tokens`). What a chat answer of a few paragraphs takes.
+DEFAULT_ANSWER_TOKENS = 512
 # The stated estimates when a box reports no usage (README "Tenancy"): a prompt of ~4 bytes a
 # token (English in JSON: the body's own syntax makes it an overestimate); a whole answer the
 # same; a stream one token per STREAM_BYTES_PER_TOKEN bytes relayed (an OpenAI chunk frame or an
@@ -77,10 +82,11 @@ class Limits:
     budget_tokens: int | None = None
     budget_period: str = "day"
     models: frozenset[str] | None = None
+    # a token limit is set (a field, not a property: read on every call of the key)
+    counts_tokens: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def counts_tokens(self) -> bool:
-        return self.tpm is not None or self.budget_tokens is not None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counts_tokens", self.tpm is not None or self.budget_tokens is not None)
 
     def doc(self) -> dict[str, Any]:
         """The limits as the API and the CLI show them (`budget_period` only with a budget)."""
@@ -237,7 +243,8 @@ def _wait_s(seconds: float) -> int:
 def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
     """Rule 3: None when the call is admitted (its request and tokens are then reserved on
     `tally`), else why not. Never raises."""
-    if limits.models is not None and not model_allowed(limits.models, ask.model):
+    models = limits.models
+    if models is not None and ask.model not in models and not model_allowed(models, ask.model):
         return Refused(MODEL_NOT_ALLOWED, 0, "this key may not call this model")
     _catch_up(tally, limits, now)
     budget = limits.budget_tokens
@@ -258,13 +265,16 @@ def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
     return None
 
 
-def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float) -> None:
-    """Rule 5: a call that reserved `reserved` tokens ended having used `used`."""
+def settle(tally: Tally, limits: Limits, reserved: int, used: int, now: float, slot: bool = False) -> None:
+    """Rule 5: a call that reserved `reserved` tokens ended having used `used`; with `slot`, it
+    gives back its max_parallel slot too (rule 7, in the same step)."""
     _catch_up(tally, limits, now)
     drawn = tally.tok_drawn + used - reserved
     tally.tok_drawn = drawn if drawn > 0.0 else 0.0
     tally.reserved -= reserved
     tally.used += used
+    if slot and tally.parallel > 0:
+        tally.parallel -= 1
 
 
 def take_parallel(tally: Tally, limits: Limits) -> bool:
@@ -273,10 +283,6 @@ def take_parallel(tally: Tally, limits: Limits) -> bool:
         return False
     tally.parallel += 1
     return True
-
-
-def give_parallel(tally: Tally) -> None:
-    tally.parallel = max(0, tally.parallel - 1)
 
 
 def has_room(tally: Tally, limits: Limits) -> bool:
@@ -295,6 +301,11 @@ class Left(NamedTuple):
     parallel: int | None
 
 
+# Builds a NamedTuple on the call path without its Python-level __new__ (half the cost):
+# `new_tuple(Windows, (...))`.
+new_tuple = tuple.__new__
+
+
 class Windows(NamedTuple):
     """What is left of rpm and tpm right after an admission, and when each bucket is empty."""
 
@@ -309,14 +320,16 @@ def windows_after(tally: Tally, limits: Limits) -> Windows:
     rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
     not set. The served call's headers, at a few subtractions."""
     rpm, tpm = limits.rpm, limits.tpm
-    requests = requests_reset = tokens = tokens_reset = 0
-    if rpm is not None:
+    if rpm is None:
+        requests = requests_reset = 0
+    else:
         drawn = tally.req_drawn
-        requests, requests_reset = int(rpm - drawn) if drawn < rpm else 0, drawn * WINDOW_S / rpm
-    if tpm is not None:
-        drawn = tally.tok_drawn
-        tokens, tokens_reset = int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm
-    return Windows(requests, requests_reset, tokens, tokens_reset)
+        requests = int(rpm - drawn) if drawn < rpm else 0
+        requests_reset = drawn * WINDOW_S / rpm
+    if tpm is None:
+        return new_tuple(Windows, (requests, requests_reset, 0, 0))
+    drawn = tally.tok_drawn
+    return new_tuple(Windows, (requests, requests_reset, int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm))
 
 
 def left(tally: Tally, limits: Limits, now: float) -> Left:
@@ -348,10 +361,14 @@ def left(tally: Tally, limits: Limits, now: float) -> Left:
 # --- estimates -------------------------------------------------------------------------------
 
 
-def reservation(body_bytes: int, max_tokens: int | None) -> int:
-    """A call's token estimate: its prompt by size, plus its answer's stated bound or the default."""
-    completion = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_COMPLETION_TOKENS
-    return prompt_estimate(body_bytes) + min(completion, MAX_COUNT)
+def reserve(body_bytes: int, stated: int | None, default_answer: int) -> tuple[int, int | None]:
+    """Rule 4: (the tokens a call reserves, the answer's bound the router gives it). The tokens
+    are its prompt by size plus its answer's bound: `stated`, the one it states, else
+    `default_answer`, which is then the bound it is given (None: it states its own)."""
+    prompt = prompt_estimate(body_bytes)
+    if stated is None:
+        return prompt + default_answer, default_answer
+    return prompt + (stated if stated < MAX_COUNT else MAX_COUNT), None
 
 
 def prompt_estimate(body_bytes: int) -> int:
@@ -366,15 +383,26 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
 
 
 def reset_header(seconds: float) -> bytes:
-    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`
-    (rounded up; integer arithmetic, as it runs for every served call of a limited key)."""
-    ms = -int(-seconds * 1000.0 // 1.0) if seconds > 0.0 else 0
+    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`,
+    rounded up to the unit it is written in. It runs for every served call of a limited key, so
+    each text is made once (`_reset_text`, by the duration in that unit: ms below a second,
+    tenths below a minute, else whole seconds as a negative number)."""
+    ms = math.ceil(seconds * 1000.0) if seconds > 0.0 else 0
     if ms < 1000:
-        return b"%dms" % ms
+        return _reset_text(ms)
     if ms < 60_000:
-        tenths = (ms + 99) // 100
-        return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
-    return b"%dm%ds" % divmod((ms + 999) // 1000, 60)
+        return _reset_text((ms + 99) // 100 * 100)
+    return _reset_text(-((ms + 999) // 1000))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reset_text(unit: int) -> bytes:
+    if unit < 0:
+        return b"%dm%ds" % divmod(-unit, 60)
+    if unit < 1000:
+        return b"%dms" % unit
+    tenths = unit // 100
+    return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
 
 
 class Tokens(NamedTuple):
@@ -384,13 +412,6 @@ class Tokens(NamedTuple):
     completion: int
     cached: int
     estimated: bool
-
-    @property
-    def total(self) -> int:
-        return self.prompt + self.completion
-
-
-NO_TOKENS = Tokens(0, 0, 0, False)
 
 
 def tokens_of(report: tuple[int | None, int | None, int | None] | None, body_bytes: int,

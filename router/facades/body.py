@@ -23,6 +23,9 @@ Rules:
    `input` or `prompt`, first present: never parsed, only hashed later) and the small key
    fields (`prompt_cache_key`, `user`, `previous_response_id`). They never make a call a 400:
    one that is repeated, too large or not JSON is left out.
+8. The answer's bound a call states is read from its route's fields (`Route.answer_bound`);
+   `with_answer_bound` writes one the router chose into the body, every other byte as the
+   client sent it.
 """
 
 from __future__ import annotations
@@ -52,28 +55,32 @@ class Inspected(NamedTuple):
     fallback: bool = True  # an alias's chain may move past its first model (rule 3)
     prompt: tuple[int, int] | None = None  # the prompt's byte span (rule 6)
     key_fields: tuple = (None, None, None)  # affinity.BODY_KEY_FIELDS' values (rule 6)
+    # a JSON body's scan: its members' spans in scan_names' order, for later splices without a
+    # second scan (with_model, with_answer_bound; None: a form body)
+    spans: tuple | None = None
 
 
 # Where a prompt is, first present wins: chat and Ollama chat, the Responses API, completions.
 PROMPT_FIELDS = ("messages", "input", "prompt")
 _AFFINITY_FIELDS = PROMPT_FIELDS + BODY_KEY_FIELDS
 KNOBS_FIELD = ("knobs",)  # a hugpy box's per-call contract (rule 1)
-# Where a call bounds its answer: OpenAI's chat (`max_completion_tokens`, the older
-# `max_tokens`), the Responses API (`max_output_tokens`), Ollama's `options.num_predict`.
-ANSWER_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def answer_bound(doc: dict) -> int | None:
-    """The answer's stated bound in tokens, or None (a bad value is the box's to refuse)."""
-    for name in ANSWER_BOUND_FIELDS:
-        value = doc.get(name)
+def answer_bound(doc: dict, fields: tuple[str, ...]) -> int | None:
+    """The answer's bound in tokens a call states in its route's `fields` (Route.answer_bound,
+    `options.num_predict` a member of `options`), or None (a bad value is the box's to refuse)."""
+    for name in fields:
+        outer, _, inner = name.partition(".")
+        value = doc.get(outer)
+        if inner:
+            value = value.get(inner) if isinstance(value, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    options = doc.get("options")
-    value = options.get("num_predict") if isinstance(options, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return None
 
 
+# What every JSON call is scanned for beside its model: `alloc` (pin, pool, class, fallback), `stream`.
+ROUTING_MEMBERS = ("alloc", "stream")
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 # A routing member's value (a model name, `alloc`, Ollama's `options`, a form field) is small;
 # a larger one is refused before it is parsed, so no client can make the router build a big object.
@@ -89,21 +96,31 @@ def _ascii(names: tuple[str, ...]) -> tuple[bytes, ...]:
     return tuple(name.encode("ascii") for name in names)
 
 
+@functools.cache
+def _unique(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` without repeats (a scan finds a member once: a route's answer bound may live in a
+    member the facade reads for its settings too)."""
+    return tuple(dict.fromkeys(names))
+
+
 def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) -> dict:
     """The top-level members `names` of a JSON object body, each value parsed; absent ones are
-    left out (rule 1). With `found`, the same scan also finds the affinity members (rule 6) and
-    puts the prompt's span under "prompt" and the key fields' values under their names.
+    left out (rule 1). With `found`, the same scan also finds the affinity members (rule 7) and
+    puts the prompt's span under "prompt" and the key fields' values under their names, and
+    every span under "spans" (`names` first, without repeats).
 
     Raises BadRequest when the body is not one JSON object, when one of `names` is a key more
     than once (keys as JSON decodes them: `"mod\\u0065l"` is `model`), or when its value is
     over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
+    names = _unique(names)
     scanned = names + _AFFINITY_FIELDS if found is not None else names
     try:
         spans = json_members(body, _ascii(scanned))
     except ValueError as exc:  # the message says what and where, never the content
         raise BadRequest(f"request body {exc}") from None
     if found is not None:
+        found["spans"] = spans
         _affinity_members(body, spans[len(names):], found)
     doc = {}
     for name, span in zip(names, spans):
@@ -239,17 +256,70 @@ def asked_fallback(doc: dict, header: str | None) -> bool:
     return value == "on"
 
 
-def with_model(body: bytes, content_type: str, route: Route, model: str) -> bytes:
+def model_span(route: Route, spans: tuple | None) -> tuple[int, int] | None:
+    """Where the model's value is in a JSON body (`Inspected.spans`: the first present of the
+    route's model fields), or None (a form body)."""
+    if spans is not None:
+        for span in spans[: len(route.model_fields)]:
+            if span is not None:
+                return span[0], span[1]
+    return None
+
+
+def with_model(body: bytes, content_type: str, route: Route, model: str,
+               span: tuple[int, int] | None = None) -> bytes:
     """`body` with its model (the route's first present model field, or the form field) set to
-    `model` (rule 6). The body was read by `read_call` already, so its model is there."""
+    `model` (rule 6). The body was read by `read_call` already, so its model is there; `span`,
+    where it is when known (`model_span`), spares a scan of the body."""
+    if span is not None:
+        return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
     if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
         match = _BOUNDARY_RE.search(content_type.encode("latin-1"))
         start, end = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
         return b"".join((body[:start], model.encode(), body[end:]))
-    for span in json_members(body, _ascii(route.model_fields)):
-        if span is not None:
-            return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
-    return body
+    found = model_span(route, json_members(body, _ascii(route.model_fields)))
+    return body if found is None else with_model(body, content_type, route, model, found)
+
+
+def with_answer_bound(body: bytes, route: Route, spans: tuple, tokens: int) -> bytes:
+    """`body` (a JSON object `read_call` read, `spans` its scan) bounding its answer at `tokens`
+    in the route's first bound field (rule 8): the member added after the opening `{` where the
+    body has none, else its value replaced; `options.num_predict` set inside `options` (kept,
+    else added). An `options` that is not an object is left as it is: the box refuses the
+    client's own mistake. No second scan: read_call's found the member, or found it absent."""
+    field = route.answer_bound[0]
+    span = spans[len(route.model_fields) + len(ROUTING_MEMBERS)]  # scan_names' order: the bound's member next
+    if span is None:  # the common case: a call that says nothing of its answer's length
+        start = body.index(b"{") + 1
+        return body[:start] + _bound_member(field, tokens) + body[start:]
+    _, _, inner = field.partition(".")
+    if inner:
+        options = orjson.loads(body[span[0]:span[1]])
+        if options is not None and not isinstance(options, dict):
+            return body
+        value = orjson.dumps({**(options or {}), inner: tokens})
+    else:
+        value = b"%d" % tokens
+    return b"".join((body[: span[0]], value, body[span[1] :]))
+
+
+@functools.lru_cache(maxsize=256)
+def _bound_member(field: str, tokens: int) -> bytes:
+    """The member `with_answer_bound` adds (`"max_tokens":512,`, `"options":{"num_predict":512},`),
+    built once per pair: a few routes' fields, mostly the one default bound."""
+    outer, _, inner = field.partition(".")
+    value = orjson.dumps({inner: tokens}) if inner else b"%d" % tokens
+    return b'"%s":%s,' % (outer.encode(), value)
+
+
+def scan_names(route: Route, facade: Facade) -> tuple[str, ...]:
+    """The top-level members read_call's scan finds (rule 1), in this order (with_answer_bound
+    and model_span read their spans by place): the model fields, ROUTING_MEMBERS, the route's
+    answer bound's members (`bound_members[0]` is where the router writes one), the facade's
+    settings fields, and `knobs` where the facade reaches hugpy boxes. None of the model fields
+    or routing members is a bound's member."""
+    names = route.model_fields + ROUTING_MEMBERS + route.bound_members + facade.settings_fields
+    return names + KNOBS_FIELD if facade.reads_knobs else names
 
 
 def read_call(
@@ -270,8 +340,7 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool, knobs = None, None, None, None
     else:
-        fields = route.model_fields + ("alloc", "stream") + ANSWER_BOUND_FIELDS + facade.settings_fields
-        doc = json_fields(body, fields + KNOBS_FIELD if facade.reads_knobs else fields, found)
+        doc = json_fields(body, scan_names(route, facade), found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -281,6 +350,7 @@ def read_call(
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool, knobs=knobs)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority), answer_bound(doc),
+    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
+                     answer_bound(doc, route.answer_bound),
                      asked_fallback(doc, header_fallback),
-                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS))
+                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS), found.get("spans"))

@@ -57,6 +57,21 @@ class Route:
     aliases: AliasListing | None = None  # a model list: the aliases are listed too
     # an OpenAI-shaped stream whose usage the box gives only when asked (facades/usage.py rule 2)
     asks_usage: bool = False
+    # where a call bounds its answer's tokens, in the route's own words (`options.num_predict`: a
+    # member of `options`); the first is what the router writes when it bounds an answer itself
+    # (serve/tenancy.py rule 2)
+    answer_bound: tuple[str, ...] = ()
+    # the top-level members `answer_bound` lives in, for the body's one scan
+    bound_members: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        members = tuple(dict.fromkeys(name.partition(".")[0] for name in self.answer_bound))
+        object.__setattr__(self, "bound_members", members)
+
+
+# OpenAI's chat bounds its answer with `max_tokens`, which every OpenAI-compatible box reads
+# (vLLM, llama.cpp, Ollama, LM Studio), or its newer name `max_completion_tokens`.
+CHAT_BOUND = ("max_tokens", "max_completion_tokens")
 
 
 def _no_settings(doc: dict) -> str | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.core.bounds import clip
+from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route, with_aliases
@@ -51,6 +52,7 @@ class Shared:
                  queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
                  queue_per_caller: int | None = None, max_event_streams: int = 32,
                  default_rpm: int | None = None, default_tpm: int | None = None,
+                 default_max_tokens: int = DEFAULT_ANSWER_TOKENS,
                  affinity: Affinity | None = None) -> None:
         self.fleet = fleet
         self.reservations = reservations
@@ -61,7 +63,8 @@ class Shared:
         self.access = AccessGate(keys)
         self.metrics = Metrics()
         self.admission = Admission(fleet, queue_size, queue_timeout_s, queue_per_caller)
-        self.tenancy = Tenancy(keys, default_rpm=default_rpm, default_tpm=default_tpm)
+        self.tenancy = Tenancy(keys, default_rpm=default_rpm, default_tpm=default_tpm,
+                               default_max_tokens=default_max_tokens)
         self.tenancy.admission = self.admission
         self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on

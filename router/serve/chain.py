@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import replace
 from typing import Protocol
 
 from router.core.affinity import Steer
@@ -35,7 +34,7 @@ from router.core.kinds import KINDS
 from router.core.refusal import RefusalCode
 from router.core.types import BoxFacts, Call, Decision, Path
 from router.boxes.state import BoxState
-from router.facades.body import with_model
+from router.facades.body import model_span, with_model
 from router.facades.table import Body, Route
 from router.serve.edge import Edge
 from router.serve.record import CallRecord
@@ -67,32 +66,38 @@ def model_headers(model: str, position: int) -> tuple[tuple[bytes, bytes], ...]:
     return ((b"x-router-model", model.encode()), (b"x-router-fallback", b"%d" % position))
 
 
+@functools.lru_cache(maxsize=4096)
+def model_call(model: str, kinds: frozenset, settings: str | None, pin: str | None, pool: str | None,
+               knobs: str | None) -> Call:
+    """A chain's `model` called as the client asked for the alias (rule 1), built once: a frozen
+    dataclass costs more to build than to look up, and an alias's calls mostly ask alike."""
+    return Call(model, kinds, settings, pin, pool, knobs)
+
+
 class ChainCall:
     """One call's walk along one alias's chain. It keeps no reference to its ProxyCall (which
     holds it): an ended call is freed by reference counting (tests/test_no_cycles.py)."""
 
-    __slots__ = ("alias", "asked", "calls", "current", "left", "fallback", "body", "bodies")
+    __slots__ = ("alias", "asked", "first", "current", "left", "fallback", "scanned")
 
-    def __init__(self, proxy: OnTheChain, alias: Alias, asked: Call, fallback: bool) -> None:
+    def __init__(self, proxy: OnTheChain, alias: Alias, asked: Call, fallback: bool, spans: tuple | None) -> None:
         self.alias = alias
         self.asked = asked  # the call as the client made it, for the alias's name
-        first = replace(asked, model=alias.chain[0])
-        self.calls: list[Call | None] = [None] * len(alias.chain)  # each model's, once needed
-        self.calls[0] = first
+        self.first = model_call(alias.chain[0], asked.kinds, asked.settings, asked.pin, asked.pool, asked.knobs)
         self.current = 0
         self.left: dict[int, Move] = {}  # places passed over for good (rule 2)
         self.fallback = fallback
-        self.body = proxy.body  # as the client sent it
-        self.bodies: dict[tuple[str, bool], bytes] = {}  # (the model as a box gets it, usage asked) -> body
-        proxy.record.aliased(alias.name, 0, first)
+        # the body as read and where its model is (read_call's scan, `spans`): a body that is still
+        # that one gets its model without a second scan (rule 3)
+        self.scanned = (proxy.body, model_span(proxy.route, spans))
+        proxy.record.aliased(alias.name, 0, self.first)
         proxy.reply.model_headers = model_headers(alias.chain[0], 0)
 
     def call_at(self, position: int) -> Call:
-        call = self.calls[position]
-        if call is None:
-            asked = self.asked
-            call = self.calls[position] = replace(asked, model=self.alias.chain[position])
-        return call
+        if position == 0:
+            return self.first
+        asked = self.asked
+        return model_call(self.alias.chain[position], asked.kinds, asked.settings, asked.pin, asked.pool, asked.knobs)
 
     # -- rule 1 --------------------------------------------------------------------------------
     def decide(self, proxy: OnTheChain, facts: list[BoxFacts]) -> Decision:
@@ -101,7 +106,7 @@ class ChainCall:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
         if current == 0 and not tried and not self.left:  # the common case: the first model
-            decision = decide(self.calls[0], facts, tried, eligible, proxy.steer)  # type: ignore[arg-type]
+            decision = decide(self.first, facts, tried, eligible, proxy.steer)
             if decision.boxes:
                 return decision  # resolve's answer too: the first model in reach ranks a box
 
@@ -132,16 +137,17 @@ class ChainCall:
 
     # -- rules 2-4, per attempt ----------------------------------------------------------------
     def body_for(self, proxy: OnTheChain, box: BoxState, asks_usage: bool) -> bytes:
-        """The body `box` gets (rule 3): the client's, or the one that asks for a stream's usage
-        (`asks_usage`, serve/tenancy's), with the model in the box's spelling."""
+        """The body `box` gets (rule 3): the call's (the client's, perhaps with the answer's bound
+        tenancy gave it), or the one that asks for a stream's usage (`asks_usage`, serve/tenancy's),
+        with the model in the box's spelling."""
         name = KINDS[box.config.kind].sent_name(self.alias.chain[self.current], box.inventory.catalog)
-        body = self.bodies.get((name, asks_usage))
-        if body is None:
-            route = proxy.route
-            content_type = (proxy.edge.header("content-type") or "") if route.body is Body.FORM else ""
-            base = proxy.usage_body if asks_usage else self.body
-            body = self.bodies[(name, asks_usage)] = with_model(base, content_type, route, name)  # type: ignore[arg-type]
-        return body
+        route = proxy.route
+        base = proxy.usage_body if asks_usage else proxy.body
+        scanned, span = self.scanned
+        if base is not scanned:  # rewritten since (tenancy's answer bound, a stream's usage): scanned anew
+            span = None
+        content_type = (proxy.edge.header("content-type") or "") if route.body is Body.FORM else ""
+        return with_model(base, content_type, route, name, span)  # type: ignore[arg-type]
 
     @staticmethod
     def first_byte_s(timeout_s: float, t_sent: float, t_now: float) -> float:

@@ -50,8 +50,8 @@ from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
 from router.core.limits import Refused
-from router.core.types import BoxFacts, BoxKind, Decision, Path
-from router.facades.body import Inspected, read_call
+from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
+from router.facades.body import Inspected, read_call, with_answer_bound
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
 from router.serve import hops, no_box
@@ -204,21 +204,25 @@ class ProxyCall:
             return False
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(call.model)) is not None:
-            self.chain = ChainCall(self, alias, call, fallback)
+            self.chain = ChainCall(self, alias, call, fallback, inspected.spans)
         affinity = self.app.affinity
         if affinity.on and call.pin is None:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
             self.steer = affinity.steer(self.affinity_key)
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
+        if not await self.admitted(call, max_tokens, inspected.spans):
+            return False
         if stream and self.route.asks_usage:
             self.usage_body = ask_usage(self.body)
-        return await self.admitted(max_tokens)
+        return True
 
-    async def admitted(self, max_tokens: int | None) -> bool:
-        """The call against its key's limits (serve/tenancy.py rule 1); False when turned away."""
-        call = self.record.call if self.chain is None else self.chain.asked  # a key's `models` name what it asks
-        charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens)  # type: ignore[arg-type]
+    async def admitted(self, call: Call, max_tokens: int | None, spans: tuple | None) -> bool:
+        """The call (as asked: a key's `models` name what it asks) against its key's limits
+        (serve/tenancy.py rules 1-2); False when turned away. The body then bounds its answer
+        where the router gave it a bound."""
+        route = self.route
+        charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, route.answer_bound)
         if isinstance(charge, Refused):
             await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, turned_away=True,
                                    retry_after_s=charge.retry_after_s or None)
@@ -226,6 +230,8 @@ class ProxyCall:
         if charge is not None:
             self.charge = charge
             self.record.limited(charge.headers)
+            if charge.bound is not None:
+                self.body = with_answer_bound(self.body, route, spans, charge.bound)  # type: ignore[arg-type]
         return True
 
     async def inspect(self) -> Inspected:

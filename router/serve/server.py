@@ -54,6 +54,7 @@ from router.boxes import listeners as own_listeners
 from router.boxes.fleet import Fleet
 from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
+from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.serve import tracing
@@ -104,6 +105,7 @@ class ServeConfig:
     log_retention_days: float = 30.0  # 0 = keep every route_log row
     default_rpm: int | None = None  # callers without a key, per resolved address (docs/tenancy.md)
     default_tpm: int | None = None
+    default_max_tokens: int = DEFAULT_ANSWER_TOKENS  # a limited call's answer bound when it states none
     store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
     idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
     max_conns_per_client: int = 512  # 0 = no cap
@@ -285,6 +287,7 @@ class Running:
             max_event_streams=config.max_event_streams,
             default_rpm=config.default_rpm,
             default_tpm=config.default_tpm,
+            default_max_tokens=config.default_max_tokens,
             affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes),
         )
         shared.tracer = tracer

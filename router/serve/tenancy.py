@@ -8,7 +8,14 @@ This room:
    429 `rate_limited` / 429 `budget_exceeded` with Retry-After, or 403 `model_not_allowed`, in
    the facade's shape, counted in `router_key_limited_total`.
 2. An admitted call carries a `Charge`: the tokens it reserved and the OpenAI `x-ratelimit-*`
-   headers of its limits (what is left after it), which its answer's head carries.
+   headers of its limits (what is left after it), which its answer's head carries. A call
+   counted against token limits reserves its prompt's estimate and its answer's bound: the one
+   it states, else the router's (`--default-max-tokens`, `Charge.bound`), which the proxy writes
+   into the body in the route's own field (Route.answer_bound: `max_tokens`,
+   `max_output_tokens`, Ollama's `options.num_predict`), so the box ends the answer there
+   (`finish_reason` "length") and no call is charged past what it reserved (router.core.limits
+   rule 4). A route with no such field (embeddings, speech, images) reserves the default and
+   its body is left as it is; so is every body of a key without token limits.
 3. `max_parallel`: the call takes its key's slot when it is dispatched (`Charge.take_slot`);
    without one it waits in the queue, full for its caller, and the queue hands it the slot with
    its box (serve/admission.py). The slot goes back when the call ends, and the queue is offered
@@ -24,6 +31,7 @@ This room:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -31,7 +39,9 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily
 
 from router.core import limits as rules
-from router.core.limits import NO_LIMITS, NO_TOKENS, Ask, Limits, Refused, Tokens, Windows, reset_header
+from router.core.limits import (
+    DEFAULT_ANSWER_TOKENS, NO_LIMITS, Ask, Limits, Refused, Windows, new_tuple, reset_header,
+)
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
 from router.store.keys import KeyStore
@@ -48,29 +58,37 @@ TOKEN_KINDS = ("prompt", "completion", "cached")
 
 def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
     """OpenAI's `x-ratelimit-*` for the limits set, right after the call's admission (rule 2)."""
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-    if limits.rpm is not None:
-        headers = ((b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
-                   (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
-                   (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
-    if limits.tpm is not None:
-        headers += ((b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
-                    (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
-                    (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
-    return headers
+    rpm, tpm = limits.rpm, limits.tpm
+    requests = () if rpm is None else (
+        limit_header(b"x-ratelimit-limit-requests", rpm),
+        (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
+        (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
+    if tpm is None:
+        return requests
+    return requests + (
+        limit_header(b"x-ratelimit-limit-tokens", tpm),
+        (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
+        (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
+
+
+@functools.lru_cache(maxsize=1024)
+def limit_header(name: bytes, limit: int) -> tuple[bytes, bytes]:
+    """A limit's own header, made once per limit (rate_headers runs for every served call)."""
+    return name, b"%d" % limit
 
 
 class Charge:
     """One admitted call's account with its key (rules 2-4)."""
 
-    __slots__ = ("tenancy", "name", "limits", "reserved", "slot", "headers")
+    __slots__ = ("tenancy", "name", "limits", "reserved", "bound", "slot", "headers")
 
-    def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int,
+    def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int, bound: int | None,
                  headers: tuple[tuple[bytes, bytes], ...]) -> None:
         self.tenancy = tenancy
         self.name = name  # the tally's name: `key:<id>` or `addr:<address>`
         self.limits = limits
         self.reserved = reserved
+        self.bound = bound  # the answer's bound the router gives the call (None: it states one, or none is due)
         self.slot = False  # holds one of the key's max_parallel slots
         self.headers = headers
 
@@ -83,10 +101,10 @@ class Charge:
     def has_room(self) -> bool:
         return self.slot or self.tenancy.counters.has_room(self.name, self.limits)
 
-    def settle(self, tokens: Tokens) -> None:
-        """Rule 4; once, at the call's end."""
+    def settle(self, used: int) -> None:
+        """Rule 4; once, at the call's end, with the tokens it used."""
         tenancy, slot = self.tenancy, self.slot and self.limits.max_parallel is not None
-        tenancy.counters.settle(self.name, self.limits, self.reserved, tokens.total, tenancy.clock(), slot)
+        tenancy.counters.settle(self.name, self.limits, self.reserved, used, tenancy.clock(), slot)
         self.slot = False
         if slot and tenancy.admission is not None:
             tenancy.admission.offer()
@@ -94,8 +112,10 @@ class Charge:
 
 class Tenancy:
     def __init__(self, keys: KeyStore, counters: Counters | None = None, *,
-                 default_rpm: int | None = None, default_tpm: int | None = None) -> None:
+                 default_rpm: int | None = None, default_tpm: int | None = None,
+                 default_max_tokens: int = DEFAULT_ANSWER_TOKENS) -> None:
         self.keys = keys
+        self.default_max_tokens = default_max_tokens  # rule 2
         self.counters: Counters = counters if counters is not None else LocalCounters()
         self.defaults = Limits(rpm=default_rpm, tpm=default_tpm) if default_rpm or default_tpm else NO_LIMITS
         self.admission: Admission | None = None  # set by Shared: where max_parallel waiters wait
@@ -105,8 +125,10 @@ class Tenancy:
         self.clock = time.time  # epoch seconds: budget periods are UTC calendar periods (tests set it)
 
     # -- the call path -------------------------------------------------------------------------
-    def admit(self, edge: Edge, call: Call, body_bytes: int, max_tokens: int | None) -> Charge | Refused | None:
-        """Rule 1: a Charge, a refusal, or None when nothing of the caller's is counted."""
+    def admit(self, edge: Edge, call: Call, body_bytes: int, stated: int | None,
+              bound_fields: tuple[str, ...]) -> Charge | Refused | None:
+        """Rule 1: a Charge, a refusal, or None when nothing of the caller's is counted. `stated`
+        is the answer's bound the call states; `bound_fields` its route's (rule 2)."""
         key_id = edge.key_id
         if key_id is not None:
             limits = self.keys.limits_of(key_id)
@@ -116,19 +138,21 @@ class Tenancy:
             name = "addr:" + (edge.caller or "unknown")
         if limits is NO_LIMITS:
             return None
-        ask = Ask(call.model, rules.reservation(body_bytes, max_tokens) if limits.counts_tokens else 0)
-        admitted = self.counters.admit(name, limits, ask, self.clock())
+        tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
+        admitted = self.counters.admit(name, limits, new_tuple(Ask, (call.model, tokens)), self.clock())
         if admitted.__class__ is Refused:
             self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
             return admitted  # type: ignore[return-value]
-        return Charge(self, name, limits, ask.tokens, rate_headers(limits, admitted))  # type: ignore[arg-type]
+        return Charge(self, name, limits, tokens, bound if bound_fields else None,  # type: ignore[arg-type]
+                      rate_headers(limits, admitted))
 
     def ended(self, record: CallRecord, charge: Charge | None) -> None:
         """A call ended: its tokens counted, its charge settled (rule 4)."""
         tokens = record.count_tokens()
+        used = 0 if tokens is None else tokens.prompt + tokens.completion
         if charge is not None:
-            charge.settle(tokens or NO_TOKENS)
-        if tokens is not None and tokens.total:
+            charge.settle(used)
+        if used:
             label = record.edge.key_id or NO_KEY
             self.tokens[(label, "prompt")] += tokens.prompt
             self.tokens[(label, "completion")] += tokens.completion

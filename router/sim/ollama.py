@@ -34,10 +34,15 @@ Rules:
 7. Threads. The test thread may change `tags`, `loaded`, `version`, `chunks` and `cadence_s`
    at any time; the box is polled, so there is nothing to notify.
 8. Privacy. Bodies are read only for the fields that steer the answer (`model`, `stream`,
-   `keep_alive`, whether `prompt`/`messages`/`input` are empty); replies are fixed texts.
+   `keep_alive`, whether `prompt`/`messages`/`input` are empty, the answer's bound); replies are
+   fixed texts.
 9. Capacity. With `max_parallel` (OLLAMA_NUM_PARALLEL with OLLAMA_MAX_QUEUE=0), a
    model-bearing call that finds that many answers in progress gets Ollama's queue-full
    answer, 503 `server busy, please try again.  maximum pending requests exceeded`.
+10. Length. An answer is `chunks` tokens long, or as many as the call bounds it to
+   (`options.num_predict` on the native API, `max_tokens` or `max_completion_tokens` on `/v1`),
+   ending for `length` then, as Ollama does. `honours_bound = False` plays a box that ignores
+   the bound.
 """
 
 from __future__ import annotations
@@ -133,6 +138,7 @@ class SimOllama(Inventory, SimServer):
                  cadence_s: float = 0.0, version: str = "0.12.6", max_parallel: int | None = None) -> None:
         super().__init__(name, chunks=chunks, cadence_s=cadence_s)
         self.max_parallel = max_parallel
+        self.honours_bound = True  # rule 10
         self.answering = 0  # model-bearing answers in progress (rule 9)
         self.busy_refusals = 0
         # public state, mutable from the test thread (rule 7)
@@ -263,41 +269,56 @@ class SimOllama(Inventory, SimServer):
             return None
         return body
 
+    def _length(self, body: dict[str, Any], openai: bool) -> tuple[int, str]:
+        """Rule 10: (the answer's tokens, why it ends)."""
+        if openai:
+            bound = body.get("max_tokens") or body.get("max_completion_tokens")
+        else:
+            options = body.get("options")
+            bound = options.get("num_predict") if isinstance(options, dict) else None
+        if self.honours_bound and isinstance(bound, int) and 0 < bound < self.chunks:
+            return bound, "length"
+        return self.chunks, "stop"
+
     def _chat(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
         if not call.body.get("messages"):
             return self._load_idiom(conn, ex, call, "message", {"role": "assistant", "content": ""})
+        length = self._length(call.body, False)
         return self._generate_answer(conn, ex, call, "message", {"role": "assistant", "content": STREAM_TOKEN},
                                      {"role": "assistant", "content": ""},
-                                     {"role": "assistant", "content": STREAM_TOKEN * self.chunks})
+                                     {"role": "assistant", "content": STREAM_TOKEN * length[0]}, length)
 
     def _generate(self, conn: Connection, ex: Exchange, call: _Call) -> Steps | None:
         if not call.body.get("prompt"):
             return self._load_idiom(conn, ex, call, "response", "")
-        return self._generate_answer(conn, ex, call, "response", STREAM_TOKEN, "", STREAM_TOKEN * self.chunks)
+        length = self._length(call.body, False)
+        return self._generate_answer(conn, ex, call, "response", STREAM_TOKEN, "", STREAM_TOKEN * length[0], length)
 
     def _load_idiom(self, conn: Connection, ex: Exchange, call: _Call, field: str, empty: object) -> None:
         self._json(conn, ex, {"model": call.model, "created_at": rfc3339(time.time()), field: empty, "done": True,
                               "done_reason": "unload" if call.keep_alive_s == 0 else "load"})
 
     def _generate_answer(self, conn: Connection, ex: Exchange, call: _Call, field: str, piece: object,
-                         empty: object, whole: object) -> Steps | None:
+                         empty: object, whole: object, length: tuple[int, str]) -> Steps | None:
         """Chat (`message`) or generate (`response`): NDJSON pieces and a final line, or one
-        object with the whole text and the final line's metrics; after the prompt's prefill."""
+        object with the whole text and the final line's metrics; after the prompt's prefill.
+        `length`: the answer's tokens and why it ends (rule 10)."""
         return self.prefix_cache.prefill(call.key, call.body, lambda prefill: self._generated(
-            conn, ex, call, field, piece, empty, whole, prefill))
+            conn, ex, call, field, piece, empty, whole, length, prefill))
 
     def _generated(self, conn: Connection, ex: Exchange, call: _Call, field: str, piece: object,
-                   empty: object, whole: object, prefill: Prefill) -> Steps | None:
+                   empty: object, whole: object, length: tuple[int, str], prefill: Prefill) -> Steps | None:
+        tokens, reason = length
         head = {"model": call.model, "created_at": rfc3339(time.time())}
-        final: dict[str, Any] = {**head, field: empty, "done": True, "done_reason": "stop"}
+        final: dict[str, Any] = {**head, field: empty, "done": True, "done_reason": reason}
         if field == "response" and not call.body.get("raw"):
             final["context"] = [1, 2, 3]  # deprecated, but still sent unless raw
-        final.update(metrics(self.chunks, prefill))
+        final.update(metrics(tokens, prefill))
         if not call.stream:
             self._json(conn, ex, {**final, field: whole})
             return None
         line = ndjson_line({**head, field: piece, "done": False})
-        return self._stream(conn, ex, CT_NDJSON, (), [line] * self.chunks, [ndjson_line(final)], call.fault)
+        return self._stream(conn, ex, CT_NDJSON, (), [line] * tokens, [ndjson_line(final)], call.fault)
 
     def _embed(self, conn: Connection, ex: Exchange, call: _Call) -> None:
         given = call.body.get("input")
@@ -356,23 +377,23 @@ class SimOllama(Inventory, SimServer):
 
     def _v1_chat_answer(self, conn: Connection, ex: Exchange, call: _Call, prefill: Prefill) -> Steps | None:
         evaluated = evaluated_tokens(prefill)  # no cached count: Ollama's compat layer has none
-        usage = {"prompt_tokens": evaluated, "completion_tokens": self.chunks,
-                 "total_tokens": evaluated + self.chunks}
+        tokens, reason = self._length(call.body, True)
+        usage = {"prompt_tokens": evaluated, "completion_tokens": tokens, "total_tokens": evaluated + tokens}
         head = {"id": f"chatcmpl-{secrets.randbelow(999)}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": call.model, "system_fingerprint": "fp_ollama"}
         if not call.stream:
             self._json(conn, ex, {**head, "object": "chat.completion", "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": STREAM_TOKEN * self.chunks},
-                "finish_reason": "stop"}], "usage": usage})
+                "index": 0, "message": {"role": "assistant", "content": STREAM_TOKEN * tokens},
+                "finish_reason": reason}], "usage": usage})
             return None
         piece = sse_frame({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": STREAM_TOKEN},
                                                 "finish_reason": None}]}, compact=True)
         tail = [sse_frame({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": "stop"}]}, compact=True)]
+                                                "finish_reason": reason}]}, compact=True)]
         if wants_usage(call.body):
             tail.append(sse_frame({**head, "choices": [], "usage": usage}, compact=True))
         tail.append(SSE_DONE)
-        return self._stream(conn, ex, CT_SSE, (), [piece] * self.chunks, tail, call.fault)
+        return self._stream(conn, ex, CT_SSE, (), [piece] * tokens, tail, call.fault)
 
     def _v1_embeddings(self, conn: Connection, ex: Exchange, call: _Call) -> None:
         encoding = call.body.get("encoding_format") or "float"

@@ -37,7 +37,7 @@ class Counters(Protocol):
         """`rules.admit`; admitted: `rules.windows_after` (the served call's headers)."""
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
-        """`rules.settle`, and `rules.give_parallel` when the call held a slot."""
+        """`rules.settle` (giving back the call's max_parallel slot when it held one)."""
 
     def take_parallel(self, key: str, limits: Limits) -> bool: ...
 
@@ -68,13 +68,10 @@ class LocalCounters:
         return refused if refused is not None else rules.windows_after(tally, limits)
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
-        tally = self.tallies.get(key) or self._tally(key)
-        rules.settle(tally, limits, reserved, used, now)
-        if slot:
-            rules.give_parallel(tally)
+        rules.settle(self.tallies.get(key) or self._tally(key), limits, reserved, used, now, slot)
 
     def take_parallel(self, key: str, limits: Limits) -> bool:
-        return rules.take_parallel(self._tally(key), limits)
+        return rules.take_parallel(self.tallies.get(key) or self._tally(key), limits)
 
     def has_room(self, key: str, limits: Limits) -> bool:
         tally = self.tallies.get(key)
