@@ -134,7 +134,7 @@ def state_doc(shared) -> dict:
         })
         contracts.extend({"box": cfg.name, "model": model, "options": options}
                          for model, options in box.contracts.items())
-    return {
+    doc = {
         "generation": shared.scheduler.generation,
         "boxes": boxes,
         "contracts": contracts,
@@ -143,6 +143,9 @@ def state_doc(shared) -> dict:
         "queue": shared.admission.snapshot(),
         "affinity": shared.affinity.view(),
     }
+    if shared.leases is not None:  # several routers: the shared server, the routers seen
+        doc["shared"] = shared.leases.view()
+    return doc
 
 
 def route_log_tail(path, since: int, limit: int) -> list[dict]:

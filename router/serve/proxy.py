@@ -39,7 +39,7 @@ import asyncio
 import itertools
 import logging
 import os
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
@@ -70,6 +70,9 @@ from router.serve.reply import Reply
 from router.serve.tenancy import STATUS, Charge, Tenancy
 from router.telemetry.scheduler import Scheduler
 
+if TYPE_CHECKING:  # serve/shared.py needs the `shared` extra: imported by a router with --shared-url only
+    from router.serve.shared import SlotLeases
+
 
 class CallHost(Protocol):
     """What a call reads of the app it runs in (app.py's `RouterApp`, which imports this module:
@@ -88,12 +91,15 @@ class CallHost(Protocol):
     stream_idle_timeout_s: float
     fallbacks: dict  # router_fallbacks_total's counts (serve/metrics.py)
     stream_keepalive_s: float
+    leases: SlotLeases | None  # several routers: the boxes' fleet-wide slots (serve/shared.py)
 
     def observe(self, record: CallRecord) -> None: ...
 
 log = logging.getLogger("router.proxy")
 
 MAX_BOXES_PER_CALL = 3
+SHARED_STORE_DOWN = "shared_store_down"  # --shared-down closed, the server down (serve/shared.py rule 6)
+SHARED_DOWN_TEXT = "the shared server that counts this box's calls across routers is down"
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
@@ -133,7 +139,7 @@ class ProxyCall:
         self.life = Lifecycle()
         self.record = CallRecord(self.call_id, facade, route, edge, self.life)
         self.reply = Reply(edge, facade, self.record, self.client_left)
-        self.load = Load(app.reservations, app.scheduler, app.admission)
+        self.load = Load(app.reservations, app.scheduler, app.admission, app.leases)
         self.body = b""
         self.attempt: Attempt | None = None  # the box it is at, while it is at one
         self.delivery = Delivery(self.reply, self.life)
@@ -271,6 +277,14 @@ class ProxyCall:
                 decision = await self.wait_turn(decision)
                 if decision is None or self.gone:
                     return
+                continue
+            elif self.app.leases is not None and (held := await self.app.leases.take(self.load, box)) is not True:
+                if held is None:  # the shared server is down and --shared-down closed
+                    await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+                    return
+                if self.gone:
+                    return
+                decision = self.decide_now(fleet.facts())  # the box is full fleet-wide: now it says so
                 continue
             elif (refusal := await self.try_box(box)) is None:
                 return

@@ -237,6 +237,7 @@ class Running:
         self.agents = AgentLinks(self.fleet, self.telemetry)
         self.store_path = config.store_path or store_paths.db_path()
         self.tasks: list[asyncio.Task] = []
+        self.instance = config.instance  # serve() names it host:port once the port is known
 
     async def start(self, tracer) -> Shared:
         config, fleet = self.config, self.fleet
@@ -281,6 +282,8 @@ class Running:
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
         loop = asyncio.get_running_loop()
+        if config.shared_url:
+            await self.share(shared)
         shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
@@ -290,9 +293,30 @@ class Running:
         shared.clock.start()
         return shared
 
+    async def share(self, shared: Shared) -> None:
+        """Several routers: the boxes' slots as leases on the shared server (serve/shared.py),
+        its first round trip before the first call."""
+        try:
+            from router.serve.shared import SlotLeases
+            from router.store.shared import SharedServer
+        except ImportError:
+            raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
+        config = self.config
+        leases = SlotLeases(SharedServer(config.shared_url), self.instance, self.fleet, config.shared_down)  # type: ignore[arg-type]
+        leases.admission = shared.admission
+        leases.stats = lambda: {"calls": sum(shared.metrics.calls.values()), "in_flight": shared.in_flight}
+        shared.leases = leases
+        shared.scraped.register(leases)
+        await leases.sync()
+        log.info("shared server %s: %s, as router %s (--shared-down %s)", leases.server.url,
+                 "up" if leases.server.up else "DOWN", self.instance, config.shared_down)
+        leases.start()
+
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
         await self.shared.clock.stop()
+        if self.shared.leases is not None:
+            await self.shared.leases.stop()
         for task in self.tasks:
             task.cancel()
         await loop.run_in_executor(None, self.route_log.stop)  # flushes every row
@@ -317,6 +341,7 @@ async def serve(config: ServeConfig, *, ready=None) -> int:
     running = Running(config)
     ports = [port for _, _, port, _ in listeners]
     running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
+    running.instance = config.instance or f"{config.host}:{ports[0]}"
     shared = await running.start(tracer)
     own_listeners.write_record(config.boxes_path, config.host, ports)
     servers = [
