@@ -44,17 +44,18 @@ def fleet():
 
 @pytest.fixture
 def routers(tmp_path):
-    """routers(boxes, n, extra=(), limits={}) -> [RouterProcess]: n routers over the same boxes,
-    each with its own folder (boxes file, home)."""
+    """routers(boxes, n, extra=(), limits={}, home=None) -> [RouterProcess]: n routers over the same
+    boxes, each with its own folder (boxes file, and home unless `home` names one for all)."""
     started: list[RouterProcess] = []
 
-    def start(boxes, n, extra=(), limits=None, first=0):
+    def start(boxes, n, extra=(), limits=None, first=0, home=None):
         made = []
         for i in range(first, first + n):
             folder = tmp_path / f"router{i}"
             folder.mkdir()
             path = write_boxes(folder / "boxes.json", list(boxes), **(limits or {}))
-            router = RouterProcess(path, "--instance", f"r{i}", *extra)
+            env = {"HUGPY_ROUTER_HOME": str(home)} if home is not None else None
+            router = RouterProcess(path, "--instance", f"r{i}", *extra, env=env)
             started.append(router)
             made.append(router)
         return made

@@ -144,7 +144,7 @@ def state_doc(shared) -> dict:
         "affinity": shared.affinity.view(),
     }
     if shared.leases is not None:  # several routers: the shared server, the routers seen
-        doc["shared"] = shared.leases.view()
+        doc["shared"] = {**shared.leases.view(), "tallies": shared.tenancy.shared.view()}
     return doc
 
 

@@ -39,7 +39,7 @@ import asyncio
 import itertools
 import logging
 import os
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
@@ -67,11 +67,10 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
+from router.serve.shared import SHARED_STORE_DOWN, SlotLeases
+from router.store.shared import SharedDown
 from router.serve.tenancy import STATUS, Charge, Tenancy
 from router.telemetry.scheduler import Scheduler
-
-if TYPE_CHECKING:  # serve/shared.py needs the `shared` extra: imported by a router with --shared-url only
-    from router.serve.shared import SlotLeases
 
 
 class CallHost(Protocol):
@@ -98,8 +97,7 @@ class CallHost(Protocol):
 log = logging.getLogger("router.proxy")
 
 MAX_BOXES_PER_CALL = 3
-SHARED_STORE_DOWN = "shared_store_down"  # --shared-down closed, the server down (serve/shared.py rule 6)
-SHARED_DOWN_TEXT = "the shared server that counts this box's calls across routers is down"
+SHARED_DOWN_TEXT = "the shared server that counts this call across routers is down"
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
@@ -225,6 +223,12 @@ class ProxyCall:
         """The call against its key's limits (serve/tenancy.py rule 1); False when turned away."""
         call = self.record.call if self.chain is None else self.chain.asked  # a key's `models` name what it asks
         charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens)  # type: ignore[arg-type]
+        if charge is not None and self.app.tenancy.shared is not None:
+            try:
+                charge = await charge  # type: ignore[misc]
+            except SharedDown:
+                await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+                return False
         if isinstance(charge, Refused):
             await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, turned_away=True,
                                    retry_after_s=charge.retry_after_s or None)
@@ -273,7 +277,11 @@ class ProxyCall:
             box = fleet.get(choice)
             if box is None:  # removed from the boxes file since the decision
                 self.tried.append(choice)
-            elif self.charge is not None and not self.charge.take_slot():  # full for its caller
+            elif self.charge is not None and not self.charge.take_slot() and (
+                    taken := await self.take_shared_slot()) is not True:  # full for its caller
+                if taken is None or self.gone:
+                    return
+                self.load.release()  # it waits holding no box's slot
                 decision = await self.wait_turn(decision)
                 if decision is None or self.gone:
                     return
@@ -295,6 +303,18 @@ class ProxyCall:
             decision = self.decide_now(fleet.facts())
         if not self.gone:
             await no_box.give_up(self.reply, last)
+
+    async def take_shared_slot(self) -> bool | None:
+        """Several routers: the key's `max_parallel` slot on the shared server (serve/tenancy.py
+        rule 7); False when it has none free (one router: always), None when the server is down
+        and --shared-down closed (answered 503)."""
+        if self.app.tenancy.shared is None:
+            return False
+        try:
+            return await self.charge.take_shared_slot()  # type: ignore[union-attr]
+        except SharedDown:
+            await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+            return None
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
         """The call's decision over `facts`, never broadening past its first one (failover); an

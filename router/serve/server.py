@@ -61,10 +61,13 @@ from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
+from router.serve.shared import SlotLeases
 from router.serve.tenancy import Tenancy
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
+from router.store.shared import SharedServer
+from router.store.shared_counters import SharedCounters
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.local import LocalScanTask, is_loopback_url
@@ -294,15 +297,16 @@ class Running:
         return shared
 
     async def share(self, shared: Shared) -> None:
-        """Several routers: the boxes' slots as leases on the shared server (serve/shared.py),
-        its first round trip before the first call."""
+        """Several routers: the boxes' slots as leases (serve/shared.py) and the keys' tallies
+        (store/shared_counters.py) on the shared server, its first round trip before the first
+        call."""
+        config = self.config
         try:
-            from router.serve.shared import SlotLeases
-            from router.store.shared import SharedServer
+            server = SharedServer(config.shared_url)  # type: ignore[arg-type]
         except ImportError:
             raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
-        config = self.config
-        leases = SlotLeases(SharedServer(config.shared_url), self.instance, self.fleet, config.shared_down)  # type: ignore[arg-type]
+        leases = SlotLeases(server, self.instance, self.fleet, config.shared_down)  # type: ignore[arg-type]
+        shared.tenancy.counters = shared.tenancy.shared = SharedCounters(server, config.shared_down == "closed")
         leases.admission = shared.admission
         leases.stats = lambda: {"calls": sum(shared.metrics.calls.values()), "in_flight": shared.in_flight}
         shared.leases = leases

@@ -15,7 +15,8 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    its leases for at most LEASE_TTL_S, and every other router sees them gone within SYNC_S more:
    at most LEASE_TTL_S + SYNC_S (6 s).
 4. A call that ends gives its lease back (GIVE: one script, sent with whatever else is queued)
-   and the script publishes the box's new count on FREED_CHANNEL. Every router's waiters see a
+   and, when that took the box from full to not full (the only case where any router's calls
+   wait for it), the script publishes the box's new count on FREED_CHANNEL. Every router's waiters see a
    slot freed anywhere within a pub/sub hop (milliseconds); a lease that expired, or a message
    lost while a router reconnected, within SYNC_S (the poll of rule 3).
 5. A box's `others` (what the other routers hold on it, as last read: the count less this
@@ -57,6 +58,7 @@ FREED_CHANNEL = PREFIX + "freed"
 ROUTERS_KEY = PREFIX + "routers"
 ROUTER_DOCS_KEY = PREFIX + "router-docs"
 OPEN, CLOSED = "open", "closed"
+SHARED_STORE_DOWN = "shared_store_down"  # rule 6: the 503's code
 
 _NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 # KEYS[1] the box's leases; ARGV: member, limit, ttl (ms) -> {taken 0|1, count}
@@ -69,12 +71,16 @@ if held < tonumber(ARGV[2]) then
 end
 return {0, held}
 """
-# KEYS[1] the box's leases; ARGV: member, channel, box name -> count
+# KEYS[1] the box's leases; ARGV: member, channel, box name, limit -> count. Published only when
+# the box was full: a router waits on a box only while it looks full (rule 4).
 GIVE = _NOW_MS + """
+local before = redis.call('ZCARD', KEYS[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
-redis.call('PUBLISH', ARGV[2], ARGV[3] .. '\\n' .. held)
+if before >= tonumber(ARGV[4]) and held < tonumber(ARGV[4]) then
+  redis.call('PUBLISH', ARGV[2], ARGV[3] .. '\\n' .. held)
+end
 return held
 """
 # KEYS[1] the box's leases; ARGV: ttl (ms), then this router's members -> count
@@ -176,8 +182,8 @@ class SlotLeases:
         if held is not None:
             held.discard(member)
         if self.server.up:
-            self.server.call(self.give_script, 1, slots_key(box.name), member, FREED_CHANNEL, box.name) \
-                .add_done_callback(lambda done: self._given(box, done))
+            self.server.call(self.give_script, 1, slots_key(box.name), member, FREED_CHANNEL, box.name,
+                             box.limit or 0).add_done_callback(lambda done: self._given(box, done))
 
     def _given(self, box: BoxState, done: asyncio.Future) -> None:
         if done.exception() is None:

@@ -33,10 +33,6 @@ import time
 from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-# The `shared` extra: this module is imported only by a router with --shared-url.
-import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
-
 log = logging.getLogger("router.shared")
 
 PREFIX = "hugpy-router:"
@@ -75,10 +71,18 @@ class SharedServer:
     """One shared server: its client, whether it is up, and the pipelined call path (rules 2-3)."""
 
     def __init__(self, url: str) -> None:
+        # the `shared` extra: only a router with --shared-url imports it
+        import redis.asyncio as aioredis
+        from redis import exceptions
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.errors = (exceptions.RedisError, OSError, TimeoutError)  # what marks the server down
+        self.no_script = exceptions.NoScriptError
         self.url = shown_url(url)
         self.redis = aioredis.Redis.from_url(
             url, socket_timeout=ROUND_TRIP_TIMEOUT_S, socket_connect_timeout=SERVER_CONNECT_TIMEOUT_S,
-            retry_on_timeout=False, health_check_interval=0,
+            retry=Retry(NoBackoff(), 0),  # a command is sent once: a take sent twice would hold two slots
         )
         self.up = False
         self.reached = False  # answered once: coming up after that is news (rule 4)
@@ -129,11 +133,11 @@ class SharedServer:
             try:
                 async with asyncio.timeout(ROUND_TRIP_TIMEOUT_S):
                     return await pipe.execute(raise_on_error=True)
-            except NoScriptError:
+            except self.no_script:
                 if attempt == 2:
                     raise SharedDown("the server refused its scripts") from None
                 await self.load_scripts()
-            except (RedisError, OSError, TimeoutError) as exc:
+            except self.errors as exc:
                 self.went_down(exc)
                 raise SharedDown(self.why_down) from None
         raise AssertionError("unreachable")
@@ -145,7 +149,7 @@ class SharedServer:
                 for script in self.scripts:
                     pipe.script_load(script.source)
                 await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except self.errors as exc:
             self.went_down(exc)
             raise SharedDown(self.why_down) from None
 
