@@ -8,10 +8,11 @@ The fleet: `router.sim` hugpy boxes in a process of their own (bench/callpath_cp
 `router serve`'s app as server.Running builds it (bench/callpath_cpu.py), called in this process
 by an in-process ASGI client, on one uvloop loop:
 - `one`: one router, no --shared-url (its store SQLite);
+- `one_shared`: one router with --shared-url: what the shared engine itself costs a call;
 - `two`: two routers with --shared-url (a throw-away redis-server from tests/engines.py unless
-  `--shared-url` names one; `--database-url` is handed to both, for the PostgreSQL store), the
-  calls alternating between them.
-Each round runs `one` then `two`, twice: at concurrency 1 (the latency a call pays: p50 and p99
+  `--shared-url` names one; `--database-url` is handed to them, for the PostgreSQL store), the
+  calls alternating between them (both routers' background work runs on the one loop too).
+Each round runs each of them twice: at concurrency 1 (the latency a call pays: p50 and p99
 of each call's time, so `added` is the shared round trips' own cost) and at `--concurrency`
 (calls/s, the loop's CPU per call, the route log's rows written per second). `--keys` calls with
 a key that has rpm, tpm and a budget set (never reached), so the key's tally is on the server too.
@@ -47,6 +48,7 @@ from router.serve.server import Running, ServeConfig  # noqa: E402
 
 BOXES = 8
 MAX_INFLIGHT = 64
+CONFIGS = ("one", "one_shared", "two")
 EVERY_COUNT = {"rpm": 10**9, "tpm": 10**12, "budget_tokens": 10**12, "budget_period": "month"}
 
 
@@ -127,21 +129,22 @@ async def main(args: argparse.Namespace) -> dict:
 
             redis = RedisServer()
             shared_url, server_pid = redis.url, redis.proc.pid
-        one, one_running = await start_router(boxes_file, work, "one", None, None)
-        two = [await start_router(boxes_file, work, f"two-{i}", shared_url, args.database_url) for i in (1, 2)]
-        apps = {"one": [one], "two": [app for app, _ in two]}
-        keys: dict[str, list] = {"one": [None], "two": [None, None]}
-        if args.keys:
-            _, key = one.shared.keys.create("bench", "use", limits=EVERY_COUNT)
-            keys["one"] = [key]
-            keys["two"] = [app.shared.keys.create("bench", "use", limits=EVERY_COUNT)[1] for app in apps["two"]]
-        for app in (one, *apps["two"]):
-            await routable(app, BODY)
+        started = {
+            "one": [await start_router(boxes_file, work, "one", None, None)],
+            "one_shared": [await start_router(boxes_file, work, "one-shared", shared_url, args.database_url)],
+            "two": [await start_router(boxes_file, work, f"two-{i}", shared_url, args.database_url) for i in (1, 2)],
+        }
+        apps = {name: [app for app, _ in routers] for name, routers in started.items()}
+        keys = {name: [app.shared.keys.create("bench", "use", limits=EVERY_COUNT)[1] if args.keys else None
+                       for app in group] for name, group in apps.items()}
+        for group in apps.values():
+            for app in group:
+                await routable(app, BODY)
         rounds = []
         for number in range(args.rounds):
             measured: dict = {}
-            for name in ("one", "two"):
-                pid = server_pid if name == "two" else None
+            for name in CONFIGS:
+                pid = server_pid if name != "one" else None
                 measured[name] = {
                     "sequential": await run(apps[name], max(args.calls // 4, 200), 1, keys[name], pid),
                     "loaded": await run(apps[name], args.calls, args.concurrency, keys[name], pid),
@@ -151,9 +154,9 @@ async def main(args: argparse.Namespace) -> dict:
         figures = {"calls": args.calls, "concurrency": args.concurrency, "keys": args.keys,
                    "database_url": args.database_url is not None, "rounds": rounds, "added": added(rounds)}
         print("added by two routers on the shared engines (median of rounds): " + json.dumps(figures["added"]))
-        for _, running in two:
-            await running.stop()
-        await one_running.stop()
+        for routers in started.values():
+            for _, running in routers:
+                await running.stop()
         return figures
     finally:
         sim.terminate()
@@ -163,14 +166,16 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def added(rounds: list[dict]) -> dict:
-    """What `two` adds to `one`, the median over the rounds."""
-    def median(part: str, field: str) -> float:
-        return round(statistics.median(r["two"][part][field] - r["one"][part][field] for r in rounds), 3)
+    """What `one_shared` and `two` add to `one`, the median over the rounds."""
+    def median(name: str, part: str, field: str) -> float:
+        return round(statistics.median(r[name][part][field] - r["one"][part][field] for r in rounds), 3)
 
-    return {"p50_ms": median("sequential", "p50_ms"), "p99_ms": median("sequential", "p99_ms"),
-            "loop_us_sequential": median("sequential", "loop_us"), "loop_us_loaded": median("loaded", "loop_us"),
-            "server_us_loaded": median("loaded", "server_us"),
-            "calls_per_s_loaded": median("loaded", "calls_per_s")}
+    return {name: {"p50_ms": median(name, "sequential", "p50_ms"), "p99_ms": median(name, "sequential", "p99_ms"),
+                   "loop_us_sequential": median(name, "sequential", "loop_us"),
+                   "loop_us_loaded": median(name, "loaded", "loop_us"),
+                   "server_us_loaded": median(name, "loaded", "server_us"),
+                   "calls_per_s_loaded": median(name, "loaded", "calls_per_s")}
+            for name in CONFIGS[1:]}
 
 
 if __name__ == "__main__":

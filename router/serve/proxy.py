@@ -212,7 +212,8 @@ class ProxyCall:
         affinity = self.app.affinity
         if affinity.on and call.pin is None:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
-            self.steer = affinity.steer(self.affinity_key)
+            self.steer = (affinity.steer(self.affinity_key) if affinity.shared is None
+                          else await affinity.steer_shared(self.affinity_key))
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
         if stream and self.route.asks_usage:

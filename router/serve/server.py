@@ -61,7 +61,7 @@ from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
-from router.serve.shared import SlotLeases
+from router.serve.shared import SharedBindings, SlotLeases
 from router.serve.tenancy import Tenancy
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
@@ -297,9 +297,9 @@ class Running:
         return shared
 
     async def share(self, shared: Shared) -> None:
-        """Several routers: the boxes' slots as leases (serve/shared.py) and the keys' tallies
-        (store/shared_counters.py) on the shared server, its first round trip before the first
-        call."""
+        """Several routers: the boxes' slots as leases and the affinity bindings (serve/shared.py)
+        and the keys' tallies (store/shared_counters.py) on the shared server, its first round
+        trip before the first call."""
         config = self.config
         try:
             server = SharedServer(config.shared_url)  # type: ignore[arg-type]
@@ -307,6 +307,8 @@ class Running:
             raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
         leases = SlotLeases(server, self.instance, self.fleet, config.shared_down)  # type: ignore[arg-type]
         shared.tenancy.counters = shared.tenancy.shared = SharedCounters(server, config.shared_down == "closed")
+        if shared.affinity.on:
+            shared.affinity.shared = SharedBindings(server)
         leases.admission = shared.admission
         leases.stats = lambda: {"calls": sum(shared.metrics.calls.values()), "in_flight": shared.in_flight}
         shared.leases = leases

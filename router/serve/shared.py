@@ -31,11 +31,17 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
 7. Heartbeat: each sync writes this router's name and a small doc (calls it ended, calls in
    flight, when it started) to the routers' set, and reads back every router seen within
    ROUTER_SEEN_S: the state's `shared.routers`, the dashboard's routers.
+8. Affinity bindings (router.core.affinity rule 9) are advisory: a bound key this router does not
+   know is looked up (one round trip, before the decision) and a binding made or moved here is
+   written (not waited for), under a digest of the key's identity (never the session id or
+   the caller in the clear), for BINDING_TTL_S after its last move. The server down: each
+   router's own bindings only. The prefix index stays per router.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import os
@@ -54,6 +60,7 @@ log = logging.getLogger("router.shared")
 LEASE_TTL_S = 5.0  # rule 3
 SYNC_S = 1.0  # rule 3: renew, poll, heartbeat
 ROUTER_SEEN_S = 5.0  # rule 7: a router not heard from for this long is no longer listed
+BINDING_TTL_S = 3600.0  # rule 8: a conversation idle for an hour may start afresh anywhere
 FREED_CHANNEL = PREFIX + "freed"
 ROUTERS_KEY = PREFIX + "routers"
 ROUTER_DOCS_KEY = PREFIX + "router-docs"
@@ -186,7 +193,7 @@ class SlotLeases:
                              box.limit or 0).add_done_callback(lambda done: self._given(box, done))
 
     def _given(self, box: BoxState, done: asyncio.Future) -> None:
-        if done.exception() is None:
+        if not done.cancelled() and done.exception() is None:
             self.counted(box, done.result())
 
     def counted(self, box: BoxState, count: int) -> None:
@@ -323,3 +330,35 @@ class SlotLeases:
         routers = GaugeMetricFamily("router_shared_routers", "Routers seen on the shared server recently.")
         routers.add_metric([], len(self.routers))
         yield routers
+
+
+class SharedBindings:
+    """Affinity bindings on the shared server (rule 8)."""
+
+    def __init__(self, server: SharedServer) -> None:
+        self.server = server
+
+    @staticmethod
+    def _key(identity: str) -> str:
+        return PREFIX + "bind:" + hashlib.blake2b(identity.encode(), digest_size=16).hexdigest()
+
+    async def find(self, identity: str) -> str | None:
+        """The box another router bound `identity` to, or None (none, or the server down)."""
+        if not self.server.up:
+            return None
+        try:
+            box = await self.server.call(None, "GET", self._key(identity))
+        except SharedDown:
+            return None
+        return box.decode(errors="replace") if box else None
+
+    def keep(self, identity: str, box: str) -> None:
+        if self.server.up:
+            self.server.call(None, "SET", self._key(identity), box, "PX", int(BINDING_TTL_S * 1000)) \
+                .add_done_callback(_read_out)
+
+
+def _read_out(done: asyncio.Future) -> None:
+    """A reply nobody waits for: its failure is the server's state's business, not the loop's log."""
+    if not done.cancelled():
+        done.exception()

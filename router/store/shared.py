@@ -78,12 +78,17 @@ class SharedServer:
         from redis.backoff import NoBackoff
 
         self.errors = (exceptions.RedisError, OSError, TimeoutError)  # what marks the server down
+        self.reply_error = exceptions.ResponseError
         self.no_script = exceptions.NoScriptError
         self.url = shown_url(url)
-        self.redis = aioredis.Redis.from_url(
+        pool = aioredis.ConnectionPool.from_url(
             url, socket_timeout=ROUND_TRIP_TIMEOUT_S, socket_connect_timeout=SERVER_CONNECT_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),  # a command is sent once: a take sent twice would hold two slots
         )
+        self.redis = aioredis.Redis(connection_pool=pool)  # pub/sub (serve/shared.py)
+        # rule 2's one connection: redis-py's Connection, driven directly (its pipeline object
+        # costs ~2.5x the CPU of the round trip itself)
+        self.conn = pool.make_connection()
         self.up = False
         self.reached = False  # answered once: coming up after that is news (rule 4)
         self.down_since = time.time()  # epoch seconds; the state shows it
@@ -121,37 +126,40 @@ class SharedServer:
     # -- round trips ---------------------------------------------------------------------------
     async def run(self, commands: Sequence[tuple[Script | None, tuple]]) -> list:
         """One round trip of `commands` (a script and its keys-and-args, or None and a raw
-        command), in order. Raises SharedDown (rule 3). A script the server does not know (it
-        restarted) is loaded and the round trip sent again, once."""
-        for attempt in (1, 2):
-            pipe = self.redis.pipeline(transaction=False)
-            for script, args in commands:
-                if script is None:
-                    pipe.execute_command(*args)
-                else:
-                    pipe.evalsha(script.sha, *args)
-            try:
-                async with asyncio.timeout(ROUND_TRIP_TIMEOUT_S):
-                    return await pipe.execute(raise_on_error=True)
-            except self.no_script:
-                if attempt == 2:
-                    raise SharedDown("the server refused its scripts") from None
-                await self.load_scripts()
-            except self.errors as exc:
-                self.went_down(exc)
-                raise SharedDown(self.why_down) from None
-        raise AssertionError("unreachable")
-
-    async def load_scripts(self) -> None:
+        command), in order: their replies, an error reply as its exception. Raises SharedDown
+        (rule 3). Scripts the server does not know (it restarted) are loaded and those commands
+        sent again (a NOSCRIPT reply did nothing)."""
+        conn = self.conn
+        packed = [(None, ("EVALSHA", script.sha, *args)) if script is not None else (None, args)
+                  for script, args in commands]
         try:
             async with asyncio.timeout(ROUND_TRIP_TIMEOUT_S):
-                pipe = self.redis.pipeline(transaction=False)
-                for script in self.scripts:
-                    pipe.script_load(script.source)
-                await pipe.execute()
-        except self.errors as exc:
+                await conn.connect()  # at once when connected
+                replies = await self._round_trip([args for _, args in packed])
+                unknown = [i for i, reply in enumerate(replies) if isinstance(reply, self.no_script)]
+                if unknown:
+                    await self._round_trip([("SCRIPT", "LOAD", script.source) for script in self.scripts])
+                    again = await self._round_trip([packed[i][1] for i in unknown])
+                    for i, reply in zip(unknown, again):
+                        replies[i] = reply
+        except (*self.errors, asyncio.CancelledError) as exc:
+            await conn.disconnect(nowait=True)  # a reply half read: the connection is unusable
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             self.went_down(exc)
             raise SharedDown(self.why_down) from None
+        return replies
+
+    async def _round_trip(self, commands: list[tuple]) -> list:
+        conn = self.conn
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        replies = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except self.reply_error as exc:
+                replies.append(exc)
+        return replies
 
     def call(self, script: Script | None, *args) -> asyncio.Future:
         """One command on the call path, sent with whatever else is queued (rule 2); the future
@@ -175,13 +183,18 @@ class SharedServer:
                             future.set_exception(SharedDown(str(exc)))
                     continue
                 for (_, _, future), result in zip(batch, results):
-                    if not future.done():
+                    if future.done():
+                        continue
+                    if isinstance(result, Exception):  # an error reply: a bug, said as one
+                        future.set_exception(SharedDown(f"the server answered {result}"))
+                    else:
                         future.set_result(result)
         finally:
             self.sending = False
 
     async def close(self) -> None:
         try:
-            await self.redis.aclose()
+            await self.conn.disconnect(nowait=True)
+            await self.redis.aclose(close_connection_pool=True)
         except Exception:  # closing a connection to a server that is gone
             pass
