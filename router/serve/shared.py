@@ -14,8 +14,10 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    reads every limited box's count, in one round trip; so a router that dies (`kill -9`) leaves
    its leases for at most LEASE_TTL_S, and every other router sees them gone within SYNC_S more:
    at most LEASE_TTL_S + SYNC_S (6 s).
-4. A call that ends gives its lease back (GIVE: one script, sent with whatever else is queued)
-   and, when that took the box from full to not full (the only case where any router's calls
+4. A call that ends gives its lease back (GIVE: one script, sent with the next round trip: at
+   once when the box is at or one short of its limit, where calls may be waiting for it; else
+   with the next call's take or the sync, within SYNC_S, which halves the round trips of calls
+   that follow each other) and, when that took the box from full to not full (the only case where any router's calls
    wait for it), the script publishes the box's new count on FREED_CHANNEL. Every router's waiters see a
    slot freed anywhere within a pub/sub hop (milliseconds); a lease that expired, or a message
    lost while a router reconnected, within SYNC_S (the poll of rule 3).
@@ -163,7 +165,7 @@ class SlotLeases:
                 taken, count = await server.call(self.take_script, 1, slots_key(name), member, limit,
                                                  int(LEASE_TTL_S * 1000))
             except SharedDown:
-                pass  # the server went down: rule 6, below
+                self.alone()  # the server went down: rule 6, below
             else:
                 if taken:
                     self.held.setdefault(name, set()).add(member)
@@ -189,8 +191,12 @@ class SlotLeases:
         if held is not None:
             held.discard(member)
         if self.server.up:
-            self.server.call(self.give_script, 1, slots_key(box.name), member, FREED_CHANNEL, box.name,
-                             box.limit or 0).add_done_callback(lambda done: self._given(box, done))
+            limit = box.limit or 0
+            # urgent only near the limit, where some router's calls may wait for this slot; else
+            # it rides the next round trip (the next call's take, or the sync within SYNC_S)
+            send = self.server.call if box.in_flight + box.others >= limit - 1 else self.server.later
+            send(self.give_script, 1, slots_key(box.name), member, FREED_CHANNEL, box.name, limit) \
+                .add_done_callback(lambda done: self._given(box, done))
 
     def _given(self, box: BoxState, done: asyncio.Future) -> None:
         if not done.cancelled() and done.exception() is None:
@@ -219,12 +225,10 @@ class SlotLeases:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.server.up:  # a clean stop gives its leases back at once, not after their TTL
-            held = [(name, member) for name, members in self.held.items() for member in members]
-            try:
-                await self.server.run([(None, ("ZREM", slots_key(name), member)) for name, member in held]
-                                      + [(None, ("ZREM", ROUTERS_KEY, self.instance))])
-            except SharedDown:
-                pass
+            gone = [self.server.call(None, "ZREM", slots_key(name), *members)
+                    for name, members in self.held.items() if members]
+            gone.append(self.server.call(None, "ZREM", ROUTERS_KEY, self.instance))
+            await asyncio.gather(*gone, return_exceptions=True)  # behind what is queued (rule 2)
         await self.server.close()
 
     async def keep_synced(self) -> None:

@@ -13,7 +13,8 @@ Rules:
    trip: whatever calls asked in the same loop iteration, or while the previous round trip was
    out, share the next one. One round trip is out at a time, so the server applies commands in
    the order the router asked them (a slot given back before a waiter's take reaches the server
-   first).
+   first). A command that is in no hurry (`later`) waits for the next round trip anyone asks
+   for.
 3. Every round trip has a deadline, ROUND_TRIP_TIMEOUT_S; a round trip that passes it, or any
    connection error, marks the server down (`up` False) and fails every command in it with
    `SharedDown`. While it is down the call path asks nothing (`up` is read first, at no cost);
@@ -164,11 +165,16 @@ class SharedServer:
     def call(self, script: Script | None, *args) -> asyncio.Future:
         """One command on the call path, sent with whatever else is queued (rule 2); the future
         raises SharedDown when the round trip failed."""
-        future = asyncio.get_running_loop().create_future()
-        self.queued.append((script, args, future))
+        future = self.later(script, *args)
         if not self.sending:
             self.sending = True
             asyncio.get_running_loop().create_task(self._send())
+        return future
+
+    def later(self, script: Script | None, *args) -> asyncio.Future:
+        """A command that may wait for the next round trip anyone asks for (rule 2)."""
+        future = asyncio.get_running_loop().create_future()
+        self.queued.append((script, args, future))
         return future
 
     async def _send(self) -> None:
