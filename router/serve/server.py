@@ -311,6 +311,7 @@ class Running:
             shared.affinity.shared = SharedBindings(server)
         leases.admission = shared.admission
         leases.stats = lambda: {"calls": sum(shared.metrics.calls.values()), "in_flight": shared.in_flight}
+        leases.on_back = shared.tenancy.seeded.clear  # the key upkeep seeds every budget again
         shared.leases = leases
         shared.scraped.register(leases)
         await leases.sync()

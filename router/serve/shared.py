@@ -27,7 +27,8 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
 6. The server down (store/shared.py rule 3): `--shared-down open` (the default) counts in this
    router alone (`others` 0, no lease asked), with one loud log line, `router_shared_store_up 0`
    and the state's `shared.counting: "this router alone"`; the leases held then are added to the
-   server by the first sync after it is back. `--shared-down closed` answers a call that needs a
+   server by the first sync after it is back, and `on_back` runs (the budgets are seeded from
+   the store again: a restarted server lost its tallies). `--shared-down closed` answers a call that needs a
    lease 503 `shared_store_down` (the facade's shape) instead. Either way no call waits on the
    server past ROUND_TRIP_TIMEOUT_S.
 7. Heartbeat: each sync writes this router's name and a small doc (calls it ended, calls in
@@ -133,6 +134,7 @@ class SlotLeases:
         self.heartbeat_script = server.script(HEARTBEAT)
         self.admission = None  # serve/admission.py's Admission: offered a slot freed elsewhere
         self.stats: Callable[[], dict] = dict  # this router's figures for its heartbeat doc
+        self.on_back: Callable[[], None] = lambda: None  # the server answers again after an outage
         self.held: dict[str, set[str]] = {}  # box name -> this router's leases on it
         self.counts: dict[str, int] = {}  # box name -> leases on it fleet-wide, as last read
         self.routers: list[dict] = []  # rule 7, as last read
@@ -250,7 +252,11 @@ class SlotLeases:
         if any(isinstance(result, BaseException) for result in results):
             self.alone()
             return
-        server.came_up()
+        if not server.up:
+            back = server.reached
+            server.came_up()
+            if back:
+                self.on_back()
         for box, count in zip(boxes, results):
             self.counted(box, count)
         self.routers = self._routers(results[-1])
