@@ -173,3 +173,11 @@ def test_a_slot_freed_on_one_router_reaches_the_others_waiters_at_once(fleet, ro
     first_end = [r for r in box.calls if r.path == "/v1/chat/completions"][0].finished_at
     assert waited.started_at - first_end < SYNC_S / 2, waited.started_at - first_end
     assert freed - waiter_started > 0.3
+
+
+def test_one_router_without_a_shared_url_has_no_shared_state(start_fleet_in_process):
+    box = SimBox("a", residents=["tiny"])
+    router = start_fleet_in_process(box, boxes_extra={"a": {"max_inflight": 1}})
+    assert call(router)[0] == 200
+    assert "shared" not in get_json(router, "/v1/router/state")
+    assert "router_shared_store_up" not in metrics_text(router)

@@ -78,3 +78,25 @@ def test_a_keyed_call_meets_the_mode_while_the_server_is_down(fleet, routers, re
     assert wait_for(lambda: shared_state(opened)["counting"] == "this router alone", 3)
     redis_server.start()
     assert wait_for(lambda: call(closed, headers=bearer(key), timeout=10)[0] == 200, 4)
+
+
+def test_a_restarted_server_gets_the_budgets_back_from_the_store(fleet, routers, redis_server, tmp_path):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    key_id, key = new_key(router, budget_tokens=10_000)
+    for _ in range(3):
+        assert call(router, headers=bearer(key))[0] == 200
+
+    def budget_left() -> int:
+        doc = json.loads(request(router, "GET", "/v1/keys/usage", timeout=10)[2])
+        return next(k["left"]["budget_tokens"] for k in doc["keys"] if k["id"] == key_id)
+
+    spent = 10_000 - budget_left()
+    assert spent > 0
+    redis_server.stop()
+    redis_server.start()  # empty: no persistence
+    assert wait_for(lambda: shared_state(router)["up"], 5)
+    time.sleep(1.5)  # the key upkeep (once a second) seeds the budget again
+    assert call(router, headers=bearer(key))[0] == 200  # a step reads the server's tally
+    assert wait_for(lambda: 10_000 - budget_left() > spent, 5)  # counted on top of the store's, not from 0
