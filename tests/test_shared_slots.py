@@ -181,3 +181,25 @@ def test_one_router_without_a_shared_url_has_no_shared_state(start_fleet_in_proc
     assert call(router)[0] == 200
     assert "shared" not in get_json(router, "/v1/router/state")
     assert "router_shared_store_up" not in metrics_text(router)
+
+
+def test_a_server_that_stops_answering_costs_a_call_at_most_the_round_trip_timeout(fleet, routers, redis_server):
+    from router.store.shared import ROUND_TRIP_TIMEOUT_S
+
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 2}})
+    assert call(router)[0] == 200
+    redis_server.proc.send_signal(signal.SIGSTOP)  # up, connected, silent: the worst case
+    try:
+        took = []
+        for _ in range(4):
+            started = time.monotonic()
+            assert call(router, timeout=10)[0] == 200
+            took.append(time.monotonic() - started)
+        assert max(took) < ROUND_TRIP_TIMEOUT_S + 1.0, took  # the first pays the timeout, no more
+        assert wait_for(lambda: not shared_state(router)["up"], 3)
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    assert wait_for(lambda: shared_state(router)["up"], 3 * SYNC_S)
+    assert call(router)[0] == 200
