@@ -1,9 +1,12 @@
 """The Redis-protocol server several routers share (Valkey or Redis): one connection's worth of
 ordered, pipelined round trips, each with a short timeout, and whether the server is up.
 
-Client: redis-py's asyncio client (`redis.asyncio`, the `shared` extra): the reference client of
-the protocol, asyncio-native, and it speaks to Valkey and Redis alike. Its per-command cost in
-Python (~0.1 ms of CPU each) is why the call path never sends a command alone: see rule 2.
+Client (the `shared` extra): redis-py's asyncio client (`redis.asyncio`: the protocol's reference
+client, asyncio-native, Valkey and Redis alike) for the URL and for pub/sub; the call path's round
+trips go over `Wire`, one asyncio protocol that writes the commands as RESP and reads the replies
+with hiredis (the Redis project's C parser). redis-py's own connection spends ~400 Python
+function calls a round trip (per-command encoders, a timeout and a task per read and write):
+more than the rest of the router's call; `Wire` spends a handful (bench/several_routers.py).
 
 Rules:
 1. Every key is under `hugpy-router:` so the server may hold other data. Scripts read the
@@ -23,6 +26,9 @@ Rules:
 4. Going down and coming back are each one log line at warning level, with how long it was down;
    never one per call.
 5. The URL's password never reaches a log line or the state (`shown_url`).
+6. `Wire` connects as redis-py would from the same URL (host and port or a Unix socket, TLS for
+   `rediss://`, AUTH with the user and password, SELECT the database): the first round trip on a
+   new connection carries AUTH and SELECT before the commands.
 """
 
 from __future__ import annotations
@@ -73,23 +79,23 @@ class SharedServer:
 
     def __init__(self, url: str) -> None:
         # the `shared` extra: only a router with --shared-url imports it
+        import hiredis
         import redis.asyncio as aioredis
-        from redis import exceptions
+        from redis.asyncio.connection import SSLConnection, parse_url
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        self.errors = (exceptions.RedisError, OSError, TimeoutError)  # what marks the server down
-        self.reply_error = exceptions.ResponseError
-        self.no_script = exceptions.NoScriptError
         self.url = shown_url(url)
-        pool = aioredis.ConnectionPool.from_url(
+        self.redis = aioredis.Redis.from_url(  # pub/sub (serve/shared.py)
             url, socket_timeout=ROUND_TRIP_TIMEOUT_S, socket_connect_timeout=SERVER_CONNECT_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),  # a command is sent once: a take sent twice would hold two slots
         )
-        self.redis = aioredis.Redis(connection_pool=pool)  # pub/sub (serve/shared.py)
-        # rule 2's one connection: redis-py's Connection, driven directly (its pipeline object
-        # costs ~2.5x the CPU of the round trip itself)
-        self.conn = pool.make_connection()
+        where = parse_url(url)
+        self.address = where  # rule 6
+        self.tls = where.get("connection_class") is SSLConnection
+        self.reader = hiredis.Reader
+        self.reply_error = hiredis.ReplyError
+        self.wire: Wire | None = None
         self.up = False
         self.reached = False  # answered once: coming up after that is news (rule 4)
         self.down_since = time.time()  # epoch seconds; the state shows it
@@ -130,37 +136,49 @@ class SharedServer:
         command), in order: their replies, an error reply as its exception. Raises SharedDown
         (rule 3). Scripts the server does not know (it restarted) are loaded and those commands
         sent again (a NOSCRIPT reply did nothing)."""
-        conn = self.conn
-        packed = [(None, ("EVALSHA", script.sha, *args)) if script is not None else (None, args)
-                  for script, args in commands]
+        packed = [("EVALSHA", script.sha, *args) if script is not None else args for script, args in commands]
         try:
             async with asyncio.timeout(ROUND_TRIP_TIMEOUT_S):
-                await conn.connect()  # at once when connected
-                replies = await self._round_trip([args for _, args in packed])
-                unknown = [i for i, reply in enumerate(replies) if isinstance(reply, self.no_script)]
+                wire = self.wire if self.wire is not None and self.wire.open else await self._connect()
+                replies = await wire.round_trip(packed)
+                unknown = [i for i, reply in enumerate(replies)
+                           if isinstance(reply, self.reply_error) and str(reply).startswith("NOSCRIPT")]
                 if unknown:
-                    await self._round_trip([("SCRIPT", "LOAD", script.source) for script in self.scripts])
-                    again = await self._round_trip([packed[i][1] for i in unknown])
+                    await wire.round_trip([("SCRIPT", "LOAD", script.source) for script in self.scripts])
+                    again = await wire.round_trip([packed[i] for i in unknown])
                     for i, reply in zip(unknown, again):
                         replies[i] = reply
-        except (*self.errors, asyncio.CancelledError) as exc:
-            await conn.disconnect(nowait=True)  # a reply half read: the connection is unusable
+        except (OSError, TimeoutError, asyncio.CancelledError) as exc:
+            if self.wire is not None:
+                self.wire.close()  # a reply half read: the connection is unusable
+                self.wire = None
             if isinstance(exc, asyncio.CancelledError):
                 raise
             self.went_down(exc)
             raise SharedDown(self.why_down) from None
         return replies
 
-    async def _round_trip(self, commands: list[tuple]) -> list:
-        conn = self.conn
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        replies = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except self.reply_error as exc:
-                replies.append(exc)
-        return replies
+    async def _connect(self) -> Wire:
+        """A new connection, AUTH and SELECT done (rule 6). Raises OSError."""
+        where, loop = self.address, asyncio.get_running_loop()
+        reader = self.reader(replyError=self.reply_error)
+        if "path" in where:
+            _, wire = await loop.create_unix_connection(lambda: Wire(reader), where["path"])
+        else:
+            ssl = True if self.tls else None
+            _, wire = await loop.create_connection(lambda: Wire(reader), where.get("host", "localhost"),
+                                                   where.get("port", 6379), ssl=ssl)
+        self.wire = wire
+        hello: list[tuple] = []
+        if where.get("password") is not None:
+            hello.append(("AUTH", *((where["username"],) if where.get("username") else ()), where["password"]))
+        if where.get("db"):
+            hello.append(("SELECT", where["db"]))
+        if hello:
+            refused = [r for r in await wire.round_trip(hello) if isinstance(r, self.reply_error)]
+            if refused:
+                raise ConnectionRefusedError(f"the server refused the connection: {str(refused[0])[:80]}")
+        return wire
 
     def call(self, script: Script | None, *args) -> asyncio.Future:
         """One command on the call path, sent with whatever else is queued (rule 2); the future
@@ -199,8 +217,74 @@ class SharedServer:
             self.sending = False
 
     async def close(self) -> None:
+        if self.wire is not None:
+            self.wire.close()
+            self.wire = None
         try:
-            await self.conn.disconnect(nowait=True)
             await self.redis.aclose(close_connection_pool=True)
         except Exception:  # closing a connection to a server that is gone
             pass
+
+
+def pack(commands: Sequence[tuple]) -> bytes:
+    """`commands` as RESP arrays of bulk strings (str, bytes and int arguments)."""
+    parts: list[bytes] = []
+    for args in commands:
+        parts.append(b"*%d\r\n" % len(args))
+        for arg in args:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class Wire(asyncio.Protocol):
+    """One connection to the server, one round trip at a time (rule 2): the commands written as
+    one buffer, the replies read by hiredis until there are as many as commands."""
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
+        self.transport: asyncio.Transport | None = None
+        self.open = False
+        # the round trip out: its future, how many replies it waits for, those read so far
+        self.waiting: asyncio.Future | None = None
+        self.expected = 0
+        self.replies: list = []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def round_trip(self, commands: Sequence[tuple]) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting, self.expected, self.replies = future, len(commands), []
+        self.transport.write(pack(commands))  # type: ignore[union-attr]
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        try:
+            reader.feed(data)
+            while self.waiting is not None:
+                reply = reader.gets()
+                if reply is False:
+                    return
+                self.replies.append(reply)
+                if len(self.replies) == self.expected:
+                    waiting, self.waiting = self.waiting, None
+                    if not waiting.done():
+                        waiting.set_result(self.replies)
+            if reader.gets() is not False:  # a reply nobody asked for: the stream is not ours to trust
+                self.close()
+        except Exception:  # hiredis.ProtocolError: not a Redis-protocol server, or a broken stream
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(ConnectionResetError("the server closed the connection"))
+
+    def close(self) -> None:
+        self.open = False
+        if self.transport is not None:
+            self.transport.abort()
