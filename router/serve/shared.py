@@ -56,6 +56,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
+from router.serve.load import Load
 from router.store.shared import PREFIX, SharedDown, SharedServer
 
 log = logging.getLogger("router.shared")
@@ -147,7 +148,7 @@ class SlotLeases:
         self.tasks: list[asyncio.Task] = []
 
     # -- the call path (rules 1, 2, 4, 6) ------------------------------------------------------
-    async def take(self, load, box: BoxState) -> bool | None:
+    async def take(self, load: Load, box: BoxState) -> bool | None:
         """Before `box` is sent the call: True when the call holds a lease there (or needs none,
         or the server is down in open mode), False when every slot is taken fleet-wide, None when
         the server is down in closed mode (the caller answers 503)."""
@@ -230,12 +231,16 @@ class SlotLeases:
             gone = [self.server.call(None, "ZREM", slots_key(name), *members)
                     for name, members in self.held.items() if members]
             gone.append(self.server.call(None, "ZREM", ROUTERS_KEY, self.instance))
+            gone.append(self.server.call(None, "HDEL", ROUTER_DOCS_KEY, self.instance))
             await asyncio.gather(*gone, return_exceptions=True)  # behind what is queued (rule 2)
         await self.server.close()
 
     async def keep_synced(self) -> None:
         while True:
-            await self.sync()
+            try:
+                await self.sync()
+            except Exception:  # a bug: said, and the renewals go on (their stopping would free every slot)
+                log.exception("shared server sync failed")
             await asyncio.sleep(SYNC_S)
 
     async def sync(self) -> None:
