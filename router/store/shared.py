@@ -201,7 +201,9 @@ class SharedServer:
                 batch, self.queued = self.queued, []
                 try:
                     results = await self.run([(script, args) for script, args, _ in batch])
-                except SharedDown as exc:
+                except Exception as exc:  # SharedDown; anything else is a bug, said once: no caller waits on
+                    if not isinstance(exc, SharedDown):
+                        log.exception("a round trip to the shared server failed")
                     for _, _, future in batch:
                         if not future.done():
                             future.set_exception(SharedDown(str(exc)))
