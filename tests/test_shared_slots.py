@@ -203,3 +203,22 @@ def test_a_server_that_stops_answering_costs_a_call_at_most_the_round_trip_timeo
         redis_server.proc.send_signal(signal.SIGCONT)
     assert wait_for(lambda: shared_state(router)["up"], 3 * SYNC_S)
     assert call(router)[0] == 200
+
+
+def test_a_call_that_fails_over_gives_the_first_boxs_slot_back(fleet, routers, redis_server):
+    refusing, serving = SimBox("a", residents=["tiny"]), SimBox("b", residents=["tiny"])
+    refusing.script("tiny", *[Behavior.refuse(503, "maintenance")] * 2)
+    serving.script("tiny", Behavior.hang(2.0), Behavior.hang(1.0))
+    fleet(refusing, serving)
+    (router,) = routers([refusing, serving], 1, ("--shared-url", redis_server.url),
+                        {"a": {"max_inflight": 1}, "b": {"max_inflight": 2}})
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(call, router)
+        assert wait_for(lambda: chat_calls(serving) == 1, 5)  # b is busier than a now
+        moved = pool.submit(call, router)  # to a first, which refuses: then to b
+        assert wait_for(lambda: chat_calls(serving) == 2, 5)
+        assert chat_calls(refusing) >= 1
+        slots = shared_state(router)["slots"]
+        assert slots["a"]["fleet"] == 0 and slots["b"]["fleet"] == 2  # a's slot went back as it failed over
+        assert holder.result()[0] == 200 and moved.result()[0] == 200
+    assert wait_for(lambda: shared_state(router)["slots"]["b"]["fleet"] == 0, 2 * SYNC_S)
