@@ -150,6 +150,7 @@ def test_closed_mode_refuses_calls_that_need_a_shared_count_until_the_server_is_
     assert time.monotonic() - started < 2
     assert call(router, model="other")[0] == 200  # a box without a limit needs no shared count
     assert wait_for(lambda: shared_state(router)["counting"] == "refusing calls that need a count", 3)
+    assert "router_shared_store_down_refusals_total 1.0" in metrics_text(router)
     redis_server.start()
     assert wait_for(lambda: call(router, timeout=10)[0] == 200, 3 * SYNC_S + 1)
     assert shared_state(router)["up"]

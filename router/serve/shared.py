@@ -52,7 +52,7 @@ import time
 from typing import Callable
 
 import orjson
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
@@ -345,6 +345,11 @@ class SlotLeases:
         routers = GaugeMetricFamily("router_shared_routers", "Routers seen on the shared server recently.")
         routers.add_metric([], len(self.routers))
         yield routers
+        yield CounterMetricFamily("router_shared_store_down_refusals", "Calls answered 503 shared_store_down "
+                                  "(--shared-down closed, the server down).", value=self.refused)
+        yield CounterMetricFamily("router_shared_lease_refusals", "Slots refused by the shared server: the box "
+                                  "was full across routers (the call decided again, and may have waited).",
+                                  value=self.lease_refusals)
 
 
 class SharedBindings:
