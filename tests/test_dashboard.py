@@ -257,3 +257,24 @@ def test_the_page_shows_aliases_and_their_first_available_model(start_fleet_in_p
     expect(row).to_contain_text("ghost → big", timeout=SEEN_WITHIN_MS)
     expect(row.locator("td").nth(2)).to_have_text("big")
     assert errors == []
+
+
+def test_the_routers_on_the_shared_server_show_with_their_calls(start_fleet, browser, redis_server):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(a, extra_args=("--shared-url", redis_server.url, "--instance", "front-1"))
+    page, errors = browser(router.url)
+    assert call(router.url, "tiny")[0] == 200
+    row = page.locator('#routers tr[data-router="front-1"]')
+    expect(row).to_have_count(1, timeout=SEEN_WITHIN_MS)
+    expect(row.locator("td").nth(1)).to_have_text("1", timeout=SEEN_WITHIN_MS)  # its calls, from the heartbeat
+    expect(page.locator("#routers-summary")).to_contain_text("counting fleet-wide")
+    assert errors == []
+
+
+def test_one_router_shows_no_routers_section(start_fleet, browser):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(a)
+    page, errors = browser(router.url)
+    expect(page.locator('#boxes tr[data-box="a"]')).to_have_count(1, timeout=SEEN_WITHIN_MS)
+    expect(page.locator("#routers")).to_be_hidden()
+    assert errors == []

@@ -26,6 +26,9 @@ Invariants:
    when more. A call that ended is not pending a moment longer, so calls that follow each other
    follow the ranking exactly; a burst, still running, spreads. The scheduler's snapshot
    `pending` (shown in the state) is that figure at snapshot time.
+   With several routers (serve/shared.py), `others` is what the other routers hold on the box
+   as last read from the shared server (0 for one router); it adds to `in_flight` wherever the
+   box's fullness and load are read, and a change of it bumps `version`.
 5. Prefix cache epochs (router.core.affinity rule 3c): `cache_epoch(key)` changes whenever what
    the box computed for that model is gone: the model left the residents or is loading again,
    the router sent it other settings than before (a reload), or the box went offline, became
@@ -84,6 +87,7 @@ class BoxState:
         # load: the router's own calls on the box now; pending and pressure as of the last
         # scheduler snapshot (until one exists: nothing pending, neutral pressure)
         self.in_flight = 0
+        self.others = 0  # rule 4: other routers' calls on the box
         self.pending = 0
         self.pressure = 1
         self.refusals: dict[str, int] = {}
@@ -244,7 +248,7 @@ class BoxState:
 
     @property
     def full(self) -> bool:
-        return is_full(self.in_flight, self.limit)
+        return is_full(self.in_flight + self.others, self.limit)
 
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
@@ -266,11 +270,11 @@ class BoxState:
                 contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
                                              else self.contracts).items() if v is not None},
                 free_gpu_bytes=self.inventory.free_gpu_bytes,
-                pending=max(self.in_flight - reservations, self.busy_seats),
+                pending=max(self.in_flight + self.others - reservations, self.busy_seats),
                 pressure=self.pressure,
                 reservations=reservations,
                 last_picked_s=self.last_picked_s,
-                in_flight=self.in_flight,
+                in_flight=self.in_flight + self.others,
                 max_inflight=limit,
                 cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
                 recent_refusals=sum(self.refusals[k] for k in self.cooling),

@@ -35,6 +35,9 @@ Rules (tests/test_core_affinity.py pins each against the plain model in tests/mo
 8. Memory. Bindings and nodes share one LRU of at most `capacity` entries; a lookup that hits
    and every record refreshes its entries. Nothing here is ever stored, logged or exported:
    the hashes are salted per process by their seed.
+9. Several routers share the bindings (not the prefix nodes) under a bound key's `identity`, the
+   same text in every process (serve/affinity.py writes only a digest of it to the shared
+   server): a session bound on one router is found by the next router it reaches.
 """
 
 from __future__ import annotations
@@ -84,11 +87,13 @@ DEFAULT_SLACK = Slack(2.0, 0.5)
 
 class Key(NamedTuple):
     """A call's affinity key: its kind (rule 1) and, for a bound kind, the scoped identity's
-    hash; for a prefix, the chain (the scope is in its seed)."""
+    hash and the identity itself (`identity`: what several routers share a binding under, rule
+    9); for a prefix, the chain (the scope is in its seed)."""
 
     kind: str
     bound: int = 0
     chain: tuple[int, ...] = ()
+    identity: str = ""
 
 
 def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
@@ -99,12 +104,17 @@ def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Calla
     header or field gave a key: hashing is the costly part)."""
     for value in headers:
         if value:
-            return Key(SESSION, hash((scope, model, SESSION, value)))
+            return Key(SESSION, hash((scope, model, SESSION, value)), (), identity_of(scope, model, SESSION, value))
     for kind, value in zip(_BODY_KINDS, fields):
         if isinstance(value, str) and value:
-            return Key(kind, hash((scope, model, kind, value)))
+            return Key(kind, hash((scope, model, kind, value)), (), identity_of(scope, model, kind, value))
     hashes = chain()
     return Key(PREFIX, 0, hashes) if len(hashes) >= MIN_PULL_DEPTH else None
+
+
+def identity_of(scope: str, model: str, kind: str, value: str) -> str:
+    """A bound key's identity, the same in every router process (rule 9)."""
+    return "\x00".join((scope, model, kind, value))
 
 
 def response_key(scope: str, model: str, response_id: str) -> int:

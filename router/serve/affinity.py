@@ -16,6 +16,9 @@ Rules:
    and the metrics (per box and model, with the engine-cached tokens the answer reports).
 5. A Responses answer's id is bound to its box, so a call that names it as
    `previous_response_id` goes back there.
+6. Several routers (`shared`, serve/shared.py rule 8): a bound key with no binding here is looked
+   up on the shared server before the decision (`steer_shared`), and a binding made or moved here
+   is written there. One router: `shared` is None and nothing of this runs.
 Its cost on a call with a key: the headers' look-up, one chain hash of the prompt at several GB/s,
 a few dict look-ups in the index and one insert per element (bench/callpath_cpu.py `affinity`).
 """
@@ -32,7 +35,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from router._fastpath import prefix_chain
 from router.core import access
 from router.core.affinity import (
+    BOUND_DEPTH,
     DEFAULT_SLACK,
+    PREFIX,
+    RESPONSE,
     ENTRY_BYTES,
     SESSION_HEADERS,
     AffinityIndex,
@@ -40,6 +46,7 @@ from router.core.affinity import (
     Pull,
     Slack,
     Steer,
+    identity_of,
     key_of,
     response_key,
 )
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
     from router.facades.body import Inspected
     from router.serve.edge import Edge
     from router.serve.record import CallRecord
+    from router.serve.shared import SharedBindings
 
 DEFAULT_MEMORY_BYTES = 64 << 20  # ~330k entries: 64 conversations × 256 elements × 20 boxes fit
 _SEED_MASK = (1 << 64) - 1
@@ -70,6 +78,7 @@ class Affinity:
         self.fleet = fleet
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
+        self.shared: SharedBindings | None = None  # rule 6
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
@@ -95,6 +104,17 @@ class Affinity:
             return None
         return Steer(self.index.pull(key, self._epoch), True, self.slack, self._spin(32))
 
+    async def steer_shared(self, key: Key | None) -> Steer | None:
+        """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""
+        steer = self.steer(key)
+        if steer is None or steer.pull is not None or key.kind == PREFIX:  # type: ignore[union-attr]
+            return steer
+        box = await self.shared.find(key.identity)  # type: ignore[union-attr]
+        if box is None or self.fleet is None or self.fleet.get(box) is None:
+            return steer
+        self.index.bind(key.bound, box)  # type: ignore[union-attr]
+        return steer._replace(pull=Pull(box, BOUND_DEPTH))
+
     def _epoch(self, box_name: str, model_key: str) -> int:
         box = self.fleet.get(box_name) if self.fleet is not None else None
         return box.cache_epoch(model_key) if box is not None else -1
@@ -111,6 +131,8 @@ class Affinity:
         named = call_key(box.config.kind, record.call.model, record.call.settings)  # type: ignore[union-attr]
         if named is not None:
             self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull.depth if hit else 0)  # type: ignore[union-attr]
+        if self.shared is not None and not hit and key.kind != PREFIX:
+            self.shared.keep(key.identity, box.name)  # made or moved here (rule 6)
 
     def observe(self, record: CallRecord) -> None:
         """A call ended: its outcome and the engine's cached tokens per (box, model: the box's own
@@ -128,7 +150,10 @@ class Affinity:
         if record.tail and record.route.path == RESPONSES_PATH:
             answered = response_id(b"".join(record.tail))
             if answered is not None:
-                self.index.bind(response_key(scope_of(record.edge), call.model, answered), box.name)
+                scope = scope_of(record.edge)
+                self.index.bind(response_key(scope, call.model, answered), box.name)
+                if self.shared is not None:
+                    self.shared.keep(identity_of(scope, call.model, RESPONSE, answered), box.name)
 
     # -- the operator's view ------------------------------------------------------------------
     def view(self) -> dict:

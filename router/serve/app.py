@@ -83,6 +83,7 @@ class Shared:
         # client port (as the interface gives it) -> requests in flight from it: the connection
         # cap never closes those connections (serve/conn_cap.py rule 2)
         self.working_ports: dict[str | int, int] = {}
+        self.leases = None  # several routers: serve/shared.py's SlotLeases, set by the server
         self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
@@ -110,6 +111,7 @@ class RouterApp:
         self.fallbacks = shared.metrics.fallbacks  # an alias call's moves (serve/chain.py)
         self.stream_idle_timeout_s = shared.stream_idle_timeout_s
         self.stream_keepalive_s = shared.stream_keepalive_s
+        self.leases = shared.leases
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:

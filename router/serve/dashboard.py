@@ -132,7 +132,7 @@ def state_doc(shared) -> dict:
         })
         contracts.extend({"box": cfg.name, "model": model, "options": options}
                          for model, options in box.contracts.items())
-    return {
+    doc = {
         "generation": shared.scheduler.generation,
         "boxes": boxes,
         "contracts": contracts,
@@ -142,6 +142,9 @@ def state_doc(shared) -> dict:
         "affinity": shared.affinity.view(),
         "database": _database_view(shared),
     }
+    if shared.leases is not None:  # several routers: the shared server, the routers seen
+        doc["shared"] = {**shared.leases.view(), "tallies": shared.tenancy.shared.view()}
+    return doc
 
 
 def _database_view(shared) -> dict:

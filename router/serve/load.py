@@ -12,6 +12,9 @@ Rules:
    failover.
 3. `release` is safe to call at any time and more than once: an ended call, and a call that goes
    back to the queue, hold nothing.
+4. Several routers (serve/shared.py): the call's lease on its box's fleet-wide slots (`lease`,
+   taken by `SlotLeases.take`) goes back with the rest, before the queue is offered the slot, so
+   the server sees the slot free before a waiter's take. One router: `lease` stays None.
 """
 
 from __future__ import annotations
@@ -30,15 +33,24 @@ class SlotFreed(Protocol):
     def freed(self, box: BoxState) -> None: ...
 
 
-class Load:
-    __slots__ = ("reservations", "scheduler", "admission", "box", "token")
+class LeaseGiver(Protocol):
+    """Gives a fleet-wide slot back (serve/shared.py's `SlotLeases`, rule 4)."""
 
-    def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: SlotFreed) -> None:
+    def give(self, lease: tuple[BoxState, str]) -> None: ...
+
+
+class Load:
+    __slots__ = ("reservations", "scheduler", "admission", "leases", "box", "token", "lease")
+
+    def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: SlotFreed,
+                 leases: LeaseGiver | None = None) -> None:
         self.reservations = reservations
         self.scheduler = scheduler
         self.admission = admission
+        self.leases = leases
         self.box: BoxState | None = None  # the box whose in-flight count holds the call
         self.token = 0  # its reservation; 0 = none held
+        self.lease: tuple[BoxState, str] | None = None  # (box, member): rule 4
 
     def count_on(self, box: BoxState | None) -> None:
         """Moves the call's in-flight count to `box` (None: off every box)."""
@@ -66,6 +78,9 @@ class Load:
         self.count_on(box)
 
     def release(self) -> None:
+        if self.lease is not None:
+            self.leases.give(self.lease)  # type: ignore[union-attr]
+            self.lease = None
         if self.token:
             self.reservations.release(self.token)
             self.token = 0

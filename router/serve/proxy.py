@@ -67,6 +67,8 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
+from router.serve.shared import SHARED_STORE_DOWN, SlotLeases
+from router.store.shared import SharedDown
 from router.serve.tenancy import STATUS, Charge, Tenancy
 from router.telemetry.scheduler import Scheduler
 
@@ -88,12 +90,14 @@ class CallHost(Protocol):
     stream_idle_timeout_s: float
     fallbacks: dict  # router_fallbacks_total's counts (serve/metrics.py)
     stream_keepalive_s: float
+    leases: SlotLeases | None  # several routers: the boxes' fleet-wide slots (serve/shared.py)
 
     def observe(self, record: CallRecord) -> None: ...
 
 log = logging.getLogger("router.proxy")
 
 MAX_BOXES_PER_CALL = 3
+SHARED_DOWN_TEXT = "the shared server that counts this call across routers is down"
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
@@ -133,7 +137,7 @@ class ProxyCall:
         self.life = Lifecycle()
         self.record = CallRecord(self.call_id, facade, route, edge, self.life)
         self.reply = Reply(edge, facade, self.record, self.client_left)
-        self.load = Load(app.reservations, app.scheduler, app.admission)
+        self.load = Load(app.reservations, app.scheduler, app.admission, app.leases)
         self.body = b""
         self.attempt: Attempt | None = None  # the box it is at, while it is at one
         self.delivery = Delivery(self.reply, self.life)
@@ -208,7 +212,8 @@ class ProxyCall:
         affinity = self.app.affinity
         if affinity.on and call.pin is None:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
-            self.steer = affinity.steer(self.affinity_key)
+            self.steer = (affinity.steer(self.affinity_key) if affinity.shared is None
+                          else await affinity.steer_shared(self.affinity_key))
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
         if not await self.admitted(call, max_tokens, inspected.spans):
@@ -223,6 +228,12 @@ class ProxyCall:
         where the router gave it a bound."""
         route = self.route
         charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, route.answer_bound)
+        if charge is not None and self.app.tenancy.shared is not None:
+            try:
+                charge = await charge  # type: ignore[misc]
+            except SharedDown:
+                await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+                return False
         if isinstance(charge, Refused):
             await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, turned_away=True,
                                    retry_after_s=charge.retry_after_s or None)
@@ -273,10 +284,22 @@ class ProxyCall:
             box = fleet.get(choice)
             if box is None:  # removed from the boxes file since the decision
                 self.tried.append(choice)
-            elif self.charge is not None and not self.charge.take_slot():  # full for its caller
+            elif self.charge is not None and not self.charge.take_slot() and (
+                    taken := await self.take_shared_slot()) is not True:  # full for its caller
+                if taken is None or self.gone:
+                    return
+                self.load.release()  # it waits holding no box's slot
                 decision = await self.wait_turn(decision)
                 if decision is None or self.gone:
                     return
+                continue
+            elif self.app.leases is not None and (held := await self.app.leases.take(self.load, box)) is not True:
+                if held is None:  # the shared server is down and --shared-down closed
+                    await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+                    return
+                if self.gone:
+                    return
+                decision = self.decide_now(fleet.facts())  # the box is full fleet-wide: now it says so
                 continue
             elif (refusal := await self.try_box(box)) is None:
                 return
@@ -287,6 +310,18 @@ class ProxyCall:
             decision = self.decide_now(fleet.facts())
         if not self.gone:
             await no_box.give_up(self.reply, last)
+
+    async def take_shared_slot(self) -> bool | None:
+        """Several routers: the key's `max_parallel` slot on the shared server (serve/tenancy.py
+        rule 7); False when it has none free (one router: always), None when the server is down
+        and --shared-down closed (answered 503)."""
+        if self.app.tenancy.shared is None:
+            return False
+        try:
+            return await self.charge.take_shared_slot()  # type: ignore[union-attr]
+        except SharedDown:
+            await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+            return None
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
         """The call's decision over `facts`, never broadening past its first one (failover); an

@@ -63,10 +63,13 @@ from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
+from router.serve.shared import SharedBindings, SlotLeases
 from router.serve.tenancy import Tenancy
 from router.store import engines
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
+from router.store.shared import SharedServer
+from router.store.shared_counters import SharedCounters
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.local import LocalScanTask, is_loopback_url
@@ -292,6 +295,8 @@ class Running:
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
+        if config.shared_url:
+            await self.share(shared)
         shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
@@ -308,9 +313,34 @@ class Running:
         shared.clock.start()
         return shared
 
+    async def share(self, shared: Shared) -> None:
+        """Several routers: the boxes' slots as leases and the affinity bindings (serve/shared.py)
+        and the keys' tallies (store/shared_counters.py) on the shared server, its first round
+        trip before the first call."""
+        config = self.config
+        try:
+            server = SharedServer(config.shared_url)  # type: ignore[arg-type]
+        except ImportError:
+            raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
+        leases = SlotLeases(server, self.instance, self.fleet, config.shared_down)  # type: ignore[arg-type]
+        shared.tenancy.counters = shared.tenancy.shared = SharedCounters(server, config.shared_down == "closed")
+        if shared.affinity.on:
+            shared.affinity.shared = SharedBindings(server)
+        leases.admission = shared.admission
+        leases.stats = lambda: {"calls": sum(shared.metrics.calls.values()), "in_flight": shared.in_flight}
+        leases.on_back = shared.tenancy.seeded.clear  # the key upkeep seeds every budget again
+        shared.leases = leases
+        shared.scraped.register(leases)
+        await leases.sync()
+        log.info("shared server %s: %s, as router %s (--shared-down %s)", leases.server.url,
+                 "up" if leases.server.up else "DOWN", self.instance, config.shared_down)
+        leases.start()
+
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
         await self.shared.clock.stop()
+        if self.shared.leases is not None:
+            await self.shared.leases.stop()
         for task in self.tasks:
             task.cancel()
         await loop.run_in_executor(None, self.route_log.stop)  # flushes every row

@@ -27,6 +27,11 @@ This room:
    current period's usage is read from `key_usage` off the loop (`seeds`) and installed (`seed`).
 6. Metric labels: a key's id (`admin` for HUGPY_ROUTER_KEY, `none` for every caller without a
    key), never a secret or an address: the label sets are bounded by the keys in the store.
+7. Several routers (--shared-url): the tallies are on the shared server (store/shared_counters.py),
+   so `admit` returns an awaitable (one round trip) and a `max_parallel` slot is taken with one
+   (`take_shared_slot`) when the call is about to go to its box; the queue's hand-out does not
+   take it. Server down: `--shared-down open` counts in this router alone, `closed` raises
+   SharedDown (503 `shared_store_down`). One router: every step is the synchronous one above.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from router.core.limits import (
 )
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
+from router.store.shared_counters import SharedCounters
 from router.store.keys import KeyStore
 
 if TYPE_CHECKING:
@@ -93,9 +99,19 @@ class Charge:
         self.headers = headers
 
     def take_slot(self) -> bool:
-        """Rule 3: the call holds a slot (True), or its key has none free."""
+        """Rule 3: the call holds a slot (True), or its key has none free. Several routers
+        (rule 7): False until `take_shared_slot` took it."""
         if not self.slot:
-            self.slot = self.limits.max_parallel is None or self.tenancy.counters.take_parallel(self.name, self.limits)
+            limits = self.limits
+            self.slot = limits.max_parallel is None or (
+                self.tenancy.shared is None and self.tenancy.counters.take_parallel(self.name, limits))
+        return self.slot
+
+    async def take_shared_slot(self) -> bool:
+        """Rule 7: the slot taken on the shared server (one round trip). Raises SharedDown
+        (--shared-down closed, the server down)."""
+        if not self.slot:
+            self.slot = await self.tenancy.shared.take_parallel(self.name, self.limits)  # type: ignore[union-attr]
         return self.slot
 
     def has_room(self) -> bool:
@@ -119,6 +135,7 @@ class Tenancy:
         self.counters: Counters = counters if counters is not None else LocalCounters()
         self.defaults = Limits(rpm=default_rpm, tpm=default_tpm) if default_rpm or default_tpm else NO_LIMITS
         self.admission: Admission | None = None  # set by Shared: where max_parallel waiters wait
+        self.shared: SharedCounters | None = None  # several routers: `counters` is it (rule 7)
         self.tokens: Counter[tuple[str, str]] = Counter()  # (key label, kind) -> tokens
         self.limited: Counter[tuple[str, str]] = Counter()  # (key label, reason) -> calls
         self.seeded: dict[str, tuple[int, str]] = {}  # key id -> (budget, period) seeded (rule 5)
@@ -127,8 +144,9 @@ class Tenancy:
     # -- the call path -------------------------------------------------------------------------
     def admit(self, edge: Edge, call: Call, body_bytes: int, stated: int | None,
               bound_fields: tuple[str, ...]) -> Charge | Refused | None:
-        """Rule 1: a Charge, a refusal, or None when nothing of the caller's is counted. `stated`
-        is the answer's bound the call states; `bound_fields` its route's (rule 2)."""
+        """Rule 1: a Charge, a refusal, or None when nothing of the caller's is counted; several
+        routers: an awaitable of the Charge or refusal (rule 7). `stated` is the answer's bound
+        the call states; `bound_fields` its route's (rule 2)."""
         key_id = edge.key_id
         if key_id is not None:
             limits = self.keys.limits_of(key_id)
@@ -139,12 +157,23 @@ class Tenancy:
         if limits is NO_LIMITS:
             return None
         tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
+        bound = bound if bound_fields else None
         admitted = self.counters.admit(name, limits, new_tuple(Ask, (call.model, tokens)), self.clock())
+        if self.shared is not None:  # a round trip: the caller awaits it (rule 7)
+            return self.charged_later(admitted, key_id, name, limits, tokens, bound)  # type: ignore[return-value]
+        return self.charged(admitted, key_id, name, limits, tokens, bound)  # type: ignore[arg-type]
+
+    def charged(self, admitted: Refused | Windows, key_id: str | None, name: str, limits: Limits,
+                tokens: int, bound: int | None) -> Charge | Refused:
         if admitted.__class__ is Refused:
             self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
             return admitted  # type: ignore[return-value]
-        return Charge(self, name, limits, tokens, bound if bound_fields else None,  # type: ignore[arg-type]
-                      rate_headers(limits, admitted))
+        return Charge(self, name, limits, tokens, bound, rate_headers(limits, admitted))  # type: ignore[arg-type]
+
+    async def charged_later(self, admitting, key_id: str | None, name: str, limits: Limits,
+                            tokens: int, bound: int | None) -> Charge | Refused:
+        """Rule 7: `charged` once the shared server has answered. Raises SharedDown."""
+        return self.charged(await admitting, key_id, name, limits, tokens, bound)
 
     def ended(self, record: CallRecord, charge: Charge | None) -> None:
         """A call ended: its tokens counted, its charge settled (rule 4)."""

@@ -5,11 +5,12 @@ a parallel slot, read what is left). An engine only holds tallies and applies a 
 them atomically; it never decides anything itself:
 1. `LocalCounters` (the default) holds them in this process's memory: each step runs on the
    event loop, so it is atomic by construction and costs a dict lookup beyond the rule.
-2. A shared engine (several routers: a Redis-protocol server, issue 23) holds the same `Tally`
-   fields under the key's id and applies the same step as one atomic read-modify-write (WATCH /
-   MULTI on the fields, or a compare-and-set of a versioned record), so the counts are exact
-   across routers and the rules are still router.core.limits', unchanged. Its losing the engine
-   falls back to a `LocalCounters` (issue 23's `--shared-down open`).
+2. The shared engine (several routers: store/shared_counters.py's `SharedCounters`, on a
+   Redis-protocol server) holds the same `Tally` fields under the key's id and applies the same
+   step as one atomic read-modify-write (a compare-and-set of a versioned record), so the counts
+   are exact across routers and the rules are still router.core.limits', unchanged. Its `admit`
+   and `take_parallel` are awaited (a round trip: serve/tenancy.py rule 7); losing the server
+   falls back to a `LocalCounters` (`--shared-down open`).
 3. Tallies of callers without a key (by address) are bounded: past MAX_ADDRESS_TALLIES the ones
    with nothing reserved and nothing in flight are dropped; a dropped address starts afresh.
 4. `seed(key, used, period)` installs what the store says a key's budget period has used so

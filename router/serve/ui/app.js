@@ -121,6 +121,24 @@ function renderQueue(queue) {
     el("td", { class: "num" }, `${waiter.waited_s.toFixed(1)} s`))));
 }
 
+// Several routers (GET /v1/router/state's `shared`, absent for one router): the shared server's
+// mode and every router heard from lately, with its calls.
+function renderRouters(shared) {
+  const section = document.querySelector("#routers");
+  section.hidden = !shared;
+  if (!shared) return;
+  document.querySelector("#routers-summary").textContent =
+    `this router: ${shared.instance}; shared server ${shared.url} ${shared.up ? "up" : "DOWN"}` +
+    ` (--shared-down ${shared.down_mode}): counting ${shared.counting}`;
+  const now = Date.now() / 1000;
+  replaceRows(document.querySelector("#routers tbody"), shared.routers.map((router) => el("tr", { "data-router": router.instance },
+    el("td", { class: "mono" }, router.instance === shared.instance ? el("strong", {}, router.instance) : router.instance),
+    el("td", { class: "num" }, String(router.calls ?? "—")),
+    el("td", { class: "num" }, String(router.in_flight ?? "—")),
+    el("td", { class: "num" }, router.started ? `${Math.round(now - router.started)} s` : "—"),
+    el("td", { class: "num" }, `${router.seen_s_ago.toFixed(1)} s ago`))));
+}
+
 function renderAffinity(affinity) {
   document.querySelector("#affinity-summary").textContent = affinity.on
     ? `on: slack ${affinity.slack.absolute} + ${Math.round(affinity.slack.relative * 100)} % of the best box's load; ` +
@@ -152,6 +170,7 @@ function renderState(state) {
     el("td", { class: "num" }, bytes(box.free_gpu_bytes)),
     residentCell(box))));
   renderQueue(state.queue);
+  renderRouters(state.shared);
   renderAffinity(state.affinity);
   replaceRows(document.querySelector("#models tbody"), state.models.map((model) => el("tr", { "data-model": model.model },
     el("td", { class: "mono" }, model.model),

@@ -1,0 +1,193 @@
+"""Two routers on the shared engines against one router on SQLite, same fake fleet, one run.
+
+    .venv/bin/python bench/several_routers.py [--calls 4000] [--concurrency 32] [--rounds 3]
+        [--shared-url redis://...] [--database-url postgresql://...] [--keys] [--json FILE]
+
+The fleet: `router.sim` hugpy boxes in a process of their own (bench/callpath_cpu.py's
+`start_sim`), each with a `max_inflight` (so every call takes and gives a lease). The routers:
+`router serve`'s app as server.Running builds it (bench/callpath_cpu.py), called in this process
+by an in-process ASGI client, on one uvloop loop:
+- `one`: one router, no --shared-url (its store SQLite);
+- `one_shared`: one router with --shared-url: what the shared engine itself costs a call;
+- `two`: two routers with --shared-url (a throw-away redis-server from tests/engines.py unless
+  `--shared-url` names one; `--database-url` is handed to them, for the PostgreSQL store), the
+  calls alternating between them (both routers' background work runs on the one loop too).
+Each round runs each of them twice: at concurrency 1 (the latency a call pays: p50 and p99
+of each call's time, so `added` is the shared round trips' own cost) and at `--concurrency`
+(calls/s, the loop's CPU per call, the route log's rows written per second). `--keys` calls with
+a key that has rpm, tpm and a budget set (never reached), so the key's tally is on the server too.
+CPU is the loop thread's (`time.thread_time`: both routers share it, each call runs through one)
+plus, for `two`, the redis-server's own (from /proc). Figures are from whatever machine runs it:
+say how loaded it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from callpath_cpu import BODY, one_call, routable, scope, start_sim  # noqa: E402
+
+from router.facades import mounts  # noqa: E402
+from router.serve.app import RouterApp  # noqa: E402
+from router.serve.server import Running, ServeConfig  # noqa: E402
+
+BOXES = 8
+MAX_INFLIGHT = 64
+CONFIGS = ("one", "one_shared", "two")
+EVERY_COUNT = {"rpm": 10**9, "tpm": 10**12, "budget_tokens": 10**12, "budget_period": "month"}
+
+
+def with_limits(boxes_file: Path) -> None:
+    doc = json.loads(boxes_file.read_text())
+    for box in doc["boxes"]:
+        box["max_inflight"] = MAX_INFLIGHT
+    boxes_file.write_text(json.dumps(doc))
+
+
+async def start_router(boxes_file: Path, work: Path, name: str, shared_url: str | None,
+                       database_url: str | None) -> tuple[RouterApp, Running]:
+    config = ServeConfig(host="127.0.0.1", port=0, boxes_path=boxes_file, store_path=work / f"{name}.db",
+                         instance=name, shared_url=shared_url, database_url=database_url)
+    running = Running(config)
+    running.instance = name
+    shared = await running.start(tracer=None)
+    return RouterApp(shared, mounts.main), running
+
+
+def server_cpu_s(pid: int | None) -> float:
+    """The redis-server's user + system CPU so far (0 when it is not ours to read)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(apps: list[RouterApp], calls: int, concurrency: int, keys: list[str | None],
+              server_pid: int | None) -> dict:
+    """`calls` calls over `apps` in turn, `concurrency` at a time: latency per call, calls/s,
+    loop CPU per call, the server's CPU per call, route-log rows written per second."""
+    scopes = [scope(0, key) for key in keys]
+    latencies: list[float] = []
+    left = calls
+    turn = 0
+
+    async def worker() -> None:
+        nonlocal left, turn
+        while left > 0:
+            left -= 1
+            index = turn = (turn + 1) % len(apps)
+            started = time.perf_counter()
+            status = await one_call(apps[index], scopes[index], BODY)
+            latencies.append(time.perf_counter() - started)
+            if status != 200:
+                raise RuntimeError(f"status {status}")
+
+    writers = [app.shared.route_log for app in apps]
+    written0 = sum(w.written for w in writers)
+    thread0, wall0, server0 = time.thread_time(), time.perf_counter(), server_cpu_s(server_pid)
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    thread1, wall1, server1 = time.thread_time(), time.perf_counter(), server_cpu_s(server_pid)
+    await asyncio.sleep(0.3)  # the writers' last batch
+    written = sum(w.written for w in writers) - written0
+    latencies.sort()
+    wall = wall1 - wall0
+    return {
+        "p50_ms": round(1000 * latencies[len(latencies) // 2], 3),
+        "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 3),
+        "calls_per_s": round(calls / wall),
+        "loop_us": round(1e6 * (thread1 - thread0) / calls, 1),
+        "server_us": round(1e6 * (server1 - server0) / calls, 1),
+        "route_log_rows_per_s": round(written / (wall + 0.3)),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="several-routers-"))
+    boxes_file = work / "boxes.json"
+    sim = start_sim(boxes_file, BOXES)
+    redis = None
+    try:
+        with_limits(boxes_file)
+        shared_url, server_pid = args.shared_url, None
+        if shared_url is None:
+            from engines import RedisServer
+
+            redis = RedisServer()
+            shared_url, server_pid = redis.url, redis.proc.pid
+        started = {
+            "one": [await start_router(boxes_file, work, "one", None, None)],
+            "one_shared": [await start_router(boxes_file, work, "one-shared", shared_url, args.database_url)],
+            "two": [await start_router(boxes_file, work, f"two-{i}", shared_url, args.database_url) for i in (1, 2)],
+        }
+        apps = {name: [app for app, _ in routers] for name, routers in started.items()}
+        keys = {name: [app.shared.keys.create("bench", "use", limits=EVERY_COUNT)[1] if args.keys else None
+                       for app in group] for name, group in apps.items()}
+        for group in apps.values():
+            for app in group:
+                await routable(app, BODY)
+        rounds = []
+        for number in range(args.rounds):
+            measured: dict = {}
+            for name in CONFIGS:
+                pid = server_pid if name != "one" else None
+                measured[name] = {
+                    "sequential": await run(apps[name], max(args.calls // 4, 200), 1, keys[name], pid),
+                    "loaded": await run(apps[name], args.calls, args.concurrency, keys[name], pid),
+                }
+                print(f"round {number + 1} {name}: {json.dumps(measured[name])}", flush=True)
+            rounds.append(measured)
+        figures = {"calls": args.calls, "concurrency": args.concurrency, "keys": args.keys,
+                   "database_url": args.database_url is not None, "rounds": rounds, "added": added(rounds)}
+        print("added by two routers on the shared engines (median of rounds): " + json.dumps(figures["added"]))
+        for routers in started.values():
+            for _, running in routers:
+                await running.stop()
+        return figures
+    finally:
+        sim.terminate()
+        sim.wait(10)
+        if redis is not None:
+            redis.stop()
+
+
+def added(rounds: list[dict]) -> dict:
+    """What `one_shared` and `two` add to `one`, the median over the rounds."""
+    def median(name: str, part: str, field: str) -> float:
+        return round(statistics.median(r[name][part][field] - r["one"][part][field] for r in rounds), 3)
+
+    return {name: {"p50_ms": median(name, "sequential", "p50_ms"), "p99_ms": median(name, "sequential", "p99_ms"),
+                   "loop_us_sequential": median(name, "sequential", "loop_us"),
+                   "loop_us_loaded": median(name, "loaded", "loop_us"),
+                   "server_us_loaded": median(name, "loaded", "server_us"),
+                   "calls_per_s_loaded": median(name, "loaded", "calls_per_s")}
+            for name in CONFIGS[1:]}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shared-url", help="a Redis-protocol server to use (default: a throw-away redis-server)")
+    parser.add_argument("--database-url", help="postgresql://... for the two routers' store")
+    parser.add_argument("--keys", action="store_true", help="calls with a key whose tally is counted")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    figures = uvloop.run(main(args))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))

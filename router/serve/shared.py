@@ -1,0 +1,384 @@
+"""Several routers on one Redis-protocol server: each box's in-flight slots as leases, the
+routers seen recently, and the mode a router is in when the server is down.
+
+What is shared and what is not (docs/several-routers.md, "Redis-protocol server"):
+1. A box with a limit (`max_inflight`, or the slots it reports) has one sorted set of leases on
+   the server, scored by when each lease expires (the server's clock). A call takes a lease
+   before it is sent to the box: one script, one round trip, that drops the expired leases and
+   adds this one only while fewer than the limit are held (TAKE). So `max_inflight` holds across
+   every router. A box without a limit takes no lease and costs no round trip.
+2. The local count goes on the box before the round trip (`Load.count_on`), so no call of this
+   router takes the slot meanwhile; a lease refused takes it off again, and the call decides
+   again over what the server said the box holds (the box is then full: the call waits).
+3. A lease lives LEASE_TTL_S. Once a second (`sync`) this router renews every lease it holds and
+   reads every limited box's count, in one round trip; so a router that dies (`kill -9`) leaves
+   its leases for at most LEASE_TTL_S, and every other router sees them gone within SYNC_S more:
+   at most LEASE_TTL_S + SYNC_S (6 s).
+4. A call that ends gives its lease back (GIVE: one script, sent with the next round trip: at
+   once when the box is at or one short of its limit, where calls may be waiting for it; else
+   with the next call's take or the sync, within SYNC_S, which halves the round trips of calls
+   that follow each other) and, when that took the box from full to not full (the only case where any router's calls
+   wait for it), the script publishes the box's new count on FREED_CHANNEL. Every router's waiters see a
+   slot freed anywhere within a pub/sub hop (milliseconds); a lease that expired, or a message
+   lost while a router reconnected, within SYNC_S (the poll of rule 3).
+5. A box's `others` (what the other routers hold on it, as last read: the count less this
+   router's own leases) is added to its local in-flight count for fullness and ranking: the
+   decision sees the fleet's load, the take in rule 1 is what makes it exact.
+6. The server down (store/shared.py rule 3): `--shared-down open` (the default) counts in this
+   router alone (`others` 0, no lease asked), with one loud log line, `router_shared_store_up 0`
+   and the state's `shared.counting: "this router alone"`; the leases held then are added to the
+   server by the first sync after it is back, and `on_back` runs (the budgets are seeded from
+   the store again: a restarted server lost its tallies). `--shared-down closed` answers a call that needs a
+   lease 503 `shared_store_down` (the facade's shape) instead. Either way no call waits on the
+   server past ROUND_TRIP_TIMEOUT_S.
+7. Heartbeat: each sync writes this router's name and a small doc (calls it ended, calls in
+   flight, when it started) to the routers' set, and reads back every router seen within
+   ROUTER_SEEN_S: the state's `shared.routers`, the dashboard's routers.
+8. Affinity bindings (router.core.affinity rule 9) are advisory: a bound key this router does not
+   know is looked up (one round trip, before the decision) and a binding made or moved here is
+   written (not waited for), under a digest of the key's identity (never the session id or
+   the caller in the clear), for BINDING_TTL_S after its last move. The server down: each
+   router's own bindings only. The prefix index stays per router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import os
+import time
+from typing import Callable
+
+import orjson
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from router.boxes.fleet import Fleet
+from router.boxes.state import BoxState
+from router.serve.load import Load
+from router.store.shared import PREFIX, SharedDown, SharedServer
+
+log = logging.getLogger("router.shared")
+
+LEASE_TTL_S = 5.0  # rule 3
+SYNC_S = 1.0  # rule 3: renew, poll, heartbeat
+ROUTER_SEEN_S = 5.0  # rule 7: a router not heard from for this long is no longer listed
+BINDING_TTL_S = 3600.0  # rule 8: a conversation idle for an hour may start afresh anywhere
+FREED_CHANNEL = PREFIX + "freed"
+ROUTERS_KEY = PREFIX + "routers"
+ROUTER_DOCS_KEY = PREFIX + "router-docs"
+OPEN, CLOSED = "open", "closed"
+SHARED_STORE_DOWN = "shared_store_down"  # rule 6: the 503's code
+
+_NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
+# KEYS[1] the box's leases; ARGV: member, limit, ttl (ms) -> {taken 0|1, count}
+TAKE = _NOW_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if held < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  return {1, held + 1}
+end
+return {0, held}
+"""
+# KEYS[1] the box's leases; ARGV: member, channel, box name, limit -> count. Published only when
+# the box was full: a router waits on a box only while it looks full (rule 4).
+GIVE = _NOW_MS + """
+local before = redis.call('ZCARD', KEYS[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if before >= tonumber(ARGV[4]) and held < tonumber(ARGV[4]) then
+  redis.call('PUBLISH', ARGV[2], ARGV[3] .. '\\n' .. held)
+end
+return held
+"""
+# KEYS[1] the box's leases; ARGV: ttl (ms), then this router's members -> count
+RENEW = _NOW_MS + """
+local expiry = now + tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], expiry, ARGV[i]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+# KEYS: the routers' set, their docs; ARGV: name, doc, seen window (ms) -> {now, name, seen, doc, ...}
+HEARTBEAT = _NOW_MS + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+for _, name in ipairs(gone) do redis.call('ZREM', KEYS[1], name) redis.call('HDEL', KEYS[2], name) end
+local out = {now}
+local seen = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #seen, 2 do
+  table.insert(out, seen[i]) table.insert(out, seen[i + 1])
+  table.insert(out, redis.call('HGET', KEYS[2], seen[i]) or '{}')
+end
+return out
+"""
+
+
+def slots_key(box: str) -> str:
+    return PREFIX + "slots:" + box
+
+
+class SlotLeases:
+    """This router's side of the shared slots (rules 1-6) and its heartbeat (rule 7)."""
+
+    def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str) -> None:
+        self.server = server
+        self.instance = instance
+        self.fleet = fleet
+        self.down_mode = down_mode
+        self.take_script = server.script(TAKE)
+        self.give_script = server.script(GIVE)
+        self.renew_script = server.script(RENEW)
+        self.heartbeat_script = server.script(HEARTBEAT)
+        self.admission = None  # serve/admission.py's Admission: offered a slot freed elsewhere
+        self.stats: Callable[[], dict] = dict  # this router's figures for its heartbeat doc
+        self.on_back: Callable[[], None] = lambda: None  # the server answers again after an outage
+        self.held: dict[str, set[str]] = {}  # box name -> this router's leases on it
+        self.counts: dict[str, int] = {}  # box name -> leases on it fleet-wide, as last read
+        self.routers: list[dict] = []  # rule 7, as last read
+        self.refused = 0  # calls answered 503 shared_store_down
+        self.lease_refusals = 0  # takes refused: the box was full fleet-wide
+        # members are unique across routers and restarts: the name, a random part, a counter
+        self._prefix = f"{instance}/{os.urandom(4).hex()}/"
+        self._numbers = itertools.count(1)
+        self.started = time.time()
+        self.tasks: list[asyncio.Task] = []
+
+    # -- the call path (rules 1, 2, 4, 6) ------------------------------------------------------
+    async def take(self, load: Load, box: BoxState) -> bool | None:
+        """Before `box` is sent the call: True when the call holds a lease there (or needs none,
+        or the server is down in open mode), False when every slot is taken fleet-wide, None when
+        the server is down in closed mode (the caller answers 503)."""
+        limit = box.limit
+        if limit is None:
+            return True
+        if load.lease is not None:
+            if load.lease[0] is box:
+                return True
+            self.give(load.lease)  # failover to another box: the first box's slot goes back
+            load.lease = None
+        server, name = self.server, box.name
+        member = self._prefix + str(next(self._numbers))
+        load.count_on(box)  # rule 2
+        if server.up:
+            try:
+                taken, count = await server.call(self.take_script, 1, slots_key(name), member, limit,
+                                                 int(LEASE_TTL_S * 1000))
+            except SharedDown:
+                self.alone()  # the server went down: rule 6, below
+            else:
+                if taken:
+                    self.held.setdefault(name, set()).add(member)
+                    load.lease = (box, member)
+                self.counted(box, count)
+                if not taken:
+                    self.lease_refusals += 1
+                    load.count_on(None)
+                    return False
+                return True
+        if self.down_mode == CLOSED:
+            load.count_on(None)
+            self.refused += 1
+            return None
+        self.held.setdefault(name, set()).add(member)  # added to the server once it is back
+        load.lease = (box, member)
+        return True
+
+    def give(self, lease: tuple[BoxState, str]) -> None:
+        """The call left the box: its lease goes back, in the next round trip (rule 4)."""
+        box, member = lease
+        held = self.held.get(box.name)
+        if held is not None:
+            held.discard(member)
+        if self.server.up:
+            limit = box.limit or 0
+            # urgent only near the limit, where some router's calls may wait for this slot; else
+            # it rides the next round trip (the next call's take, or the sync within SYNC_S)
+            send = self.server.call if box.in_flight + box.others >= limit - 1 else self.server.later
+            send(self.give_script, 1, slots_key(box.name), member, FREED_CHANNEL, box.name, limit) \
+                .add_done_callback(lambda done: self._given(box, done))
+
+    def _given(self, box: BoxState, done: asyncio.Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.counted(box, done.result())
+
+    def counted(self, box: BoxState, count: int) -> None:
+        """The server says `box` holds `count` leases (rule 5): the others' share moves, and a
+        share that shrank offers the box to this router's waiters."""
+        self.counts[box.name] = count
+        others = max(0, count - len(self.held.get(box.name, ())))
+        if others != box.others:
+            shrank = others < box.others
+            box.others = others
+            box.changed()
+            if shrank and self.admission is not None:
+                self.admission.freed(box)
+
+    # -- in the background (rules 3, 4, 6, 7) --------------------------------------------------
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self.keep_synced(), name="shared-sync"),
+                      loop.create_task(self.listen(), name="shared-freed")]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server.up:  # a clean stop gives its leases back at once, not after their TTL
+            gone = [self.server.call(None, "ZREM", slots_key(name), *members)
+                    for name, members in self.held.items() if members]
+            gone.append(self.server.call(None, "ZREM", ROUTERS_KEY, self.instance))
+            gone.append(self.server.call(None, "HDEL", ROUTER_DOCS_KEY, self.instance))
+            await asyncio.gather(*gone, return_exceptions=True)  # behind what is queued (rule 2)
+        await self.server.close()
+
+    async def keep_synced(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except Exception:  # a bug: said, and the renewals go on (their stopping would free every slot)
+                log.exception("shared server sync failed")
+            await asyncio.sleep(SYNC_S)
+
+    async def sync(self) -> None:
+        """One round trip: every limited box's leases renewed and counted, the heartbeat."""
+        server = self.server
+        boxes = [box for box in self.fleet.ordered() if box.limit is not None]
+        ttl_ms = int(LEASE_TTL_S * 1000)
+        futures = [server.call(self.renew_script, 1, slots_key(box.name), ttl_ms, *self.held.get(box.name, ()))
+                   for box in boxes]
+        doc = orjson.dumps({"started": self.started, **self.stats()})
+        futures.append(server.call(self.heartbeat_script, 2, ROUTERS_KEY, ROUTER_DOCS_KEY, self.instance, doc,
+                                   int(ROUTER_SEEN_S * 1000)))
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        if any(isinstance(result, BaseException) for result in results):
+            self.alone()
+            return
+        if not server.up:
+            back = server.reached
+            server.came_up()
+            if back:
+                self.on_back()
+        for box, count in zip(boxes, results):
+            self.counted(box, count)
+        self.routers = self._routers(results[-1])
+
+    def alone(self) -> None:
+        """Rule 6: the server is down; this router counts its own calls only."""
+        for box in self.fleet.ordered():
+            if box.others:
+                box.others = 0
+                box.changed()
+                if self.admission is not None:
+                    self.admission.freed(box)
+        self.counts.clear()
+
+    @staticmethod
+    def _routers(reply: list) -> list[dict]:
+        now_ms = int(reply[0])
+        routers = []
+        for i in range(1, len(reply), 3):
+            doc = orjson.loads(reply[i + 2])
+            doc = doc if isinstance(doc, dict) else {}
+            routers.append({"instance": reply[i].decode(errors="replace"),
+                            "seen_s_ago": round(max(0, now_ms - int(float(reply[i + 1]))) / 1000, 3), **doc})
+        return routers
+
+    async def listen(self) -> None:
+        """Rule 4: the counts other routers publish as they give slots back."""
+        while True:
+            pubsub = self.server.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(FREED_CHANNEL)
+                while True:
+                    message = await pubsub.get_message(timeout=SYNC_S)
+                    if message is not None:
+                        self.freed_elsewhere(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the server went away: the sync says so; try again in a while
+                await asyncio.sleep(SYNC_S)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:
+                    pass
+
+    def freed_elsewhere(self, data: bytes) -> None:
+        name, _, count = data.decode(errors="replace").rpartition("\n")
+        box = self.fleet.get(name)
+        if box is not None and count.isdigit() and self.server.up:
+            self.counted(box, int(count))
+
+    # -- what the operator sees ----------------------------------------------------------------
+    def counting(self) -> str:
+        if self.server.up:
+            return "fleet-wide"
+        return "this router alone" if self.down_mode == OPEN else "refusing calls that need a count"
+
+    def view(self) -> dict:
+        """The state's `shared` (rules 6-7)."""
+        server = self.server
+        return {
+            "instance": self.instance,
+            "url": server.url,
+            "up": server.up,
+            "down_mode": self.down_mode,
+            "counting": self.counting(),
+            "down_since": None if server.up else server.down_since,
+            "why_down": server.why_down or None,
+            "lease_ttl_s": LEASE_TTL_S,
+            "routers": self.routers,
+            "slots": {name: {"fleet": count, "this_router": len(self.held.get(name, ()))}
+                      for name, count in sorted(self.counts.items())},
+            "refused": self.refused,
+            "lease_refusals": self.lease_refusals,
+        }
+
+    def collect(self):
+        up = GaugeMetricFamily("router_shared_store_up", "1 while the shared server answers, 0 while it is down.")
+        up.add_metric([], 1 if self.server.up else 0)
+        yield up
+        routers = GaugeMetricFamily("router_shared_routers", "Routers seen on the shared server recently.")
+        routers.add_metric([], len(self.routers))
+        yield routers
+        yield CounterMetricFamily("router_shared_store_down_refusals", "Calls answered 503 shared_store_down "
+                                  "(--shared-down closed, the server down).", value=self.refused)
+        yield CounterMetricFamily("router_shared_lease_refusals", "Slots refused by the shared server: the box "
+                                  "was full across routers (the call decided again, and may have waited).",
+                                  value=self.lease_refusals)
+
+
+class SharedBindings:
+    """Affinity bindings on the shared server (rule 8)."""
+
+    def __init__(self, server: SharedServer) -> None:
+        self.server = server
+
+    @staticmethod
+    def _key(identity: str) -> str:
+        return PREFIX + "bind:" + hashlib.blake2b(identity.encode(), digest_size=16).hexdigest()
+
+    async def find(self, identity: str) -> str | None:
+        """The box another router bound `identity` to, or None (none, or the server down)."""
+        if not self.server.up:
+            return None
+        try:
+            box = await self.server.call(None, "GET", self._key(identity))
+        except SharedDown:
+            return None
+        return box.decode(errors="replace") if box else None
+
+    def keep(self, identity: str, box: str) -> None:
+        if self.server.up:
+            self.server.call(None, "SET", self._key(identity), box, "PX", int(BINDING_TTL_S * 1000)) \
+                .add_done_callback(_read_out)
+
+
+def _read_out(done: asyncio.Future) -> None:
+    """A reply nobody waits for: its failure is the server's state's business, not the loop's log."""
+    if not done.cancelled():
+        done.exception()

@@ -1,0 +1,103 @@
+"""Per-key limits on one redis-server across routers (store/shared_counters.py): `rpm` exact
+(±1), `max_parallel` never exceeded at the box, and the shared server's outage in both modes.
+
+The two routers share one SQLite store (one HUGPY_ROUTER_HOME) so that they know the same keys;
+the tallies themselves are on the redis-server only."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import time
+
+import pytest
+
+from router.sim.hugpy import Behavior, SimBox
+
+from conftest import wait_for
+from test_admission import call, chat_calls, max_concurrency, request
+from test_shared_slots import fleet, routers, shared_state  # noqa: F401 (fixtures)
+from test_tenancy import bearer, new_key
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def knows(router, key_id: str, limits: dict) -> bool:
+    """The router has read the key's limits from the store (a SIGHUP reloads the keys: the usage
+    report shows the limits the router counts against)."""
+    router.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.2)
+    doc = json.loads(request(router, "GET", "/v1/keys/usage", timeout=10)[2])
+    return any(k["id"] == key_id and all(k["limits"][f] == v for f, v in limits.items()) for k in doc["keys"])
+
+
+def test_rpm_is_exact_across_two_routers(fleet, routers, redis_server, tmp_path):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    first, second = routers([box], 2, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    key_id, key = new_key(first, rpm=10)
+    assert wait_for(lambda: knows(second, key_id, {"rpm": 10}), 5)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: call((first, second)[i % 2], headers=bearer(key)), range(32)))
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) <= {200, 429}
+    served = statuses.count(200)
+    assert 10 <= served <= 11, statuses  # the minute drains 10/60 a second: ±1 over the burst
+
+
+def test_max_parallel_holds_across_two_routers(fleet, routers, redis_server, tmp_path):
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", *[Behavior.hang(0.2)] * 12)
+    fleet(box)
+    first, second = routers([box], 2, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    key_id, key = new_key(first, max_parallel=2)
+    assert wait_for(lambda: knows(second, key_id, {"max_parallel": 2}), 5)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda i: call((first, second)[i % 2], headers=bearer(key)), range(12)))
+    assert [status for status, _, _ in results] == [200] * 12
+    assert chat_calls(box) == 12
+    assert max_concurrency(box) == 2
+
+
+def test_a_keyed_call_meets_the_mode_while_the_server_is_down(fleet, routers, redis_server, tmp_path):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    opened, closed = routers([box], 2, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    closed.stop()
+    (closed,) = routers([box], 1, ("--shared-url", redis_server.url, "--shared-down", "closed"),
+                        first=2, home=tmp_path / "home")
+    key_id, key = new_key(opened, rpm=100)
+    assert wait_for(lambda: knows(closed, key_id, {"rpm": 100}), 5)
+    redis_server.stop()
+    started = time.monotonic()
+    assert call(opened, headers=bearer(key), timeout=10)[0] == 200
+    status, _, body = call(closed, headers=bearer(key), timeout=10)
+    assert status == 503 and body["error"]["code"] == "shared_store_down"
+    assert time.monotonic() - started < 3  # nothing hung
+    assert wait_for(lambda: shared_state(opened)["counting"] == "this router alone", 3)
+    redis_server.start()
+    assert wait_for(lambda: call(closed, headers=bearer(key), timeout=10)[0] == 200, 4)
+
+
+def test_a_restarted_server_gets_the_budgets_back_from_the_store(fleet, routers, redis_server, tmp_path):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    key_id, key = new_key(router, budget_tokens=10_000)
+    for _ in range(3):
+        assert call(router, headers=bearer(key))[0] == 200
+
+    def budget_left() -> int:
+        doc = json.loads(request(router, "GET", "/v1/keys/usage", timeout=10)[2])
+        return next(k["left"]["budget_tokens"] for k in doc["keys"] if k["id"] == key_id)
+
+    spent = 10_000 - budget_left()
+    assert spent > 0
+    redis_server.stop()
+    assert wait_for(lambda: not shared_state(router)["up"], 5)
+    redis_server.start()  # empty: no persistence
+    assert wait_for(lambda: shared_state(router)["up"], 5)
+    assert call(router, headers=bearer(key))[0] == 200  # a step reads the emptied tally
+    # the key upkeep (once a second) seeds the budget from the store again: not from 0
+    assert wait_for(lambda: 10_000 - budget_left() >= spent, 5)
