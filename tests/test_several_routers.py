@@ -1,0 +1,70 @@
+"""Two routers on both shared engines at once (docs/several-routers.md): one PostgreSQL store and
+one redis-server. What one router is told (a box with a limit, a key with limits) is known to
+the other through the database alone, and the counts that must be exact (the box's
+`max_inflight`, the key's `rpm`) hold across both under a burst split between them; one route log
+holds both routers' rows."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import psycopg
+import pytest
+
+from router.sim import SimFleet
+from router.sim.hugpy import Behavior, SimBox
+
+from conftest import RouterProcess, wait_for
+from test_admission import admin, call, max_concurrency
+from test_tenancy import bearer, new_key
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def box():
+    sim = SimBox("a", residents=["tiny"])
+    sims = SimFleet([sim])
+    sims.start()
+    yield sim
+    sims.stop()
+
+
+@pytest.fixture
+def routers(tmp_path, pg_url, redis_server):
+    started = []
+    for name in ("r0", "r1"):
+        folder = tmp_path / name
+        folder.mkdir()
+        boxes = folder / "boxes.json"
+        boxes.write_text('{"boxes": []}')  # not read: the boxes live in the database
+        started.append(RouterProcess(boxes, "--database-url", pg_url, "--shared-url", redis_server.url,
+                                     "--instance", name))
+    yield started
+    for router in started:
+        router.stop()
+
+
+def test_limits_told_to_one_router_hold_across_both(routers, box, pg_url):
+    a, b = routers
+    box.script("tiny", *[Behavior.hang(0.1)] * 40)  # slow enough for calls to overlap at the box
+    status, doc = admin(a, "POST", "/v1/boxes", {"name": "a", "url": box.url, "kind": "hugpy", "max_inflight": 2})
+    assert status == 201, doc
+    key_id, key = new_key(a, rpm=10)
+    # b learns both from the database (LISTEN/NOTIFY), not from a reload or a signal
+    assert wait_for(lambda: call(b, headers=bearer(key), model="tiny")[0] == 200, timeout=5)
+    time.sleep(0.1)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: call((a, b)[i % 2], headers=bearer(key)), range(32)))
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) <= {200, 429}, statuses
+    # 1 call before the burst: the minute drains 10/60 a second, so ±1 over the burst
+    assert 9 <= statuses.count(200) <= 10, statuses
+    assert max_concurrency(box) <= 2
+
+    def counted() -> dict:
+        with psycopg.connect(pg_url) as conn:
+            return dict(conn.execute("SELECT router, count(*) FROM route_log GROUP BY router").fetchall())
+
+    assert wait_for(lambda: sum(counted().values()) >= 33 and set(counted()) == {"r0", "r1"}, timeout=10), counted()
