@@ -144,3 +144,158 @@ def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
     else:
         count = _chain(p, start, end, seed, out)
     return tuple([(out[k] & HASH_MASK) | 1 for k in range(count)])
+
+
+# AffinityIndex and affinity_place: router.core.affinity's index (its rules 3, 7, 8) and placement
+# (rules 4-6), compiled: they run on every call with a key. Their plain models are tests/models.py
+# AffinityIndexModel and reference_place; router.core.affinity re-exports them under its names.
+
+from collections import OrderedDict, namedtuple
+
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+
+# A match must reach the second element to pull: the first (a system prompt) is every
+# conversation's (core rule 3a).
+DEF PULL_DEPTH = 2
+MIN_PULL_DEPTH = PULL_DEPTH
+# A bound key outranks any prefix depth (a chain has at most MAX_CHAIN elements).
+BOUND_DEPTH = 1 << 30
+# A node's state once two prompts continued it differently (core rule 3b).
+SHARED = -1
+
+Pull = namedtuple("Pull", ["box", "depth"], module="router._fastpath")
+Pull.__doc__ = "Where a call's key points: the box and how deep it matched (BOUND_DEPTH for a binding)."
+
+
+cdef class AffinityIndex:
+    """Bindings and prefix nodes, one LRU of at most `capacity` entries (core rules 3, 7, 8).
+
+    A binding maps a scoped key's hash to a box name; a node maps a chain hash to
+    (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
+    SHARED. A key is core's Key (kind, bound, chain): a non-empty chain is a prefix key.
+    `epoch(box, model_key)` is the box's current cache epoch for that model.
+    """
+
+    cdef readonly Py_ssize_t capacity
+    cdef readonly object entries
+    cdef object _move_to_end, _popitem
+
+    def __init__(self, Py_ssize_t capacity):
+        self.capacity = capacity if capacity > 1 else 1
+        self.entries = OrderedDict()
+        self._move_to_end = self.entries.move_to_end
+        self._popitem = self.entries.popitem
+
+    def __len__(self):
+        return len(self.entries)
+
+    def pull(self, key, epoch):
+        """Where `key` points now, or None (core rules 3 and 4): its binding, else the deepest
+        node of its chain, unless that node is shared or of another epoch."""
+        cdef tuple chain = (<tuple> key)[2]  # a Key, a tuple's subclass
+        cdef tuple node
+        cdef PyObject* found
+        cdef Py_ssize_t depth
+        if not chain:
+            found = PyDict_GetItem(self.entries, (<tuple> key)[1])
+            if found == NULL:
+                return None
+            self._move_to_end((<tuple> key)[1])
+            return tuple.__new__(Pull, (<object> found, BOUND_DEPTH))
+        for depth in range(len(chain), PULL_DEPTH - 1, -1):
+            found = PyDict_GetItem(self.entries, chain[depth - 1])
+            if found == NULL:
+                continue
+            node = <tuple> found
+            if node[3] == SHARED or epoch(node[0], node[1]) != node[2]:
+                return None
+            self._move_to_end(chain[depth - 1])
+            return tuple.__new__(Pull, (node[0], depth))
+        return None
+
+    def learn(self, key, box, model_key, epoch, Py_ssize_t known=0):
+        """`box` took the call: the binding moves there, its chain is recorded (core rule 7).
+        `known`: the depth `pull` found on this same box, whose nodes and their ancestors' are as
+        they would be written again: only the nodes past it are written (a conversation's turn
+        costs its new elements, not its whole history)."""
+        cdef tuple chain = (<tuple> key)[2]  # a Key, a tuple's subclass
+        cdef Py_ssize_t index, last = len(chain) - 1
+        cdef PyObject* found
+        entries = self.entries
+        if not chain:
+            self._put((<tuple> key)[1], box)
+            return
+        for index in range((known if known > PULL_DEPTH else PULL_DEPTH) - 1, last + 1):
+            node_hash = chain[index]
+            following = chain[index + 1] if index < last else 0
+            state = following
+            found = PyDict_GetItem(entries, node_hash)
+            if found != NULL:
+                seen = (<tuple> found)[3]
+                if seen == SHARED or (seen and following and seen != following):
+                    state = SHARED
+                elif not following:
+                    state = seen
+            entries[node_hash] = (box, model_key, epoch, state)
+            if found != NULL:
+                self._move_to_end(node_hash)  # a new key is already last
+        self._trim()
+
+    def bind(self, bound, box):
+        """A binding made by an answer (a Responses id), not by the call's own key."""
+        self._put(bound, box)
+
+    cdef _put(self, bound, box):
+        cdef bint known = PyDict_GetItem(self.entries, bound) != NULL
+        self.entries[bound] = box
+        if known:
+            self._move_to_end(bound)
+        self._trim()
+
+    cdef _trim(self):
+        while len(self.entries) > self.capacity:
+            self._popitem(False)
+
+
+def affinity_place(list ranked, pull, bint keyed, slack, spin):
+    """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
+    pressure, ...), tier 0 = serving) with affinity applied (core rules 4-6): the same list
+    when nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
+    hit when the pulled box went first."""
+    cdef double absolute = slack[0], relative = slack[1], best, limit
+    cdef Py_ssize_t count = len(ranked), index, tied
+    cdef tuple rank, first
+    if (absolute <= 0 and relative <= 0) or count == 0:
+        return ranked, False
+    first = (<tuple> ranked[0])[0]
+    if first[0] != 0:
+        return ranked, False
+    if pull is not None:
+        best = first[1]
+        limit = best + absolute + relative * best
+        box = pull[0]
+        for index in range(count):
+            rank = (<tuple> ranked[index])[0]
+            if rank[0] != 0 or <double> rank[1] > limit:
+                break  # past the serving tier, or (loads ascend) past the slack
+            if (<tuple> ranked[index])[1] == box:
+                return _to_front(ranked, index), True
+    if not keyed:
+        return ranked, False
+    tied = 1
+    while tied < count:
+        rank = (<tuple> ranked[tied])[0]
+        if rank[0] != 0 or rank[1] != first[1] or rank[2] != first[2]:
+            break
+        tied += 1
+    return _to_front(ranked, spin % tied), False
+
+
+cdef list _to_front(list ranked, Py_ssize_t index):
+    if index == 0:
+        return ranked
+    moved = list(ranked)
+    entry = moved.pop(index)
+    moved.insert(0, entry)
+    return moved

@@ -16,10 +16,13 @@ side by side and require equal answers.
 7. `prefix_chain_model`: `router._fastpath.prefix_chain` (rule 6), elements found by the stdlib
    JSON decoder and hashed with Python ints.
 8. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
+9. `AffinityIndexModel`: `router._fastpath.AffinityIndex` (router.core.affinity rules 3, 7, 8): an
+   OrderedDict walked and written element by element.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG
@@ -30,6 +33,7 @@ from router.core.types import BoxFacts, BoxKind, Call, ReasonCode, Tier
 __all__ = [
     "prefix_chain_model",
     "reference_place",
+    "AffinityIndexModel",
     "ReservationModel",
     "FrameScannerModel",
     "RefDecision",
@@ -505,6 +509,75 @@ def reference_place(ranked: list, pull, keyed: bool, absolute: float, relative: 
     tied = [entry for entry in serving if entry[0][1:3] == serving[0][0][1:3]]
     chosen = tied[spin % len(tied)]
     return [chosen] + [e for e in ranked if e is not chosen]
+
+
+# -- 8. the affinity index ------------------------------------------------------------------------
+
+
+class AffinityIndexModel:
+    """One OrderedDict of at most `capacity` entries, oldest first: a key's hash -> box (a binding),
+    a chain hash -> (box, model key, epoch, state) (a node; state: the next element's hash, 0 for
+    none yet, -1 once two prompts continued it differently). `pull` walks the chain from its
+    deepest element: the first node found decides (depth >= 2, not shared, of the box's current
+    epoch); `learn` writes the nodes from depth max(2, known) on; every read that finds and every
+    write makes its entry the newest."""
+
+    SHARED = -1
+    MIN_DEPTH = 2
+    BOUND = 1 << 30
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self.entries: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def pull(self, key, epoch):
+        _, bound, chain = key
+        if not chain:
+            if bound not in self.entries:
+                return None
+            self.entries.move_to_end(bound)
+            return (self.entries[bound], self.BOUND)
+        for depth in range(len(chain), self.MIN_DEPTH - 1, -1):
+            node = self.entries.get(chain[depth - 1])
+            if node is None:
+                continue
+            box, model_key, at, state = node
+            if state == self.SHARED or epoch(box, model_key) != at:
+                return None
+            self.entries.move_to_end(chain[depth - 1])
+            return (box, depth)
+        return None
+
+    def learn(self, key, box, model_key, epoch, known=0) -> None:
+        _, bound, chain = key
+        if not chain:
+            self.bind(bound, box)
+            return
+        for index in range(max(self.MIN_DEPTH, known) - 1, len(chain)):
+            following = chain[index + 1] if index + 1 < len(chain) else 0
+            old = self.entries.get(chain[index])
+            state = following
+            if old is not None:
+                seen = old[3]
+                if seen == self.SHARED or (seen and following and seen != following):
+                    state = self.SHARED
+                elif not following:
+                    state = seen
+            self.entries[chain[index]] = (box, model_key, epoch, state)
+            self.entries.move_to_end(chain[index])
+        self._trim()
+
+    def bind(self, bound, box) -> None:
+        self.entries[bound] = box
+        self.entries.move_to_end(bound)
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
 # --------------------------------------------------------------------------------------------
 # 6. Key limits
 # --------------------------------------------------------------------------------------------

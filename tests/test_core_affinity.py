@@ -33,7 +33,7 @@ from router.core.decide import decide
 from router.core.types import BoxFacts, BoxKind, Call, Resident
 from router.facades.usage import reported, response_id
 
-from models import prefix_chain_model, reference_place
+from models import AffinityIndexModel, prefix_chain_model, reference_place
 
 # -- place: rules 4-6 -----------------------------------------------------------------------------
 
@@ -142,6 +142,36 @@ def test_the_index_never_holds_more_than_its_capacity(chains, capacity):
     for chain in chains:
         index.learn(Key(PREFIX, 0, tuple(chain)), "a", "m", 1)
         assert len(index) <= capacity
+
+
+# Operations on an index: learn a chain (kind 0) or a binding (1), bind (2), pull (3); a chain is
+# a few small hashes (so chains share prefixes and continue them differently), a binding one.
+operations = st.lists(st.tuples(
+    st.integers(0, 3), st.lists(st.integers(1, 12), min_size=0, max_size=6), st.sampled_from("abc"),
+    st.integers(0, 7), st.integers(1, 2)), max_size=50)
+
+
+@settings(max_examples=300)
+@given(operations, st.integers(1, 30))
+def test_the_compiled_index_equals_its_model(steps, capacity):
+    """router._fastpath.AffinityIndex against tests/models.py AffinityIndexModel: the same pulls,
+    and the same entries in the same LRU order after every step (epochs: box c's moves on)."""
+    index, model = AffinityIndex(capacity), AffinityIndexModel(capacity)
+    epochs = {"a": 1, "b": 1, "c": 1}
+    for kind, chain, box, known, epoch in steps:
+        key = Key(PREFIX, 0, tuple(chain)) if kind == 0 and chain else Key(SESSION, -len(chain) - 1)
+        if kind in (0, 1):
+            index.learn(key, box, "m", epoch, known)
+            model.learn(key, box, "m", epoch, known)
+        elif kind == 2:
+            index.bind(key.bound, box)
+            model.bind(key.bound, box)
+        else:
+            epochs["c"] += 1
+            at = lambda name, model_key: epochs[name]  # noqa: E731
+            assert index.pull(key, at) == model.pull(key, at)
+        assert list(index.entries.items()) == list(model.entries.items())
+        assert len(index) == len(model) <= capacity
 
 
 def test_box_cache_epochs_change_on_unload_reload_other_settings_and_restart():
