@@ -235,6 +235,7 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
     from router.facades import openai as openai_facade
     from router.facades.body import read_call
     from router.serve.affinity import Affinity
+    from router.serve.edge import AsgiEdge
 
     rng = random.Random(7)
     facade = openai_facade.FACADE
@@ -244,8 +245,13 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
                       catalog=frozenset({MODEL}), pending=rng.randrange(4)) for i, name in enumerate(names)]
     states = {name: SimpleNamespace(name=name, config=SimpleNamespace(kind=BoxKind.HUGPY),
                                     cache_epoch=lambda key: 1) for name in names}
-    affinity = Affinity(fleet=SimpleNamespace(get=states.get))
-    edge = SimpleNamespace(header=lambda name: None, caller="127.0.0.1")
+    affinity = Affinity(fleet=SimpleNamespace(boxes=states))
+    edge = AsgiEdge({"method": "POST", "path": "/v1/chat/completions", "query_string": b"", "client": ("127.0.0.1", 50000),
+                     "headers": [(b"host", b"127.0.0.1:8080"), (b"content-type", b"application/json"),
+                                 (b"authorization", b"Bearer unused"), (b"user-agent", b"OpenAI/Python 1.54.0"),
+                                 (b"accept", b"application/json")]}, None, None)
+    edge.header("host")  # the access gate has read the headers, and found the caller
+    edge.caller = "127.0.0.1"
     bodies = []
     for n in range(conversations):
         messages = [SYSTEM, first_message(n, 8.0)]

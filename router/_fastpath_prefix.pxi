@@ -18,15 +18,23 @@ cdef uint64_t ELEMENT_MARK = 0x5BD1E9955BD1E995ULL  # separates elements: [ab][c
 cdef uint64_t HASH_MASK = 0x3FFFFFFFFFFFFFFFULL
 
 
-cdef inline uint64_t _round(uint64_t lane, uint64_t word) noexcept nogil:
-    lane = (lane ^ word) * PRIME_1
-    return lane ^ (lane >> 32)
+cdef extern from *:
+    """
+    /* The 128-bit product of a and b, its halves folded (wyhash's mum): one multiply mixes 16 bytes. */
+    static inline uint64_t router_fold(uint64_t a, uint64_t b) {
+        unsigned __int128 r = (unsigned __int128) a * b;
+        return (uint64_t) r ^ (uint64_t) (r >> 64);
+    }
+    """
+    uint64_t _fold "router_fold"(uint64_t a, uint64_t b) noexcept nogil
 
 
 cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noexcept nogil:
-    """Folds p[:n] into h: four independent lanes over each 32 bytes (the multiplies overlap:
-    ~4x one lane's speed), joined, then the rest 8 bytes at a time; the length goes in last."""
-    cdef uint64_t a = h ^ ELEMENT_MARK, b = h + PRIME_2, c = h ^ PRIME_1, d = h - ELEMENT_MARK
+    """Folds p[:n] into h: two independent lanes over each 32 bytes, each word pair through one
+    128-bit multiply (the multiplies overlap), joined, then the rest 16 and 8 bytes at a time; the
+    length goes in last. A word is never zeroed by its constant: PRIME_1 and PRIME_2 as bytes hold
+    a control character or invalid UTF-8, which a valid JSON span never does."""
+    cdef uint64_t a = h ^ ELEMENT_MARK, b = h + PRIME_2
     cdef uint64_t w0, w1, w2, w3
     cdef Py_ssize_t i = 0
     while i + 32 <= n:
@@ -34,22 +42,24 @@ cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noex
         memcpy(&w1, p + i + 8, 8)
         memcpy(&w2, p + i + 16, 8)
         memcpy(&w3, p + i + 24, 8)
-        a = _round(a, w0)
-        b = _round(b, w1)
-        c = _round(c, w2)
-        d = _round(d, w3)
+        a = _fold(w0 ^ a, w1 ^ PRIME_1)
+        b = _fold(w2 ^ b, w3 ^ PRIME_2)
         i += 32
-    h = _round(_round(_round(a, b), c), d)
-    while i + 8 <= n:
+    h = _fold(a ^ PRIME_2, b ^ PRIME_1)
+    if i + 16 <= n:
         memcpy(&w0, p + i, 8)
-        h = _round(h, w0)
+        memcpy(&w1, p + i + 8, 8)
+        h = _fold(w0 ^ h, w1 ^ PRIME_1)
+        i += 16
+    if i + 8 <= n:
+        memcpy(&w0, p + i, 8)
+        h = _fold(w0 ^ h, PRIME_2)
         i += 8
     if i < n:
         w0 = 0
         memcpy(&w0, p + i, n - i)
-        h = _round(h, w0)
-    h = (h ^ <uint64_t> n) * PRIME_2
-    return h ^ (h >> 29)
+        h = _fold(w0 ^ h, PRIME_1)
+    return _fold(h ^ <uint64_t> n, PRIME_2)
 
 
 cdef inline Py_ssize_t _string_close(const unsigned char* p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
@@ -150,7 +160,7 @@ def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
 # (rules 4-6), compiled: they run on every call with a key. Their plain models are tests/models.py
 # AffinityIndexModel and reference_place; router.core.affinity re-exports them under its names.
 
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict
 
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
@@ -164,9 +174,6 @@ BOUND_DEPTH = 1 << 30
 # A node's state once two prompts continued it differently (core rule 3b).
 SHARED = -1
 
-Pull = namedtuple("Pull", ["box", "depth"], module="router._fastpath")
-Pull.__doc__ = "Where a call's key points: the box and how deep it matched (BOUND_DEPTH for a binding)."
-
 
 cdef class AffinityIndex:
     """Bindings and prefix nodes, one LRU of at most `capacity` entries (core rules 3, 7, 8).
@@ -174,7 +181,8 @@ cdef class AffinityIndex:
     A binding maps a scoped key's hash to a box name; a node maps a chain hash to
     (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
     SHARED. A key is core's Key (kind, bound, chain): a non-empty chain is a prefix key.
-    `epoch(box, model_key)` is the box's current cache epoch for that model.
+    `epoch(box, model_key)` is the box's current cache epoch for that model. Where a key points
+    is a pull: a plain (box, depth) tuple, depth BOUND_DEPTH for a binding.
     """
 
     cdef readonly Py_ssize_t capacity
@@ -202,7 +210,7 @@ cdef class AffinityIndex:
             if found == NULL:
                 return None
             self._move_to_end((<tuple> key)[1])
-            return tuple.__new__(Pull, (<object> found, BOUND_DEPTH))
+            return (<object> found, BOUND_DEPTH)
         for depth in range(len(chain), PULL_DEPTH - 1, -1):
             found = PyDict_GetItem(self.entries, chain[depth - 1])
             if found == NULL:
@@ -211,7 +219,7 @@ cdef class AffinityIndex:
             if node[3] == SHARED or epoch(node[0], node[1]) != node[2]:
                 return None
             self._move_to_end(chain[depth - 1])
-            return tuple.__new__(Pull, (node[0], depth))
+            return (node[0], depth)
         return None
 
     def learn(self, key, box, model_key, epoch, Py_ssize_t known=0):
@@ -260,33 +268,37 @@ cdef class AffinityIndex:
 
 def affinity_place(list ranked, pull, bint keyed, slack, spin):
     """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
-    pressure, ...), tier 0 = serving) with affinity applied (core rules 4-6): the same list
-    when nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
-    hit when the pulled box went first."""
-    cdef double absolute = slack[0], relative = slack[1], best, limit
+    pressure, ...), tier 0 = serving, load and pressure ints) with affinity applied (core rules
+    4-6): the same list when nothing moves, else a new one with one entry moved to the front.
+    `pull`: (box, depth) or None; `slack`: (absolute, relative). Returns (ranked, hit): hit when
+    the pulled box went first."""
+    cdef double absolute = (<tuple> slack)[0], relative = (<tuple> slack)[1], limit
     cdef Py_ssize_t count = len(ranked), index, tied
-    cdef tuple rank, first
+    cdef long best, pressure
+    cdef tuple rank, entry
     if (absolute <= 0 and relative <= 0) or count == 0:
         return ranked, False
-    first = (<tuple> ranked[0])[0]
-    if first[0] != 0:
+    rank = (<tuple> ranked[0])[0]
+    if <long> rank[0] != 0:
         return ranked, False
+    best = rank[1]
+    pressure = rank[2]
     if pull is not None:
-        best = first[1]
         limit = best + absolute + relative * best
-        box = pull[0]
+        box = (<tuple> pull)[0]
         for index in range(count):
-            rank = (<tuple> ranked[index])[0]
-            if rank[0] != 0 or <double> rank[1] > limit:
+            entry = ranked[index]
+            rank = entry[0]
+            if <long> rank[0] != 0 or <long> rank[1] > limit:
                 break  # past the serving tier, or (loads ascend) past the slack
-            if (<tuple> ranked[index])[1] == box:
+            if entry[1] is box or entry[1] == box:
                 return _to_front(ranked, index), True
     if not keyed:
         return ranked, False
     tied = 1
     while tied < count:
         rank = (<tuple> ranked[tied])[0]
-        if rank[0] != 0 or rank[1] != first[1] or rank[2] != first[2]:
+        if <long> rank[0] != 0 or <long> rank[1] != best or <long> rank[2] != pressure:
             break
         tied += 1
     return _to_front(ranked, spin % tied), False

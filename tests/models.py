@@ -438,22 +438,27 @@ _P1, _P2, _MARK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x5BD1E9955BD1E995
 CHAIN_MAX, CHAIN_BLOCK = 256, 1024
 
 
-def _round_model(lane: int, word: int) -> int:
-    lane = ((lane ^ word) * _P1) & _M64
-    return lane ^ (lane >> 32)
+def _fold_model(a: int, b: int) -> int:
+    product = a * b
+    return (product & _M64) ^ (product >> 64)
 
 
 def _mix_model(h: int, data: bytes) -> int:
-    a, b, c, d = h ^ _MARK, (h + _P2) & _M64, h ^ _P1, (h - _MARK) & _M64
-    whole = len(data) // 32 * 32
-    for i in range(0, whole, 32):
-        w = [int.from_bytes(data[i + k:i + k + 8], "little") for k in (0, 8, 16, 24)]
-        a, b, c, d = _round_model(a, w[0]), _round_model(b, w[1]), _round_model(c, w[2]), _round_model(d, w[3])
-    h = _round_model(_round_model(_round_model(a, b), c), d)
-    for i in range(whole, len(data), 8):
-        h = _round_model(h, int.from_bytes(data[i:i + 8], "little"))
-    h = ((h ^ len(data)) * _P2) & _M64
-    return h ^ (h >> 29)
+    words = [int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8)]  # the last padded with 0
+    whole = len(data) // 32 * 4
+    a, b = h ^ _MARK, (h + _P2) & _M64
+    for k in range(0, whole, 4):
+        a = _fold_model(words[k] ^ a, words[k + 1] ^ _P1)
+        b = _fold_model(words[k + 2] ^ b, words[k + 3] ^ _P2)
+    h = _fold_model(a ^ _P2, b ^ _P1)
+    rest, k = len(data) - whole * 8, whole
+    if rest >= 16:
+        h, rest, k = _fold_model(words[k] ^ h, words[k + 1] ^ _P1), rest - 16, k + 2
+    if rest >= 8:
+        h, rest, k = _fold_model(words[k] ^ h, _P2), rest - 8, k + 1
+    if rest:
+        h = _fold_model(words[k] ^ h, _P1)
+    return _fold_model(h ^ len(data), _P2)
 
 
 def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
@@ -502,7 +507,7 @@ def reference_place(ranked: list, pull, keyed: bool, absolute: float, relative: 
     best = serving[0][0][1]
     if pull is not None:
         for entry in serving:
-            if entry[1] == pull.box and entry[0][1] <= best + absolute + relative * best:
+            if entry[1] == pull[0] and entry[0][1] <= best + absolute + relative * best:
                 return [entry] + [e for e in ranked if e is not entry]
     if not keyed:
         return ranked

@@ -22,7 +22,6 @@ from router.core.affinity import (
     USER,
     AffinityIndex,
     Key,
-    Pull,
     Slack,
     Steer,
     key_of,
@@ -48,21 +47,21 @@ slacks = st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0]), st.sampled_from([
 @settings(max_examples=400)
 @given(entries, st.one_of(st.none(), st.integers(0, 9)), st.booleans(), slacks, st.integers(0, 1 << 32))
 def test_place_equals_its_model(ranked, pulled, keyed, slack, spin):
-    pull = Pull(f"b{pulled}", 3) if pulled is not None else None
+    pull = (f"b{pulled}", 3) if pulled is not None else None
     got, hit = place(list(ranked), pull, keyed, Slack(*slack), spin)
     assert got == reference_place(list(ranked), pull, keyed, *slack, spin)
     assert sorted(got) == sorted(ranked)  # a permutation: every box still ranked once
     assert got[1:] == [e for e in ranked if e is not got[0]] if got else True  # one entry moved, no more
     limit = ranked[0][0][1] + slack[0] + slack[1] * ranked[0][0][1] if ranked else 0
     assert hit == (pull is not None and slack != (0.0, 0.0) and bool(ranked) and ranked[0][0][0] == 0
-                   and any(e[1] == pull.box and e[0][0] == 0 and e[0][1] <= limit for e in ranked))
+                   and any(e[1] == pull[0] and e[0][0] == 0 and e[0][1] <= limit for e in ranked))
     if got and got[0] is not ranked[0]:
         assert got[0][0][0] == 0  # never out of the serving tier
 
 
 @given(entries, st.integers(0, 9), st.integers(0, 1 << 32))
 def test_slack_zero_is_the_seeds_order(ranked, pulled, spin):
-    assert place(list(ranked), Pull(f"b{pulled}", BOUND_DEPTH), True, OFF, spin) == (ranked, False)
+    assert place(list(ranked), (f"b{pulled}", BOUND_DEPTH), True, OFF, spin) == (ranked, False)
 
 
 def test_a_miss_spreads_over_the_tied_boxes_by_the_spin():
@@ -74,8 +73,8 @@ def test_a_miss_spreads_over_the_tied_boxes_by_the_spin():
 
 def test_a_pulled_box_past_the_slack_is_left():
     ranked = sorted(((0, load, 1, (0, 0), (i, f"b{i}")), f"b{i}", None) for i, load in enumerate([2, 9]))
-    assert place(ranked, Pull("b1", 5), True, Slack(2, 0.5), 0) == (ranked, False)  # 9 > 2 + 2 + 1
-    assert place(ranked, Pull("b1", 5), True, Slack(2, 3), 0)[1] is True  # 9 <= 2 + 2 + 6
+    assert place(ranked, ("b1", 5), True, Slack(2, 0.5), 0) == (ranked, False)  # 9 > 2 + 2 + 1
+    assert place(ranked, ("b1", 5), True, Slack(2, 3), 0)[1] is True  # 9 <= 2 + 2 + 6
 
 
 def test_decide_applies_the_steer_inside_the_serving_tier_only():
@@ -85,9 +84,9 @@ def test_decide_applies_the_steer_inside_the_serving_tier_only():
              for i, (name, load) in enumerate([("a", 0), ("b", 2), ("c", 0)])]
     call = Call(model="m", kinds=frozenset({BoxKind.OPENAI}))
     assert decide(call, boxes).boxes == ("a", "b", "c")
-    assert decide(call, boxes, steer=Steer(Pull("b", 4), True, DEFAULT_SLACK, 0)).boxes == ("b", "a", "c")
-    assert decide(call, boxes, steer=Steer(Pull("c", 4), True, DEFAULT_SLACK, 0)).boxes == ("a", "b", "c")
-    assert decide(call, boxes, steer=Steer(Pull("b", 4), True, OFF, 0)).boxes == ("a", "b", "c")
+    assert decide(call, boxes, steer=Steer(("b", 4), True, DEFAULT_SLACK, 0)).boxes == ("b", "a", "c")
+    assert decide(call, boxes, steer=Steer(("c", 4), True, DEFAULT_SLACK, 0)).boxes == ("a", "b", "c")
+    assert decide(call, boxes, steer=Steer(("b", 4), True, OFF, 0)).boxes == ("a", "b", "c")
 
 
 # -- the key: rules 1 and 2 -----------------------------------------------------------------------
@@ -96,17 +95,19 @@ def test_decide_applies_the_steer_inside_the_serving_tier_only():
 def test_the_first_present_key_wins_and_is_scoped():
     chain = lambda: (5, 6)  # noqa: E731
     none = lambda: ()  # noqa: E731
-    assert key_of(["s", None], ["k", "u", "r"], chain, "addr:1", "m").kind == SESSION
-    assert key_of([None, "codex"], ["k", "u", "r"], chain, "addr:1", "m").kind == SESSION
-    assert key_of([None], ["k", "u", "r"], chain, "addr:1", "m").kind == KEY
-    assert key_of([None], [None, "u", "r"], chain, "addr:1", "m").kind == USER
-    assert key_of([None], [3, "", "r"], chain, "addr:1", "m").kind == RESPONSE  # not strings: absent
-    assert key_of([None], [None, None, None], chain, "addr:1", "m") == Key(PREFIX, 0, (5, 6))
-    assert key_of([None], [None, None, None], none, "addr:1", "m") is None
-    assert key_of([None], [None, None, None], lambda: (5,), "addr:1", "m") is None  # one element: no key
-    one = key_of(["s"], [], none, "addr:1", "m")
-    assert one != key_of(["s"], [], none, "addr:2", "m") and one != key_of(["s"], [], none, "addr:1", "n")
-    assert key_of([None], [None, None, "resp_1"], none, "key:a", "m").bound == response_key("key:a", "m", "resp_1")
+    session, codex, nothing = {"x-router-session": "s", "session_id": "c"}.get, {"session_id": "c"}.get, {}.get
+    assert key_of(session, ["k", "u", "r"], chain, "addr:1", "m").kind == SESSION
+    assert key_of(codex, ["k", "u", "r"], chain, "addr:1", "m") == Key(SESSION, hash(("addr:1", "m", SESSION, "c")))
+    assert key_of(nothing, ["k", "u", "r"], chain, "addr:1", "m").kind == KEY
+    assert key_of(nothing, [None, "u", "r"], chain, "addr:1", "m").kind == USER
+    assert key_of(nothing, [3, "", "r"], chain, "addr:1", "m").kind == RESPONSE  # not strings: absent
+    assert key_of(nothing, [None, None, None], chain, "addr:1", "m") == Key(PREFIX, 0, (5, 6))
+    assert key_of(nothing, [None, None, None], none, "addr:1", "m") is None
+    assert key_of(nothing, [None, None, None], lambda: (5,), "addr:1", "m") is None  # one element: no key
+    one = key_of(session, [], none, "addr:1", "m")
+    assert one != key_of(session, [], none, "addr:2", "m") and one != key_of(session, [], none, "addr:1", "n")
+    assert key_of(nothing, [None, None, "resp_1"], none, "key:a", "m").bound == response_key("key:a", "m", "resp_1")
+    assert type(one) is Key and one.kind == SESSION and one.chain == ()
 
 
 # -- the index: rules 3, 7, 8 ---------------------------------------------------------------------
@@ -117,14 +118,14 @@ EPOCH = lambda box, model: 1  # noqa: E731
 def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pulls():
     index = AffinityIndex(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)  # system prompt 1, first message 10
-    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12)), EPOCH) == Pull("a", 2)
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12)), EPOCH) == ("a", 2)
     assert index.pull(Key(PREFIX, 0, (1, 20)), EPOCH) is None  # only the system prompt in common
     index.learn(Key(PREFIX, 0, (1, 10, 11, 12)), "a", "m", 1)
-    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12, 13, 14)), EPOCH) == Pull("a", 4)
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12, 13, 14)), EPOCH) == ("a", 4)
     # a first message shared by two conversations (a template) is a preamble from then on
     index.learn(Key(PREFIX, 0, (1, 10, 31, 32)), "b", "m", 1)
     assert index.pull(Key(PREFIX, 0, (1, 10, 41)), EPOCH) is None
-    assert index.pull(Key(PREFIX, 0, (1, 10, 31, 32, 33)), EPOCH) == Pull("b", 4)
+    assert index.pull(Key(PREFIX, 0, (1, 10, 31, 32, 33)), EPOCH) == ("b", 4)
 
 
 def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
@@ -133,7 +134,7 @@ def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
     assert index.pull(Key(PREFIX, 0, (1, 10, 11)), lambda box, model: 2) is None
     index.learn(Key(SESSION, 77), "a", "m", 1)
     index.learn(Key(SESSION, 77), "b", "m", 1)
-    assert index.pull(Key(SESSION, 77), EPOCH) == Pull("b", BOUND_DEPTH)
+    assert index.pull(Key(SESSION, 77), EPOCH) == ("b", BOUND_DEPTH)
 
 
 @given(st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=6), max_size=60), st.integers(1, 40))
@@ -264,4 +265,4 @@ def test_learning_only_a_turns_new_nodes_finds_what_learning_everything_finds(tu
         pulled = whole.pull(key, EPOCH)
         assert shortcut.pull(key, EPOCH) == pulled
         whole.learn(key, box, "m", 1)
-        shortcut.learn(key, box, "m", 1, pulled.depth if pulled is not None and pulled.box == box else 0)
+        shortcut.learn(key, box, "m", 1, pulled[1] if pulled is not None and pulled[0] == box else 0)

@@ -41,9 +41,9 @@ index (rules 3, 7, 8) and the placement (4-6) run on every call with a key, so t
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Hashable, NamedTuple, Sequence
 
-from router._fastpath import BOUND_DEPTH, MIN_PULL_DEPTH, AffinityIndex, Pull
+from router._fastpath import BOUND_DEPTH, MIN_PULL_DEPTH, AffinityIndex
 from router._fastpath import affinity_place as place
 
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
@@ -90,25 +90,34 @@ class Key(NamedTuple):
     chain: tuple[int, ...] = ()
 
 
-def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
-           scope: str, model: str) -> Key | None:
-    """The call's key (rules 1 and 2). `headers`: the values of SESSION_HEADERS, in order;
+# Keys are made on every call: tuple.__new__ makes one without Key's Python-level __new__.
+_new = tuple.__new__
+
+
+def key_of(header: Callable[[str], str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
+           scope: Hashable, model: str) -> Key | None:
+    """The call's key (rules 1 and 2). `header(name)`: the call's header `name`, or None;
     `fields`: the body's BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent);
     `chain()`: the prompt's prefix chain, seeded with the scope and model (called only when no
     header or field gave a key: hashing is the costly part)."""
-    for value in headers:
+    for name in SESSION_HEADERS:
+        value = header(name)
         if value:
-            return Key(SESSION, hash((scope, model, SESSION, value)))
+            return _new(Key, (SESSION, hash((scope, model, SESSION, value)), ()))
     for kind, value in zip(_BODY_KINDS, fields):
         if isinstance(value, str) and value:
-            return Key(kind, hash((scope, model, kind, value)))
+            return _new(Key, (kind, hash((scope, model, kind, value)), ()))
     hashes = chain()
-    return Key(PREFIX, 0, hashes) if len(hashes) >= MIN_PULL_DEPTH else None
+    return _new(Key, (PREFIX, 0, hashes)) if len(hashes) >= MIN_PULL_DEPTH else None
 
 
-def response_key(scope: str, model: str, response_id: str) -> int:
+def response_key(scope: Hashable, model: str, response_id: str) -> int:
     """The binding a Responses answer's id leaves, found again by its `previous_response_id`."""
     return hash((scope, model, RESPONSE, response_id))
+
+
+# Where a key points: (box, depth), depth BOUND_DEPTH for a binding (AffinityIndex.pull).
+Pull = tuple[str, int]
 
 
 class Steer(NamedTuple):
