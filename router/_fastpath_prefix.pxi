@@ -4,7 +4,12 @@
 #    string's content cut into BLOCK_BYTES blocks; any other value has no chain.
 # 2. h_0 = seed, h_i = mix(h_{i-1}, element i): each hash stands for the prompt up to that
 #    element. Nothing is decoded, nothing kept.
-# 3. At most MAX_CHAIN elements; a span from json_members is valid JSON, so the scan trusts it.
+# 3. An element longer than 2 * EDGE_BYTES is mixed by its first and last EDGE_BYTES and its
+#    length: a long message or tool output costs 512 bytes of hashing, not its whole size. Two
+#    elements equal there but not in between make one hash; affinity then sends the call to a box
+#    that holds that element's other version, whose cache still covers the prompt up to the
+#    first difference (the sharing rule of router.core.affinity 3b sorts out the rest).
+# 4. At most MAX_CHAIN elements; a span from json_members is valid JSON, so the scan trusts it.
 # Its plain model is tests/models.py prefix_chain_model.
 
 # A chain covers at most this many elements (a longer history matches at its 256th element on,
@@ -12,6 +17,7 @@
 # one partial), so a prompt that grows by appending keeps its earlier blocks' hashes.
 DEF MAX_CHAIN = 256
 DEF BLOCK_BYTES = 1024
+DEF EDGE_BYTES = 256
 cdef uint64_t PRIME_1 = 0x9E3779B97F4A7C15ULL  # 2^64 / golden ratio (Fibonacci hashing)
 cdef uint64_t PRIME_2 = 0xC2B2AE3D27D4EB4FULL  # xxHash64's PRIME64_2
 cdef uint64_t ELEMENT_MARK = 0x5BD1E9955BD1E995ULL  # separates elements: [ab][c] and [a][bc] differ
@@ -62,6 +68,13 @@ cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noex
     return _fold(h ^ <uint64_t> n, PRIME_2)
 
 
+cdef inline uint64_t _element(uint64_t h, const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """Folds element p[:n] into h (rule 3): whole, or by its two edges and its length."""
+    if n <= 2 * EDGE_BYTES:
+        return _mix(h, p, n)
+    return _mix(_mix(h, p, EDGE_BYTES) ^ <uint64_t> n, p + n - EDGE_BYTES, EDGE_BYTES)
+
+
 cdef inline Py_ssize_t _string_close(const unsigned char* p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
     """The index of the quote that closes the (valid) string whose content starts at `i`: the
     first quote after an even run of backslashes."""
@@ -101,7 +114,7 @@ cdef int _array_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uint
             last = i
             while last > first and (p[last - 1] == 32 or p[last - 1] == 10 or p[last - 1] == 13 or p[last - 1] == 9):
                 last -= 1
-            h = _mix(h, p + first, last - first)
+            h = _element(h, p + first, last - first)
             out[count] = h
             count += 1
             if c == 93:
@@ -122,7 +135,7 @@ cdef int _string_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uin
     end -= 1  # the closing quote
     while i < end and count < MAX_CHAIN:
         size = end - i if end - i < BLOCK_BYTES else BLOCK_BYTES
-        h = _mix(h, p + i, size)
+        h = _element(h, p + i, size)
         out[count] = h
         count += 1
         i += size

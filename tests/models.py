@@ -435,7 +435,7 @@ class RelayModel:
 
 _M64 = (1 << 64) - 1
 _P1, _P2, _MARK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x5BD1E9955BD1E995
-CHAIN_MAX, CHAIN_BLOCK = 256, 1024
+CHAIN_MAX, CHAIN_BLOCK, CHAIN_EDGE = 256, 1024, 256
 
 
 def _fold_model(a: int, b: int) -> int:
@@ -463,7 +463,8 @@ def _mix_model(h: int, data: bytes) -> int:
 
 def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
     """One hash per array element (its raw bytes, outer whitespace left out) or per CHAIN_BLOCK
-    bytes of a string's raw content; chained from `seed`."""
+    bytes of a string's raw content, an element longer than 2 * CHAIN_EDGE by its two edges and
+    its length; chained from `seed`."""
     import json
 
     text = value.decode()
@@ -489,7 +490,10 @@ def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
         spans = []
     chain, h = [], seed
     for span in spans:
-        h = _mix_model(h, span)
+        if len(span) <= 2 * CHAIN_EDGE:
+            h = _mix_model(h, span)
+        else:  # a long element: its first and last CHAIN_EDGE bytes and its length
+            h = _mix_model(_mix_model(h, span[:CHAIN_EDGE]) ^ len(span), span[-CHAIN_EDGE:])
         chain.append((h & ((1 << 62) - 1)) | 1)
     return tuple(chain)
 

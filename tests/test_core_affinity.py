@@ -196,7 +196,7 @@ def test_box_cache_epochs_change_on_unload_reload_other_settings_and_restart():
 # -- the compiled chain against its model (module rule 6) ------------------------------------------
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.text(min_size=300, max_size=1200),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=12,
 )
@@ -232,6 +232,11 @@ def test_a_resent_history_makes_the_same_chain_and_a_longer_one_extends_it():
     assert chain(turn, 8) != chain(turn, 7)  # the seed (salt, caller, model) changes every hash
     assert all(0 < h < 1 << 62 for h in chain(longer))
     assert len(chain([{"role": "user", "content": "x"}] * 300)) == 256  # at most 256 elements
+    # a long element counts by its edges and its length: each of them changes its hash
+    long = "".join(f"line {i}\n" for i in range(400))
+    same = chain([turn[0], {"role": "user", "content": long}])
+    for other in (long.replace("line 1\n", "line X\n", 1), long[:-2] + "Y\n", long + "!"):
+        assert chain([turn[0], {"role": "user", "content": other}])[1] != same[1]
 
 
 # -- the answer's facts (genai rule 3) -----------------------------------------------------------

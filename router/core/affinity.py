@@ -104,9 +104,10 @@ def key_of(header: Callable[[str], str | None], fields: Sequence[object], chain:
         value = header(name)
         if value:
             return _new(Key, (SESSION, hash((scope, model, SESSION, value)), ()))
-    for kind, value in zip(_BODY_KINDS, fields):
-        if isinstance(value, str) and value:
-            return _new(Key, (kind, hash((scope, model, kind, value)), ()))
+    if any(fields):  # most calls carry none of them
+        for kind, value in zip(_BODY_KINDS, fields):
+            if isinstance(value, str) and value:
+                return _new(Key, (kind, hash((scope, model, kind, value)), ()))
     hashes = chain()
     return _new(Key, (PREFIX, 0, hashes)) if len(hashes) >= MIN_PULL_DEPTH else None
 

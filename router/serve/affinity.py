@@ -73,6 +73,7 @@ class Affinity:
         self.fleet = fleet
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
+        self._epoch_of = self._epoch  # bound once: every keyed call's pull asks it
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
@@ -94,7 +95,7 @@ class Affinity:
         """What the decision applies for `key` (None: no key, the seeds' order)."""
         if key is None:
             return None
-        return _new(Steer, (self.index.pull(key, self._epoch), True, self.slack, self._spin(32)))
+        return _new(Steer, (self.index.pull(key, self._epoch_of), True, self.slack, self._spin(32)))
 
     def _epoch(self, box_name: str, model_key: str) -> int:
         box = self.fleet.boxes.get(box_name) if self.fleet is not None else None
