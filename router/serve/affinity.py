@@ -77,7 +77,7 @@ class Affinity:
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
-        self._named: dict[tuple, tuple[str, str | None] | None] = {}
+        self._named: dict[tuple, tuple[BoxKind, tuple[str, str | None] | None]] = {}
 
     # -- before the decision -------------------------------------------------------------------
     def key(self, edge: Edge, inspected: Inspected, body: bytes) -> Key | None:
@@ -110,20 +110,21 @@ class Affinity:
         pull: Pull | None = steer.pull if steer is not None else None
         hit = pull is not None and pull[0] == box.name
         record.placed(("hit:" if hit else "miss:") + key.kind)
-        call = record.call
-        asked = (box.config.kind, call.model, call.settings)  # type: ignore[union-attr]
-        named = self._named.get(asked, asked)
-        if named is asked:
-            named = self._call_key(asked)
+        call, kind = record.call, box.config.kind
+        # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
+        asked = (box.name, call.model, call.settings)  # type: ignore[union-attr]
+        known = self._named.get(asked)
+        named = known[1] if known is not None and known[0] is kind else self._call_key(asked, kind)
         if named is not None:
             self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
 
-    def _call_key(self, asked: tuple[BoxKind, str, str | None]) -> tuple[str, str | None] | None:
-        """call_key, remembered in `_named`: a call's model names one key per box kind, and the
+    def _call_key(self, asked: tuple[str, str, str | None], kind: BoxKind) -> tuple[str, str | None] | None:
+        """call_key, remembered in `_named` per (box, model, settings) with the box's kind: the
         lesson of every keyed call needs it (at most CALL_KEYS remembered, then it starts over)."""
         if len(self._named) >= CALL_KEYS:
             self._named.clear()
-        named = self._named[asked] = call_key(*asked)
+        named = call_key(kind, asked[1], asked[2])
+        self._named[asked] = (kind, named)
         return named
 
     def observe(self, record: CallRecord) -> None:
