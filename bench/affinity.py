@@ -13,8 +13,9 @@ with `--affinity on` and once with `--affinity off` (a fresh store and fresh box
 The load: `--conversations` conversations, `--concurrency` at a time (asyncio, the official
 `openai` client, streamed), each `--turns` turns; every conversation sends the same ~2 kB system
 prompt, a large first message of its own (`--first-kb`) and, each turn, its whole history so far
-(the previous answer and a new message of `--turn-kb`: a question, or a tool's output). A third run, `killed`, is affinity on with one box
-stopped halfway through the first wave of conversations (its later turns move once, then stick).
+(the previous answer and a new message: a question, with `--turn-kb` of a tool's output). A third
+run, `killed`, is affinity on with one box stopped halfway through the first wave of conversations
+(its later turns move once, then stick).
 
 Reported per run: TTFT p50/p99 over all turns and over later turns (2..n), the share of prompt
 tokens the boxes served from cache (their own counts), calls per box (max/min and max's share), how
@@ -24,10 +25,9 @@ tokens cached, later-turn TTFT p50 at most half of off's, no box above 1/4 + 15 
 Figures are written to bench/results/<stamp>-affinity.json and printed as a table.
 
 `--long` is a coding agent's conversations at a real box's prefill rate: 32 conversations × 12
-turns, each turn adding a 1 kB tool output after the tool ran (`--think-ms`, 500 ms on average), and
-500 µs of prefill per uncached token (2k tokens/s;
-llama.cpp prefills ~1.2-1.4k tokens/s for a 27B model on two RTX 3090s, a few thousand for an 8B
-model on one GPU). There a long prompt's first token waits mostly on its prefill, as on real boxes;
+turns, each turn adding a 1 kB tool output after the tool ran (`--think-ms`, 500 ms on average),
+and 500 µs of prefill per uncached token (2k tokens/s; llama.cpp prefills ~1.2-1.4k tokens/s for a
+27B model on two RTX 3090s, a few thousand for an 8B model on one GPU). There a long prompt's first token waits mostly on its prefill, as on real boxes;
 with the default 40 µs a token the sim's fixed first-token delay hides most of what affinity saves.
 """
 
