@@ -169,21 +169,15 @@ def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
     return tuple([(out[k] & HASH_MASK) | 1 for k in range(count)])
 
 
-# AffinityIndex and affinity_place: router.core.affinity's index (its rules 3, 7, 8) and placement
-# (rules 4-6), compiled: they run on every call with a key. Their plain models are tests/models.py
-# AffinityIndexModel and reference_place; router.core.affinity re-exports them under its names.
+# AffinityIndex: router.core.affinity's index (its rules 3, 7, 8), compiled: it runs on every call
+# with a key (router.serve.affinity holds the process's one). Its plain model is tests/models.py
+# AffinityIndexModel. The depths it is given are router.core.affinity's.
 
 from collections import OrderedDict
 
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-# A match must reach the second element to pull: the first (a system prompt) is every
-# conversation's (core rule 3a).
-DEF PULL_DEPTH = 2
-MIN_PULL_DEPTH = PULL_DEPTH
-# A bound key outranks any prefix depth (a chain has at most MAX_CHAIN elements).
-BOUND_DEPTH = 1 << 30
 # A node's state once two prompts continued it differently (core rule 3b).
 SHARED = -1
 
@@ -195,15 +189,18 @@ cdef class AffinityIndex:
     (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
     SHARED. A key is core's Key (kind, bound, chain): a non-empty chain is a prefix key.
     `epoch(box, model_key)` is the box's current cache epoch for that model. Where a key points
-    is a pull: a plain (box, depth) tuple, depth BOUND_DEPTH for a binding.
+    is a pull: a plain (box, depth) tuple, depth `bound_depth` for a binding; a node pulls from
+    `min_depth` on.
     """
 
-    cdef readonly Py_ssize_t capacity
-    cdef readonly object entries
+    cdef readonly Py_ssize_t capacity, min_depth
+    cdef readonly object entries, bound_depth
     cdef object _move_to_end, _popitem
 
-    def __init__(self, Py_ssize_t capacity):
+    def __init__(self, Py_ssize_t capacity, Py_ssize_t min_depth, bound_depth):
         self.capacity = capacity if capacity > 1 else 1
+        self.min_depth = min_depth
+        self.bound_depth = bound_depth
         self.entries = OrderedDict()
         self._move_to_end = self.entries.move_to_end
         self._popitem = self.entries.popitem
@@ -223,8 +220,8 @@ cdef class AffinityIndex:
             if found == NULL:
                 return None
             self._move_to_end((<tuple> key)[1])
-            return (<object> found, BOUND_DEPTH)
-        for depth in range(len(chain), PULL_DEPTH - 1, -1):
+            return (<object> found, self.bound_depth)
+        for depth in range(len(chain), self.min_depth - 1, -1):
             found = PyDict_GetItem(self.entries, chain[depth - 1])
             if found == NULL:
                 continue
@@ -247,7 +244,7 @@ cdef class AffinityIndex:
         if not chain:
             self._put((<tuple> key)[1], box)
             return
-        for index in range((known if known > PULL_DEPTH else PULL_DEPTH) - 1, last + 1):
+        for index in range((known if known > self.min_depth else self.min_depth) - 1, last + 1):
             node_hash = chain[index]
             following = chain[index + 1] if index < last else 0
             state = following
@@ -277,50 +274,3 @@ cdef class AffinityIndex:
     cdef _trim(self):
         while len(self.entries) > self.capacity:
             self._popitem(False)
-
-
-def affinity_place(list ranked, pull, bint keyed, slack, spin):
-    """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
-    pressure, ...), tier 0 = serving, load and pressure ints) with affinity applied (core rules
-    4-6): the same list when nothing moves, else a new one with one entry moved to the front.
-    `pull`: (box, depth) or None; `slack`: (absolute, relative). Returns (ranked, hit): hit when
-    the pulled box went first."""
-    cdef double absolute = (<tuple> slack)[0], relative = (<tuple> slack)[1], limit
-    cdef Py_ssize_t count = len(ranked), index, tied
-    cdef long best, pressure
-    cdef tuple rank, entry
-    if (absolute <= 0 and relative <= 0) or count == 0:
-        return ranked, False
-    rank = (<tuple> ranked[0])[0]
-    if <long> rank[0] != 0:
-        return ranked, False
-    best = rank[1]
-    pressure = rank[2]
-    if pull is not None:
-        limit = best + absolute + relative * best
-        box = (<tuple> pull)[0]
-        for index in range(count):
-            entry = ranked[index]
-            rank = entry[0]
-            if <long> rank[0] != 0 or <long> rank[1] > limit:
-                break  # past the serving tier, or (loads ascend) past the slack
-            if entry[1] is box or entry[1] == box:
-                return _to_front(ranked, index), True
-    if not keyed:
-        return ranked, False
-    tied = 1
-    while tied < count:
-        rank = (<tuple> ranked[tied])[0]
-        if <long> rank[0] != 0 or <long> rank[1] != best or <long> rank[2] != pressure:
-            break
-        tied += 1
-    return _to_front(ranked, spin % tied), False
-
-
-cdef list _to_front(list ranked, Py_ssize_t index):
-    if index == 0:
-        return ranked
-    moved = list(ranked)
-    entry = moved.pop(index)
-    moved.insert(0, entry)
-    return moved

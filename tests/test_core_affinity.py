@@ -1,5 +1,6 @@
-"""router.core.affinity against its plain model (tests/models.py), the compiled prefix chain against
-its model, and the serve-side pieces that feed them (box cache epochs, the answer's facts)."""
+"""router.core.affinity against its plain model (tests/models.py), the compiled prefix chain and
+index against theirs, and the serve-side pieces that feed them (box cache epochs, the answer's
+facts)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 import orjson
 from hypothesis import given, settings, strategies as st
 
-from router._fastpath import json_members, prefix_chain
+from router._fastpath import AffinityIndex, json_members, prefix_chain
 from router.boxes.config import BoxConfig
 from router.boxes.state import BoxState, Inventory
 from router.core.affinity import (
     BOUND_DEPTH,
+    MIN_PULL_DEPTH,
     DEFAULT_SLACK,
     KEY,
     OFF,
@@ -20,7 +22,6 @@ from router.core.affinity import (
     RESPONSE,
     SESSION,
     USER,
-    AffinityIndex,
     Key,
     Slack,
     Steer,
@@ -33,6 +34,12 @@ from router.core.types import BoxFacts, BoxKind, Call, Resident
 from router.facades.usage import reported, response_id
 
 from models import AffinityIndexModel, prefix_chain_model, reference_place
+
+
+def index_of(capacity: int) -> AffinityIndex:
+    """The compiled index as router.serve.affinity makes it: with router.core.affinity's depths."""
+    return AffinityIndex(capacity, MIN_PULL_DEPTH, BOUND_DEPTH)
+
 
 # -- place: rules 4-6 -----------------------------------------------------------------------------
 
@@ -116,7 +123,7 @@ EPOCH = lambda box, model: 1  # noqa: E731
 
 
 def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pulls():
-    index = AffinityIndex(1000)
+    index = index_of(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)  # system prompt 1, first message 10
     assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12)), EPOCH) == ("a", 2)
     assert index.pull(Key(PREFIX, 0, (1, 20)), EPOCH) is None  # only the system prompt in common
@@ -129,7 +136,7 @@ def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pull
 
 
 def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
-    index = AffinityIndex(1000)
+    index = index_of(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)
     assert index.pull(Key(PREFIX, 0, (1, 10, 11)), lambda box, model: 2) is None
     index.learn(Key(SESSION, 77), "a", "m", 1)
@@ -139,7 +146,7 @@ def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
 
 @given(st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=6), max_size=60), st.integers(1, 40))
 def test_the_index_never_holds_more_than_its_capacity(chains, capacity):
-    index = AffinityIndex(capacity)
+    index = index_of(capacity)
     for chain in chains:
         index.learn(Key(PREFIX, 0, tuple(chain)), "a", "m", 1)
         assert len(index) <= capacity
@@ -157,7 +164,7 @@ operations = st.lists(st.tuples(
 def test_the_compiled_index_equals_its_model(steps, capacity):
     """router._fastpath.AffinityIndex against tests/models.py AffinityIndexModel: the same pulls,
     and the same entries in the same LRU order after every step (epochs: box c's moves on)."""
-    index, model = AffinityIndex(capacity), AffinityIndexModel(capacity)
+    index, model = index_of(capacity), AffinityIndexModel(capacity)
     epochs = {"a": 1, "b": 1, "c": 1}
     for kind, chain, box, known, epoch in steps:
         key = Key(PREFIX, 0, tuple(chain)) if kind == 0 and chain else Key(SESSION, -len(chain) - 1)
@@ -260,7 +267,7 @@ def test_cached_tokens_and_response_ids_are_read_the_engines_way():
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.sampled_from("ab")), max_size=40))
 def test_learning_only_a_turns_new_nodes_finds_what_learning_everything_finds(turns):
     """Rule 7's shortcut (`known`) against writing the whole chain on every call: equal pulls."""
-    whole, shortcut = AffinityIndex(10_000), AffinityIndex(10_000)
+    whole, shortcut = index_of(10_000), index_of(10_000)
     histories: dict[int, tuple[int, ...]] = {}
     for conversation, grow, box in turns:
         chain = histories.get(conversation, (1,)) + tuple(1000 * conversation + len(histories.get(conversation, ())) + k

@@ -2,8 +2,9 @@
 may move a call inside the serving tier. Pure: no clock, no randomness that is not passed in.
 
 Rules (tests/test_core_affinity.py pins each against the plain models in tests/models.py). The
-index (rules 3, 7, 8) and the placement (4-6) run on every call with a key, so they are compiled
-(router/_fastpath_prefix.pxi `AffinityIndex`, `affinity_place`) and re-exported here:
+index (rules 3, 7, 8) runs on every call with a key, so it is compiled
+(router/_fastpath_prefix.pxi `AffinityIndex`, given MIN_PULL_DEPTH and BOUND_DEPTH from here;
+the serve layer holds it): this module stays stdlib only.
 1. The key, first present wins: a session header (SESSION_HEADERS, in that order), the body's
    `prompt_cache_key` (kind `key`), its `user`, the Responses API's `previous_response_id`
    (kind `response`: the box that answered that response), else the prompt by its prefix chain
@@ -43,9 +44,6 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, NamedTuple, Sequence
 
-from router._fastpath import BOUND_DEPTH, MIN_PULL_DEPTH, AffinityIndex
-from router._fastpath import affinity_place as place
-
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
 # harnesses send on every request of a session (Codex CLI: `session_id`, and `conversation_id`
 # in its older releases; Claude Code: `x-claude-code-session-id`), then a common generic one.
@@ -54,6 +52,12 @@ SESSION_HEADERS = ("x-router-session", "session_id", "conversation_id", "x-claud
 # One entry (an OrderedDict slot, its key and a 4-tuple node) holds ~200 bytes (tracemalloc over
 # 100k entries: 196-212 B), so `--affinity-memory` MiB converts to entries at this rate.
 ENTRY_BYTES = 200
+
+# The first element (a system prompt, a tool preamble) is shared by every conversation of an
+# app: a match must reach at least the second element to pull (rule 3a).
+MIN_PULL_DEPTH = 2
+# A bound key outranks any prefix depth (the chain has at most a few hundred elements).
+BOUND_DEPTH = 1 << 30
 
 SESSION, KEY, USER, RESPONSE, PREFIX = "session", "key", "user", "response", "prefix"
 BODY_KEY_FIELDS = ("prompt_cache_key", "user", "previous_response_id")
@@ -129,3 +133,41 @@ class Steer(NamedTuple):
     keyed: bool
     slack: Slack
     spin: int
+
+
+def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[list, bool]:
+    """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
+    pressure, ...), tier 0 = serving) with affinity applied (rules 4-6): the same list when
+    nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
+    hit when the pulled box went first."""
+    absolute, relative = slack
+    if (absolute <= 0 and relative <= 0) or not ranked:
+        return ranked, False
+    first = ranked[0][0]
+    if first[0] != 0:
+        return ranked, False
+    if pull is not None:
+        box = pull[0]
+        for index, entry in enumerate(ranked):
+            if entry[1] == box:
+                # sorted by (tier, load): if the pulled box serves within the slack, so does every
+                # box before it
+                rank = entry[0]
+                if rank[0] == 0 and rank[1] <= first[1] + absolute + relative * first[1]:
+                    return _to_front(ranked, index), True
+                break
+    if not keyed:
+        return ranked, False
+    tied = 1
+    best = first[1:3]
+    while tied < len(ranked) and ranked[tied][0][0] == 0 and ranked[tied][0][1:3] == best:
+        tied += 1
+    return _to_front(ranked, spin % tied), False
+
+
+def _to_front(ranked: list, index: int) -> list:
+    if index == 0:
+        return ranked
+    moved = ranked.copy()
+    moved.insert(0, moved.pop(index))
+    return moved

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from router._fastpath import prefix_chain
+from router._fastpath import AffinityIndex, prefix_chain
 from router.core.affinity import (
+    BOUND_DEPTH,
     DEFAULT_SLACK,
+    MIN_PULL_DEPTH,
     ENTRY_BYTES,
-    AffinityIndex,
     Key,
     Pull,
     Slack,
@@ -69,7 +70,7 @@ class Affinity:
                  fleet: Fleet | None = None) -> None:
         self.slack = slack
         self.on = not slack.off
-        self.index = AffinityIndex(memory_bytes // ENTRY_BYTES)
+        self.index = AffinityIndex(memory_bytes // ENTRY_BYTES, MIN_PULL_DEPTH, BOUND_DEPTH)
         self.fleet = fleet
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
