@@ -25,7 +25,8 @@ from router.core.affinity import (
     Key,
     Slack,
     Steer,
-    key_of,
+    bound_key,
+    prefix_key,
     place,
     response_key,
 )
@@ -100,20 +101,18 @@ def test_decide_applies_the_steer_inside_the_serving_tier_only():
 
 
 def test_the_first_present_key_wins_and_is_scoped():
-    chain = lambda: (5, 6)  # noqa: E731
-    none = lambda: ()  # noqa: E731
     session, codex, nothing = {"x-router-session": "s", "session_id": "c"}.get, {"session_id": "c"}.get, {}.get
-    assert key_of(session, ["k", "u", "r"], chain, "addr:1", "m").kind == SESSION
-    assert key_of(codex, ["k", "u", "r"], chain, "addr:1", "m") == Key(SESSION, hash(("addr:1", "m", SESSION, "c")))
-    assert key_of(nothing, ["k", "u", "r"], chain, "addr:1", "m").kind == KEY
-    assert key_of(nothing, [None, "u", "r"], chain, "addr:1", "m").kind == USER
-    assert key_of(nothing, [3, "", "r"], chain, "addr:1", "m").kind == RESPONSE  # not strings: absent
-    assert key_of(nothing, [None, None, None], chain, "addr:1", "m") == Key(PREFIX, 0, (5, 6))
-    assert key_of(nothing, [None, None, None], none, "addr:1", "m") is None
-    assert key_of(nothing, [None, None, None], lambda: (5,), "addr:1", "m") is None  # one element: no key
-    one = key_of(session, [], none, "addr:1", "m")
-    assert one != key_of(session, [], none, "addr:2", "m") and one != key_of(session, [], none, "addr:1", "n")
-    assert key_of(nothing, [None, None, "resp_1"], none, "key:a", "m").bound == response_key("key:a", "m", "resp_1")
+    assert bound_key(session, ["k", "u", "r"], "addr:1", "m").kind == SESSION
+    assert bound_key(codex, ["k", "u", "r"], "addr:1", "m") == Key(SESSION, hash(("addr:1", "m", SESSION, "c")))
+    assert bound_key(nothing, ["k", "u", "r"], "addr:1", "m").kind == KEY
+    assert bound_key(nothing, [None, "u", "r"], "addr:1", "m").kind == USER
+    assert bound_key(nothing, [3, "", "r"], "addr:1", "m").kind == RESPONSE  # not strings: absent
+    assert bound_key(nothing, [None, None, None], "addr:1", "m") is None  # then the prompt's
+    assert prefix_key((5, 6)) == Key(PREFIX, 0, (5, 6))
+    assert prefix_key(()) is None and prefix_key((5,)) is None  # one element: no key
+    one = bound_key(session, [], "addr:1", "m")
+    assert one != bound_key(session, [], "addr:2", "m") and one != bound_key(session, [], "addr:1", "n")
+    assert bound_key(nothing, [None, None, "resp_1"], "key:a", "m").bound == response_key("key:a", "m", "resp_1")
     assert type(one) is Key and one.kind == SESSION and one.chain == ()
 
 

@@ -42,6 +42,7 @@ the serve layer holds it): this module stays stdlib only.
 
 from __future__ import annotations
 
+from operator import indexOf, itemgetter
 from typing import Callable, Hashable, NamedTuple, Sequence
 
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
@@ -98,12 +99,12 @@ class Key(NamedTuple):
 _new = tuple.__new__
 
 
-def key_of(header: Callable[[str], str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
-           scope: Hashable, model: str) -> Key | None:
-    """The call's key (rules 1 and 2). `header(name)`: the call's header `name`, or None;
-    `fields`: the body's BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent);
-    `chain()`: the prompt's prefix chain, seeded with the scope and model (called only when no
-    header or field gave a key: hashing is the costly part)."""
+def bound_key(header: Callable[[str], str | None], fields: Sequence[object], scope: Hashable,
+              model: str) -> Key | None:
+    """The call's key when a session header or a body field gives one (rules 1 and 2), first
+    present wins; None: the call's key is its prompt's (`prefix_key`), hashed only then (hashing
+    is the costly part). `header(name)`: the call's header `name`, or None; `fields`: the body's
+    BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent)."""
     for name in SESSION_HEADERS:
         value = header(name)
         if value:
@@ -112,8 +113,13 @@ def key_of(header: Callable[[str], str | None], fields: Sequence[object], chain:
         for kind, value in zip(_BODY_KINDS, fields):
             if isinstance(value, str) and value:
                 return _new(Key, (kind, hash((scope, model, kind, value)), ()))
-    hashes = chain()
-    return _new(Key, (PREFIX, 0, hashes)) if len(hashes) >= MIN_PULL_DEPTH else None
+    return None
+
+
+def prefix_key(chain: tuple[int, ...]) -> Key | None:
+    """The key of a call that has no bound one: its prompt's prefix chain (seeded with the scope
+    and the model), or None for a prompt of fewer than MIN_PULL_DEPTH elements (rule 1)."""
+    return _new(Key, (PREFIX, 0, chain)) if len(chain) >= MIN_PULL_DEPTH else None
 
 
 def response_key(scope: Hashable, model: str, response_id: str) -> int:
@@ -135,6 +141,9 @@ class Steer(NamedTuple):
     spin: int
 
 
+_BOX_ID = itemgetter(1)  # a ranking entry's box id
+
+
 def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[list, bool]:
     """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
     pressure, ...), tier 0 = serving) with affinity applied (rules 4-6): the same list when
@@ -147,15 +156,15 @@ def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int)
     if first[0] != 0:
         return ranked, False
     if pull is not None:
-        box = pull[0]
-        for index, entry in enumerate(ranked):
-            if entry[1] == box:
-                # sorted by (tier, load): if the pulled box serves within the slack, so does every
-                # box before it
-                rank = entry[0]
-                if rank[0] == 0 and rank[1] <= first[1] + absolute + relative * first[1]:
-                    return _to_front(ranked, index), True
-                break
+        try:
+            index = indexOf(map(_BOX_ID, ranked), pull[0])
+        except ValueError:  # the pulled box is ruled out this time
+            index = -1
+        # sorted by (tier, load): if the pulled box serves within the slack, so does every box
+        # before it
+        rank = ranked[index][0]
+        if index >= 0 and rank[0] == 0 and rank[1] <= first[1] + absolute + relative * first[1]:
+            return _to_front(ranked, index), True
     if not keyed:
         return ranked, False
     tied = 1

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import random
 from collections import defaultdict
-from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,7 +40,8 @@ from router.core.affinity import (
     Pull,
     Slack,
     Steer,
-    key_of,
+    bound_key,
+    prefix_key,
     response_key,
 )
 from router.core.kinds import call_key
@@ -85,12 +85,11 @@ class Affinity:
         """The call's key (rules 2 and 3), or None."""
         scope = scope_of(edge)
         model = inspected.call.model
-        prompt = inspected.prompt
-        if prompt is None:
-            chain = _no_chain
-        else:
-            chain = partial(prefix_chain, body, prompt[0], prompt[1], hash((self._salt, scope, model)) & _SEED_MASK)
-        return key_of(edge.header, inspected.key_fields, chain, scope, model)
+        key = bound_key(edge.header, inspected.key_fields, scope, model)
+        if key is not None or inspected.prompt is None:
+            return key
+        start, end = inspected.prompt
+        return prefix_key(prefix_chain(body, start, end, hash((self._salt, scope, model)) & _SEED_MASK))
 
     def steer(self, key: Key | None) -> Steer | None:
         """What the decision applies for `key` (None: no key, the seeds' order)."""
@@ -187,10 +186,6 @@ class Affinity:
         return [calls, ratio, cached, GaugeMetricFamily(
             "router_affinity_index_entries", "Bindings and prefix nodes held (LRU, --affinity-memory).",
             value=len(self.index))]
-
-
-def _no_chain() -> tuple[int, ...]:
-    return ()
 
 
 def scope_of(edge: Edge) -> tuple[str, str | None]:
