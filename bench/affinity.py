@@ -40,7 +40,6 @@ import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -237,7 +236,7 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
     import orjson
 
     from router.core.decide import decide
-    from router.core.types import BoxFacts, BoxKind, Call, Resident
+    from router.core.types import BoxFacts, BoxKind, Resident
     from router.facades import openai as openai_facade
     from router.facades.body import read_call
     from router.serve.affinity import Affinity
