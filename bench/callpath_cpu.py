@@ -253,8 +253,9 @@ if __name__ == "__main__":
 
         figures = {"affinity": [affinity_cost(boxes, args.calls) for boxes in (16, 100)]}
         for row in figures["affinity"]:
-            print(f"{row['boxes']:4d} boxes: affinity {row['affinity_us']:5.2f} µs/call "
-                  f"(decide alone {row['decide_us']:5.2f} µs, bodies {row['body_kb']} kB)", flush=True)
+            print(f"{row['boxes']:4d} boxes: affinity {row['affinity_us']:5.2f} µs/call, median round "
+                  f"{row['affinity_median_us']:5.2f} (read and decide alone {row['decide_us']:5.2f} µs, "
+                  f"bodies {row['body_kb']} kB)", flush=True)
     else:
         figures = uvloop.run(main(args))
     if args.json:

@@ -10,7 +10,8 @@ module, this one; its pieces live by subject in the files it includes, each open
 3. `json_members` and `form_field` (_fastpath_body.pxi): the routing fields of a request body
    found without building it (a large body without the GIL).
 4. `prefix_chain` (_fastpath_prefix.pxi): the hash chain of a prompt's leading elements over their
-   raw bytes, for cache-aware routing (router.core.affinity).
+   raw bytes, for cache-aware routing (router.core.affinity), and that routing's index
+   (`AffinityIndex`).
 
 Each piece's plain model is in tests/ (tests/models.py, tests/test_body.py) and property tests
 run both; `IMPL` lets a test check that this compiled module is the one loaded.

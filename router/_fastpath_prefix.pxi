@@ -4,7 +4,12 @@
 #    string's content cut into BLOCK_BYTES blocks; any other value has no chain.
 # 2. h_0 = seed, h_i = mix(h_{i-1}, element i): each hash stands for the prompt up to that
 #    element. Nothing is decoded, nothing kept.
-# 3. At most MAX_CHAIN elements; a span from json_members is valid JSON, so the scan trusts it.
+# 3. An element longer than 2 * EDGE_BYTES is mixed by its first and last EDGE_BYTES and its
+#    length: a long message or tool output costs 512 bytes of hashing, not its whole size. Two
+#    elements equal there but not in between make one hash; affinity then sends the call to a box
+#    that holds that element's other version, whose cache still covers the prompt up to the
+#    first difference (the sharing rule of router.core.affinity 3b sorts out the rest).
+# 4. At most MAX_CHAIN elements; a span from json_members is valid JSON, so the scan trusts it.
 # Its plain model is tests/models.py prefix_chain_model.
 
 # A chain covers at most this many elements (a longer history matches at its 256th element on,
@@ -12,21 +17,30 @@
 # one partial), so a prompt that grows by appending keeps its earlier blocks' hashes.
 DEF MAX_CHAIN = 256
 DEF BLOCK_BYTES = 1024
+DEF EDGE_BYTES = 256
 cdef uint64_t PRIME_1 = 0x9E3779B97F4A7C15ULL  # 2^64 / golden ratio (Fibonacci hashing)
 cdef uint64_t PRIME_2 = 0xC2B2AE3D27D4EB4FULL  # xxHash64's PRIME64_2
 cdef uint64_t ELEMENT_MARK = 0x5BD1E9955BD1E995ULL  # separates elements: [ab][c] and [a][bc] differ
 cdef uint64_t HASH_MASK = 0x3FFFFFFFFFFFFFFFULL
 
 
-cdef inline uint64_t _round(uint64_t lane, uint64_t word) noexcept nogil:
-    lane = (lane ^ word) * PRIME_1
-    return lane ^ (lane >> 32)
+cdef extern from *:
+    """
+    /* The 128-bit product of a and b, its halves folded (wyhash's mum): one multiply mixes 16 bytes. */
+    static inline uint64_t router_fold(uint64_t a, uint64_t b) {
+        unsigned __int128 r = (unsigned __int128) a * b;
+        return (uint64_t) r ^ (uint64_t) (r >> 64);
+    }
+    """
+    uint64_t _fold "router_fold"(uint64_t a, uint64_t b) noexcept nogil
 
 
 cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noexcept nogil:
-    """Folds p[:n] into h: four independent lanes over each 32 bytes (the multiplies overlap:
-    ~4x one lane's speed), joined, then the rest 8 bytes at a time; the length goes in last."""
-    cdef uint64_t a = h ^ ELEMENT_MARK, b = h + PRIME_2, c = h ^ PRIME_1, d = h - ELEMENT_MARK
+    """Folds p[:n] into h: two independent lanes over each 32 bytes, each word pair through one
+    128-bit multiply (the multiplies overlap), joined, then the rest 16 and 8 bytes at a time; the
+    length goes in last. A word is never zeroed by its constant: PRIME_1 and PRIME_2 as bytes hold
+    a control character or invalid UTF-8, which a valid JSON span never does."""
+    cdef uint64_t a = h ^ ELEMENT_MARK, b = h + PRIME_2
     cdef uint64_t w0, w1, w2, w3
     cdef Py_ssize_t i = 0
     while i + 32 <= n:
@@ -34,22 +48,31 @@ cdef inline uint64_t _mix(uint64_t h, const unsigned char* p, Py_ssize_t n) noex
         memcpy(&w1, p + i + 8, 8)
         memcpy(&w2, p + i + 16, 8)
         memcpy(&w3, p + i + 24, 8)
-        a = _round(a, w0)
-        b = _round(b, w1)
-        c = _round(c, w2)
-        d = _round(d, w3)
+        a = _fold(w0 ^ a, w1 ^ PRIME_1)
+        b = _fold(w2 ^ b, w3 ^ PRIME_2)
         i += 32
-    h = _round(_round(_round(a, b), c), d)
-    while i + 8 <= n:
+    h = _fold(a ^ PRIME_2, b ^ PRIME_1)
+    if i + 16 <= n:
         memcpy(&w0, p + i, 8)
-        h = _round(h, w0)
+        memcpy(&w1, p + i + 8, 8)
+        h = _fold(w0 ^ h, w1 ^ PRIME_1)
+        i += 16
+    if i + 8 <= n:
+        memcpy(&w0, p + i, 8)
+        h = _fold(w0 ^ h, PRIME_2)
         i += 8
     if i < n:
         w0 = 0
         memcpy(&w0, p + i, n - i)
-        h = _round(h, w0)
-    h = (h ^ <uint64_t> n) * PRIME_2
-    return h ^ (h >> 29)
+        h = _fold(w0 ^ h, PRIME_1)
+    return _fold(h ^ <uint64_t> n, PRIME_2)
+
+
+cdef inline uint64_t _element(uint64_t h, const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """Folds element p[:n] into h (rule 3): whole, or by its two edges and its length."""
+    if n <= 2 * EDGE_BYTES:
+        return _mix(h, p, n)
+    return _mix(_mix(h, p, EDGE_BYTES) ^ <uint64_t> n, p + n - EDGE_BYTES, EDGE_BYTES)
 
 
 cdef inline Py_ssize_t _string_close(const unsigned char* p, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
@@ -91,7 +114,7 @@ cdef int _array_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uint
             last = i
             while last > first and (p[last - 1] == 32 or p[last - 1] == 10 or p[last - 1] == 13 or p[last - 1] == 9):
                 last -= 1
-            h = _mix(h, p + first, last - first)
+            h = _element(h, p + first, last - first)
             out[count] = h
             count += 1
             if c == 93:
@@ -112,7 +135,7 @@ cdef int _string_chain(const unsigned char* p, Py_ssize_t i, Py_ssize_t end, uin
     end -= 1  # the closing quote
     while i < end and count < MAX_CHAIN:
         size = end - i if end - i < BLOCK_BYTES else BLOCK_BYTES
-        h = _mix(h, p + i, size)
+        h = _element(h, p + i, size)
         out[count] = h
         count += 1
         i += size
@@ -144,3 +167,110 @@ def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
     else:
         count = _chain(p, start, end, seed, out)
     return tuple([(out[k] & HASH_MASK) | 1 for k in range(count)])
+
+
+# AffinityIndex: router.core.affinity's index (its rules 3, 7, 8), compiled: it runs on every call
+# with a key (router.serve.affinity holds the process's one). Its plain model is tests/models.py
+# AffinityIndexModel. The depths it is given are router.core.affinity's.
+
+from collections import OrderedDict
+
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+
+# A node's state once two prompts continued it differently (core rule 3b).
+SHARED = -1
+
+
+cdef class AffinityIndex:
+    """Bindings and prefix nodes, one LRU of at most `capacity` entries (core rules 3, 7, 8).
+
+    A binding maps a scoped key's hash to a box name; a node maps a chain hash to
+    (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
+    SHARED. A key is core's Key (kind, bound, chain, identity): a non-empty chain is a prefix key.
+    `epoch(box, model_key)` is the box's current cache epoch for that model. Where a key points
+    is a pull: a plain (box, depth) tuple, depth `bound_depth` for a binding; a node pulls from
+    `min_depth` on.
+    """
+
+    cdef readonly Py_ssize_t capacity, min_depth
+    cdef readonly object entries, bound_depth
+    cdef object _move_to_end, _popitem
+
+    def __init__(self, Py_ssize_t capacity, Py_ssize_t min_depth, bound_depth):
+        self.capacity = capacity if capacity > 1 else 1
+        self.min_depth = min_depth
+        self.bound_depth = bound_depth
+        self.entries = OrderedDict()
+        self._move_to_end = self.entries.move_to_end
+        self._popitem = self.entries.popitem
+
+    def __len__(self):
+        return len(self.entries)
+
+    def pull(self, key, epoch):
+        """Where `key` points now, or None (core rules 3 and 4): its binding, else the deepest
+        node of its chain, unless that node is shared or of another epoch."""
+        cdef tuple chain = (<tuple> key)[2]  # a Key, a tuple's subclass
+        cdef tuple node
+        cdef PyObject* found
+        cdef Py_ssize_t depth
+        if not chain:
+            found = PyDict_GetItem(self.entries, (<tuple> key)[1])
+            if found == NULL:
+                return None
+            self._move_to_end((<tuple> key)[1])
+            return (<object> found, self.bound_depth)
+        for depth in range(len(chain), self.min_depth - 1, -1):
+            found = PyDict_GetItem(self.entries, chain[depth - 1])
+            if found == NULL:
+                continue
+            node = <tuple> found
+            if node[3] == SHARED or epoch(node[0], node[1]) != node[2]:
+                return None
+            self._move_to_end(chain[depth - 1])
+            return (node[0], depth)
+        return None
+
+    def learn(self, key, box, model_key, epoch, Py_ssize_t known=0):
+        """`box` took the call: the binding moves there, its chain is recorded (core rule 7).
+        `known`: the depth `pull` found on this same box, whose nodes and their ancestors' are as
+        they would be written again: only the nodes past it are written (a conversation's turn
+        costs its new elements, not its whole history)."""
+        cdef tuple chain = (<tuple> key)[2]  # a Key, a tuple's subclass
+        cdef Py_ssize_t index, last = len(chain) - 1
+        cdef PyObject* found
+        entries = self.entries
+        if not chain:
+            self._put((<tuple> key)[1], box)
+            return
+        for index in range((known if known > self.min_depth else self.min_depth) - 1, last + 1):
+            node_hash = chain[index]
+            following = chain[index + 1] if index < last else 0
+            state = following
+            found = PyDict_GetItem(entries, node_hash)
+            if found != NULL:
+                seen = (<tuple> found)[3]
+                if seen == SHARED or (seen and following and seen != following):
+                    state = SHARED
+                elif not following:
+                    state = seen
+            entries[node_hash] = (box, model_key, epoch, state)
+            if found != NULL:
+                self._move_to_end(node_hash)  # a new key is already last
+        self._trim()
+
+    def bind(self, bound, box):
+        """A binding made by an answer (a Responses id), not by the call's own key."""
+        self._put(bound, box)
+
+    cdef _put(self, bound, box):
+        cdef bint known = PyDict_GetItem(self.entries, bound) != NULL
+        self.entries[bound] = box
+        if known:
+            self._move_to_end(bound)
+        self._trim()
+
+    cdef _trim(self):
+        while len(self.entries) > self.capacity:
+            self._popitem(False)

@@ -16,10 +16,13 @@ side by side and require equal answers.
 7. `prefix_chain_model`: `router._fastpath.prefix_chain` (rule 6), elements found by the stdlib
    JSON decoder and hashed with Python ints.
 8. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
+9. `AffinityIndexModel`: `router._fastpath.AffinityIndex` (router.core.affinity rules 3, 7, 8): an
+   OrderedDict walked and written element by element.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from router._fastpath import FIRST_CLEAN, FIRST_SUSPECT, HOLD, NDJSON, SSE, TOO_BIG
@@ -30,6 +33,7 @@ from router.core.types import BoxFacts, BoxKind, Call, ReasonCode, Tier
 __all__ = [
     "prefix_chain_model",
     "reference_place",
+    "AffinityIndexModel",
     "ReservationModel",
     "FrameScannerModel",
     "RefDecision",
@@ -431,30 +435,36 @@ class RelayModel:
 
 _M64 = (1 << 64) - 1
 _P1, _P2, _MARK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x5BD1E9955BD1E995
-CHAIN_MAX, CHAIN_BLOCK = 256, 1024
+CHAIN_MAX, CHAIN_BLOCK, CHAIN_EDGE = 256, 1024, 256
 
 
-def _round_model(lane: int, word: int) -> int:
-    lane = ((lane ^ word) * _P1) & _M64
-    return lane ^ (lane >> 32)
+def _fold_model(a: int, b: int) -> int:
+    product = a * b
+    return (product & _M64) ^ (product >> 64)
 
 
 def _mix_model(h: int, data: bytes) -> int:
-    a, b, c, d = h ^ _MARK, (h + _P2) & _M64, h ^ _P1, (h - _MARK) & _M64
-    whole = len(data) // 32 * 32
-    for i in range(0, whole, 32):
-        w = [int.from_bytes(data[i + k:i + k + 8], "little") for k in (0, 8, 16, 24)]
-        a, b, c, d = _round_model(a, w[0]), _round_model(b, w[1]), _round_model(c, w[2]), _round_model(d, w[3])
-    h = _round_model(_round_model(_round_model(a, b), c), d)
-    for i in range(whole, len(data), 8):
-        h = _round_model(h, int.from_bytes(data[i:i + 8], "little"))
-    h = ((h ^ len(data)) * _P2) & _M64
-    return h ^ (h >> 29)
+    words = [int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8)]  # the last padded with 0
+    whole = len(data) // 32 * 4
+    a, b = h ^ _MARK, (h + _P2) & _M64
+    for k in range(0, whole, 4):
+        a = _fold_model(words[k] ^ a, words[k + 1] ^ _P1)
+        b = _fold_model(words[k + 2] ^ b, words[k + 3] ^ _P2)
+    h = _fold_model(a ^ _P2, b ^ _P1)
+    rest, k = len(data) - whole * 8, whole
+    if rest >= 16:
+        h, rest, k = _fold_model(words[k] ^ h, words[k + 1] ^ _P1), rest - 16, k + 2
+    if rest >= 8:
+        h, rest, k = _fold_model(words[k] ^ h, _P2), rest - 8, k + 1
+    if rest:
+        h = _fold_model(words[k] ^ h, _P1)
+    return _fold_model(h ^ len(data), _P2)
 
 
 def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
     """One hash per array element (its raw bytes, outer whitespace left out) or per CHAIN_BLOCK
-    bytes of a string's raw content; chained from `seed`."""
+    bytes of a string's raw content, an element longer than 2 * CHAIN_EDGE by its two edges and
+    its length; chained from `seed`."""
     import json
 
     text = value.decode()
@@ -480,7 +490,10 @@ def prefix_chain_model(value: bytes, seed: int) -> tuple[int, ...]:
         spans = []
     chain, h = [], seed
     for span in spans:
-        h = _mix_model(h, span)
+        if len(span) <= 2 * CHAIN_EDGE:
+            h = _mix_model(h, span)
+        else:  # a long element: its first and last CHAIN_EDGE bytes and its length
+            h = _mix_model(_mix_model(h, span[:CHAIN_EDGE]) ^ len(span), span[-CHAIN_EDGE:])
         chain.append((h & ((1 << 62) - 1)) | 1)
     return tuple(chain)
 
@@ -498,13 +511,82 @@ def reference_place(ranked: list, pull, keyed: bool, absolute: float, relative: 
     best = serving[0][0][1]
     if pull is not None:
         for entry in serving:
-            if entry[1] == pull.box and entry[0][1] <= best + absolute + relative * best:
+            if entry[1] == pull[0] and entry[0][1] <= best + absolute + relative * best:
                 return [entry] + [e for e in ranked if e is not entry]
     if not keyed:
         return ranked
     tied = [entry for entry in serving if entry[0][1:3] == serving[0][0][1:3]]
     chosen = tied[spin % len(tied)]
     return [chosen] + [e for e in ranked if e is not chosen]
+
+
+# -- 8. the affinity index ------------------------------------------------------------------------
+
+
+class AffinityIndexModel:
+    """One OrderedDict of at most `capacity` entries, oldest first: a key's hash -> box (a binding),
+    a chain hash -> (box, model key, epoch, state) (a node; state: the next element's hash, 0 for
+    none yet, -1 once two prompts continued it differently). `pull` walks the chain from its
+    deepest element: the first node found decides (depth >= 2, not shared, of the box's current
+    epoch); `learn` writes the nodes from depth max(2, known) on; every read that finds and every
+    write makes its entry the newest."""
+
+    SHARED = -1
+    MIN_DEPTH = 2
+    BOUND = 1 << 30
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self.entries: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def pull(self, key, epoch):
+        bound, chain = key[1], key[2]
+        if not chain:
+            if bound not in self.entries:
+                return None
+            self.entries.move_to_end(bound)
+            return (self.entries[bound], self.BOUND)
+        for depth in range(len(chain), self.MIN_DEPTH - 1, -1):
+            node = self.entries.get(chain[depth - 1])
+            if node is None:
+                continue
+            box, model_key, at, state = node
+            if state == self.SHARED or epoch(box, model_key) != at:
+                return None
+            self.entries.move_to_end(chain[depth - 1])
+            return (box, depth)
+        return None
+
+    def learn(self, key, box, model_key, epoch, known=0) -> None:
+        bound, chain = key[1], key[2]
+        if not chain:
+            self.bind(bound, box)
+            return
+        for index in range(max(self.MIN_DEPTH, known) - 1, len(chain)):
+            following = chain[index + 1] if index + 1 < len(chain) else 0
+            old = self.entries.get(chain[index])
+            state = following
+            if old is not None:
+                seen = old[3]
+                if seen == self.SHARED or (seen and following and seen != following):
+                    state = self.SHARED
+                elif not following:
+                    state = seen
+            self.entries[chain[index]] = (box, model_key, epoch, state)
+            self.entries.move_to_end(chain[index])
+        self._trim()
+
+    def bind(self, bound, box) -> None:
+        self.entries[bound] = box
+        self.entries.move_to_end(bound)
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
 # --------------------------------------------------------------------------------------------
 # 6. Key limits
 # --------------------------------------------------------------------------------------------

@@ -9,11 +9,13 @@ from __future__ import annotations
 import concurrent.futures
 import sqlite3
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
+from router.serve.affinity import scope_of
 from router.sim import SimLMStudio
 from router.sim.hugpy import SimBox
 
@@ -119,6 +121,15 @@ def test_two_callers_with_the_same_session_id_are_not_bound_together(start_fleet
     chat(first, [SYSTEM, first_message(9)])
     _, affinity = chat(second, [SYSTEM, first_message(9), {"role": "user", "content": "more"}])
     assert affinity == "miss:prefix"
+
+
+def test_a_key_scopes_its_calls_only_once_the_gate_found_it_valid():
+    """A key's id alone (a well-formed token with another secret) never joins its holder's scope:
+    the scope is the gate's `key_id`, set only for a valid key, else the caller's address."""
+    edge = SimpleNamespace(key_id=None, caller="10.0.0.7")
+    assert scope_of(edge) == ("addr", "10.0.0.7")
+    edge.key_id = "k1"
+    assert scope_of(edge) == ("key", "k1")
 
 
 def test_a_killed_boxs_conversations_move_once_and_stick_again(start_fleet_in_process):

@@ -1,5 +1,6 @@
-"""router.core.affinity against its plain model (tests/models.py), the compiled prefix chain against
-its model, and the serve-side pieces that feed them (box cache epochs, the answer's facts)."""
+"""router.core.affinity against its plain model (tests/models.py), the compiled prefix chain and
+index against theirs, and the serve-side pieces that feed them (box cache epochs, the answer's
+facts)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 import orjson
 from hypothesis import given, settings, strategies as st
 
-from router._fastpath import json_members, prefix_chain
+from router._fastpath import AffinityIndex, json_members, prefix_chain
 from router.boxes.config import BoxConfig
 from router.boxes.state import BoxState, Inventory
 from router.core.affinity import (
     BOUND_DEPTH,
+    MIN_PULL_DEPTH,
     DEFAULT_SLACK,
     KEY,
     OFF,
@@ -20,12 +22,11 @@ from router.core.affinity import (
     RESPONSE,
     SESSION,
     USER,
-    AffinityIndex,
     Key,
-    Pull,
     Slack,
     Steer,
-    key_of,
+    bound_key,
+    prefix_key,
     place,
     response_key,
 )
@@ -33,7 +34,13 @@ from router.core.decide import decide
 from router.core.types import BoxFacts, BoxKind, Call, Resident
 from router.facades.usage import reported, response_id
 
-from models import prefix_chain_model, reference_place
+from models import AffinityIndexModel, prefix_chain_model, reference_place
+
+
+def index_of(capacity: int) -> AffinityIndex:
+    """The compiled index as router.serve.affinity makes it: with router.core.affinity's depths."""
+    return AffinityIndex(capacity, MIN_PULL_DEPTH, BOUND_DEPTH)
+
 
 # -- place: rules 4-6 -----------------------------------------------------------------------------
 
@@ -48,21 +55,21 @@ slacks = st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0]), st.sampled_from([
 @settings(max_examples=400)
 @given(entries, st.one_of(st.none(), st.integers(0, 9)), st.booleans(), slacks, st.integers(0, 1 << 32))
 def test_place_equals_its_model(ranked, pulled, keyed, slack, spin):
-    pull = Pull(f"b{pulled}", 3) if pulled is not None else None
+    pull = (f"b{pulled}", 3) if pulled is not None else None
     got, hit = place(list(ranked), pull, keyed, Slack(*slack), spin)
     assert got == reference_place(list(ranked), pull, keyed, *slack, spin)
     assert sorted(got) == sorted(ranked)  # a permutation: every box still ranked once
     assert got[1:] == [e for e in ranked if e is not got[0]] if got else True  # one entry moved, no more
     limit = ranked[0][0][1] + slack[0] + slack[1] * ranked[0][0][1] if ranked else 0
     assert hit == (pull is not None and slack != (0.0, 0.0) and bool(ranked) and ranked[0][0][0] == 0
-                   and any(e[1] == pull.box and e[0][0] == 0 and e[0][1] <= limit for e in ranked))
+                   and any(e[1] == pull[0] and e[0][0] == 0 and e[0][1] <= limit for e in ranked))
     if got and got[0] is not ranked[0]:
         assert got[0][0][0] == 0  # never out of the serving tier
 
 
 @given(entries, st.integers(0, 9), st.integers(0, 1 << 32))
 def test_slack_zero_is_the_seeds_order(ranked, pulled, spin):
-    assert place(list(ranked), Pull(f"b{pulled}", BOUND_DEPTH), True, OFF, spin) == (ranked, False)
+    assert place(list(ranked), (f"b{pulled}", BOUND_DEPTH), True, OFF, spin) == (ranked, False)
 
 
 def test_a_miss_spreads_over_the_tied_boxes_by_the_spin():
@@ -74,8 +81,8 @@ def test_a_miss_spreads_over_the_tied_boxes_by_the_spin():
 
 def test_a_pulled_box_past_the_slack_is_left():
     ranked = sorted(((0, load, 1, (0, 0), (i, f"b{i}")), f"b{i}", None) for i, load in enumerate([2, 9]))
-    assert place(ranked, Pull("b1", 5), True, Slack(2, 0.5), 0) == (ranked, False)  # 9 > 2 + 2 + 1
-    assert place(ranked, Pull("b1", 5), True, Slack(2, 3), 0)[1] is True  # 9 <= 2 + 2 + 6
+    assert place(ranked, ("b1", 5), True, Slack(2, 0.5), 0) == (ranked, False)  # 9 > 2 + 2 + 1
+    assert place(ranked, ("b1", 5), True, Slack(2, 3), 0)[1] is True  # 9 <= 2 + 2 + 6
 
 
 def test_decide_applies_the_steer_inside_the_serving_tier_only():
@@ -85,28 +92,28 @@ def test_decide_applies_the_steer_inside_the_serving_tier_only():
              for i, (name, load) in enumerate([("a", 0), ("b", 2), ("c", 0)])]
     call = Call(model="m", kinds=frozenset({BoxKind.OPENAI}))
     assert decide(call, boxes).boxes == ("a", "b", "c")
-    assert decide(call, boxes, steer=Steer(Pull("b", 4), True, DEFAULT_SLACK, 0)).boxes == ("b", "a", "c")
-    assert decide(call, boxes, steer=Steer(Pull("c", 4), True, DEFAULT_SLACK, 0)).boxes == ("a", "b", "c")
-    assert decide(call, boxes, steer=Steer(Pull("b", 4), True, OFF, 0)).boxes == ("a", "b", "c")
+    assert decide(call, boxes, steer=Steer(("b", 4), True, DEFAULT_SLACK, 0)).boxes == ("b", "a", "c")
+    assert decide(call, boxes, steer=Steer(("c", 4), True, DEFAULT_SLACK, 0)).boxes == ("a", "b", "c")
+    assert decide(call, boxes, steer=Steer(("b", 4), True, OFF, 0)).boxes == ("a", "b", "c")
 
 
 # -- the key: rules 1 and 2 -----------------------------------------------------------------------
 
 
 def test_the_first_present_key_wins_and_is_scoped():
-    chain = lambda: (5, 6)  # noqa: E731
-    none = lambda: ()  # noqa: E731
-    assert key_of(["s", None], ["k", "u", "r"], chain, "addr:1", "m").kind == SESSION
-    assert key_of([None, "codex"], ["k", "u", "r"], chain, "addr:1", "m").kind == SESSION
-    assert key_of([None], ["k", "u", "r"], chain, "addr:1", "m").kind == KEY
-    assert key_of([None], [None, "u", "r"], chain, "addr:1", "m").kind == USER
-    assert key_of([None], [3, "", "r"], chain, "addr:1", "m").kind == RESPONSE  # not strings: absent
-    assert key_of([None], [None, None, None], chain, "addr:1", "m") == Key(PREFIX, 0, (5, 6))
-    assert key_of([None], [None, None, None], none, "addr:1", "m") is None
-    assert key_of([None], [None, None, None], lambda: (5,), "addr:1", "m") is None  # one element: no key
-    one = key_of(["s"], [], none, "addr:1", "m")
-    assert one != key_of(["s"], [], none, "addr:2", "m") and one != key_of(["s"], [], none, "addr:1", "n")
-    assert key_of([None], [None, None, "resp_1"], none, "key:a", "m").bound == response_key("key:a", "m", "resp_1")
+    session, codex, nothing = {"x-router-session": "s", "session_id": "c"}.get, {"session_id": "c"}.get, {}.get
+    assert bound_key(session, ["k", "u", "r"], "addr:1", "m").kind == SESSION
+    assert bound_key(codex, ["k", "u", "r"], "addr:1", "m")[:3] == (SESSION, hash(("addr:1", "m", SESSION, "c")), ())
+    assert bound_key(nothing, ["k", "u", "r"], "addr:1", "m").kind == KEY
+    assert bound_key(nothing, [None, "u", "r"], "addr:1", "m").kind == USER
+    assert bound_key(nothing, [3, "", "r"], "addr:1", "m").kind == RESPONSE  # not strings: absent
+    assert bound_key(nothing, [None, None, None], "addr:1", "m") is None  # then the prompt's
+    assert prefix_key((5, 6)) == Key(PREFIX, 0, (5, 6))
+    assert prefix_key(()) is None and prefix_key((5,)) is None  # one element: no key
+    one = bound_key(session, [], "addr:1", "m")
+    assert one != bound_key(session, [], "addr:2", "m") and one != bound_key(session, [], "addr:1", "n")
+    assert bound_key(nothing, [None, None, "resp_1"], "key:a", "m").bound == response_key("key:a", "m", "resp_1")
+    assert type(one) is Key and one.kind == SESSION and one.chain == ()
 
 
 # -- the index: rules 3, 7, 8 ---------------------------------------------------------------------
@@ -115,33 +122,63 @@ EPOCH = lambda box, model: 1  # noqa: E731
 
 
 def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pulls():
-    index = AffinityIndex(1000)
+    index = index_of(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)  # system prompt 1, first message 10
-    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12)), EPOCH) == Pull("a", 2)
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12)), EPOCH) == ("a", 2)
     assert index.pull(Key(PREFIX, 0, (1, 20)), EPOCH) is None  # only the system prompt in common
     index.learn(Key(PREFIX, 0, (1, 10, 11, 12)), "a", "m", 1)
-    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12, 13, 14)), EPOCH) == Pull("a", 4)
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11, 12, 13, 14)), EPOCH) == ("a", 4)
     # a first message shared by two conversations (a template) is a preamble from then on
     index.learn(Key(PREFIX, 0, (1, 10, 31, 32)), "b", "m", 1)
     assert index.pull(Key(PREFIX, 0, (1, 10, 41)), EPOCH) is None
-    assert index.pull(Key(PREFIX, 0, (1, 10, 31, 32, 33)), EPOCH) == Pull("b", 4)
+    assert index.pull(Key(PREFIX, 0, (1, 10, 31, 32, 33)), EPOCH) == ("b", 4)
 
 
 def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
-    index = AffinityIndex(1000)
+    index = index_of(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)
     assert index.pull(Key(PREFIX, 0, (1, 10, 11)), lambda box, model: 2) is None
     index.learn(Key(SESSION, 77), "a", "m", 1)
     index.learn(Key(SESSION, 77), "b", "m", 1)
-    assert index.pull(Key(SESSION, 77), EPOCH) == Pull("b", BOUND_DEPTH)
+    assert index.pull(Key(SESSION, 77), EPOCH) == ("b", BOUND_DEPTH)
 
 
 @given(st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=6), max_size=60), st.integers(1, 40))
 def test_the_index_never_holds_more_than_its_capacity(chains, capacity):
-    index = AffinityIndex(capacity)
+    index = index_of(capacity)
     for chain in chains:
         index.learn(Key(PREFIX, 0, tuple(chain)), "a", "m", 1)
         assert len(index) <= capacity
+
+
+# Operations on an index: learn a chain (kind 0) or a binding (1), bind (2), pull (3); a chain is
+# a few small hashes (so chains share prefixes and continue them differently), a binding one.
+operations = st.lists(st.tuples(
+    st.integers(0, 3), st.lists(st.integers(1, 12), min_size=0, max_size=6), st.sampled_from("abc"),
+    st.integers(0, 7), st.integers(1, 2)), max_size=50)
+
+
+@settings(max_examples=300)
+@given(operations, st.integers(1, 30))
+def test_the_compiled_index_equals_its_model(steps, capacity):
+    """router._fastpath.AffinityIndex against tests/models.py AffinityIndexModel: the same pulls,
+    and the same entries in the same LRU order after every step (epochs: box c's moves on)."""
+    index, model = index_of(capacity), AffinityIndexModel(capacity)
+    epochs = {"a": 1, "b": 1, "c": 1}
+    for kind, chain, box, known, epoch in steps:
+        key = Key(PREFIX, 0, tuple(chain)) if kind == 0 and chain else Key(SESSION, -len(chain) - 1)
+        if kind in (0, 1):
+            index.learn(key, box, "m", epoch, known)
+            model.learn(key, box, "m", epoch, known)
+        elif kind == 2:
+            index.bind(key.bound, box)
+            model.bind(key.bound, box)
+        else:
+            epochs["c"] += 1
+            at = lambda name, model_key: epochs[name]  # noqa: E731
+            assert index.pull(key, at) == model.pull(key, at)
+        assert list(index.entries.items()) == list(model.entries.items())
+        assert len(index) == len(model) <= capacity
 
 
 def test_box_cache_epochs_change_on_unload_reload_other_settings_and_restart():
@@ -165,7 +202,7 @@ def test_box_cache_epochs_change_on_unload_reload_other_settings_and_restart():
 # -- the compiled chain against its model (module rule 6) ------------------------------------------
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.text(min_size=300, max_size=1200),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=12,
 )
@@ -201,6 +238,11 @@ def test_a_resent_history_makes_the_same_chain_and_a_longer_one_extends_it():
     assert chain(turn, 8) != chain(turn, 7)  # the seed (salt, caller, model) changes every hash
     assert all(0 < h < 1 << 62 for h in chain(longer))
     assert len(chain([{"role": "user", "content": "x"}] * 300)) == 256  # at most 256 elements
+    # a long element counts by its edges and its length: each of them changes its hash
+    long = "".join(f"line {i}\n" for i in range(400))
+    same = chain([turn[0], {"role": "user", "content": long}])
+    for other in (long.replace("line 1\n", "line X\n", 1), long[:-2] + "Y\n", long + "!"):
+        assert chain([turn[0], {"role": "user", "content": other}])[1] != same[1]
 
 
 # -- the answer's facts (genai rule 3) -----------------------------------------------------------
@@ -224,7 +266,7 @@ def test_cached_tokens_and_response_ids_are_read_the_engines_way():
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.sampled_from("ab")), max_size=40))
 def test_learning_only_a_turns_new_nodes_finds_what_learning_everything_finds(turns):
     """Rule 7's shortcut (`known`) against writing the whole chain on every call: equal pulls."""
-    whole, shortcut = AffinityIndex(10_000), AffinityIndex(10_000)
+    whole, shortcut = index_of(10_000), index_of(10_000)
     histories: dict[int, tuple[int, ...]] = {}
     for conversation, grow, box in turns:
         chain = histories.get(conversation, (1,)) + tuple(1000 * conversation + len(histories.get(conversation, ())) + k
@@ -234,4 +276,4 @@ def test_learning_only_a_turns_new_nodes_finds_what_learning_everything_finds(tu
         pulled = whole.pull(key, EPOCH)
         assert shortcut.pull(key, EPOCH) == pulled
         whole.learn(key, box, "m", 1)
-        shortcut.learn(key, box, "m", 1, pulled.depth if pulled is not None and pulled.box == box else 0)
+        shortcut.learn(key, box, "m", 1, pulled[1] if pulled is not None and pulled[0] == box else 0)

@@ -1,7 +1,10 @@
 """Cache-aware routing: a call's affinity key, what this router sent where, and how far affinity
 may move a call inside the serving tier. Pure: no clock, no randomness that is not passed in.
 
-Rules (tests/test_core_affinity.py pins each against the plain model in tests/models.py):
+Rules (tests/test_core_affinity.py pins each against the plain models in tests/models.py). The
+index (rules 3, 7, 8) runs on every call with a key, so it is compiled
+(router/_fastpath_prefix.pxi `AffinityIndex`, given MIN_PULL_DEPTH and BOUND_DEPTH from here;
+the serve layer holds it): this module stays stdlib only.
 1. The key, first present wins: a session header (SESSION_HEADERS, in that order), the body's
    `prompt_cache_key` (kind `key`), its `user`, the Responses API's `previous_response_id`
    (kind `response`: the box that answered that response), else the prompt by its prefix chain
@@ -42,22 +45,23 @@ Rules (tests/test_core_affinity.py pins each against the plain model in tests/mo
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Callable, NamedTuple, Sequence
+from operator import indexOf, itemgetter
+from typing import Callable, Hashable, NamedTuple, Sequence
 
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
 # harnesses send on every request of a session (Codex CLI: `session_id`, and `conversation_id`
 # in its older releases; Claude Code: `x-claude-code-session-id`), then a common generic one.
 SESSION_HEADERS = ("x-router-session", "session_id", "conversation_id", "x-claude-code-session-id",
                    "x-session-id")
+# One entry (an OrderedDict slot, its key and a 4-tuple node) holds ~200 bytes (tracemalloc over
+# 100k entries: 196-212 B), so `--affinity-memory` MiB converts to entries at this rate.
+ENTRY_BYTES = 200
+
 # The first element (a system prompt, a tool preamble) is shared by every conversation of an
 # app: a match must reach at least the second element to pull (rule 3a).
 MIN_PULL_DEPTH = 2
 # A bound key outranks any prefix depth (the chain has at most a few hundred elements).
 BOUND_DEPTH = 1 << 30
-# One entry (an OrderedDict slot, its key and a 4-tuple node) holds ~200 bytes (tracemalloc over
-# 100k entries: 196-212 B), so `--affinity-memory` MiB converts to entries at this rate.
-ENTRY_BYTES = 200
 
 SESSION, KEY, USER, RESPONSE, PREFIX = "session", "key", "user", "response", "prefix"
 BODY_KEY_FIELDS = ("prompt_cache_key", "user", "previous_response_id")
@@ -96,37 +100,46 @@ class Key(NamedTuple):
     identity: str = ""
 
 
-def key_of(headers: Sequence[str | None], fields: Sequence[object], chain: Callable[[], tuple[int, ...]],
-           scope: str, model: str) -> Key | None:
-    """The call's key (rules 1 and 2). `headers`: the values of SESSION_HEADERS, in order;
-    `fields`: the body's BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent);
-    `chain()`: the prompt's prefix chain, seeded with the scope and model (called only when no
-    header or field gave a key: hashing is the costly part)."""
-    for value in headers:
+# Keys are made on every call: tuple.__new__ makes one without Key's Python-level __new__.
+_new = tuple.__new__
+
+
+def bound_key(header: Callable[[str], str | None], fields: Sequence[object], scope: Hashable,
+              model: str) -> Key | None:
+    """The call's key when a session header or a body field gives one (rules 1 and 2), first
+    present wins; None: the call's key is its prompt's (`prefix_key`), hashed only then (hashing
+    is the costly part). `header(name)`: the call's header `name`, or None; `fields`: the body's
+    BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent)."""
+    for name in SESSION_HEADERS:
+        value = header(name)
         if value:
-            return Key(SESSION, hash((scope, model, SESSION, value)), (), identity_of(scope, model, SESSION, value))
-    for kind, value in zip(_BODY_KINDS, fields):
-        if isinstance(value, str) and value:
-            return Key(kind, hash((scope, model, kind, value)), (), identity_of(scope, model, kind, value))
-    hashes = chain()
-    return Key(PREFIX, 0, hashes) if len(hashes) >= MIN_PULL_DEPTH else None
+            return _new(Key, (SESSION, hash((scope, model, SESSION, value)), (), identity_of(scope, model, SESSION, value)))
+    if any(fields):  # most calls carry none of them
+        for kind, value in zip(_BODY_KINDS, fields):
+            if isinstance(value, str) and value:
+                return _new(Key, (kind, hash((scope, model, kind, value)), (), identity_of(scope, model, kind, value)))
+    return None
 
 
-def identity_of(scope: str, model: str, kind: str, value: str) -> str:
-    """A bound key's identity, the same in every router process (rule 9)."""
-    return "\x00".join((scope, model, kind, value))
+def identity_of(scope: Hashable, model: str, kind: str, value: str) -> str:
+    """A bound key's identity, the same text in every router process (rule 9): the scope is
+    made of strings (and None), whose repr is."""
+    return "\x00".join((repr(scope), model, kind, value))
 
 
-def response_key(scope: str, model: str, response_id: str) -> int:
+def prefix_key(chain: tuple[int, ...]) -> Key | None:
+    """The key of a call that has no bound one: its prompt's prefix chain (seeded with the scope
+    and the model), or None for a prompt of fewer than MIN_PULL_DEPTH elements (rule 1)."""
+    return _new(Key, (PREFIX, 0, chain, "")) if len(chain) >= MIN_PULL_DEPTH else None
+
+
+def response_key(scope: Hashable, model: str, response_id: str) -> int:
     """The binding a Responses answer's id leaves, found again by its `previous_response_id`."""
     return hash((scope, model, RESPONSE, response_id))
 
 
-class Pull(NamedTuple):
-    """Where a call's key points: the box and how deep it matched (BOUND_DEPTH for a binding)."""
-
-    box: str
-    depth: int
+# Where a key points: (box, depth), depth BOUND_DEPTH for a binding (AffinityIndex.pull).
+Pull = tuple[str, int]
 
 
 class Steer(NamedTuple):
@@ -139,25 +152,34 @@ class Steer(NamedTuple):
     spin: int
 
 
+_BOX_ID = itemgetter(1)  # a ranking entry's box id
+
+
 def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[list, bool]:
     """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
     pressure, ...), tier 0 = serving) with affinity applied (rules 4-6): the same list when
     nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
     hit when the pulled box went first."""
-    if slack.off or not ranked or ranked[0][0][0] != 0:
+    absolute, relative = slack
+    if (absolute <= 0 and relative <= 0) or not ranked:
         return ranked, False
-    best_load = ranked[0][0][1]
+    first = ranked[0][0]
+    if first[0] != 0:
+        return ranked, False
     if pull is not None:
-        limit = slack.limit(best_load)
-        for index, (rank, box_id, _) in enumerate(ranked):
-            if rank[0] != 0 or rank[1] > limit:
-                break  # past the serving tier, or (loads ascend) past the slack
-            if box_id == pull.box:
-                return _to_front(ranked, index), True
+        try:
+            index = indexOf(map(_BOX_ID, ranked), pull[0])
+        except ValueError:  # the pulled box is ruled out this time
+            index = -1
+        # sorted by (tier, load): if the pulled box serves within the slack, so does every box
+        # before it
+        rank = ranked[index][0]
+        if index >= 0 and rank[0] == 0 and rank[1] <= first[1] + absolute + relative * first[1]:
+            return _to_front(ranked, index), True
     if not keyed:
         return ranked, False
     tied = 1
-    best = ranked[0][0][1:3]
+    best = first[1:3]
     while tied < len(ranked) and ranked[tied][0][0] == 0 and ranked[tied][0][1:3] == best:
         tied += 1
     return _to_front(ranked, spin % tied), False
@@ -166,80 +188,6 @@ def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int)
 def _to_front(ranked: list, index: int) -> list:
     if index == 0:
         return ranked
-    return [ranked[index]] + ranked[:index] + ranked[index + 1:]
-
-
-class AffinityIndex:
-    """Bindings and prefix nodes, one LRU of at most `capacity` entries (rules 3, 7, 8).
-
-    A binding maps a scoped key's hash to a box name; a node maps a chain hash to
-    (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
-    SHARED. `epoch(box, model_key)` is the box's current cache epoch for that model (the serve
-    layer's: it changes when the model is unloaded, reloaded with other settings, or the box
-    restarts).
-    """
-
-    SHARED = -1
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(capacity, 1)
-        self.entries: OrderedDict[int, object] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def pull(self, key: Key, epoch: Callable[[str, str], int]) -> Pull | None:
-        """Where `key` points now, or None (rules 3 and 4)."""
-        entries = self.entries
-        if key.kind != PREFIX:
-            box = entries.get(key.bound)
-            if box is None:
-                return None
-            entries.move_to_end(key.bound)
-            return Pull(box, BOUND_DEPTH)  # type: ignore[arg-type]
-        chain = key.chain
-        for depth in range(len(chain), MIN_PULL_DEPTH - 1, -1):
-            node = entries.get(chain[depth - 1])
-            if node is None:
-                continue
-            box, model_key, at, state = node  # type: ignore[misc]
-            if state == self.SHARED or epoch(box, model_key) != at:
-                return None
-            entries.move_to_end(chain[depth - 1])
-            return Pull(box, depth)
-        return None
-
-    def learn(self, key: Key, box: str, model_key: str, epoch: int, known: int = 0) -> None:
-        """`box` took the call: the binding moves there, its chain is recorded (rule 7). `known`:
-        the depth `pull` found on this same box, whose nodes and their ancestors' are as they
-        would be written again (the chain is the same up to there): only the nodes past it are
-        written, so a conversation's turn costs its new elements, not its whole history."""
-        entries = self.entries
-        if key.kind != PREFIX:
-            entries[key.bound] = box
-            entries.move_to_end(key.bound)
-        else:
-            chain = key.chain
-            last = len(chain) - 1
-            for index in range(max(MIN_PULL_DEPTH, known) - 1, len(chain)):
-                node_hash = chain[index]
-                following = chain[index + 1] if index < last else 0
-                old = entries.get(node_hash)
-                state = following
-                if old is not None:
-                    seen = old[3]  # type: ignore[index]
-                    if seen == self.SHARED or (seen and following and seen != following):
-                        state = self.SHARED
-                    elif not following:
-                        state = seen
-                entries[node_hash] = (box, model_key, epoch, state)
-                entries.move_to_end(node_hash)
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
-
-    def bind(self, bound: int, box: str) -> None:
-        """A binding made by an answer (a Responses id), not by the call's own key."""
-        self.entries[bound] = box
-        self.entries.move_to_end(bound)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
+    moved = ranked.copy()
+    moved.insert(0, moved.pop(index))
+    return moved

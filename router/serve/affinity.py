@@ -5,8 +5,9 @@ took the call, its prefix is recorded there).
 Rules:
 1. Off (`--affinity off`, or a slack of 0): nothing is computed, no header is sent, the route log's
    `affinity` is NULL, and decisions are the seeds' order.
-2. The scope of a key is the caller: its API key's id when it sent one, else its resolved address
-   (the access gate's `edge.caller`). The chain's seed mixes this process's random salt, the
+2. The scope of a key is the caller: the id of the API key it sent, when the access gate found
+   that key valid (`edge.key_id`), else its resolved address (`edge.caller`): a key's id alone,
+   without its secret, never joins its holder's scope. The chain's seed mixes this process's random salt, the
    scope and the model, so no two callers or models share a node and no hash means anything
    outside this process.
 3. The prompt is hashed only when no header or body field gave a key (first match wins), by the
@@ -32,22 +33,21 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from router._fastpath import prefix_chain
-from router.core import access
+from router._fastpath import AffinityIndex, prefix_chain
 from router.core.affinity import (
     BOUND_DEPTH,
     DEFAULT_SLACK,
+    MIN_PULL_DEPTH,
     PREFIX,
     RESPONSE,
     ENTRY_BYTES,
-    SESSION_HEADERS,
-    AffinityIndex,
     Key,
     Pull,
     Slack,
     Steer,
+    bound_key,
     identity_of,
-    key_of,
+    prefix_key,
     response_key,
 )
 from router.core.kinds import call_key
@@ -56,15 +56,18 @@ from router.facades.usage import response_id
 if TYPE_CHECKING:
     from router.boxes.fleet import Fleet
     from router.boxes.state import BoxState
+    from router.core.types import BoxKind
     from router.facades.body import Inspected
     from router.serve.edge import Edge
     from router.serve.record import CallRecord
     from router.serve.shared import SharedBindings
 
+CALL_KEYS = 1024
 DEFAULT_MEMORY_BYTES = 64 << 20  # ~330k entries: 64 conversations × 256 elements × 20 boxes fit
 _SEED_MASK = (1 << 64) - 1
 RESPONSES_PATH = "/v1/responses"
 HEADER = b"x-router-affinity"
+_new = tuple.__new__  # a Steer without its Python-level __new__: one is made on every keyed call
 
 
 class Affinity:
@@ -74,35 +77,33 @@ class Affinity:
                  fleet: Fleet | None = None) -> None:
         self.slack = slack
         self.on = not slack.off
-        self.index = AffinityIndex(memory_bytes // ENTRY_BYTES)
+        self.index = AffinityIndex(memory_bytes // ENTRY_BYTES, MIN_PULL_DEPTH, BOUND_DEPTH)
         self.fleet = fleet
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
         self.shared: SharedBindings | None = None  # rule 6
+        self._epoch_of = self._epoch  # bound once: every keyed call's pull asks it
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
+        self._named: dict[tuple, tuple[BoxKind, tuple[str, str | None] | None]] = {}
 
     # -- before the decision -------------------------------------------------------------------
     def key(self, edge: Edge, inspected: Inspected, body: bytes) -> Key | None:
         """The call's key (rules 2 and 3), or None."""
         scope = scope_of(edge)
         model = inspected.call.model
-        header = edge.header
-        prompt = inspected.prompt
-
-        def chain() -> tuple[int, ...]:
-            if prompt is None:
-                return ()
-            return prefix_chain(body, prompt[0], prompt[1], hash((self._salt, scope, model)) & _SEED_MASK)
-
-        return key_of([header(name) for name in SESSION_HEADERS], inspected.key_fields, chain, scope, model)
+        key = bound_key(edge.header, inspected.key_fields, scope, model)
+        if key is not None or inspected.prompt is None:
+            return key
+        start, end = inspected.prompt
+        return prefix_key(prefix_chain(body, start, end, hash((self._salt, scope, model)) & _SEED_MASK))
 
     def steer(self, key: Key | None) -> Steer | None:
         """What the decision applies for `key` (None: no key, the seeds' order)."""
         if key is None:
             return None
-        return Steer(self.index.pull(key, self._epoch), True, self.slack, self._spin(32))
+        return _new(Steer, (self.index.pull(key, self._epoch_of), True, self.slack, self._spin(32)))
 
     async def steer_shared(self, key: Key | None) -> Steer | None:
         """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""
@@ -113,10 +114,10 @@ class Affinity:
         if box is None or self.fleet is None or self.fleet.get(box) is None:
             return steer
         self.index.bind(key.bound, box)  # type: ignore[union-attr]
-        return steer._replace(pull=Pull(box, BOUND_DEPTH))
+        return steer._replace(pull=(box, BOUND_DEPTH))
 
     def _epoch(self, box_name: str, model_key: str) -> int:
-        box = self.fleet.get(box_name) if self.fleet is not None else None
+        box = self.fleet.boxes.get(box_name) if self.fleet is not None else None
         return box.cache_epoch(model_key) if box is not None else -1
 
     # -- the answer ----------------------------------------------------------------------------
@@ -126,13 +127,26 @@ class Affinity:
             record.placed("none")
             return
         pull: Pull | None = steer.pull if steer is not None else None
-        hit = pull is not None and pull.box == box.name
+        hit = pull is not None and pull[0] == box.name
         record.placed(("hit:" if hit else "miss:") + key.kind)
-        named = call_key(box.config.kind, record.call.model, record.call.settings)  # type: ignore[union-attr]
+        call, kind = record.call, box.config.kind
+        # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
+        asked = (box.name, call.model, call.settings)  # type: ignore[union-attr]
+        known = self._named.get(asked)
+        named = known[1] if known is not None and known[0] is kind else self._call_key(asked, kind)
         if named is not None:
-            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull.depth if hit else 0)  # type: ignore[union-attr]
+            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
         if self.shared is not None and not hit and key.kind != PREFIX:
             self.shared.keep(key.identity, box.name)  # made or moved here (rule 6)
+
+    def _call_key(self, asked: tuple[str, str, str | None], kind: BoxKind) -> tuple[str, str | None] | None:
+        """call_key, remembered in `_named` per (box, model, settings) with the box's kind: the
+        lesson of every keyed call needs it (at most CALL_KEYS remembered, then it starts over)."""
+        if len(self._named) >= CALL_KEYS:
+            self._named.clear()
+        named = call_key(kind, asked[1], asked[2])
+        self._named[asked] = (kind, named)
+        return named
 
     def observe(self, record: CallRecord) -> None:
         """A call ended: its outcome and the engine's cached tokens per (box, model: the box's own
@@ -198,8 +212,6 @@ class Affinity:
             value=len(self.index))]
 
 
-def scope_of(edge: Edge) -> str:
-    """The caller a key is scoped to (rule 2): its API key's id, else its resolved address."""
-    token = access.bearer_token(edge.header("authorization"))
-    parsed = access.parse_key(token) if token else None
-    return f"key:{parsed[0]}" if parsed is not None else f"addr:{edge.caller}"
+def scope_of(edge: Edge) -> tuple[str, str | None]:
+    """The caller a key is scoped to (rule 2): its valid API key's id, else its resolved address."""
+    return ("key", edge.key_id) if edge.key_id is not None else ("addr", edge.caller)
