@@ -38,7 +38,7 @@ class StubClient:
 
 def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
     return types.SimpleNamespace(clock=clock, max_body_bytes=1 << 20, observe=observed.append,
-                                 reservations=None, scheduler=None, admission=None,
+                                 reservations=None, scheduler=None, admission=None, leases=None,
                                  tenancy=types.SimpleNamespace(ended=lambda record, charge: None))
 
 
