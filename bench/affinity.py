@@ -235,7 +235,7 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
 
     import orjson
 
-    from router.core.decide import decide
+    from router.core.decide import Verdicts, decide
     from router.core.types import BoxFacts, BoxKind, Resident
     from router.facades import openai as openai_facade
     from router.facades.body import read_call
@@ -267,13 +267,14 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
     order = [rng.randrange(len(bodies)) for _ in range(calls)]
     call = read_call(bodies[0], "application/json", route, facade, None, None).call
     record = SimpleNamespace(call=call, placed=lambda affinity: None)  # the call's own, made before
+    verdicts = Verdicts()  # the fleet's (router.boxes.fleet)
 
     # As on the call path, each body was just read and scanned (json_members) when affinity hashes
     # it, so both batches read it first: the difference is affinity's own.
     def plain(batch: list[int]) -> None:
         for index in batch:
             read_call(bodies[index], "application/json", route, facade, None, None)
-            decide(call, facts)
+            decide(call, facts, verdicts=verdicts)
 
     def keyed(batch: list[int]) -> None:
         for index in batch:
@@ -281,7 +282,7 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
             seen = read_call(body, "application/json", route, facade, None, None)
             key = affinity.key(edge, seen, body)
             steer = affinity.steer(key)
-            decision = decide(call, facts, steer=steer)
+            decision = decide(call, facts, steer=steer, verdicts=verdicts)
             affinity.took(key, steer, states[decision.boxes[0]], record)
 
     keyed(list(range(len(bodies))))  # every conversation's turns known, as in a long-running router

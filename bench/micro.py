@@ -17,7 +17,7 @@ import timeit
 from pathlib import Path
 
 from router._fastpath import SSE, FrameScanner, Reservations
-from router.core.decide import decide
+from router.core.decide import Verdicts, decide
 from router.core.pairs import Fit, pair_view
 from router.core.types import BoxFacts, BoxKind, Call, Resident
 from router.store.keys import KeyStore
@@ -48,8 +48,9 @@ def main() -> int:
     for n in (8, 100):
         boxes = fleet(n)
         count = 20000 if n == 8 else 2000
+        verdicts = Verdicts()
         rows.append((f"decide over {n} boxes, facts unchanged since the last call",
-                     per_op_us(lambda: decide(call, boxes), count)))
+                     per_op_us(lambda: decide(call, boxes, verdicts=verdicts), count)))
         rows.append((f"decide over {n} boxes, nothing remembered (a failover)",
                      per_op_us(lambda: decide(call, boxes, ("none",)), count)))
     # hugpy boxes with their own pair settings (a blanket, a pair row) and verdicts: the gate's

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.core import pairs
-from router.core.decide import decide, why_not
+from router.core.decide import Verdicts, decide, why_not
 from router.core.kinds import call_key
 from router.core.types import (
     BoxFacts,
@@ -667,15 +667,16 @@ def test_failover_retry_stays_inside_the_first_ranking(scenario):
 @settings(max_examples=150, deadline=None)
 @given(scenario=scenarios(), data=st.data())
 def test_remembered_verdicts_follow_every_change_of_facts(scenario, data):
-    """decide() reuses a box's verdict while the box's facts are the same object (`_verdicts`):
+    """decide() reuses a box's verdict while the box's facts are the same object (Verdicts):
     across a run of decisions for one call, where each step swaps some boxes' facts for other
     facts under the same name and keeps the rest, every decision still equals the reference."""
     c, boxes, _, _ = scenario
     other = data.draw(fleets(c.model, c.settings, c.pool, c.knobs))
+    verdicts = Verdicts()
     for _ in range(data.draw(st.integers(1, 6))):
         swap = data.draw(st.lists(st.booleans(), min_size=len(boxes), max_size=len(boxes)))
         boxes = [other[i] if flip and i < len(other) else b for i, (flip, b) in enumerate(zip(swap, boxes))]
-        d = decide(c, boxes)
+        d = decide(c, boxes, verdicts=verdicts)
         ref = reference_decide(c, boxes, frozenset(), None)
         assert d.boxes == ref.boxes
         assert {b: w.tier for b, w in d.why.items()} == ref.tiers
@@ -684,10 +685,36 @@ def test_remembered_verdicts_follow_every_change_of_facts(scenario, data):
 
 
 def test_a_box_whose_facts_changed_is_judged_again():
-    c = call()
+    c, verdicts = call(), Verdicts()
     a, b = box("a", 0), box("b", 1)
-    assert decide(c, [a, b]).boxes == ("a", "b")
-    second = decide(c, [a, dataclasses.replace(b, online=False)])
+    assert decide(c, [a, b], verdicts=verdicts).boxes == ("a", "b")
+    second = decide(c, [a, dataclasses.replace(b, online=False)], verdicts=verdicts)
     assert second.boxes == ("a",) and second.ruled_out["b"].code is ReasonCode.OFFLINE
     # a's load moved (a new facts object): a is ranked again, b's first verdict is reused
-    assert decide(c, [dataclasses.replace(a, pending=5), b]).boxes == ("b", "a")
+    assert decide(c, [dataclasses.replace(a, pending=5), b], verdicts=verdicts).boxes == ("b", "a")
+
+
+def test_verdicts_remember_first_decisions_only_and_stay_bounded():
+    verdicts = Verdicts(max_calls=2)
+    a = box("a", 0)
+    decide(call(), [a], ("b",), verdicts=verdicts)  # a failover: nothing remembered
+    decide(call(), [a], eligible=frozenset("a"), verdicts=verdicts)
+    assert len(verdicts) == 0
+    decide(call("m1"), [a], verdicts=verdicts)
+    assert verdicts.of(call("m1"))["a"][0] is a
+    decide(call("m2"), [a], verdicts=verdicts)
+    decide(call("m3"), [a], verdicts=verdicts)  # past max_calls: starts over
+    assert len(verdicts) == 1
+    verdicts.clear()
+    assert len(verdicts) == 0
+
+
+def test_the_fleet_owns_its_verdicts_and_forgets_them_when_it_changes(tmp_path):
+    from router._fastpath import Reservations
+    from router.boxes.fleet import Fleet
+
+    fleet = Fleet(tmp_path / "boxes.json", Reservations())
+    decide(call(), [box("a", 0)], verdicts=fleet.verdicts)
+    assert len(fleet.verdicts) == 1
+    fleet._apply([])  # the boxes file changed (a reload or an edit)
+    assert len(fleet.verdicts) == 0

@@ -34,6 +34,7 @@ from router.boxes.openai import OpenAILink
 from router.boxes.state import BoxState
 from router.boxes.store_watch import HugpyStoreLink
 from router.core.aliases import Alias
+from router.core.decide import Verdicts
 from router.core.errors import ConfigError
 from router.core.kinds import Capability, can
 from router.core.types import BoxFacts, BoxKind
@@ -72,6 +73,7 @@ class Fleet:
         self.on_change: list = []  # callables run after the fleet changed shape
         self.aliases: dict[str, Alias] = {}  # the boxes file's (router.core.aliases)
         self.listening: Listening | None = None  # this router's listeners, once it knows them
+        self.verdicts = Verdicts()  # first decisions' memory (router.core.decide), per fleet shape
 
     def read(self) -> boxes_config.BoxesFile:
         """The boxes file, its boxes checked whole (rule 3). Raises ConfigError with one line."""
@@ -132,6 +134,7 @@ class Fleet:
             started.append(cfg.name)
             log.info("box %s at %s (%s)", cfg.name, cfg.url, cfg.kind.value)
         self._ordered = sorted(self.boxes.values(), key=lambda b: b.order)
+        self.verdicts.clear()
         for callback in self.on_change:
             callback()
         return started

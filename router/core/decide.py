@@ -145,14 +145,36 @@ def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
     return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
 
 
-# First decisions (nothing tried yet) remember each box's verdict per call: a verdict (the box's
-# reason, or its rank key and Why) depends only on the call and the box's facts, which are
-# immutable, and under load every box but the one that took the last call keeps its facts
-# object from one call to the next. So the verdict is reused while `facts is` the remembered
-# object: a decision over 8 boxes then works out one box instead of eight. Bounded: past
-# MEMO_CALLS distinct calls (model, settings, kinds, pin, pool, knobs) the memory starts over.
-MEMO_CALLS = 256
-_verdicts: dict[Call, dict[str, tuple]] = {}
+class Verdicts:
+    """What first decisions (nothing tried yet) remember of each box's verdict per call: a
+    verdict (the box's reason, or its rank key and Why) depends only on the call and the box's
+    facts, which are immutable, and under load every box but the one that took the last call
+    keeps its facts object from one call to the next. So the verdict is reused while `facts is`
+    the remembered object: a decision over 8 boxes then works out one box instead of eight.
+    Bounded: past `max_calls` distinct calls (model, settings, kinds, pin, pool, knobs) it starts
+    over. The owner (the fleet) clears it whenever the fleet or its configuration changes, so a box
+    that left is never remembered past its going."""
+
+    __slots__ = ("_by_call", "max_calls")
+
+    def __init__(self, max_calls: int = 256) -> None:
+        self._by_call: dict[Call, dict[str, tuple]] = {}
+        self.max_calls = max_calls
+
+    def of(self, call: Call) -> dict[str, tuple]:
+        """The remembered verdicts of `call`, box id → (facts, reason, rank key, Why)."""
+        memo = self._by_call.get(call)
+        if memo is None:
+            if len(self._by_call) >= self.max_calls:
+                self._by_call.clear()
+            memo = self._by_call[call] = {}
+        return memo
+
+    def clear(self) -> None:
+        self._by_call.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_call)
 
 
 def decide(
@@ -161,12 +183,13 @@ def decide(
     tried: Iterable[str] = (),
     eligible: frozenset[str] | None = None,
     steer: Steer | None = None,
+    verdicts: Verdicts | None = None,
 ) -> Decision:
     """Returns the Decision for `call` over `boxes`.
 
     Cost: about 1.3 µs per box whose facts changed since the last decision for the same call,
-    ~0.3 µs per box whose facts did not (see `_verdicts`); a failover decision works out every
-    box (bench/micro.py measures both). Every box is gated and ranked so that it can explain
+    ~0.3 µs per box whose facts did not, given the owner's `verdicts` (see Verdicts); a failover
+    decision works out every box (bench/micro.py measures both). Every box is gated and ranked so that it can explain
     itself (the reasons of the boxes ruled out go into the 503 body and the route log). The call's name is
     parsed once per box kind, not per box.
 
@@ -175,13 +198,7 @@ def decide(
     applied to the sorted ranking (router.core.affinity.place); None: the seeds' order.
     """
     tried = frozenset(tried)
-    memo: dict[str, tuple] | None = None
-    if not tried and eligible is None:
-        memo = _verdicts.get(call)
-        if memo is None:
-            if len(_verdicts) >= MEMO_CALLS:
-                _verdicts.clear()
-            memo = _verdicts[call] = {}
+    memo = verdicts.of(call) if verdicts is not None and not tried and eligible is None else None
     ruled_out: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
     named_by_kind: dict = {}  # the call's (key, settings) per box kind, worked out once

@@ -45,7 +45,7 @@ class OnTheChain(Protocol):
     """What a chain reads and moves of its call (proxy.py's `ProxyCall`, which imports this
     module: a protocol, so that this module need not import it back)."""
 
-    app: object  # its CallHost: `first_byte_timeout_s`, `fallbacks`
+    app: object  # its CallHost: `first_byte_timeout_s`, `fallbacks`, `fleet`
     edge: Edge
     route: Route
     record: CallRecord
@@ -106,7 +106,7 @@ class ChainCall:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
         if current == 0 and not tried and not self.left:  # the common case: the first model
-            decision = decide(self.first, facts, tried, eligible, proxy.steer)
+            decision = decide(self.first, facts, tried, eligible, proxy.steer, proxy.app.fleet.verdicts)
             if decision.boxes:
                 return decision  # resolve's answer too: the first model in reach ranks a box
 

@@ -328,7 +328,8 @@ class ProxyCall:
         alias call's, its chain's."""
         if self.chain is not None:
             return self.chain.decide(self, facts)
-        return decide(self.record.call, facts, self.tried, self.eligible, self.steer)  # type: ignore[arg-type]
+        return decide(self.record.call, facts, self.tried, self.eligible, self.steer,  # type: ignore[arg-type]
+                      self.app.fleet.verdicts)
 
     # -- one box -------------------------------------------------------------------------------
     async def try_box(self, box: BoxState) -> Refusal | None:
