@@ -176,7 +176,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
         default="asgi",
         help="Granian interface. asgi (default) bounds what a slow reader makes the router "
         "buffer; rsgi has no write backpressure (a stalled reader grew the router by 45 MiB "
-        "in the bench), so keep it for trusted, fast clients",
+        "in the bench; Granian's RSGI response stream is still an unbounded channel: its "
+        "backpressure change, emmett-framework/granian#898, covered ASGI and WSGI only), so "
+        "keep it for trusted, fast clients",
     )
     parser.add_argument("--max-body", type=_size, default=64 << 20, help="largest request body (default 64MiB)")
     parser.add_argument(
