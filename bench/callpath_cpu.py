@@ -1,6 +1,7 @@
 """The router's own Python per call, without Granian and without the machine's noise.
 
-    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream] [--keys | --alias]
+    .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream] [--keys | --alias | --features]
+    .venv/bin/python bench/callpath_cpu.py --allocations --calls 1000
 
 One process, one uvloop loop: the router's app (`RouterApp` over what `router serve` runs,
 router.serve.server.Running: fleet, scheduler, store, route-log writer, CallClock and the
@@ -20,6 +21,20 @@ a key with none, alternated over several rounds; the figure is the median differ
 `--alias` measures an alias instead (docs/aliases.md; budget: 3 µs): the same calls naming an
 alias whose chain's first model serves them, against the calls naming the model, alternated
 the same way.
+
+`--features` measures the three at once, in one run, against the plain call (no key, the model's
+name, affinity on: the same body every time, so every call after the first is an affinity hit),
+alternated KEY_ROUNDS times: a key with every limit, an alias its first model serves, and the
+affinity hit (the plain call less the same call on a second router with `--affinity off`).
+
+`--allocations`: instead, the instructions and heap allocations a call costs the router's
+process, counted exactly by valgrind's callgrind (so another tenant on the machine moves them not
+at all): this script runs twice under callgrind, with the warm-up alone and with `--calls` more
+calls, and the difference is divided by `--calls`. Allocations are calls of CPython's object
+allocator (`_PyObject_Malloc`: every object not served from a free list) and, of those, the
+garbage-collected objects (`_PyObject_GC_Link`); `PyMem_Malloc` counts buffers (lists' and dicts'
+storage). Needs valgrind; slow (~50× a plain run), so use `--calls 1000`. HUGPY_ROUTER_INTERPRETED=1
+counts the same for the interpreted call path.
 
 `--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
 key, chain hash, index look-up, steered decision, lesson) at 16 and at 100 boxes, over 64
@@ -48,8 +63,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from floor_proxy import FloorApp  # noqa: E402
 
+import router as router_package  # noqa: E402
 from router.boxes import aliases as box_aliases  # noqa: E402
 from router.boxes import config as boxes_config  # noqa: E402
+from router.core.affinity import OFF as AFFINITY_OFF  # noqa: E402
 from router.facades import mounts  # noqa: E402
 from router.serve.app import RouterApp  # noqa: E402
 from router.serve.server import Running, ServeConfig  # noqa: E402
@@ -139,11 +156,12 @@ async def routable(router: RouterApp, body: bytes) -> None:
     raise RuntimeError("no box took the call")
 
 
-async def start_router(boxes_file: Path, work: Path) -> tuple[RouterApp, Callable[[], Awaitable[None]]]:
+async def start_router(boxes_file: Path, work: Path, **config) -> tuple[RouterApp, Callable[[], Awaitable[None]]]:
     """The router's app as `router serve` builds it (server.Running: the fleet and its links, the
     telemetry scan, the scheduler, the store, the background tasks), less its listeners, in front
-    of the boxes in `boxes_file`, its store in `work`; and its stop."""
-    running = Running(ServeConfig(host="127.0.0.1", port=0, boxes_path=boxes_file, store_path=work / "router.db"))
+    of the boxes in `boxes_file`, its store in `work`, `config` more ServeConfig fields; and its stop."""
+    running = Running(ServeConfig(host="127.0.0.1", port=0, boxes_path=boxes_file, store_path=work / "router.db",
+                                  **config))
     shared = await running.start(tracer=None)
     return RouterApp(shared, mounts.main), running.stop
 
@@ -157,10 +175,17 @@ async def main(args: argparse.Namespace) -> dict:
         fleet = router.fleet
         body = STREAM_BODY if args.stream else BODY
         await routable(router, body)
+        if args.callgrind_leg is not None:  # one leg of --allocations, under callgrind
+            if args.callgrind_leg:
+                await drive(router, args.callgrind_leg, args.concurrency, body, 0)
+            await stop_router()
+            return {}
         if args.keys:
             return await measure_keys(router, stop_router, args, body)
         if args.alias:
             return await measure_alias(router, stop_router, args, body, boxes_file)
+        if args.features:
+            return await measure_features(router, stop_router, args, body, boxes_file, work)
         box = next(b for b in fleet.ordered() if b.in_flight == 0 and b.last_picked_s)  # the one it picks
         floor = FloorApp(Origin(box.config.host, box.config.port))
         figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream}
@@ -180,6 +205,51 @@ async def main(args: argparse.Namespace) -> dict:
     finally:
         sim.terminate()
         sim.wait(10)
+
+
+# What --allocations counts per call: callgrind's total instructions, and the calls of these.
+ALLOCATORS = {"_PyObject_Malloc": "objects", "_PyObject_GC_Link": "gc_objects", "PyMem_Malloc": "buffers"}
+CALLGRIND_FN = re.compile(r"^(c?fn)=\((\d+)\)(?: (.*))?$")
+
+
+def callgrind_leg(calls: int, args: argparse.Namespace, work: Path) -> dict:
+    """This script under callgrind, driving `calls` calls after the warm-up: its instructions and
+    its calls of ALLOCATORS, read from callgrind's output (names are compressed: `(id) name` the
+    first time, `(id)` after; a `calls=` line counts calls of the last `cfn`)."""
+    out = work / f"callgrind.{calls}"
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+           "--callgrind-leg", str(calls), "--concurrency", str(args.concurrency)]
+    subprocess.run(cmd + (["--stream"] if args.stream else []), check=True, capture_output=True)
+    names: dict[str, str] = {}
+    counted = dict.fromkeys(ALLOCATORS.values(), 0)
+    callee = None
+    instructions = 0
+    with open(out) as lines:
+        for line in lines:
+            named = CALLGRIND_FN.match(line)
+            if named:
+                kind, number, name = named.groups()
+                if name:
+                    names[number] = name
+                if kind == "cfn":
+                    callee = names.get(number)
+            elif line.startswith("calls=") and callee in ALLOCATORS:
+                counted[ALLOCATORS[callee]] += int(line[6:].split()[0])
+            elif line.startswith(("summary:", "totals:")):
+                instructions = int(line.split()[1])
+    return {"instructions": instructions, **counted}
+
+
+def measure_allocations(args: argparse.Namespace) -> dict:
+    """`--allocations`: per call, the difference of two callgrind legs over `args.calls`."""
+    work = Path(tempfile.mkdtemp(prefix="callgrind-"))
+    warm, driven = callgrind_leg(0, args, work), callgrind_leg(args.calls, args, work)
+    per_call = {name: round((driven[name] - warm[name]) / args.calls, 1) for name in warm}
+    figures = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream,
+               "interpreted": router_package.INTERPRETED, "per_call": per_call}
+    print(f"per call ({'interpreted' if router_package.INTERPRETED else 'compiled'}, callgrind): "
+          + ", ".join(f"{name} {value:,.1f}" for name, value in per_call.items()), flush=True)
+    return figures
 
 
 KEY_ROUNDS = 5
@@ -209,6 +279,40 @@ async def measure_alias(router: RouterApp, stop_router, args: argparse.Namespace
     aliased = body.replace(b'"%s"' % ALIAS_CHAIN[0].encode(), b'"%s"' % ALIAS.encode())
     figures, added = await alternated(router, args, ("model", body, None), ("alias", aliased, None))
     report_added(figures, "alias_added_loop_us", added, "an alias its first model serves", 3)
+    await stop_router()
+    return figures
+
+
+async def measure_features(router: RouterApp, stop_router, args: argparse.Namespace, body: bytes,
+                           boxes_file: Path, work: Path) -> dict:
+    """`--features`: per round, the plain call, a key with every limit, an alias and the plain call
+    on a router with affinity off; each feature's median difference from the plain call."""
+    _, limited = router.shared.keys.create("bench-limits", "use", limits=EVERY_LIMIT)
+    boxes_config.edit(boxes_file, lambda file: box_aliases.set_alias(file, ALIAS, ALIAS_CHAIN))
+    await router.fleet.reload()
+    aliased = body.replace(b'"%s"' % ALIAS_CHAIN[0].encode(), b'"%s"' % ALIAS.encode())
+    (work / "off").mkdir()
+    unsteered, stop_unsteered = await start_router(boxes_file, work / "off", affinity_slack=AFFINITY_OFF)
+    await routable(unsteered, body)
+    runs = (("plain", router, body, None), ("key_limits", router, body, limited),
+            ("alias", router, aliased, None), ("affinity_off", unsteered, body, None))
+    figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream, "rounds": []}
+    for round_number in range(KEY_ROUNDS):
+        measured = {}
+        for name, app, call_body, key in runs:
+            thread_us, process_us, wall_s = await drive(app, args.calls, args.concurrency, call_body, 0, key)
+            measured[name] = {"loop_us": round(thread_us, 1), "process_us": round(process_us, 1),
+                              "calls_per_s": round(args.calls / wall_s)}
+            print(f"round {round_number + 1} {name:12s} loop thread {thread_us:6.1f} µs/call, "
+                  f"process {process_us:6.1f} µs/call", flush=True)
+        figures["rounds"].append(measured)
+    loop = [{name: run["loop_us"] for name, run in measured.items()} for measured in figures["rounds"]]
+    report_added(figures, "limits_added_loop_us", [r["key_limits"] - r["plain"] for r in loop], "every limit set", 5)
+    report_added(figures, "alias_added_loop_us", [r["alias"] - r["plain"] for r in loop],
+                 "an alias its first model serves", 3)
+    report_added(figures, "affinity_hit_added_loop_us", [r["plain"] - r["affinity_off"] for r in loop],
+                 "an affinity hit (against affinity off)", 5)
+    await stop_unsteered()
     await stop_router()
     return figures
 
@@ -245,10 +349,17 @@ if __name__ == "__main__":
     parser.add_argument("--stream", action="store_true", help="20-chunk streams instead of non-stream calls")
     parser.add_argument("--keys", action="store_true", help="a key with every limit against a key with none")
     parser.add_argument("--alias", action="store_true", help="calls naming an alias against calls naming its model")
+    parser.add_argument("--features", action="store_true",
+                        help="a key with limits, an alias and an affinity hit against the plain call, in one run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--affinity-cost", action="store_true", help="affinity's own CPU per call, 16 and 100 boxes")
+    parser.add_argument("--allocations", action="store_true",
+                        help="instructions and heap allocations per call, counted by valgrind's callgrind")
+    parser.add_argument("--callgrind-leg", type=int, help=argparse.SUPPRESS)  # one leg of --allocations
     args = parser.parse_args()
-    if args.affinity_cost:
+    if args.allocations:
+        figures = measure_allocations(args)
+    elif args.affinity_cost:
         from affinity import affinity_cost
 
         figures = {"affinity": [affinity_cost(boxes, args.calls) for boxes in (16, 100)]}

@@ -184,6 +184,7 @@ class Durations:
     locust_s: int
     warmup_s: int  # per warm-up wrk run
     curve_s: int  # each wrk run of the latency-against-concurrency curve
+    connections: int = CONNECTIONS  # wrk's connections in the throughput and peers figures
 
 
 FULL = Durations(repeats=3, throughput_s=10, latency_s=5, locust_s=20, warmup_s=2, curve_s=3)
@@ -276,7 +277,7 @@ def wrk_script(figure: str) -> str:
 def wrk_record(rig: Rig, figure: str, target: str, d: Durations) -> dict:
     """One wrk run of `figure` against `target`, with the CPU of every party during it."""
     script = wrk_script(figure)
-    connections = 1 if figure == "latency" else CONNECTIONS
+    connections = 1 if figure == "latency" else d.connections
     seconds = d.latency_s if figure == "latency" else d.throughput_s
     before = rig.meter.snapshot()
     run = measure.wrk(rig.url(target), script, connections, seconds, target,
@@ -407,7 +408,7 @@ def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
                     rig.peer_urls[target] = url
                     try:
                         for figure in peer_figures(target):
-                            measure.wrk(rig.url(target), wrk_script(figure), CONNECTIONS, d.warmup_s, target)
+                            measure.wrk(rig.url(target), wrk_script(figure), d.connections, d.warmup_s, target)
                         records += peer_runs(rig, target, repeat, d, log)
                     finally:
                         del rig.peer_urls[target]
@@ -690,6 +691,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
     p.add_argument("--repeats", type=int, help="repeats per figure (default 3, quick 1)")
+    p.add_argument("--connections", type=int, default=CONNECTIONS,
+                   help=f"wrk's connections in the throughput and peers figures (default {CONNECTIONS}; "
+                        "issue 24 reports the peers at 16 and at 64)")
     p.add_argument("--interfaces", default=",".join(INTERFACES), help="comma list of asgi,rsgi")
     p.add_argument("--figures", default=",".join(FIGURES), help="comma list of " + ",".join(FIGURES) +
                    " (default all; e.g. --figures open_streams,stalled_reader,latency_curve for the capacity "
@@ -773,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     d = QUICK if args.quick else FULL
     if args.repeats:
         d = dataclasses.replace(d, repeats=args.repeats)
+    d = dataclasses.replace(d, connections=args.connections)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     started_at = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops what we started
@@ -837,7 +842,7 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
         return report.Stat.of([r["passive_opens_per_unit"] for r in records if r["figure"] == "stream"
                                and r["target"] == target and r["passive_opens_per_unit"] is not None])
 
-    pairs = (f"{d['repeats']} repeat(s), wrk {d['throughput_s']:g} s at c={CONNECTIONS}, {d['latency_s']:g} s at c=1; "
+    pairs = (f"{d['repeats']} repeat(s), wrk {d['throughput_s']:g} s at c={d.get('connections', CONNECTIONS)}, {d['latency_s']:g} s at c=1; "
              f"{CHUNKS}-chunk streams ({FRAMES_PER_STREAM} frames counted); ") if rows else ""
     parts = [
         f"# Router benchmark {stamp}", "",
