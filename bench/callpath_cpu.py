@@ -176,8 +176,7 @@ async def main(args: argparse.Namespace) -> dict:
         body = STREAM_BODY if args.stream else BODY
         await routable(router, body)
         if args.callgrind_leg is not None:  # one leg of --allocations, under callgrind
-            if args.callgrind_leg:
-                await drive(router, args.callgrind_leg, args.concurrency, body, 0)
+            await drive(router, args.callgrind_leg, args.concurrency, body, 0)  # warm-up included
             await stop_router()
             return {}
         if args.keys:

@@ -98,7 +98,9 @@ class BoxState:
         self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
-        self._facts_key: tuple[int, int, int] = (-1, -1, -1)
+        # what `_facts` was built from: (version, reservations, in_flight), kept apart so that the
+        # check on every decision allocates nothing
+        self._facts_version = self._facts_reservations = self._facts_in_flight = -1
 
     @property
     def name(self) -> str:
@@ -233,7 +235,10 @@ class BoxState:
     @property
     def busy_seats(self) -> int:
         """What the box itself says is busy (its residents serving a call, anyone's)."""
-        return sum(1 for resident in self.inventory.residents.values() if resident.busy)
+        busy = 0
+        for resident in self.inventory.residents.values():  # a loop: no generator per decision
+            busy += resident.busy
+        return busy
 
     @property
     def limit(self) -> int | None:
@@ -253,8 +258,8 @@ class BoxState:
     def facts(self, reservations: int) -> BoxFacts:
         """Immutable facts for one decision; rebuilt only when something changed."""
         # pending, fullness and a cooling model's ceiling depend on the calls in flight (rule 4)
-        key = (self.version, reservations, self.in_flight)
-        if key != self._facts_key:
+        if (self.version != self._facts_version or reservations != self._facts_reservations
+                or self.in_flight != self._facts_in_flight):
             config = self.config
             limit = self.limit
             self._facts = BoxFacts(
@@ -281,5 +286,6 @@ class BoxState:
                 pairs=self.inventory.pairs,
                 fits=self.fits,
             )
-            self._facts_key = key
+            self._facts_version, self._facts_reservations = self.version, reservations
+            self._facts_in_flight = self.in_flight
         return self._facts  # type: ignore[return-value]

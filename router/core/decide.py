@@ -145,6 +145,9 @@ def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
     return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
 
 
+NOTHING_TRIED: frozenset[str] = frozenset()  # a first decision's `tried`, not built per call
+
+
 class Verdicts:
     """What first decisions (nothing tried yet) remember of each box's verdict per call: a
     verdict (the box's reason, or its rank key and Why) depends only on the call and the box's
@@ -197,7 +200,7 @@ def decide(
     every box (and for an unknown pin, under the pin's name). `steer`: the call's affinity,
     applied to the sorted ranking (router.core.affinity.place); None: the seeds' order.
     """
-    tried = frozenset(tried)
+    tried = frozenset(tried) if tried else NOTHING_TRIED
     memo = verdicts.of(call) if verdicts is not None and not tried and eligible is None else None
     ruled_out: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
