@@ -29,8 +29,8 @@ affinity hit (the plain call less the same call on a second router with `--affin
 
 `--allocations`: instead, the instructions and heap allocations a call costs the router's
 process, counted exactly by valgrind's callgrind (so another tenant on the machine moves them not
-at all): this script runs twice under callgrind, with the warm-up alone and with `--calls` more
-calls, and the difference is divided by `--calls`. Allocations are calls of CPython's object
+at all): this script runs twice under callgrind, driving 100 calls after the warm-up and then
+100 + `--calls`, and the difference is divided by `--calls`. Allocations are calls of CPython's object
 allocator (`_PyObject_Malloc`: every object not served from a free list) and, of those, the
 garbage-collected objects (`_PyObject_GC_Link`); `PyMem_Malloc` counts buffers (lists' and dicts'
 storage). Needs valgrind; slow (~50× a plain run), so use `--calls 1000`. HUGPY_ROUTER_INTERPRETED=1
@@ -218,7 +218,9 @@ def callgrind_leg(calls: int, args: argparse.Namespace, work: Path) -> dict:
     out = work / f"callgrind.{calls}"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
            "--callgrind-leg", str(calls), "--concurrency", str(args.concurrency)]
-    subprocess.run(cmd + (["--stream"] if args.stream else []), check=True, capture_output=True)
+    done = subprocess.run(cmd + (["--stream"] if args.stream else []), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the callgrind leg of {calls} calls failed: {done.stderr[-2000:]}")
     names: dict[str, str] = {}
     counted = dict.fromkeys(ALLOCATORS.values(), 0)
     callee = None
@@ -242,7 +244,7 @@ def callgrind_leg(calls: int, args: argparse.Namespace, work: Path) -> dict:
 def measure_allocations(args: argparse.Namespace) -> dict:
     """`--allocations`: per call, the difference of two callgrind legs over `args.calls`."""
     work = Path(tempfile.mkdtemp(prefix="callgrind-"))
-    warm, driven = callgrind_leg(0, args, work), callgrind_leg(args.calls, args, work)
+    warm, driven = callgrind_leg(100, args, work), callgrind_leg(100 + args.calls, args, work)
     per_call = {name: round((driven[name] - warm[name]) / args.calls, 1) for name in warm}
     figures = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream,
                "interpreted": router_package.INTERPRETED, "per_call": per_call}
