@@ -33,7 +33,8 @@ at all): this script runs twice under callgrind, driving 100 calls after the war
 100 + `--calls`, and the difference is divided by `--calls`. Allocations are calls of CPython's object
 allocator (`_PyObject_Malloc`: every object not served from a free list) and, of those, the
 garbage-collected objects (`_PyObject_GC_Link`); `PyMem_Malloc` counts buffers (lists' and dicts'
-storage). Needs valgrind; slow (~50× a plain run), so use `--calls 1000`. HUGPY_ROUTER_INTERPRETED=1
+storage). The router's timed background work is held off during the legs (`quiet_background`),
+so the counts repeat to within a few per cent. Needs valgrind; slow (~50× a plain run), so use `--calls 1000`. HUGPY_ROUTER_INTERPRETED=1
 counts the same for the interpreted call path.
 
 `--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
@@ -176,6 +177,7 @@ async def main(args: argparse.Namespace) -> dict:
         body = STREAM_BODY if args.stream else BODY
         await routable(router, body)
         if args.callgrind_leg is not None:  # one leg of --allocations, under callgrind
+            quiet_background()
             await drive(router, args.callgrind_leg, args.concurrency, body, 0)  # warm-up included
             await stop_router()
             return {}
@@ -209,6 +211,19 @@ async def main(args: argparse.Namespace) -> dict:
 # What --allocations counts per call: callgrind's total instructions, and the calls of these.
 ALLOCATORS = {"_PyObject_Malloc": "objects", "_PyObject_GC_Link": "gc_objects", "PyMem_Malloc": "buffers"}
 CALLGRIND_FN = re.compile(r"^(c?fn)=\((\d+)\)(?: (.*))?$")
+
+
+def quiet_background() -> None:
+    """For a callgrind leg: the router's timed background work (the boxes' polls, the loop-lag
+    watch, the boxes-file watch) waits an hour after its current sleep, so that the count is the
+    calls' own and not the leg's wall time (under valgrind a leg takes minutes, and a hugpy box's
+    link polls up to four times a second while calls change its state)."""
+    from router.boxes import fleet, hugpy, link
+    from router.serve import metrics
+
+    for module, name in ((hugpy, "MIN_POLL_GAP_S"), (link, "HEALTH_INTERVAL_S"), (link, "POLL_INTERVAL_S"),
+                         (metrics, "LOOP_WATCH_INTERVAL_S"), (fleet, "WATCH_INTERVAL_S")):
+        setattr(module, name, 3600.0)
 
 
 def callgrind_leg(calls: int, args: argparse.Namespace, work: Path) -> dict:
