@@ -34,8 +34,8 @@ at all): this script runs twice under callgrind, driving 100 calls after the war
 allocator (`_PyObject_Malloc`: every object not served from a free list) and, of those, the
 garbage-collected objects (`_PyObject_GC_Link`); `PyMem_Malloc` counts buffers (lists' and dicts'
 storage). The router's timed background work is held off during the legs (`quiet_background`),
-so the counts repeat to within a few per cent. Needs valgrind; slow (~50× a plain run), so use `--calls 1000`. HUGPY_ROUTER_INTERPRETED=1
-counts the same for the interpreted call path.
+so the counts repeat to within a few per cent. Needs valgrind; slow (~50× a plain run), so use
+`--calls 1000`.
 
 `--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
 key, chain hash, index look-up, steered decision, lesson) at 16 and at 100 boxes, over 64
@@ -64,7 +64,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from floor_proxy import FloorApp  # noqa: E402
 
-import router as router_package  # noqa: E402
 from router.boxes import aliases as box_aliases  # noqa: E402
 from router.boxes import config as boxes_config  # noqa: E402
 from router.core.affinity import OFF as AFFINITY_OFF  # noqa: E402
@@ -262,8 +261,8 @@ def measure_allocations(args: argparse.Namespace) -> dict:
     warm, driven = callgrind_leg(100, args, work), callgrind_leg(100 + args.calls, args, work)
     per_call = {name: round((driven[name] - warm[name]) / args.calls, 1) for name in warm}
     figures = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream,
-               "interpreted": router_package.INTERPRETED, "per_call": per_call}
-    print(f"per call ({'interpreted' if router_package.INTERPRETED else 'compiled'}, callgrind): "
+               "per_call": per_call}
+    print("per call (callgrind): "
           + ", ".join(f"{name} {value:,.1f}" for name, value in per_call.items()), flush=True)
     return figures
 
