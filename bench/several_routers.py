@@ -1,7 +1,7 @@
 """Two routers on the shared engines against one router on SQLite, same fake fleet, one run.
 
     .venv/bin/python bench/several_routers.py [--calls 4000] [--concurrency 32] [--rounds 3]
-        [--shared-url redis://...] [--database-url postgresql://...] [--keys] [--json FILE]
+        [--shared-url redis://...] [--database-url postgresql://... | --postgres] [--keys] [--json FILE]
 
 The fleet: `router.sim` hugpy boxes in a process of their own (bench/callpath_cpu.py's
 `start_sim`), each with a `max_inflight` (so every call takes and gives a lease). The routers:
@@ -120,9 +120,14 @@ async def main(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="several-routers-"))
     boxes_file = work / "boxes.json"
     sim = start_sim(boxes_file, BOXES)
-    redis = None
+    redis = postgres = None
     try:
         with_limits(boxes_file)
+        if args.postgres and args.database_url is None:
+            from engines import PostgresServer
+
+            postgres = PostgresServer()
+            args.database_url = postgres.database("bench")
         shared_url, server_pid = args.shared_url, None
         if shared_url is None:
             from engines import RedisServer
@@ -163,6 +168,8 @@ async def main(args: argparse.Namespace) -> dict:
         sim.wait(10)
         if redis is not None:
             redis.stop()
+        if postgres is not None:
+            postgres.close()
 
 
 def added(rounds: list[dict]) -> dict:
@@ -185,6 +192,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shared-url", help="a Redis-protocol server to use (default: a throw-away redis-server)")
     parser.add_argument("--database-url", help="postgresql://... for the two routers' store")
+    parser.add_argument("--postgres", action="store_true",
+                        help="a throw-away PostgreSQL cluster (tests/engines.py) for the two routers' store")
     parser.add_argument("--keys", action="store_true", help="calls with a key whose tally is counted")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()

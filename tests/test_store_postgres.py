@@ -88,6 +88,16 @@ def test_keys_live_in_the_database(pg_keys, pg_url, tmp_path):
     assert before == after
 
 
+def test_every_limit_the_rules_allow_fits_the_database(pg_keys):
+    """A limit is any count up to router.core.limits.MAX_COUNT (10**12), as in the SQLite store."""
+    from router.core.limits import MAX_COUNT
+
+    every = {"rpm": MAX_COUNT, "tpm": MAX_COUNT, "max_parallel": MAX_COUNT, "budget_tokens": MAX_COUNT}
+    key_id, _ = pg_keys.create("big", "use", limits=every)
+    limits = pg_keys.limits_of(key_id)
+    assert (limits.rpm, limits.tpm, limits.max_parallel, limits.budget_tokens) == (MAX_COUNT,) * 4
+
+
 def test_keys_are_served_from_the_last_copy_while_the_database_is_down(pg_keys, pg_url):
     """keys.py rule 4 / pg/keys.py rule 4: an unreadable database keeps the map."""
     key_id, key = pg_keys.create("ci", "use")

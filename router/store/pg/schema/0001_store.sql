@@ -49,9 +49,9 @@ CREATE TABLE api_keys (
     last_used_at  double precision,
     revoked_at    double precision,
     priority      text NOT NULL DEFAULT 'normal' CHECK (priority IN ('high', 'normal', 'low')),
-    rpm           integer CHECK (rpm IS NULL OR rpm >= 1),
-    tpm           integer CHECK (tpm IS NULL OR tpm >= 1),
-    max_parallel  integer CHECK (max_parallel IS NULL OR max_parallel >= 1),
+    rpm           bigint CHECK (rpm IS NULL OR rpm >= 1),
+    tpm           bigint CHECK (tpm IS NULL OR tpm >= 1),
+    max_parallel  bigint CHECK (max_parallel IS NULL OR max_parallel >= 1),
     budget_tokens bigint CHECK (budget_tokens IS NULL OR budget_tokens >= 1),
     budget_period text NOT NULL DEFAULT 'day' CHECK (budget_period IN ('day', 'week', 'month')),
     models        text                  -- JSON array of names, as SQLite's
