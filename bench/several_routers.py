@@ -59,6 +59,24 @@ def with_limits(boxes_file: Path) -> None:
     boxes_file.write_text(json.dumps(doc))
 
 
+def registry_from_file(boxes_file: Path, url: str) -> None:
+    """With a database the routers read their boxes there, not from the file: copy them in."""
+    from router.boxes import config as boxes_config
+    from router.boxes.pg_registry import PgRegistry
+    from router.store import engines
+
+    engines.open_database(url)
+    wanted = boxes_config.FileRegistry(boxes_file).load()
+    def copy(boxes: boxes_config.BoxesFile) -> None:
+        boxes.boxes, boxes.aliases = wanted.boxes, wanted.aliases
+
+    registry = PgRegistry(url)
+    try:
+        registry.edit(copy)
+    finally:
+        registry.close()
+
+
 async def start_router(boxes_file: Path, work: Path, name: str, shared_url: str | None,
                        database_url: str | None) -> tuple[RouterApp, Running]:
     config = ServeConfig(host="127.0.0.1", port=0, boxes_path=boxes_file, store_path=work / f"{name}.db",
@@ -128,6 +146,8 @@ async def main(args: argparse.Namespace) -> dict:
 
             postgres = PostgresServer()
             args.database_url = postgres.database("bench")
+        if args.database_url is not None:
+            registry_from_file(boxes_file, args.database_url)
         shared_url, server_pid = args.shared_url, None
         if shared_url is None:
             from engines import RedisServer
