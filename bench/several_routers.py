@@ -67,6 +67,7 @@ def registry_from_file(boxes_file: Path, url: str) -> None:
 
     engines.open_database(url)
     wanted = boxes_config.FileRegistry(boxes_file).load()
+
     def copy(boxes: boxes_config.BoxesFile) -> None:
         boxes.boxes, boxes.aliases = wanted.boxes, wanted.aliases
 
