@@ -123,12 +123,13 @@ def check(conn: apsw.Connection, path: Path | str) -> None:
         raise _corrupt(Path(path), "; ".join(lines))
 
 
-def migrations() -> list[tuple[int, str, str]]:
-    """Returns (version, name, sql) for every shipped migration, in order (rule 4).
+def migrations(package: str = "router.store", what: str = "store") -> list[tuple[int, str, str]]:
+    """Returns (version, name, sql) for every migration shipped in `package`'s `schema` folder,
+    in order (rule 4; router.store.pg keeps PostgreSQL's in its own).
 
     Raises UsageError when the files are misnumbered: a packaging bug, not a user's error.
     """
-    folder = importlib.resources.files("router.store") / "schema"
+    folder = importlib.resources.files(package) / "schema"
     steps = []
     for entry in folder.iterdir():
         match = MIGRATION_RE.fullmatch(entry.name)
@@ -136,7 +137,7 @@ def migrations() -> list[tuple[int, str, str]]:
             steps.append((int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
     steps.sort()
     if [version for version, _, _ in steps] != list(range(1, len(steps) + 1)):
-        raise UsageError(f"store migrations must be numbered 1..N: {[s[:2] for s in steps]}")
+        raise UsageError(f"{what} migrations must be numbered 1..N: {[s[:2] for s in steps]}")
     return steps
 
 

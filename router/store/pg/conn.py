@@ -19,13 +19,12 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
-import re
 import threading
 from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from router.core.errors import ConfigError, UsageError
+from router.core.errors import ConfigError
+from router.store import db
 
 try:
     import psycopg
@@ -43,7 +42,6 @@ CHANNEL = "hugpy_router"
 MIGRATE_LOCK = 0x68_75_67_70_79_01  # "hugpy" 1
 PRUNE_LOCK = 0x68_75_67_70_79_02  # "hugpy" 2: retention pruning on one router
 REGISTRY_LOCK = 0x68_75_67_70_79_03  # "hugpy" 3: one boxes/aliases edit at a time
-MIGRATION_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 URL_SCHEMES = ("postgresql", "postgres")
 
 
@@ -81,16 +79,7 @@ def connect(url: str, *, autocommit: bool = True, timeout_ms: int = STATEMENT_TI
 
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every shipped PostgreSQL migration, in order (rule 2)."""
-    folder = importlib.resources.files("router.store.pg") / "schema"
-    steps = []
-    for entry in folder.iterdir():
-        match = MIGRATION_RE.fullmatch(entry.name)
-        if match is not None:
-            steps.append((int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
-    steps.sort()
-    if [version for version, _, _ in steps] != list(range(1, len(steps) + 1)):
-        raise UsageError(f"PostgreSQL migrations must be numbered 1..N: {[s[:2] for s in steps]}")
-    return steps
+    return db.migrations("router.store.pg", "PostgreSQL")
 
 
 def migrate(url: str) -> int:
