@@ -23,10 +23,12 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import os
 import re
 from pathlib import Path
+from typing import Iterator
 
 import apsw
 
@@ -123,6 +125,21 @@ def check(conn: apsw.Connection, path: Path | str) -> None:
         raise _corrupt(Path(path), "; ".join(lines))
 
 
+@contextlib.contextmanager
+def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """One write transaction: BEGIN IMMEDIATE, committed when the block ends, rolled back when it
+    raises. IMMEDIATE takes the write lock up front, so a busy store waits in the busy handler
+    (rule 2) instead of failing halfway through."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 def migrations(package: str = "router.store", what: str = "store") -> list[tuple[int, str, str]]:
     """Returns (version, name, sql) for every migration shipped in `package`'s `schema` folder,
     in order (rule 4; router.store.pg keeps PostgreSQL's in its own).
@@ -158,15 +175,10 @@ def migrate(conn: apsw.Connection) -> int:
         if version <= current:
             continue
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(conn):
                 if conn.pragma("user_version") < version:  # another process may have won
                     conn.execute(sql).fetchall()
                     conn.pragma("user_version", version)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
         except apsw.Error as exc:
             raise ConfigError(f"store migration {version:04d}_{name} failed: {exc}") from exc
         current = version

@@ -159,15 +159,8 @@ class SqliteKeys:
         return self._conn.changes()
 
     def run_many(self, sql: str, rows: list[tuple]) -> None:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with db.immediate(self._conn) as conn:
             conn.executemany(sql, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
 
     def version(self) -> object:
         return self._conn.pragma("data_version")

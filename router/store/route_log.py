@@ -367,19 +367,10 @@ class RouteLogWriter:
         return deleted == PRUNE_BATCH_ROWS
 
     def _commit(self, rows: list[list], usage: list[tuple] = ()) -> None:  # type: ignore[assignment]
-        # IMMEDIATE takes the write lock up front, so a busy store waits in the busy handler
-        # instead of failing halfway through the batch.
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with db.immediate(self._conn) as conn:  # the whole batch, or none of it
             conn.execute(insert_sql(len(rows)), [value for row in rows for value in row])
             if usage:
                 conn.executemany(ADD_USAGE, usage)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
 
 
 def page_sql(tail: bool, columns: tuple[str, ...] | None) -> str:

@@ -86,8 +86,7 @@ def import_(url: str, store_path: Path) -> dict[str, int]:
         held = {table: target.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in TABLES}
         refuse_unless_empty(held, f"store {store_path}")
         with pg.connect(url, autocommit=False) as conn:
-            target.execute("BEGIN IMMEDIATE")
-            try:
+            with db.immediate(target):
                 for table, columns in TABLES.items():
                     insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                     moved[table] = 0
@@ -96,11 +95,6 @@ def import_(url: str, store_path: Path) -> dict[str, int]:
                         while rows := cursor.fetchmany(CHUNK_ROWS):
                             target.executemany(insert, rows)
                             moved[table] += len(rows)
-                target.execute("COMMIT")
-            except BaseException:
-                if target.in_transaction:
-                    target.execute("ROLLBACK")
-                raise
     except pg.psycopg.Error as exc:
         raise ConfigError(f"import from {pg.shown(url)} failed: {exc}") from None
     finally:
