@@ -279,8 +279,8 @@ async def measure_keys(router: RouterApp, stop_router, args: argparse.Namespace,
     keys = router.shared.keys
     _, plain = keys.create("bench-none", "use")
     _, limited = keys.create("bench-limits", "use", limits=EVERY_LIMIT)
-    figures, added = await alternated(router, args, ("key_none", body, plain), ("key_limits", body, limited))
-    report_added(figures, "limits_added_loop_us", added, "every limit set", 5)
+    figures = await alternated(args, (("key_none", router, body, plain), ("key_limits", router, body, limited)))
+    report_added(figures, "limits_added_loop_us", loop_added(figures, "key_none", "key_limits"), "every limit set", 5)
     await stop_router()
     return figures
 
@@ -292,8 +292,9 @@ async def measure_alias(router: RouterApp, stop_router, args: argparse.Namespace
     boxes_config.edit(boxes_file, lambda file: box_aliases.set_alias(file, ALIAS, ALIAS_CHAIN))
     await router.fleet.reload()
     aliased = body.replace(b'"%s"' % ALIAS_CHAIN[0].encode(), b'"%s"' % ALIAS.encode())
-    figures, added = await alternated(router, args, ("model", body, None), ("alias", aliased, None))
-    report_added(figures, "alias_added_loop_us", added, "an alias its first model serves", 3)
+    figures = await alternated(args, (("model", router, body, None), ("alias", router, aliased, None)))
+    report_added(figures, "alias_added_loop_us", loop_added(figures, "model", "alias"),
+                 "an alias its first model serves", 3)
     await stop_router()
     return figures
 
@@ -311,21 +312,11 @@ async def measure_features(router: RouterApp, stop_router, args: argparse.Namesp
     await routable(unsteered, body)
     runs = (("plain", router, body, None), ("key_limits", router, body, limited),
             ("alias", router, aliased, None), ("affinity_off", unsteered, body, None))
-    figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream, "rounds": []}
-    for round_number in range(KEY_ROUNDS):
-        measured = {}
-        for name, app, call_body, key in runs:
-            thread_us, process_us, wall_s = await drive(app, args.calls, args.concurrency, call_body, 0, key)
-            measured[name] = {"loop_us": round(thread_us, 1), "process_us": round(process_us, 1),
-                              "calls_per_s": round(args.calls / wall_s)}
-            print(f"round {round_number + 1} {name:12s} loop thread {thread_us:6.1f} µs/call, "
-                  f"process {process_us:6.1f} µs/call", flush=True)
-        figures["rounds"].append(measured)
-    loop = [{name: run["loop_us"] for name, run in measured.items()} for measured in figures["rounds"]]
-    report_added(figures, "limits_added_loop_us", [r["key_limits"] - r["plain"] for r in loop], "every limit set", 5)
-    report_added(figures, "alias_added_loop_us", [r["alias"] - r["plain"] for r in loop],
+    figures = await alternated(args, runs)
+    report_added(figures, "limits_added_loop_us", loop_added(figures, "plain", "key_limits"), "every limit set", 5)
+    report_added(figures, "alias_added_loop_us", loop_added(figures, "plain", "alias"),
                  "an alias its first model serves", 3)
-    report_added(figures, "affinity_hit_added_loop_us", [r["plain"] - r["affinity_off"] for r in loop],
+    report_added(figures, "affinity_hit_added_loop_us", loop_added(figures, "affinity_off", "plain"),
                  "an affinity hit (against affinity off)", 5)
     await stop_unsteered()
     await stop_router()
@@ -339,22 +330,26 @@ def report_added(figures: dict, name: str, added: list[float], what: str, budget
           f"({', '.join(f'{a:+.1f}' for a in added)}; budget {budget_us:g} µs)")
 
 
-async def alternated(router: RouterApp, args: argparse.Namespace, base: tuple, measured_run: tuple) -> tuple[dict, list]:
-    """Runs `base` and `measured_run` ((name, body, key)) in turn KEY_ROUNDS times: the figures
-    and, per round, the loop thread µs a call the second adds."""
+async def alternated(args: argparse.Namespace, runs: tuple) -> dict:
+    """Runs each of `runs` ((name, router, body, key)) in turn, KEY_ROUNDS times (this machine's
+    other tenants move a single run by more than a feature costs): the figures, each round's
+    under `rounds` by name."""
     figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream, "rounds": []}
-    added = []
     for round_number in range(KEY_ROUNDS):
         measured = {}
-        for name, body, key in (base, measured_run):
-            thread_us, process_us, wall_s = await drive(router, args.calls, args.concurrency, body, 0, key)
+        for name, app, body, key in runs:
+            thread_us, process_us, wall_s = await drive(app, args.calls, args.concurrency, body, 0, key)
             measured[name] = {"loop_us": round(thread_us, 1), "process_us": round(process_us, 1),
                               "calls_per_s": round(args.calls / wall_s)}
-            print(f"round {round_number + 1} {name:11s} loop thread {thread_us:6.1f} µs/call, "
+            print(f"round {round_number + 1} {name:12s} loop thread {thread_us:6.1f} µs/call, "
                   f"process {process_us:6.1f} µs/call, {args.calls / wall_s:,.0f} calls/s", flush=True)
         figures["rounds"].append(measured)
-        added.append(measured[measured_run[0]]["loop_us"] - measured[base[0]]["loop_us"])
-    return figures, added
+    return figures
+
+
+def loop_added(figures: dict, base: str, name: str) -> list[float]:
+    """Per round, the loop thread µs a call `name` took beyond `base`."""
+    return [measured[name]["loop_us"] - measured[base]["loop_us"] for measured in figures["rounds"]]
 
 
 if __name__ == "__main__":
