@@ -68,3 +68,37 @@ def test_limits_told_to_one_router_hold_across_both(routers, box, pg_url):
             return dict(conn.execute("SELECT router, count(*) FROM route_log GROUP BY router").fetchall())
 
     assert wait_for(lambda: sum(counted().values()) >= 33 and set(counted()) == {"r0", "r1"}, timeout=10), counted()
+
+
+def test_no_prompt_chunk_or_key_reaches_the_shared_engines(routers, box, pg_url, redis_server):
+    """The canary of tests/test_running_router.py, on the shared engines: nothing a client or a box
+    sent (prompt, session id, prompt_cache_key, user, the answer's chunks, the client's key) is in
+    any PostgreSQL table or any key or value on the Redis-protocol server."""
+    import re
+
+    import redis
+
+    from test_operator import CANARY
+
+    a, b = routers
+    box.script("tiny", Behavior.raw(200, [("Content-Type", "application/json")],
+                                    b'{"choices": [{"message": {"content": "%s-answer"}}]}' % CANARY.encode()))
+    assert admin(a, "POST", "/v1/boxes", {"name": "a", "url": box.url, "kind": "hugpy"})[0] == 201
+    _, key = new_key(a, rpm=100)
+    assert wait_for(lambda: call(b, headers=bearer(key), model="tiny")[0] == 200, timeout=5)
+    for router in (a, b, a):
+        call(router, headers={**bearer(key), "X-Router-Session": f"{CANARY}-session"},
+             messages=[{"role": "user", "content": f"{CANARY}-prompt"}],
+             prompt_cache_key=f"{CANARY}-cache-key", user=f"{CANARY}-user")
+    with psycopg.connect(pg_url) as conn:
+        assert wait_for(lambda: conn.execute("SELECT count(*) FROM route_log").fetchone()[0] >= 4, timeout=10)
+        tables = [row[0] for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()]
+        dumped = "\n".join(str(conn.execute(f'SELECT * FROM "{table}"').fetchall()) for table in tables)
+    server = redis.Redis.from_url(redis_server.url)
+    shared = b"\n".join(name + b"=" + (server.dump(name) or b"") for name in server.scan_iter())
+    assert "tiny" in dumped and shared  # the dumps hold the calls' rows and the key's tally
+    for text in (dumped, shared.decode("latin-1")):
+        assert CANARY not in text and key not in text
+    found = re.search(r"(?<![0-9a-f.])[0-9]{16,}(?![0-9a-f])", dumped)  # nor a hash of one
+    assert found is None, dumped[found.start() - 300:found.end() + 50]
