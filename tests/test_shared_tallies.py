@@ -88,16 +88,51 @@ def test_a_restarted_server_gets_the_budgets_back_from_the_store(fleet, routers,
     for _ in range(3):
         assert call(router, headers=bearer(key))[0] == 200
 
-    def budget_left() -> int:
+    def spent() -> tuple[int, int]:
+        """(the tally's spend, the store's tokens this period)"""
         doc = json.loads(request(router, "GET", "/v1/keys/usage", timeout=10)[2])
-        return next(k["left"]["budget_tokens"] for k in doc["keys"] if k["id"] == key_id)
+        key_doc = next(k for k in doc["keys"] if k["id"] == key_id)
+        return 10_000 - key_doc["left"]["budget_tokens"], key_doc["current"]["prompt_tokens"] + key_doc[
+            "current"]["completion_tokens"]
 
-    spent = 10_000 - budget_left()
-    assert spent > 0
+    # the last call's settle rides the next round trip (shared_counters rule 7), within a second
+    assert wait_for(lambda: spent()[0] == spent()[1] > 0, 5)
+    before = spent()[0]
     redis_server.stop()
     assert wait_for(lambda: not shared_state(router)["up"], 5)
     redis_server.start()  # empty: no persistence
     assert wait_for(lambda: shared_state(router)["up"], 5)
     assert call(router, headers=bearer(key))[0] == 200  # a step reads the emptied tally
     # the key upkeep (once a second) seeds the budget from the store again: not from 0
-    assert wait_for(lambda: 10_000 - budget_left() >= spent, 5)
+    assert wait_for(lambda: spent()[0] >= before, 5)
+
+
+def test_a_keyed_call_to_a_box_with_a_limit_waits_for_one_round_trip(fleet, routers, redis_server, tmp_path):
+    """The admission's compare-and-set and the box's lease go out together, the gives and settles
+    ride the next call's round trip (serve/shared.py rule 1, shared_counters rule 7)."""
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}},
+                        home=tmp_path / "home")
+    _, key = new_key(router, rpm=1000, tpm=10**9, budget_tokens=10**9)
+    assert call(router, headers=bearer(key))[0] == 200
+    calls = 20
+    before, started = shared_state(router)["round_trips"], time.monotonic()
+    for _ in range(calls):
+        assert call(router, headers=bearer(key))[0] == 200
+    sent = shared_state(router)["round_trips"] - before
+    syncs = int(time.monotonic() - started) + 2  # the once-a-second renewal, and the state read's moment
+    assert sent <= calls + syncs, (sent, calls, syncs)  # two a call (admission, then lease) would be 40
+
+
+def test_a_call_its_key_refuses_gives_back_the_lease_asked_with_its_admission(fleet, routers, redis_server,
+                                                                            tmp_path):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 1}},
+                        home=tmp_path / "home")
+    _, key = new_key(router, rpm=1)
+    assert call(router, headers=bearer(key))[0] == 200
+    assert call(router, headers=bearer(key))[0] == 429
+    assert wait_for(lambda: shared_state(router)["slots"]["a"] == {"fleet": 0, "this_router": 0}, 3)
+    assert call(router)[0] == 200  # the box's one slot is free

@@ -13,12 +13,13 @@ Rules:
 3. `release` is safe to call at any time and more than once: an ended call, and a call that goes
    back to the queue, hold nothing.
 4. Several routers (serve/shared.py): the call's lease on its box's fleet-wide slots (`lease`,
-   taken by `SlotLeases.take`) goes back with the rest, before the queue is offered the slot, so
+   taken by `SlotLeases.take`; `asked` while its answer is on its way) goes back with the rest, before the queue is offered the slot, so
    the server sees the slot free before a waiter's take. One router: `lease` stays None.
 """
 
 from __future__ import annotations
 
+from asyncio import Future
 from typing import Protocol
 
 from router._fastpath import Reservations
@@ -34,13 +35,16 @@ class SlotFreed(Protocol):
 
 
 class LeaseGiver(Protocol):
-    """Gives a fleet-wide slot back (serve/shared.py's `SlotLeases`, rule 4)."""
+    """Gives a fleet-wide slot back (serve/shared.py's `SlotLeases`, rule 4), or a slot asked and
+    not answered yet once it is."""
 
     def give(self, lease: tuple[BoxState, str]) -> None: ...
 
+    def unask(self, asked: tuple[BoxState, str, Future]) -> None: ...
+
 
 class Load:
-    __slots__ = ("reservations", "scheduler", "admission", "leases", "box", "token", "lease")
+    __slots__ = ("reservations", "scheduler", "admission", "leases", "box", "token", "lease", "asked")
 
     def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: SlotFreed,
                  leases: LeaseGiver | None = None) -> None:
@@ -51,6 +55,7 @@ class Load:
         self.box: BoxState | None = None  # the box whose in-flight count holds the call
         self.token = 0  # its reservation; 0 = none held
         self.lease: tuple[BoxState, str] | None = None  # (box, member): rule 4
+        self.asked: tuple[BoxState, str, Future] | None = None  # a lease asked, its answer to come: rule 4
 
     def count_on(self, box: BoxState | None) -> None:
         """Moves the call's in-flight count to `box` (None: off every box)."""
@@ -78,6 +83,9 @@ class Load:
         self.count_on(box)
 
     def release(self) -> None:
+        if self.asked is not None:
+            self.leases.unask(self.asked)  # type: ignore[union-attr]
+            self.asked = None
         if self.lease is not None:
             self.leases.give(self.lease)  # type: ignore[union-attr]
             self.lease = None

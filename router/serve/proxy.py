@@ -39,6 +39,7 @@ import asyncio
 import itertools
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Protocol
 
 from router._fastpath import Reservations
@@ -124,7 +125,7 @@ class ProxyCall:
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "started_s", "watch", "seat", "asked_priority",
         "affinity_key", "steer",
-        "charge", "usage_body", "chain",
+        "charge", "admitting", "usage_body", "chain",
     )
     max_boxes = MAX_BOXES_PER_CALL
 
@@ -150,6 +151,8 @@ class ProxyCall:
         self.affinity_key: Key | None = None  # its affinity key (serve/affinity.py), when on
         self.steer: Steer | None = None  # where that key points, for every decision of the call
         self.charge: Charge | None = None  # its account with its key's limits (serve/tenancy.py)
+        # several routers: its admission on its way to the shared server, and the body's spans
+        self.admitting: tuple[Awaitable[Charge | Refused], tuple | None] | None = None
         self.usage_body: bytes | None = None  # the body asking the box for a stream's usage
         self.chain: ChainCall | None = None  # a call for an alias: where it is on the chain
 
@@ -178,6 +181,8 @@ class ProxyCall:
             # the loop ~40 µs a call when every call was left to it; bench/callpath_cpu.py).
             self.reply.on_left = None  # type: ignore[assignment]
             self.load.release()
+            if self.admitting is not None:  # it ended before its admission was answered
+                self.app.tenancy.unread(self.admitting[0])
             self.app.tenancy.ended(self.record, self.charge)
             try:
                 self.life.fire(Event.DONE)  # (an ended call stays as it ended)
@@ -209,31 +214,28 @@ class ProxyCall:
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(call.model)) is not None:
             self.chain = ChainCall(self, alias, call, fallback, inspected.spans)
+        if stream and self.route.asks_usage:
+            self.usage_body = ask_usage(self.body)
         affinity = self.app.affinity
-        if affinity.on and call.pin is None:
+        if affinity.on and call.pin is None:  # its spans are the body's as sent, before any bound
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
+        # before the affinity look-up, so that several routers' admission shares its round trip
+        charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, self.route.answer_bound)
+        if charge is not None and self.app.tenancy.shared is not None:
+            self.admitting = (charge, inspected.spans)  # answered in route_call (admission_answered)
+        elif not await self.charged(charge, inspected.spans):  # type: ignore[arg-type]
+            return False
+        if self.affinity_key is not None:
             self.steer = (affinity.steer(self.affinity_key) if affinity.shared is None
                           else await affinity.steer_shared(self.affinity_key))
         if stream and self.facade.sse_keepalive:
             reply.keepalive_s = self.app.stream_keepalive_s
-        if not await self.admitted(call, max_tokens, inspected.spans):
-            return False
-        if stream and self.route.asks_usage:
-            self.usage_body = ask_usage(self.body)
         return True
 
-    async def admitted(self, call: Call, max_tokens: int | None, spans: tuple | None) -> bool:
+    async def charged(self, charge: Charge | Refused | None, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
         (serve/tenancy.py rules 1-2); False when turned away. The body then bounds its answer
         where the router gave it a bound."""
-        route = self.route
-        charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, route.answer_bound)
-        if charge is not None and self.app.tenancy.shared is not None:
-            try:
-                charge = await charge  # type: ignore[misc]
-            except SharedDown:
-                await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
-                return False
         if isinstance(charge, Refused):
             await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, turned_away=True,
                                    retry_after_s=charge.retry_after_s or None)
@@ -242,8 +244,27 @@ class ProxyCall:
             self.charge = charge
             self.record.limited(charge.headers)
             if charge.bound is not None:
-                self.body = with_answer_bound(self.body, route, spans, charge.bound)  # type: ignore[arg-type]
+                self.body = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore[arg-type]
+                if self.usage_body is not None:
+                    self.usage_body = ask_usage(self.body)
         return True
+
+    async def admission_answered(self, decision: Decision) -> bool:
+        """Several routers: the admission's answer from the shared server (serve/tenancy.py rule
+        7). The lease of the box the call goes to first is asked now, so that one round trip
+        carries both (serve/shared.py rule 1)."""
+        leases, (admitting, spans) = self.app.leases, self.admitting  # type: ignore[misc]
+        self.admitting = None
+        if leases is not None:
+            choice = next_attempt(decision, self.tried, self.record.call.pin, MAX_BOXES_PER_CALL)  # type: ignore[union-attr]
+            if not isinstance(choice, Stop) and (box := self.app.fleet.get(choice)) is not None:
+                leases.ask(self.load, box)
+        try:
+            charge = await admitting
+        except SharedDown:
+            await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
+            return False
+        return await self.charged(charge, spans)
 
     async def inspect(self) -> Inspected:
         """Reads model, pin, pool, stream and class from the body and headers; a large body on a
@@ -262,6 +283,8 @@ class ProxyCall:
         fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
         decision = self.decide_now(fleet.facts())
         record.decided(decision)
+        if self.admitting is not None and not await self.admission_answered(decision):
+            return
         if decision.path is Path.REFUSED and not decision.waits_for:
             await no_box.refuse(self.reply, self.record.call, decision, fleet.path)  # type: ignore[arg-type]
             return

@@ -6,7 +6,9 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    the server, scored by when each lease expires (the server's clock). A call takes a lease
    before it is sent to the box: one script, one round trip, that drops the expired leases and
    adds this one only while fewer than the limit are held (TAKE). So `max_inflight` holds across
-   every router. A box without a limit takes no lease and costs no round trip.
+   every router. A box without a limit takes no lease and costs no round trip. A call whose
+   admission is on its way to the server (a key counted there) asks its first box's lease in
+   that same round trip (`ask`); a call that then goes elsewhere or ends gives it back (`unask`).
 2. The local count goes on the box before the round trip (`Load.count_on`), so no call of this
    router takes the slot meanwhile; a lease refused takes it off again, and the call decides
    again over what the server said the box holds (the box is then full: the call waits).
@@ -44,6 +46,7 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import logging
@@ -62,6 +65,7 @@ from router.store.shared import PREFIX, SharedDown, SharedServer
 log = logging.getLogger("router.shared")
 
 LEASE_TTL_S = 5.0  # rule 3
+LEASE_TTL_MS = int(LEASE_TTL_S * 1000)
 SYNC_S = 1.0  # rule 3: renew, poll, heartbeat
 ROUTER_SEEN_S = 5.0  # rule 7: a router not heard from for this long is no longer listed
 BINDING_TTL_S = 3600.0  # rule 8: a conversation idle for an hour may start afresh anywhere
@@ -137,6 +141,7 @@ class SlotLeases:
         self.stats: Callable[[], dict] = dict  # this router's figures for its heartbeat doc
         self.on_back: Callable[[], None] = lambda: None  # the server answers again after an outage
         self.held: dict[str, set[str]] = {}  # box name -> this router's leases on it
+        self.giving: dict[str, int] = {}  # box name -> its leases given back, not answered yet
         self.counts: dict[str, int] = {}  # box name -> leases on it fleet-wide, as last read
         self.routers: list[dict] = []  # rule 7, as last read
         self.refused = 0  # calls answered 503 shared_store_down
@@ -148,49 +153,88 @@ class SlotLeases:
         self.tasks: list[asyncio.Task] = []
 
     # -- the call path (rules 1, 2, 4, 6) ------------------------------------------------------
+    def ask(self, load: Load, box: BoxState) -> None:
+        """Rule 1, asked early: `box`'s lease goes out with the round trip the call is about to
+        wait for anyway (its admission's: serve/proxy.py), and `take` waits for its answer. A
+        call that goes elsewhere, or ends, gives it back (`unask`)."""
+        if box.limit is None or load.lease is not None or load.asked is not None or not self.server.up:
+            return
+        load.asked = (box, *self._ask(load, box))
+
+    def _ask(self, load: Load, box: BoxState) -> tuple[str, asyncio.Future]:
+        load.count_on(box)  # rule 2
+        member = self._prefix + str(next(self._numbers))
+        reply = self.server.call(self.take_script, 1, slots_key(box.name), member, box.limit, LEASE_TTL_MS)
+        reply.add_done_callback(functools.partial(self._took, box, member))
+        return member, reply
+
+    def _took(self, box: BoxState, member: str, done: asyncio.Future) -> None:
+        """A take's answer, read as it comes (in the order the server ran them, with the gives'):
+        so this router's leases and the count always describe the same moment (rule 5)."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        taken, count = done.result()
+        if taken:
+            self.held.setdefault(box.name, set()).add(member)
+        else:
+            self.lease_refusals += 1
+        self.counted(box, count)
+
     async def take(self, load: Load, box: BoxState) -> bool | None:
         """Before `box` is sent the call: True when the call holds a lease there (or needs none,
         or the server is down in open mode), False when every slot is taken fleet-wide, None when
         the server is down in closed mode (the caller answers 503)."""
-        limit = box.limit
-        if limit is None:
+        if box.limit is None:
             return True
         if load.lease is not None:
             if load.lease[0] is box:
                 return True
             self.give(load.lease)  # failover to another box: the first box's slot goes back
             load.lease = None
-        server, name = self.server, box.name
-        member = self._prefix + str(next(self._numbers))
-        load.count_on(box)  # rule 2
-        if server.up:
+        asked, load.asked = load.asked, None
+        if asked is not None and asked[0] is not box:
+            self.unask(asked)
+            asked = None
+        if asked is not None:
+            member, reply = asked[1], asked[2]
+        elif self.server.up:
+            member, reply = self._ask(load, box)
+        else:
+            member, reply = self._prefix + str(next(self._numbers)), None
+            load.count_on(box)
+        if reply is not None:
             try:
-                taken, count = await server.call(self.take_script, 1, slots_key(name), member, limit,
-                                                 int(LEASE_TTL_S * 1000))
+                taken, _ = await reply  # `_took` has read it
             except SharedDown:
                 self.alone()  # the server went down: rule 6, below
             else:
-                if taken:
-                    self.held.setdefault(name, set()).add(member)
-                    load.lease = (box, member)
-                self.counted(box, count)
                 if not taken:
-                    self.lease_refusals += 1
                     load.count_on(None)
                     return False
+                load.lease = (box, member)
                 return True
         if self.down_mode == CLOSED:
             load.count_on(None)
             self.refused += 1
             return None
-        self.held.setdefault(name, set()).add(member)  # added to the server once it is back
+        self.held.setdefault(box.name, set()).add(member)  # added to the server once it is back
         load.lease = (box, member)
         return True
+
+    def unask(self, asked: tuple[BoxState, str, asyncio.Future]) -> None:
+        """A lease asked early for a box the call did not go to: given back once it is answered."""
+        box, member, reply = asked
+        reply.add_done_callback(functools.partial(self._unasked, box, member))
+
+    def _unasked(self, box: BoxState, member: str, done: asyncio.Future) -> None:
+        if not done.cancelled() and done.exception() is None and done.result()[0]:
+            self.give((box, member))
 
     def give(self, lease: tuple[BoxState, str]) -> None:
         """The call left the box: its lease goes back, in the next round trip (rule 4)."""
         box, member = lease
-        held = self.held.get(box.name)
+        name = box.name
+        held = self.held.get(name)
         if held is not None:
             held.discard(member)
         if self.server.up:
@@ -198,18 +242,23 @@ class SlotLeases:
             # urgent only near the limit, where some router's calls may wait for this slot; else
             # it rides the next round trip (the next call's take, or the sync within SYNC_S)
             send = self.server.call if box.in_flight + box.others >= limit - 1 else self.server.later
-            send(self.give_script, 1, slots_key(box.name), member, FREED_CHANNEL, box.name, limit) \
-                .add_done_callback(lambda done: self._given(box, done))
+            self.giving[name] = self.giving.get(name, 0) + 1
+            send(self.give_script, 1, slots_key(name), member, FREED_CHANNEL, name, limit) \
+                .add_done_callback(functools.partial(self._given, box))
 
     def _given(self, box: BoxState, done: asyncio.Future) -> None:
+        self.giving[box.name] -= 1
         if not done.cancelled() and done.exception() is None:
             self.counted(box, done.result())
 
     def counted(self, box: BoxState, count: int) -> None:
         """The server says `box` holds `count` leases (rule 5): the others' share moves, and a
-        share that shrank offers the box to this router's waiters."""
-        self.counts[box.name] = count
-        others = max(0, count - len(self.held.get(box.name, ())))
+        share that shrank offers the box to this router's waiters. This router's own leases are
+        those it holds and those it gave back that the server has not answered yet: a count read
+        before a give reached the server still holds it, and is not another router's."""
+        name = box.name
+        self.counts[name] = count
+        others = max(0, count - len(self.held.get(name, ())) - self.giving.get(name, 0))
         if others != box.others:
             shrank = others < box.others
             box.others = others
@@ -247,8 +296,7 @@ class SlotLeases:
         """One round trip: every limited box's leases renewed and counted, the heartbeat."""
         server = self.server
         boxes = [box for box in self.fleet.ordered() if box.limit is not None]
-        ttl_ms = int(LEASE_TTL_S * 1000)
-        futures = [server.call(self.renew_script, 1, slots_key(box.name), ttl_ms, *self.held.get(box.name, ()))
+        futures = [server.call(self.renew_script, 1, slots_key(box.name), LEASE_TTL_MS, *self.held.get(box.name, ()))
                    for box in boxes]
         doc = orjson.dumps({"started": self.started, **self.stats()})
         futures.append(server.call(self.heartbeat_script, 2, ROUTERS_KEY, ROUTER_DOCS_KEY, self.instance, doc,
@@ -336,6 +384,7 @@ class SlotLeases:
                       for name, count in sorted(self.counts.items())},
             "refused": self.refused,
             "lease_refusals": self.lease_refusals,
+            "round_trips": server.round_trips,
         }
 
     def collect(self):
@@ -350,6 +399,9 @@ class SlotLeases:
         yield CounterMetricFamily("router_shared_lease_refusals", "Slots refused by the shared server: the box "
                                   "was full across routers (the call decided again, and may have waited).",
                                   value=self.lease_refusals)
+        yield CounterMetricFamily("router_shared_round_trips", "Round trips to the shared server (each carries "
+                                  "every command asked meanwhile: a keyed call's admission and its box's "
+                                  "lease share one).", value=self.server.round_trips)
 
 
 class SharedBindings:

@@ -28,7 +28,9 @@ This room:
 6. Metric labels: a key's id (`admin` for HUGPY_ROUTER_KEY, `none` for every caller without a
    key), never a secret or an address: the label sets are bounded by the keys in the store.
 7. Several routers (--shared-url): the tallies are on the shared server (store/shared_counters.py),
-   so `admit` returns an awaitable (one round trip) and a `max_parallel` slot is taken with one
+   so `admit` returns an awaitable (one round trip, asked at once: the call asks its box's lease
+   before it waits, and both share the round trip; a call that ends before reading the answer
+   settles what it was charged, `unread`) and a `max_parallel` slot is taken with one
    (`take_shared_slot`) when the call is about to go to its box; the queue's hand-out does not
    take it. Server down: `--shared-down open` counts in this router alone, `closed` raises
    SharedDown (503 `shared_store_down`). One router: every step is the synchronous one above.
@@ -36,8 +38,10 @@ This room:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
+from collections.abc import Awaitable
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -49,6 +53,7 @@ from router.core.limits import (
 )
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
+from router.store.shared import SharedDown
 from router.store.shared_counters import SharedCounters
 from router.store.keys import KeyStore
 
@@ -174,6 +179,20 @@ class Tenancy:
                             tokens: int, bound: int | None) -> Charge | Refused:
         """Rule 7: `charged` once the shared server has answered. Raises SharedDown."""
         return self.charged(await admitting, key_id, name, limits, tokens, bound)
+
+    def unread(self, admitting: Awaitable[Charge | Refused]) -> None:
+        """Rule 7: a call that ended before reading its admission's answer; what that charged goes
+        back once it comes."""
+        asyncio.get_running_loop().create_task(self._settle_unread(admitting))
+
+    @staticmethod
+    async def _settle_unread(admitting: Awaitable[Charge | Refused]) -> None:
+        try:
+            charge = await admitting
+        except SharedDown:
+            return
+        if isinstance(charge, Charge):
+            charge.settle(0)
 
     def ended(self, record: CallRecord, charge: Charge | None) -> None:
         """A call ended: its tokens counted, its charge settled (rule 4)."""

@@ -4,7 +4,7 @@ ordered, pipelined round trips, each with a short timeout, and whether the serve
 Client (the `shared` extra): redis-py's asyncio client (`redis.asyncio`: the protocol's reference
 client, asyncio-native, Valkey and Redis alike) for the URL and for pub/sub; the call path's round
 trips go over `Wire`, one asyncio protocol that writes the commands as RESP and reads the replies
-with hiredis (the Redis project's C parser). redis-py's own connection spends ~400 Python
+with hiredis (the Redis project's C parser and packer). redis-py's own connection spends ~400 Python
 function calls a round trip (per-command encoders, a timeout and a task per read and write):
 more than the rest of the router's call; `Wire` spends a handful (bench/several_routers.py).
 
@@ -17,12 +17,15 @@ Rules:
    out, share the next one. One round trip is out at a time, so the server applies commands in
    the order the router asked them (a slot given back before a waiter's take reaches the server
    first). A command that is in no hurry (`later`) waits for the next round trip anyone asks
-   for.
-3. Every round trip has a deadline, ROUND_TRIP_TIMEOUT_S; a round trip that passes it, or any
-   connection error, marks the server down (`up` False) and fails every command in it with
-   `SharedDown`. While it is down the call path asks nothing (`up` is read first, at no cost);
-   the background `probe` (once a second, serve/shared.py) marks it up again on the first
-   round trip that succeeds.
+   for. The pipeline runs on loop callbacks (a flush when the loop comes round, the next one
+   from the reply's own callback), no task per round trip: on a loopback server the kernel's
+   share of a round trip is most of what it costs, and the Python around it is kept to a few
+   calls.
+3. Every round trip has a deadline, ROUND_TRIP_TIMEOUT_S, kept by one timer re-armed only when
+   it fires (not one per round trip); a round trip that passes it, or any connection error,
+   marks the server down (`up` False) and fails every command in it with `SharedDown`. While it
+   is down the call path asks nothing (`up` is read first, at no cost); the background sync
+   (once a second, serve/shared.py) marks it up again on the first round trip that succeeds.
 4. Going down and coming back are each one log line at warning level, with how long it was down;
    never one per call.
 5. The URL's password never reaches a log line or the state (`shown_url`).
@@ -37,7 +40,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger("router.shared")
@@ -94,6 +97,7 @@ class SharedServer:
         self.address = where  # rule 6
         self.tls = where.get("connection_class") is SSLConnection
         self.reader = hiredis.Reader
+        self.pack_command = hiredis.pack_command  # a command as RESP, in C
         self.reply_error = hiredis.ReplyError
         self.wire: Wire | None = None
         self.up = False
@@ -101,9 +105,15 @@ class SharedServer:
         self.down_since = time.time()  # epoch seconds; the state shows it
         self.why_down = "not reached yet"
         self.scripts: list[Script] = []
-        # rule 2: (script or None, args, future) waiting for the next round trip
-        self.queued: list[tuple[Script | None, tuple, asyncio.Future]] = []
-        self.sending = False
+        # rule 2: (command, future) waiting for the next round trip; the round trip out
+        self.queued: list[tuple[tuple, asyncio.Future]] = []
+        self.out: list[tuple[tuple, asyncio.Future]] | None = None
+        self.out_since = 0.0  # loop time it went out (rule 3)
+        self.preparing: list[Callable[[], None]] = []  # `prepare`
+        self.flush_soon = False
+        self.round_trips = 0  # sent: the operator's measure of what the shared state costs a call
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.connecting: asyncio.Task | None = None
 
     def script(self, source: str) -> Script:
         script = Script(source)
@@ -130,43 +140,157 @@ class SharedServer:
                             self.url, was_down_s)
             self.reached = True
 
-    # -- round trips ---------------------------------------------------------------------------
-    async def run(self, commands: Sequence[tuple[Script | None, tuple]]) -> list:
-        """One round trip of `commands` (a script and its keys-and-args, or None and a raw
-        command), in order: their replies, an error reply as its exception. Raises SharedDown
-        (rule 3). Scripts the server does not know (it restarted) are loaded and those commands
-        sent again (a NOSCRIPT reply did nothing)."""
-        packed = [("EVALSHA", script.sha, *args) if script is not None else args for script, args in commands]
+    # -- round trips (rules 2-3) ---------------------------------------------------------------
+    def call(self, script: Script | None, *args) -> asyncio.Future:
+        """One command on the call path, sent with whatever else is queued when the loop comes
+        round (rule 2); the future raises SharedDown when its round trip failed."""
+        future = self.later(script, *args)
+        self.soon()
+        return future
+
+    def later(self, script: Script | None, *args) -> asyncio.Future:
+        """A command that may wait for the next round trip anyone asks for (rule 2)."""
+        future = asyncio.get_running_loop().create_future()
+        self.queued.append((("EVALSHA", script.sha, *args) if script is not None else args, future))
+        return future
+
+    def soon(self) -> None:
+        """A round trip goes out when the loop comes round, with whatever is queued by then."""
+        if not self.flush_soon:
+            self.flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def prepare(self, prepare: Callable[[], None]) -> None:
+        """`prepare` runs when the next round trip is packed, and may queue commands into it
+        (`later`): a command whose arguments are known only then (a tally's compare-and-set
+        carries every step asked until then: store/shared_counters.py)."""
+        self.preparing.append(prepare)
+
+    def _flush(self) -> None:
+        """What is queued goes out as one round trip, unless one is out: its answer flushes again."""
+        while self.preparing:
+            preparing, self.preparing = self.preparing, []
+            for prepare in preparing:
+                prepare()
+        self.flush_soon = False
+        if self.out is not None or not self.queued:
+            return
+        wire = self.wire
+        if wire is None or not wire.open:
+            if self.connecting is None:
+                self.connecting = asyncio.get_running_loop().create_task(self._reconnect())
+            return
+        self._send(wire)
+
+    def _send(self, wire: Wire) -> None:
+        batch, self.queued = self.queued, []
+        self.round_trips += 1
+        self.out = batch
+        loop = asyncio.get_running_loop()
+        self.out_since = loop.time()
+        if self.watchdog is None:
+            self.watchdog = loop.call_at(self.out_since + ROUND_TRIP_TIMEOUT_S, self._overdue)
+        wire.round_trip([command for command, _ in batch], self._answered)
+
+    def _answered(self, replies: list | Exception, load_scripts: bool = True) -> None:
+        """The round trip out came back (its replies in order), or its connection broke."""
+        batch, self.out = self.out, None
+        if batch is None:  # already failed by the watchdog
+            return
+        if isinstance(replies, Exception):
+            self._failed(batch, replies)
+        elif (unknown := self._resolve(batch, replies, load_scripts)):
+            self.out = unknown  # nothing else goes out before these (rule 2)
+            asyncio.get_running_loop().create_task(self._load_scripts(unknown))
+            return
+        if self.queued and self.wire is not None and self.wire.open:
+            self._send(self.wire)
+        elif self.queued:
+            self._flush()
+
+    def _resolve(self, batch: list, replies: list, load_scripts: bool) -> list:
+        """Each command's future gets its reply; those of scripts the server does not know (it
+        restarted: a NOSCRIPT reply did nothing) are returned instead, to be sent again once the
+        scripts are loaded."""
+        unknown = []
+        error = self.reply_error
+        for item, reply in zip(batch, replies):
+            future = item[1]
+            if reply.__class__ is error:
+                if load_scripts and str(reply).startswith("NOSCRIPT"):
+                    unknown.append(item)
+                elif not future.done():  # an error reply: a bug, said as one
+                    future.set_exception(SharedDown(f"the server answered {reply}"))
+            elif not future.done():
+                future.set_result(reply)
+        return unknown
+
+    def _failed(self, batch: list, exc: BaseException) -> None:
+        """The round trip's connection is unusable (a reply half read): closed, the server marked
+        down, every command of `batch` failed with SharedDown."""
+        if self.wire is not None:
+            self.wire.close()
+            self.wire = None
+        self.went_down(exc)
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(SharedDown(self.why_down))
+
+    def _overdue(self) -> None:
+        """Rule 3's deadline, from one timer for every round trip: re-armed while the round trip
+        out is younger than ROUND_TRIP_TIMEOUT_S, the round trip failed once it is older."""
+        self.watchdog = None
+        if self.out is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = self.out_since + ROUND_TRIP_TIMEOUT_S
+        if loop.time() < due:
+            self.watchdog = loop.call_at(due, self._overdue)
+            return
+        batch, self.out = self.out, None
+        self._failed(batch, TimeoutError(f"no answer within {ROUND_TRIP_TIMEOUT_S} s"))
+        self._flush()  # what queued meanwhile tries a new connection
+
+    async def _reconnect(self) -> None:
+        """A new connection for what is queued; the server marked down when it fails."""
+        try:
+            async with asyncio.timeout(SERVER_CONNECT_TIMEOUT_S):
+                await self._connect()
+        except (OSError, TimeoutError) as exc:
+            batch, self.queued = self.queued, []
+            self.connecting = None
+            self._failed(batch, exc)
+            return
+        except asyncio.CancelledError:
+            self.connecting = None
+            raise
+        self.connecting = None
+        self._flush()
+
+    async def _load_scripts(self, unknown: list) -> None:
+        """The scripts loaded, then the commands that named one sent again."""
+        wire = self.wire
         try:
             async with asyncio.timeout(ROUND_TRIP_TIMEOUT_S):
-                wire = self.wire if self.wire is not None and self.wire.open else await self._connect()
-                replies = await wire.round_trip(packed)
-                unknown = [i for i, reply in enumerate(replies)
-                           if isinstance(reply, self.reply_error) and str(reply).startswith("NOSCRIPT")]
-                if unknown:
-                    await wire.round_trip([("SCRIPT", "LOAD", script.source) for script in self.scripts])
-                    again = await wire.round_trip([packed[i] for i in unknown])
-                    for i, reply in zip(unknown, again):
-                        replies[i] = reply
-        except (OSError, TimeoutError, asyncio.CancelledError) as exc:
-            if self.wire is not None:
-                self.wire.close()  # a reply half read: the connection is unusable
-                self.wire = None
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            self.went_down(exc)
-            raise SharedDown(self.why_down) from None
-        return replies
+                await answer(wire, [("SCRIPT", "LOAD", script.source) for script in self.scripts])
+                again = await answer(wire, [command for command, _ in unknown])
+        except (OSError, TimeoutError) as exc:
+            if self.out is unknown:
+                self.out = None
+                self._failed(unknown, exc)
+            return
+        if self.out is unknown:  # else the watchdog failed them meanwhile
+            self._answered(again, load_scripts=False)
 
     async def _connect(self) -> Wire:
         """A new connection, AUTH and SELECT done (rule 6). Raises OSError."""
         where, loop = self.address, asyncio.get_running_loop()
         reader = self.reader(replyError=self.reply_error)
         if "path" in where:
-            _, wire = await loop.create_unix_connection(lambda: Wire(reader), where["path"])
+            _, wire = await loop.create_unix_connection(lambda: Wire(reader, self.pack_command), where["path"])
         else:
             ssl = True if self.tls else None
-            _, wire = await loop.create_connection(lambda: Wire(reader), where.get("host", "localhost"),
+            _, wire = await loop.create_connection(lambda: Wire(reader, self.pack_command), where.get("host", "localhost"),
                                                    where.get("port", 6379), ssl=ssl)
         self.wire = wire
         hello: list[tuple] = []
@@ -175,50 +299,22 @@ class SharedServer:
         if where.get("db"):
             hello.append(("SELECT", where["db"]))
         if hello:
-            refused = [r for r in await wire.round_trip(hello) if isinstance(r, self.reply_error)]
+            refused = [r for r in await answer(wire, hello) if isinstance(r, self.reply_error)]
             if refused:
                 raise ConnectionRefusedError(f"the server refused the connection: {str(refused[0])[:80]}")
         return wire
 
-    def call(self, script: Script | None, *args) -> asyncio.Future:
-        """One command on the call path, sent with whatever else is queued (rule 2); the future
-        raises SharedDown when the round trip failed."""
-        future = self.later(script, *args)
-        if not self.sending:
-            self.sending = True
-            asyncio.get_running_loop().create_task(self._send())
-        return future
-
-    def later(self, script: Script | None, *args) -> asyncio.Future:
-        """A command that may wait for the next round trip anyone asks for (rule 2)."""
-        future = asyncio.get_running_loop().create_future()
-        self.queued.append((script, args, future))
-        return future
-
-    async def _send(self) -> None:
-        try:
-            while self.queued:
-                batch, self.queued = self.queued, []
-                try:
-                    results = await self.run([(script, args) for script, args, _ in batch])
-                except Exception as exc:  # SharedDown; anything else is a bug, said once: no caller waits on
-                    if not isinstance(exc, SharedDown):
-                        log.exception("a round trip to the shared server failed")
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(SharedDown(str(exc)))
-                    continue
-                for (_, _, future), result in zip(batch, results):
-                    if future.done():
-                        continue
-                    if isinstance(result, Exception):  # an error reply: a bug, said as one
-                        future.set_exception(SharedDown(f"the server answered {result}"))
-                    else:
-                        future.set_result(result)
-        finally:
-            self.sending = False
-
     async def close(self) -> None:
+        if self.connecting is not None:
+            self.connecting.cancel()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
+        batch = (self.out or []) + self.queued
+        self.out, self.queued = None, []
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(SharedDown("the router is stopping"))
         if self.wire is not None:
             self.wire.close()
             self.wire = None
@@ -228,27 +324,34 @@ class SharedServer:
             pass
 
 
-def pack(commands: Sequence[tuple]) -> bytes:
-    """`commands` as RESP arrays of bulk strings (str, bytes and int arguments)."""
-    parts: list[bytes] = []
-    for args in commands:
-        parts.append(b"*%d\r\n" % len(args))
-        for arg in args:
-            data = arg if isinstance(arg, bytes) else str(arg).encode()
-            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    return b"".join(parts)
+def answer(wire: Wire, commands: Sequence[tuple]) -> asyncio.Future:
+    """One round trip on `wire` as a future (connecting, loading scripts: off the call path)."""
+    future = asyncio.get_running_loop().create_future()
+
+    def done(replies: list | Exception) -> None:
+        if future.done():
+            return
+        if isinstance(replies, Exception):
+            future.set_exception(replies)
+        else:
+            future.set_result(replies)
+
+    wire.round_trip(commands, done)
+    return future
 
 
 class Wire(asyncio.Protocol):
     """One connection to the server, one round trip at a time (rule 2): the commands written as
-    one buffer, the replies read by hiredis until there are as many as commands."""
+    one buffer, the replies read by hiredis until there are as many as commands, then handed to
+    the round trip's `done` (a connection lost hands it the error instead)."""
 
-    def __init__(self, reader) -> None:
+    def __init__(self, reader, pack_command: Callable[[tuple], bytes]) -> None:
         self.reader = reader
+        self.pack_command = pack_command
         self.transport: asyncio.Transport | None = None
         self.open = False
-        # the round trip out: its future, how many replies it waits for, those read so far
-        self.waiting: asyncio.Future | None = None
+        # the round trip out: what it hands its replies to, how many it waits for, those read so far
+        self.done: Callable[[list | Exception], None] | None = None
         self.expected = 0
         self.replies: list = []
 
@@ -256,37 +359,39 @@ class Wire(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.open = True
 
-    def round_trip(self, commands: Sequence[tuple]) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
-        self.waiting, self.expected, self.replies = future, len(commands), []
-        self.transport.write(pack(commands))  # type: ignore[union-attr]
-        return future
+    def round_trip(self, commands: Sequence[tuple], done: Callable[[list | Exception], None]) -> None:
+        self.done, self.expected, self.replies = done, len(commands), []
+        self.transport.write(b"".join(map(self.pack_command, commands)))  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
         try:
             reader.feed(data)
-            while self.waiting is not None:
+            while self.done is not None:
                 reply = reader.gets()
                 if reply is False:
                     return
                 self.replies.append(reply)
                 if len(self.replies) == self.expected:
-                    waiting, self.waiting = self.waiting, None
-                    if not waiting.done():
-                        waiting.set_result(self.replies)
+                    done, self.done = self.done, None
+                    done(self.replies)  # may start the next round trip
             if reader.gets() is not False:  # a reply nobody asked for: the stream is not ours to trust
-                self.close()
-        except Exception:  # hiredis.ProtocolError: not a Redis-protocol server, or a broken stream
-            self.close()
+                self.lost(ConnectionError("the server sent a reply nobody asked for"))
+        except Exception as exc:  # hiredis.ProtocolError: not a Redis-protocol server, or a broken stream
+            self.lost(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.open = False
-        waiting, self.waiting = self.waiting, None
-        if waiting is not None and not waiting.done():
-            waiting.set_exception(ConnectionResetError("the server closed the connection"))
+        self.lost(ConnectionResetError("the server closed the connection"))
+
+    def lost(self, exc: Exception) -> None:
+        done = self.done
+        self.close()
+        if done is not None:
+            done(exc)
 
     def close(self) -> None:
+        """Closed by its owner: the round trip out (if any) is the owner's to fail."""
         self.open = False
+        self.done = None
         if self.transport is not None:
             self.transport.abort()

@@ -13,7 +13,9 @@ Rules:
    reservation), are the same as one router's. A router writes one tally once at a time: the
    steps that arrive meanwhile are applied in order to one copy and go out in its next write
    (a burst on one key costs one round trip per write, not one per call, and its CASes do not
-   race each other).
+   race each other). A step is asked at once and its CAS is packed with the next round trip
+   (`SharedServer.prepare`), so whatever else the call asks before it waits (its box's
+   lease: serve/proxy.py) shares that round trip.
 2. A refusal is written too (the buckets caught up to now): a refusal read from a stale copy
    would be wrong, and the write is what proves the copy current.
 3. The server down (store/shared.py rule 3): `open` steps on `local`, a LocalCounters of this
@@ -27,13 +29,20 @@ Rules:
    address's (`addr:`) ADDRESS_TALLY_TTL_S: its minute is all it has.
 6. The budget period rolls over inside the rules (limits rule 6) at the first step after the
    boundary, on whichever router takes it; the CAS makes that one step, so no lease is needed.
+7. A settle that gives back no `max_parallel` slot is in no hurry: it rides the next round trip
+   anyone sends (the key's next call, the sync within a second), where it is one write with the
+   steps asked meanwhile. Until then the tally holds the call's reservation rather than its
+   tokens, which errs on the side of the limit. A settle that frees a slot goes at once: some
+   router's call may wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import operator
 import time
-from typing import Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from router.core import limits as rules
 from router.core.limits import Ask, Left, Limits, Refused, Tally, Windows
@@ -59,9 +68,12 @@ return {1, next}
 Result = TypeVar("Result")
 
 
+FIELDS = operator.attrgetter(*Tally.__slots__)  # a tally's fields as one tuple, in C
+
+
 def pack(tally: Tally) -> bytes:
     """The fields in Tally's order, as repr writes them (-inf too, which float() reads back)."""
-    return ",".join(repr(getattr(tally, field)) for field in Tally.__slots__).encode()
+    return ",".join(map(repr, FIELDS(tally))).encode()
 
 
 def unpack(packed: bytes) -> Tally:
@@ -74,9 +86,9 @@ def unpack(packed: bytes) -> Tally:
 
 
 def copy(tally: Tally) -> Tally:
-    twin = Tally()
-    for field in Tally.__slots__:
-        setattr(twin, field, getattr(tally, field))
+    twin = Tally.__new__(Tally)
+    for field, value in zip(Tally.__slots__, FIELDS(tally)):
+        setattr(twin, field, value)
     return twin
 
 
@@ -92,14 +104,21 @@ class SharedCounters:
         self.seen: dict[str, tuple[Tally, bytes, float]] = {}  # name -> (copy, version, monotonic read)
         self.lost_steps = 0
         self.queued: dict[str, list] = {}  # name -> the steps waiting for its next write
-        self.tasks: set[asyncio.Task] = set()
+        self.ready: list[str] = []  # tallies with steps and no write out: written at the next flush
+        self.writing: set[str] = set()  # tallies with a write out
 
-    async def _step(self, name: str, apply: Callable[[Tally], Result], alone: Callable[[], Result]) -> Result:
-        """`apply` on the tally as the server holds it, atomically (rule 1); `alone` when the
-        server is down and the mode is open (rule 3)."""
+    def _step(self, name: str, apply: Callable[[Tally], Result], alone: Callable[[], Result]) -> Awaitable[Result]:
+        """`apply` on the tally as the server holds it, atomically (rule 1), asked now (it goes
+        out with the next round trip); `alone` when the server is down and the mode is open
+        (rule 3)."""
         if self.server.up:
+            return self._answer(self._queue(name, apply), alone)
+        return self._answer(None, alone)
+
+    async def _answer(self, asked: asyncio.Future | None, alone: Callable[[], Result]) -> Result:
+        if asked is not None:
             try:
-                return await self._queue(name, apply)
+                return await asked
             except SharedDown:
                 if self.server.up:  # contended past CAS_TRIES: said, never counted alone in silence
                     raise
@@ -107,72 +126,86 @@ class SharedCounters:
             raise SharedDown(self.server.why_down)
         return alone()
 
-    def _queue(self, name: str, apply: Callable[[Tally], Result]) -> asyncio.Future:
+    def _queue(self, name: str, apply: Callable[[Tally], Result], urgent: bool = True) -> asyncio.Future:
         """`apply` joins the next write of `name`'s tally (rule 1): one write at a time per tally
-        from this router, carrying every step queued meanwhile."""
+        from this router, carrying every step asked until its round trip is packed. A step in no
+        hurry (rule 7) rides the next round trip anyone sends."""
         future = asyncio.get_running_loop().create_future()
-        queued = self.queued.get(name)
-        if queued is None:
-            queued = self.queued[name] = []
-            task = asyncio.get_running_loop().create_task(self._write_all(name, queued))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-        queued.append((apply, future))
+        steps = self.queued.get(name)
+        if steps is None:
+            steps = self.queued[name] = []
+            if name not in self.writing:
+                self.ready.append(name)
+                if len(self.ready) == 1:
+                    self.server.prepare(self._write_ready)
+        steps.append((apply, future))
+        if urgent:
+            self.server.soon()
         return future
 
-    async def _write_all(self, name: str, queued: list) -> None:
-        try:
-            while queued:
-                batch = queued[:]
-                queued.clear()
-                await self._write(name, batch)
-        finally:
-            del self.queued[name]
+    def _write_ready(self) -> None:
+        """As the round trip is packed: one write for each tally with steps and no write out."""
+        ready, self.ready = self.ready, []
+        for name in ready:
+            self._write(name, self.queued.pop(name), CAS_TRIES)
 
-    async def _write(self, name: str, batch: list) -> None:
-        """The steps of `batch`, in order, on one copy, written with one CAS (rule 1)."""
+    def _write(self, name: str, batch: list, tries: int) -> None:
+        """The steps of `batch`, in order, on one copy of the tally, written with one CAS (rule 1);
+        `_written` takes the answer."""
         seen = self.seen.get(name)
         tally, version = (seen[0], seen[1]) if seen is not None else (Tally(), b"0")
         ttl_ms = (ADDRESS_TALLY_TTL_S if name.startswith("addr:") else KEY_TALLY_TTL_S) * 1000
-        failure: SharedDown = SharedDown(f"the tally of {name} changed {CAS_TRIES} times in a row")
-        for _ in range(CAS_TRIES):
-            work = copy(tally)
-            results = [apply(work) for apply, _ in batch]
-            try:
-                reply = await self.server.call(self.cas, 1, PREFIX + "tally:" + name, version, pack(work), ttl_ms)
-            except SharedDown as exc:
-                failure = exc
-                break
+        work = copy(tally)
+        results = [apply(work) for apply, _ in batch]
+        self.writing.add(name)
+        self.server.call(self.cas, 1, PREFIX + "tally:" + name, version, pack(work), ttl_ms).add_done_callback(
+            lambda answer: self._written(name, batch, work, results, tries, answer))
+
+    def _written(self, name: str, batch: list, work: Tally, results: list, tries: int,
+                 answer: asyncio.Future) -> None:
+        self.writing.discard(name)
+        failure = answer.exception() if not answer.cancelled() else SharedDown("the router is stopping")
+        if failure is None:
+            reply = answer.result()
             if reply[0] == 1:
                 self._saw(name, work, reply[1])
                 for (_, future), result in zip(batch, results):
-                    future.set_result(result)
-                return
-            version, tally = reply[1], unpack(reply[2])
-            self._saw(name, tally, version)
-        for _, future in batch:
-            future.set_exception(failure)
+                    if not future.done():
+                        future.set_result(result)
+            else:  # another router wrote since: the steps again, on the server's copy
+                self._saw(name, unpack(reply[2]), reply[1])
+                if tries > 1:
+                    self._write(name, batch, tries - 1)
+                    return
+                failure = SharedDown(f"the tally of {name} changed {CAS_TRIES} times in a row")
+        if failure is not None:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(failure if isinstance(failure, SharedDown) else SharedDown(str(failure)))
+        steps = self.queued.pop(name, None)
+        if steps is not None:  # asked while this write was out: theirs goes now
+            self._write(name, steps, CAS_TRIES)
 
     def _saw(self, name: str, tally: Tally, version: bytes) -> None:
         if len(self.seen) >= MAX_SEEN and name not in self.seen:
             self.seen.clear()
         self.seen[name] = (tally, version, time.monotonic())
 
-    def _later(self, name: str, apply: Callable[[Tally], None]) -> None:
+    def _later(self, name: str, apply: Callable[[Tally], None], urgent: bool) -> None:
         """A step nobody waits for (settle, seed); counted in `lost_steps` when it fails."""
-        self._queue(name, apply).add_done_callback(self._done)
+        self._queue(name, apply, urgent).add_done_callback(self._done)
 
     def _done(self, future: asyncio.Future) -> None:
         if future.exception() is not None:
             self.lost_steps += 1
 
     # -- the Counters steps --------------------------------------------------------------------
-    async def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | Windows:
+    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Awaitable[Refused | Windows]:
         def apply(tally: Tally) -> Refused | Windows:
             refused = rules.admit(tally, limits, ask, now)
             return refused if refused is not None else rules.windows_after(tally, limits)
 
-        return await self._step(key, apply, lambda: self.local.admit(key, limits, ask, now))
+        return self._step(key, apply, lambda: self.local.admit(key, limits, ask, now))
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         def apply(tally: Tally) -> None:
@@ -181,10 +214,10 @@ class SharedCounters:
         if not self.server.up:
             self.lost_steps += 1  # rule 3
             return
-        self._later(key, apply)
+        self._later(key, apply, urgent=slot)  # rule 7
 
-    async def take_parallel(self, key: str, limits: Limits) -> bool:
-        return await self._step(key, lambda tally: rules.take_parallel(tally, limits),
+    def take_parallel(self, key: str, limits: Limits) -> Awaitable[bool]:
+        return self._step(key, lambda tally: rules.take_parallel(tally, limits),
                                 lambda: self.local.take_parallel(key, limits))
 
     def has_room(self, key: str, limits: Limits) -> bool:
@@ -209,8 +242,8 @@ class SharedCounters:
 
         self.local.seed(key, used, period)
         if self.server.up:
-            self._later(key, apply)
+            self._later(key, apply, urgent=True)
 
     def view(self) -> dict:
-        return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.queued)}
+        return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.writing)}
 
