@@ -282,9 +282,9 @@ class ProxyCall:
         failover step: router.core.lifecycle's next_attempt) until one takes the call."""
         fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
         decision = self.decide_now(fleet.facts())
-        record.decided(decision)
         if self.admitting is not None and not await self.admission_answered(decision):
-            return
+            return  # turned away: its row shows no decision, as with one router
+        record.decided(decision)
         if decision.path is Path.REFUSED and not decision.waits_for:
             await no_box.refuse(self.reply, self.record.call, decision, fleet.path)  # type: ignore[arg-type]
             return
