@@ -90,14 +90,19 @@ DEFAULT_SLACK = Slack(2.0, 0.5)
 
 
 class Key(NamedTuple):
-    """A call's affinity key: its kind (rule 1) and, for a bound kind, the scoped identity's
-    hash and the identity itself (`identity`: what several routers share a binding under, rule
-    9); for a prefix, the chain (the scope is in its seed)."""
+    """A call's affinity key: its kind (rule 1) and, for a bound kind, the hash of its scoped
+    parts (scope, model, kind, value) and those parts, whose text (`identity`) several routers
+    share a binding under (rule 9); for a prefix, the chain (the scope is in its seed)."""
 
     kind: str
     bound: int = 0
     chain: tuple[int, ...] = ()
-    identity: str = ""
+    scoped: tuple = ()
+
+    @property
+    def identity(self) -> str:
+        """Worked out only when asked: only routers that share their bindings need it."""
+        return identity_of(*self.scoped)
 
 
 # Keys are made on every call: tuple.__new__ makes one without Key's Python-level __new__.
@@ -113,11 +118,13 @@ def bound_key(header: Callable[[str], str | None], fields: Sequence[object], sco
     for name in SESSION_HEADERS:
         value = header(name)
         if value:
-            return _new(Key, (SESSION, hash((scope, model, SESSION, value)), (), identity_of(scope, model, SESSION, value)))
+            scoped = (scope, model, SESSION, value)
+            return _new(Key, (SESSION, hash(scoped), (), scoped))
     if any(fields):  # most calls carry none of them
         for kind, value in zip(_BODY_KINDS, fields):
             if isinstance(value, str) and value:
-                return _new(Key, (kind, hash((scope, model, kind, value)), (), identity_of(scope, model, kind, value)))
+                scoped = (scope, model, kind, value)
+                return _new(Key, (kind, hash(scoped), (), scoped))
     return None
 
 
@@ -130,7 +137,7 @@ def identity_of(scope: Hashable, model: str, kind: str, value: str) -> str:
 def prefix_key(chain: tuple[int, ...]) -> Key | None:
     """The key of a call that has no bound one: its prompt's prefix chain (seeded with the scope
     and the model), or None for a prompt of fewer than MIN_PULL_DEPTH elements (rule 1)."""
-    return _new(Key, (PREFIX, 0, chain, "")) if len(chain) >= MIN_PULL_DEPTH else None
+    return _new(Key, (PREFIX, 0, chain, ())) if len(chain) >= MIN_PULL_DEPTH else None
 
 
 def response_key(scope: Hashable, model: str, response_id: str) -> int:

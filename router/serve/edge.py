@@ -19,6 +19,8 @@ Invariants:
 6. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`),
    `port` its port as the interface gives it (Granian's ASGI: text; "" when unknown); `caller`
    is who the access gate found calling (None: unknown, or not judged).
+7. `header_lookup()` answers as `header` does, without a Python call per look-up: for a caller
+   that looks up several names on every call (affinity's session headers).
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class Edge(Protocol):
 
     def header(self, name: str) -> str | None: ...
 
+    def header_lookup(self) -> Callable[[str], str | None]: ...
+
     def header_lines(self, name: str) -> str | None: ...
 
     async def read_body(self, limit: int) -> bytes: ...
@@ -125,11 +129,15 @@ class AsgiEdge:
         self._headers: dict[str, str] | None = None
 
     def header(self, name: str) -> str | None:
-        if self._headers is None:
-            self._headers = {
-                k.decode("latin-1"): v.decode("latin-1") for k, v in self.scope["headers"]
-            }
-        return self._headers.get(name)
+        return (self._headers if self._headers is not None else self._parsed()).get(name)
+
+    def header_lookup(self) -> Callable[[str], str | None]:
+        """`header` as the headers' own look-up (invariant 7)."""
+        return (self._headers if self._headers is not None else self._parsed()).get
+
+    def _parsed(self) -> dict[str, str]:
+        self._headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.scope["headers"]}
+        return self._headers
 
     def header_lines(self, name: str) -> str | None:
         """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
@@ -215,6 +223,10 @@ class RsgiEdge:
 
     def header(self, name: str) -> str | None:
         return self.scope.headers.get(name)
+
+    def header_lookup(self) -> Callable[[str], str | None]:
+        """`header` as the headers' own look-up (invariant 7)."""
+        return self.scope.headers.get
 
     def header_lines(self, name: str) -> str | None:
         """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
