@@ -162,17 +162,17 @@ class Steer(NamedTuple):
 _BOX_ID = itemgetter(1)  # a ranking entry's box id
 
 
-def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[list, bool]:
-    """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
-    pressure, ...), tier 0 = serving) with affinity applied (rules 4-6): the same list when
-    nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
-    hit when the pulled box went first."""
+def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[int, bool]:
+    """Affinity applied to `ranked` (decide's sorted (rank key, box id, why) entries, rank key =
+    (tier, load, pressure, ...), tier 0 = serving; rules 4-6). Returns (index, hit): the entry
+    that goes first, the others keeping their order (0: the order stands), and hit when it is the
+    pulled box. An index, not a new list: the caller moves the entry in its own list."""
     absolute, relative = slack
     if (absolute <= 0 and relative <= 0) or not ranked:
-        return ranked, False
+        return 0, False
     first = ranked[0][0]
     if first[0] != 0:
-        return ranked, False
+        return 0, False
     if pull is not None:
         try:
             index = indexOf(map(_BOX_ID, ranked), pull[0])
@@ -182,19 +182,11 @@ def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int)
         # before it
         rank = ranked[index][0]
         if index >= 0 and rank[0] == 0 and rank[1] <= first[1] + absolute + relative * first[1]:
-            return _to_front(ranked, index), True
+            return index, True
     if not keyed:
-        return ranked, False
+        return 0, False
     tied = 1
     best = first[1:3]
     while tied < len(ranked) and ranked[tied][0][0] == 0 and ranked[tied][0][1:3] == best:
         tied += 1
-    return _to_front(ranked, spin % tied), False
-
-
-def _to_front(ranked: list, index: int) -> list:
-    if index == 0:
-        return ranked
-    moved = ranked.copy()
-    moved.insert(0, moved.pop(index))
-    return moved
+    return spin % tied, False
