@@ -106,7 +106,7 @@ def test_decide_applies_the_steer_inside_the_serving_tier_only():
 
 
 def test_the_first_present_key_wins_and_is_scoped():
-    session, codex, nothing = {"x-router-session": "s", "session_id": "c"}.get, {"session_id": "c"}.get, {}.get
+    session, codex, nothing = {"x-router-session": "s", "session_id": "c"}, {"session_id": "c"}, {"host": "h"}
     assert bound_key(session, ["k", "u", "r"], "addr:1", "m").kind == SESSION
     assert bound_key(codex, ["k", "u", "r"], "addr:1", "m")[:3] == (SESSION, hash(("addr:1", "m", SESSION, "c")), ())
     assert bound_key(nothing, ["k", "u", "r"], "addr:1", "m").kind == KEY

@@ -46,13 +46,14 @@ the serve layer holds it): this module stays stdlib only.
 from __future__ import annotations
 
 from operator import indexOf, itemgetter
-from typing import Callable, Hashable, NamedTuple, Sequence
+from typing import Hashable, Mapping, NamedTuple, Sequence
 
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
 # harnesses send on every request of a session (Codex CLI: `session_id`, and `conversation_id`
 # in its older releases; Claude Code: `x-claude-code-session-id`), then a common generic one.
 SESSION_HEADERS = ("x-router-session", "session_id", "conversation_id", "x-claude-code-session-id",
                    "x-session-id")
+_SESSION_NAMES = frozenset(SESSION_HEADERS)
 # One entry (an OrderedDict slot, its key and a 4-tuple node) holds ~200 bytes (tracemalloc over
 # 100k entries: 196-212 B), so `--affinity-memory` MiB converts to entries at this rate.
 ENTRY_BYTES = 200
@@ -109,17 +110,18 @@ class Key(NamedTuple):
 _new = tuple.__new__
 
 
-def bound_key(header: Callable[[str], str | None], fields: Sequence[object], scope: Hashable,
+def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hashable,
               model: str) -> Key | None:
     """The call's key when a session header or a body field gives one (rules 1 and 2), first
     present wins; None: the call's key is its prompt's (`prefix_key`), hashed only then (hashing
-    is the costly part). `header(name)`: the call's header `name`, or None; `fields`: the body's
+    is the costly part). `headers`: the call's headers by name; `fields`: the body's
     BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent)."""
-    for name in SESSION_HEADERS:
-        value = header(name)
-        if value:
-            scoped = (scope, model, SESSION, value)
-            return _new(Key, (SESSION, hash(scoped), (), scoped))
+    if not _SESSION_NAMES.isdisjoint(headers):  # most calls carry none of them
+        for name in SESSION_HEADERS:
+            value = headers.get(name)
+            if value:
+                scoped = (scope, model, SESSION, value)
+                return _new(Key, (SESSION, hash(scoped), (), scoped))
     if any(fields):  # most calls carry none of them
         for kind, value in zip(_BODY_KINDS, fields):
             if isinstance(value, str) and value:

@@ -19,14 +19,15 @@ Invariants:
 6. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`),
    `port` its port as the interface gives it (Granian's ASGI: text; "" when unknown); `caller`
    is who the access gate found calling (None: unknown, or not judged).
-7. `header_lookup()` answers as `header` does, without a Python call per look-up: for a caller
-   that looks up several names on every call (affinity's session headers).
+7. `headers()` is the headers by name, as `header` reads them (`get`, `in`, iteration over the
+   names): for a caller that asks about several names on every call (affinity's session headers)
+   without a Python call per name.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from router.core.access import peer_address
 
@@ -91,7 +92,7 @@ class Edge(Protocol):
 
     def header(self, name: str) -> str | None: ...
 
-    def header_lookup(self) -> Callable[[str], str | None]: ...
+    def headers(self) -> Mapping[str, str]: ...
 
     def header_lines(self, name: str) -> str | None: ...
 
@@ -131,9 +132,9 @@ class AsgiEdge:
     def header(self, name: str) -> str | None:
         return (self._headers if self._headers is not None else self._parsed()).get(name)
 
-    def header_lookup(self) -> Callable[[str], str | None]:
-        """`header` as the headers' own look-up (invariant 7)."""
-        return (self._headers if self._headers is not None else self._parsed()).get
+    def headers(self) -> Mapping[str, str]:
+        """The headers by name (invariant 7)."""
+        return self._headers if self._headers is not None else self._parsed()
 
     def _parsed(self) -> dict[str, str]:
         self._headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.scope["headers"]}
@@ -224,9 +225,9 @@ class RsgiEdge:
     def header(self, name: str) -> str | None:
         return self.scope.headers.get(name)
 
-    def header_lookup(self) -> Callable[[str], str | None]:
-        """`header` as the headers' own look-up (invariant 7)."""
-        return self.scope.headers.get
+    def headers(self) -> Mapping[str, str]:
+        """The headers by name (invariant 7)."""
+        return self.scope.headers
 
     def header_lines(self, name: str) -> str | None:
         """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
