@@ -5,6 +5,7 @@ facts)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import orjson
 from hypothesis import given, settings, strategies as st
@@ -123,7 +124,12 @@ def test_the_first_present_key_wins_and_is_scoped():
 
 # -- the index: rules 3, 7, 8 ---------------------------------------------------------------------
 
-EPOCH = lambda box, model: 1  # noqa: E731
+def boxes_at(epochs: dict[str, int]) -> dict:
+    """What the index is given: box name -> a state whose cache_epoch(model) is epochs[name]."""
+    return {name: SimpleNamespace(cache_epoch=lambda model_key, at=at: at) for name, at in epochs.items()}
+
+
+EPOCH = boxes_at({"a": 1, "b": 1})
 
 
 def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pulls():
@@ -142,7 +148,9 @@ def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pull
 def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
     index = index_of(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)
-    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), lambda box, model: 2) is None
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), boxes_at({"a": 2})) is None
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), boxes_at({"b": 1})) is None  # a box gone
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), EPOCH) == ("a", 2)
     index.learn(Key(SESSION, 77), "a", "m", 1)
     index.learn(Key(SESSION, 77), "b", "m", 1)
     assert index.pull(Key(SESSION, 77), EPOCH) == ("b", BOUND_DEPTH)
@@ -180,7 +188,7 @@ def test_the_compiled_index_equals_its_model(steps, capacity):
             model.bind(key.bound, box)
         else:
             epochs["c"] += 1
-            at = lambda name, model_key: epochs[name]  # noqa: E731
+            at = boxes_at(epochs)
             assert index.pull(key, at) == model.pull(key, at)
         assert list(index.entries.items()) == list(model.entries.items())
         assert len(index) == len(model) <= capacity

@@ -68,6 +68,7 @@ _SEED_MASK = (1 << 64) - 1
 RESPONSES_PATH = "/v1/responses"
 HEADER = b"x-router-affinity"
 _new = tuple.__new__  # a Steer without its Python-level __new__: one is made on every keyed call
+_NO_BOXES: dict = {}  # no fleet yet: every node is stale
 
 
 class Affinity:
@@ -82,7 +83,6 @@ class Affinity:
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
         self.shared: SharedBindings | None = None  # rule 6
-        self._epoch_of = self._epoch  # bound once: every keyed call's pull asks it
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
@@ -103,7 +103,8 @@ class Affinity:
         """What the decision applies for `key` (None: no key, the seeds' order)."""
         if key is None:
             return None
-        return _new(Steer, (self.index.pull(key, self._epoch_of), True, self.slack, self._spin(32)))
+        boxes = self.fleet.boxes if self.fleet is not None else _NO_BOXES  # their cache epochs
+        return _new(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
 
     async def steer_shared(self, key: Key | None) -> Steer | None:
         """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""
@@ -115,10 +116,6 @@ class Affinity:
             return steer
         self.index.bind(key.bound, box)  # type: ignore[union-attr]
         return steer._replace(pull=(box, BOUND_DEPTH))
-
-    def _epoch(self, box_name: str, model_key: str) -> int:
-        box = self.fleet.boxes.get(box_name) if self.fleet is not None else None
-        return box.cache_epoch(model_key) if box is not None else -1
 
     # -- the answer ----------------------------------------------------------------------------
     def took(self, key: Key | None, steer: Steer | None, box: BoxState, record: CallRecord) -> None:
