@@ -93,7 +93,7 @@ class Affinity:
         """The call's key (rules 2 and 3), or None."""
         scope = scope_of(edge)
         model = inspected.call.model
-        key = bound_key(edge.headers(), inspected.key_fields, scope, model)
+        key = bound_key(edge.headers, inspected.key_fields, scope, model)
         if key is not None or inspected.prompt is None:
             return key
         start, end = inspected.prompt
