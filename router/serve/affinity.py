@@ -124,17 +124,18 @@ class Affinity:
             record.placed("none")
             return
         pull: Pull | None = steer.pull if steer is not None else None
-        hit = pull is not None and pull[0] == box.name
+        name = box.name
+        hit = pull is not None and pull[0] == name
         record.placed(("hit:" if hit else "miss:") + key.kind)
         call, kind = record.call, box.config.kind
         # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
-        asked = (box.name, call.model, call.settings)  # type: ignore[union-attr]
+        asked = (name, call.model, call.settings)  # type: ignore[union-attr]
         known = self._named.get(asked)
         named = known[1] if known is not None and known[0] is kind else self._call_key(asked, kind)
         if named is not None:
-            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
+            self.index.learn(key, name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
         if self.shared is not None and not hit and key.kind != PREFIX:
-            self.shared.keep(key.identity, box.name)  # made or moved here (rule 6)
+            self.shared.keep(key.identity, name)  # made or moved here (rule 6)
 
     def _call_key(self, asked: tuple[str, str, str | None], kind: BoxKind) -> tuple[str, str | None] | None:
         """call_key, remembered in `_named` per (box, model, settings) with the box's kind: the
