@@ -94,9 +94,10 @@ class Affinity:
         scope = scope_of(edge)
         model = inspected.call.model
         key = bound_key(edge.headers, inspected.key_fields, scope, model)
-        if key is not None or inspected.prompt is None:
+        prompt = inspected.prompt
+        if key is not None or prompt is None:
             return key
-        start, end = inspected.prompt
+        start, end = prompt
         return prefix_key(prefix_chain(body, start, end, hash((self._salt, scope, model)) & _SEED_MASK))
 
     def steer(self, key: Key | None) -> Steer | None:
