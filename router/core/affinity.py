@@ -170,7 +170,7 @@ def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int)
     that goes first, the others keeping their order (0: the order stands), and hit when it is the
     pulled box. An index, not a new list: the caller moves the entry in its own list."""
     absolute, relative = slack
-    if (absolute <= 0.0 and relative <= 0.0) or not ranked:  # float literals: the compiled float compare
+    if (absolute <= 0.0 and relative <= 0.0) or not ranked:  # 0.0: a float compare the interpreter specializes
         return 0, False
     first = ranked[0][0]
     if first[0] != 0:
