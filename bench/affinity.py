@@ -255,8 +255,7 @@ def affinity_cost(boxes: int, calls: int = 20000, conversations: int = 64, turns
                      "headers": [(b"host", b"127.0.0.1:8080"), (b"content-type", b"application/json"),
                                  (b"authorization", b"Bearer unused"), (b"user-agent", b"OpenAI/Python 1.54.0"),
                                  (b"accept", b"application/json")]}, None, None)
-    edge.header("host")  # the access gate has read the headers, and found the caller
-    edge.caller = "127.0.0.1"
+    edge.caller = "127.0.0.1"  # the access gate found the caller
     bodies = []
     for n in range(conversations):
         messages = [SYSTEM, first_message(n, 8.0)]

@@ -23,6 +23,10 @@ cdef uint64_t PRIME_2 = 0xC2B2AE3D27D4EB4FULL  # xxHash64's PRIME64_2
 cdef uint64_t ELEMENT_MARK = 0x5BD1E9955BD1E995ULL  # separates elements: [ab][c] and [a][bc] differ
 cdef uint64_t HASH_MASK = 0x3FFFFFFFFFFFFFFFULL
 
+from cpython.long cimport PyLong_FromUnsignedLongLong
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+
 
 cdef extern from *:
     """
@@ -166,7 +170,12 @@ def prefix_chain(bytes body, Py_ssize_t start, Py_ssize_t end, uint64_t seed):
             count = _chain(p, start, end, seed, out)
     else:
         count = _chain(p, start, end, seed, out)
-    return tuple([(out[k] & HASH_MASK) | 1 for k in range(count)])
+    chain = PyTuple_New(count)
+    for k in range(count):
+        element = PyLong_FromUnsignedLongLong((out[k] & HASH_MASK) | 1)
+        Py_INCREF(element)  # PyTuple_SET_ITEM steals the reference Cython keeps for `element`
+        PyTuple_SET_ITEM(chain, k, element)
+    return chain
 
 
 # AffinityIndex: router.core.affinity's index (its rules 3, 7, 8), compiled: it runs on every call
@@ -187,8 +196,9 @@ cdef class AffinityIndex:
 
     A binding maps a scoped key's hash to a box name; a node maps a chain hash to
     (box, model key, epoch, state), state being the next element's hash (0: none seen yet) or
-    SHARED. A key is core's Key (kind, bound, chain, identity): a non-empty chain is a prefix key.
-    `epoch(box, model_key)` is the box's current cache epoch for that model. Where a key points
+    SHARED. A key is core's Key (kind, bound, chain, scoped): a non-empty chain is a prefix key.
+    `boxes` maps a box's name to its state, whose `cache_epoch(model_key)` is the box's current
+    cache epoch for that model (a box not there is gone: its nodes are stale). Where a key points
     is a pull: a plain (box, depth) tuple, depth `bound_depth` for a binding; a node pulls from
     `min_depth` on.
     """
@@ -208,12 +218,13 @@ cdef class AffinityIndex:
     def __len__(self):
         return len(self.entries)
 
-    def pull(self, key, epoch):
+    def pull(self, key, dict boxes):
         """Where `key` points now, or None (core rules 3 and 4): its binding, else the deepest
-        node of its chain, unless that node is shared or of another epoch."""
+        node of its chain, unless that node is shared, or of another epoch than its box's now."""
         cdef tuple chain = (<tuple> key)[2]  # a Key, a tuple's subclass
         cdef tuple node
         cdef PyObject* found
+        cdef PyObject* box
         cdef Py_ssize_t depth
         if not chain:
             found = PyDict_GetItem(self.entries, (<tuple> key)[1])
@@ -226,7 +237,10 @@ cdef class AffinityIndex:
             if found == NULL:
                 continue
             node = <tuple> found
-            if node[3] == SHARED or epoch(node[0], node[1]) != node[2]:
+            if node[3] == SHARED:
+                return None
+            box = PyDict_GetItem(boxes, node[0])
+            if box == NULL or (<object> box).cache_epoch(node[1]) != node[2]:
                 return None
             self._move_to_end(chain[depth - 1])
             return (node[0], depth)

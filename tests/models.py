@@ -542,7 +542,7 @@ class AffinityIndexModel:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def pull(self, key, epoch):
+    def pull(self, key, boxes):
         bound, chain = key[1], key[2]
         if not chain:
             if bound not in self.entries:
@@ -554,7 +554,7 @@ class AffinityIndexModel:
             if node is None:
                 continue
             box, model_key, at, state = node
-            if state == self.SHARED or epoch(box, model_key) != at:
+            if state == self.SHARED or box not in boxes or boxes[box].cache_epoch(model_key) != at:
                 return None
             self.entries.move_to_end(chain[depth - 1])
             return (box, depth)

@@ -91,8 +91,9 @@ def test_a_shared_system_prompt_alone_spreads_the_calls(start_fleet_in_process):
     assert min(counts.values()) >= 1 and max(counts.values()) <= 12, counts  # never all on one box
 
 
-def test_a_session_header_holds_across_a_rewritten_history(start_fleet_in_process):
-    router = start_fleet_in_process(*boxes(4))
+@pytest.mark.parametrize("interface", ["asgi", "rsgi"])  # each edge's own header look-up
+def test_a_session_header_holds_across_a_rewritten_history(start_fleet_in_process, interface):
+    router = start_fleet_in_process(*boxes(4), extra_args=("--interface", interface))
     api = client(router)
     sessions = {f"s{n}": chat(api, [first_message(n)], {"X-Router-Session": f"s{n}"})[0] for n in range(8)}
     assert len(set(sessions.values())) >= 2  # misses spread

@@ -5,6 +5,7 @@ facts)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import orjson
 from hypothesis import given, settings, strategies as st
@@ -49,6 +50,11 @@ entries = st.lists(
 ).map(lambda keys: sorted(
     ((tier, load, pressure, (0, 0), (i, f"b{i}")), f"b{i}", None) for i, (tier, load, pressure) in enumerate(keys)
 ))
+def moved_first(ranked: list, index: int) -> list:
+    """`ranked` as decide leaves it after place(): entry `index` first, the others in order."""
+    return ranked[index:index + 1] + ranked[:index] + ranked[index + 1:]
+
+
 slacks = st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0]), st.sampled_from([0.0, 0.25, 0.5, 1.0]))
 
 
@@ -56,10 +62,10 @@ slacks = st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0]), st.sampled_from([
 @given(entries, st.one_of(st.none(), st.integers(0, 9)), st.booleans(), slacks, st.integers(0, 1 << 32))
 def test_place_equals_its_model(ranked, pulled, keyed, slack, spin):
     pull = (f"b{pulled}", 3) if pulled is not None else None
-    got, hit = place(list(ranked), pull, keyed, Slack(*slack), spin)
+    index, hit = place(list(ranked), pull, keyed, Slack(*slack), spin)
+    assert 0 <= index < max(len(ranked), 1)
+    got = moved_first(ranked, index)
     assert got == reference_place(list(ranked), pull, keyed, *slack, spin)
-    assert sorted(got) == sorted(ranked)  # a permutation: every box still ranked once
-    assert got[1:] == [e for e in ranked if e is not got[0]] if got else True  # one entry moved, no more
     limit = ranked[0][0][1] + slack[0] + slack[1] * ranked[0][0][1] if ranked else 0
     assert hit == (pull is not None and slack != (0.0, 0.0) and bool(ranked) and ranked[0][0][0] == 0
                    and any(e[1] == pull[0] and e[0][0] == 0 and e[0][1] <= limit for e in ranked))
@@ -69,19 +75,19 @@ def test_place_equals_its_model(ranked, pulled, keyed, slack, spin):
 
 @given(entries, st.integers(0, 9), st.integers(0, 1 << 32))
 def test_slack_zero_is_the_seeds_order(ranked, pulled, spin):
-    assert place(list(ranked), (f"b{pulled}", BOUND_DEPTH), True, OFF, spin) == (ranked, False)
+    assert place(list(ranked), (f"b{pulled}", BOUND_DEPTH), True, OFF, spin) == (0, False)
 
 
 def test_a_miss_spreads_over_the_tied_boxes_by_the_spin():
     ranked = sorted(((0, 1, 1, (0, 0), (i, f"b{i}")), f"b{i}", None) for i in range(4))
-    firsts = {place(ranked, None, True, DEFAULT_SLACK, spin)[0][0][1] for spin in range(8)}
+    firsts = {ranked[place(ranked, None, True, DEFAULT_SLACK, spin)[0]][1] for spin in range(8)}
     assert firsts == {"b0", "b1", "b2", "b3"}
-    assert place(ranked, None, False, DEFAULT_SLACK, 3)[0] == ranked  # no key: the seeds' order
+    assert place(ranked, None, False, DEFAULT_SLACK, 3) == (0, False)  # no key: the seeds' order
 
 
 def test_a_pulled_box_past_the_slack_is_left():
     ranked = sorted(((0, load, 1, (0, 0), (i, f"b{i}")), f"b{i}", None) for i, load in enumerate([2, 9]))
-    assert place(ranked, ("b1", 5), True, Slack(2, 0.5), 0) == (ranked, False)  # 9 > 2 + 2 + 1
+    assert place(ranked, ("b1", 5), True, Slack(2, 0.5), 0) == (0, False)  # 9 > 2 + 2 + 1
     assert place(ranked, ("b1", 5), True, Slack(2, 3), 0)[1] is True  # 9 <= 2 + 2 + 6
 
 
@@ -101,7 +107,7 @@ def test_decide_applies_the_steer_inside_the_serving_tier_only():
 
 
 def test_the_first_present_key_wins_and_is_scoped():
-    session, codex, nothing = {"x-router-session": "s", "session_id": "c"}.get, {"session_id": "c"}.get, {}.get
+    session, codex, nothing = {"x-router-session": "s", "session_id": "c"}, {"session_id": "c"}, {"host": "h"}
     assert bound_key(session, ["k", "u", "r"], "addr:1", "m").kind == SESSION
     assert bound_key(codex, ["k", "u", "r"], "addr:1", "m")[:3] == (SESSION, hash(("addr:1", "m", SESSION, "c")), ())
     assert bound_key(nothing, ["k", "u", "r"], "addr:1", "m").kind == KEY
@@ -118,7 +124,12 @@ def test_the_first_present_key_wins_and_is_scoped():
 
 # -- the index: rules 3, 7, 8 ---------------------------------------------------------------------
 
-EPOCH = lambda box, model: 1  # noqa: E731
+def boxes_at(epochs: dict[str, int]) -> dict:
+    """What the index is given: box name -> a state whose cache_epoch(model) is epochs[name]."""
+    return {name: SimpleNamespace(cache_epoch=lambda model_key, at=at: at) for name, at in epochs.items()}
+
+
+EPOCH = boxes_at({"a": 1, "b": 1})
 
 
 def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pulls():
@@ -137,7 +148,9 @@ def test_a_conversation_is_found_by_its_history_and_a_shared_preamble_never_pull
 def test_a_node_of_another_epoch_is_dropped_and_a_binding_moves():
     index = index_of(1000)
     index.learn(Key(PREFIX, 0, (1, 10)), "a", "m", 1)
-    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), lambda box, model: 2) is None
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), boxes_at({"a": 2})) is None
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), boxes_at({"b": 1})) is None  # a box gone
+    assert index.pull(Key(PREFIX, 0, (1, 10, 11)), EPOCH) == ("a", 2)
     index.learn(Key(SESSION, 77), "a", "m", 1)
     index.learn(Key(SESSION, 77), "b", "m", 1)
     assert index.pull(Key(SESSION, 77), EPOCH) == ("b", BOUND_DEPTH)
@@ -175,7 +188,7 @@ def test_the_compiled_index_equals_its_model(steps, capacity):
             model.bind(key.bound, box)
         else:
             epochs["c"] += 1
-            at = lambda name, model_key: epochs[name]  # noqa: E731
+            at = boxes_at(epochs)
             assert index.pull(key, at) == model.pull(key, at)
         assert list(index.entries.items()) == list(model.entries.items())
         assert len(index) == len(model) <= capacity

@@ -46,13 +46,14 @@ the serve layer holds it): this module stays stdlib only.
 from __future__ import annotations
 
 from operator import indexOf, itemgetter
-from typing import Callable, Hashable, NamedTuple, Sequence
+from typing import Hashable, Mapping, NamedTuple, Sequence
 
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
 # harnesses send on every request of a session (Codex CLI: `session_id`, and `conversation_id`
 # in its older releases; Claude Code: `x-claude-code-session-id`), then a common generic one.
 SESSION_HEADERS = ("x-router-session", "session_id", "conversation_id", "x-claude-code-session-id",
                    "x-session-id")
+_SESSION_NAMES = frozenset(SESSION_HEADERS)
 # One entry (an OrderedDict slot, its key and a 4-tuple node) holds ~200 bytes (tracemalloc over
 # 100k entries: 196-212 B), so `--affinity-memory` MiB converts to entries at this rate.
 ENTRY_BYTES = 200
@@ -90,34 +91,42 @@ DEFAULT_SLACK = Slack(2.0, 0.5)
 
 
 class Key(NamedTuple):
-    """A call's affinity key: its kind (rule 1) and, for a bound kind, the scoped identity's
-    hash and the identity itself (`identity`: what several routers share a binding under, rule
-    9); for a prefix, the chain (the scope is in its seed)."""
+    """A call's affinity key: its kind (rule 1) and, for a bound kind, the hash of its scoped
+    parts (scope, model, kind, value) and those parts, whose text (`identity`) several routers
+    share a binding under (rule 9); for a prefix, the chain (the scope is in its seed)."""
 
     kind: str
     bound: int = 0
     chain: tuple[int, ...] = ()
-    identity: str = ""
+    scoped: tuple = ()
+
+    @property
+    def identity(self) -> str:
+        """Worked out only when asked: only routers that share their bindings need it."""
+        return identity_of(*self.scoped)
 
 
 # Keys are made on every call: tuple.__new__ makes one without Key's Python-level __new__.
 _new = tuple.__new__
 
 
-def bound_key(header: Callable[[str], str | None], fields: Sequence[object], scope: Hashable,
+def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hashable,
               model: str) -> Key | None:
     """The call's key when a session header or a body field gives one (rules 1 and 2), first
     present wins; None: the call's key is its prompt's (`prefix_key`), hashed only then (hashing
-    is the costly part). `header(name)`: the call's header `name`, or None; `fields`: the body's
+    is the costly part). `headers`: the call's headers by name; `fields`: the body's
     BODY_KEY_FIELDS values (parsed; a non-string or empty one is absent)."""
-    for name in SESSION_HEADERS:
-        value = header(name)
-        if value:
-            return _new(Key, (SESSION, hash((scope, model, SESSION, value)), (), identity_of(scope, model, SESSION, value)))
+    if not _SESSION_NAMES.isdisjoint(headers):  # most calls carry none of them
+        for name in SESSION_HEADERS:
+            value = headers.get(name)
+            if value:
+                scoped = (scope, model, SESSION, value)
+                return _new(Key, (SESSION, hash(scoped), (), scoped))
     if any(fields):  # most calls carry none of them
         for kind, value in zip(_BODY_KINDS, fields):
             if isinstance(value, str) and value:
-                return _new(Key, (kind, hash((scope, model, kind, value)), (), identity_of(scope, model, kind, value)))
+                scoped = (scope, model, kind, value)
+                return _new(Key, (kind, hash(scoped), (), scoped))
     return None
 
 
@@ -130,7 +139,7 @@ def identity_of(scope: Hashable, model: str, kind: str, value: str) -> str:
 def prefix_key(chain: tuple[int, ...]) -> Key | None:
     """The key of a call that has no bound one: its prompt's prefix chain (seeded with the scope
     and the model), or None for a prompt of fewer than MIN_PULL_DEPTH elements (rule 1)."""
-    return _new(Key, (PREFIX, 0, chain, "")) if len(chain) >= MIN_PULL_DEPTH else None
+    return _new(Key, (PREFIX, 0, chain, ())) if len(chain) >= MIN_PULL_DEPTH else None
 
 
 def response_key(scope: Hashable, model: str, response_id: str) -> int:
@@ -155,17 +164,17 @@ class Steer(NamedTuple):
 _BOX_ID = itemgetter(1)  # a ranking entry's box id
 
 
-def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[list, bool]:
-    """`ranked` (decide's sorted (rank key, box id, why) entries, rank key = (tier, load,
-    pressure, ...), tier 0 = serving) with affinity applied (rules 4-6): the same list when
-    nothing moves, else a new one with one entry moved to the front. Returns (ranked, hit):
-    hit when the pulled box went first."""
+def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int) -> tuple[int, bool]:
+    """Affinity applied to `ranked` (decide's sorted (rank key, box id, why) entries, rank key =
+    (tier, load, pressure, ...), tier 0 = serving; rules 4-6). Returns (index, hit): the entry
+    that goes first, the others keeping their order (0: the order stands), and hit when it is the
+    pulled box. An index, not a new list: the caller moves the entry in its own list."""
     absolute, relative = slack
-    if (absolute <= 0 and relative <= 0) or not ranked:
-        return ranked, False
+    if (absolute <= 0.0 and relative <= 0.0) or not ranked:  # 0.0: a float compare the interpreter specializes
+        return 0, False
     first = ranked[0][0]
     if first[0] != 0:
-        return ranked, False
+        return 0, False
     if pull is not None:
         try:
             index = indexOf(map(_BOX_ID, ranked), pull[0])
@@ -175,19 +184,11 @@ def place(ranked: list, pull: Pull | None, keyed: bool, slack: Slack, spin: int)
         # before it
         rank = ranked[index][0]
         if index >= 0 and rank[0] == 0 and rank[1] <= first[1] + absolute + relative * first[1]:
-            return _to_front(ranked, index), True
+            return index, True
     if not keyed:
-        return ranked, False
+        return 0, False
     tied = 1
     best = first[1:3]
     while tied < len(ranked) and ranked[tied][0][0] == 0 and ranked[tied][0][1:3] == best:
         tied += 1
-    return _to_front(ranked, spin % tied), False
-
-
-def _to_front(ranked: list, index: int) -> list:
-    if index == 0:
-        return ranked
-    moved = ranked.copy()
-    moved.insert(0, moved.pop(index))
-    return moved
+    return spin % tied, False

@@ -235,7 +235,9 @@ def decide(
     # never compares past them.
     ranked.sort()
     if steer is not None and call.pin is None:
-        ranked, _ = place(ranked, steer.pull, steer.keyed, steer.slack, steer.spin)
+        first, _ = place(ranked, steer.pull, steer.keyed, steer.slack, steer.spin)
+        if first:
+            ranked.insert(0, ranked.pop(first))
     path = Path.PINNED if call.pin is not None else Path.RANKED
     return Decision(
         path,

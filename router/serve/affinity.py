@@ -68,6 +68,7 @@ _SEED_MASK = (1 << 64) - 1
 RESPONSES_PATH = "/v1/responses"
 HEADER = b"x-router-affinity"
 _new = tuple.__new__  # a Steer without its Python-level __new__: one is made on every keyed call
+_NO_BOXES: dict = {}  # no fleet yet: every node is stale
 
 
 class Affinity:
@@ -82,7 +83,6 @@ class Affinity:
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
         self.shared: SharedBindings | None = None  # rule 6
-        self._epoch_of = self._epoch  # bound once: every keyed call's pull asks it
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
@@ -93,17 +93,19 @@ class Affinity:
         """The call's key (rules 2 and 3), or None."""
         scope = scope_of(edge)
         model = inspected.call.model
-        key = bound_key(edge.header, inspected.key_fields, scope, model)
-        if key is not None or inspected.prompt is None:
+        key = bound_key(edge.headers, inspected.key_fields, scope, model)
+        prompt = inspected.prompt
+        if key is not None or prompt is None:
             return key
-        start, end = inspected.prompt
+        start, end = prompt
         return prefix_key(prefix_chain(body, start, end, hash((self._salt, scope, model)) & _SEED_MASK))
 
     def steer(self, key: Key | None) -> Steer | None:
         """What the decision applies for `key` (None: no key, the seeds' order)."""
         if key is None:
             return None
-        return _new(Steer, (self.index.pull(key, self._epoch_of), True, self.slack, self._spin(32)))
+        boxes = self.fleet.boxes if self.fleet is not None else _NO_BOXES  # their cache epochs
+        return _new(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
 
     async def steer_shared(self, key: Key | None) -> Steer | None:
         """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""
@@ -116,10 +118,6 @@ class Affinity:
         self.index.bind(key.bound, box)  # type: ignore[union-attr]
         return steer._replace(pull=(box, BOUND_DEPTH))
 
-    def _epoch(self, box_name: str, model_key: str) -> int:
-        box = self.fleet.boxes.get(box_name) if self.fleet is not None else None
-        return box.cache_epoch(model_key) if box is not None else -1
-
     # -- the answer ----------------------------------------------------------------------------
     def took(self, key: Key | None, steer: Steer | None, box: BoxState, record: CallRecord) -> None:
         """`box`'s answer is going to the client: learn, and say how the key placed it (rule 4)."""
@@ -127,17 +125,18 @@ class Affinity:
             record.placed("none")
             return
         pull: Pull | None = steer.pull if steer is not None else None
-        hit = pull is not None and pull[0] == box.name
+        name = box.name
+        hit = pull is not None and pull[0] == name
         record.placed(("hit:" if hit else "miss:") + key.kind)
         call, kind = record.call, box.config.kind
         # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
-        asked = (box.name, call.model, call.settings)  # type: ignore[union-attr]
+        asked = (name, call.model, call.settings)  # type: ignore[union-attr]
         known = self._named.get(asked)
         named = known[1] if known is not None and known[0] is kind else self._call_key(asked, kind)
         if named is not None:
-            self.index.learn(key, box.name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
+            self.index.learn(key, name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
         if self.shared is not None and not hit and key.kind != PREFIX:
-            self.shared.keep(key.identity, box.name)  # made or moved here (rule 6)
+            self.shared.keep(key.identity, name)  # made or moved here (rule 6)
 
     def _call_key(self, asked: tuple[str, str, str | None], kind: BoxKind) -> tuple[str, str | None] | None:
         """call_key, remembered in `_named` per (box, model, settings) with the box's kind: the

@@ -19,12 +19,15 @@ Invariants:
 6. `client` is the TCP peer's address in one form on both interfaces (`::1`, never `[::1]`),
    `port` its port as the interface gives it (Granian's ASGI: text; "" when unknown); `caller`
    is who the access gate found calling (None: unknown, or not judged).
+7. `headers` is the request's headers by name, which `header` reads (`get`, `in`, iteration
+   over the names): for a caller that asks about several names on every call (affinity's session
+   headers) without a Python call per name.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from router.core.access import peer_address
 
@@ -87,6 +90,8 @@ class Edge(Protocol):
     caller: str | None  # who the access gate found calling
     key_id: str | None  # the valid key it presented, by id (`admin`: HUGPY_ROUTER_KEY); tenancy
 
+    headers: Mapping[str, str]  # the request's headers by name (invariant 7)
+
     def header(self, name: str) -> str | None: ...
 
     def header_lines(self, name: str) -> str | None: ...
@@ -108,7 +113,7 @@ class Edge(Protocol):
 
 class AsgiEdge:
     __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "port", "caller", "key_id",
-                 "_headers")
+                 "headers")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -122,14 +127,10 @@ class AsgiEdge:
         self.port: str | int = client[1] if client else ""
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
-        self._headers: dict[str, str] | None = None
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
     def header(self, name: str) -> str | None:
-        if self._headers is None:
-            self._headers = {
-                k.decode("latin-1"): v.decode("latin-1") for k, v in self.scope["headers"]
-            }
-        return self._headers.get(name)
+        return self.headers.get(name)
 
     def header_lines(self, name: str) -> str | None:
         """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
@@ -199,7 +200,8 @@ def _str_headers(
 
 
 class RsgiEdge:
-    __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "key_id", "stream")
+    __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "key_id", "headers",
+                 "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -211,10 +213,11 @@ class RsgiEdge:
         self.port: str | int = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
+        self.headers = scope.headers
         self.stream = None
 
     def header(self, name: str) -> str | None:
-        return self.scope.headers.get(name)
+        return self.headers.get(name)
 
     def header_lines(self, name: str) -> str | None:
         """Every line of header `name`, joined with `,` in order (RFC 9110 §5.3), or None."""
