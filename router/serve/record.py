@@ -46,6 +46,8 @@ from router.store.route_log import Row
 if TYPE_CHECKING:
     from router.boxes.state import BoxState
 
+CLIENT_LEFT = Event.CLIENT_LEFT  # read per row: a module name is cheaper than the Enum's (lifecycle.py)
+
 
 class AliasedDecision:
     """An alias call's decision in the route log: the decision, and beside it the alias asked
@@ -195,21 +197,24 @@ class CallRecord:
     @property
     def state(self) -> str:
         """done | failed | refused | cancelled: from how the lifecycle ended (row_state)."""
-        return row_state(self.life.ended_by, self.status, self.failure, self.turned_away)
+        return self._state(self.failure)
+
+    def _state(self, failure: str | None) -> str:
+        return row_state(self.life.ended_by, self.status, failure, self.turned_away)
 
     @property
     def failure(self) -> str | None:
         """A stable error code: the client left, the box failed mid-answer, or the answer's own."""
-        if self.life.ended_by is Event.CLIENT_LEFT:
+        if self.life.ended_by is CLIENT_LEFT:
             return "client_left"
         return self.end_failure or self.answer_failure
 
     def row(self) -> Row:
         """This call's route_log row."""
-        call, decision, tokens = self.call, self.decision, self.tokens
+        call, decision, tokens, failure = self.call, self.decision, self.tokens, self.failure
         return Row(
             request_id=self.call_id,
-            state=self.state,
+            state=self._state(failure),
             facade=self.facade.name,
             route=self.route.path,
             model=call.model if call else None,
@@ -225,7 +230,7 @@ class CallRecord:
             attempts=self.attempts,
             box=self.box.name if self.box else None,
             http_status=self.status or None,
-            error=self.failure,
+            error=failure,
             received_at=self.received_at,
             first_byte_at=self.first_byte_at,
             responded_at=time.time(),
