@@ -260,32 +260,37 @@ class BoxState:
         # pending, fullness and a cooling model's ceiling depend on the calls in flight (rule 4)
         if (self.version != self._facts_version or reservations != self._facts_reservations
                 or self.in_flight != self._facts_in_flight):
-            config = self.config
-            limit = self.limit
-            self._facts = BoxFacts(
-                id=config.name,
-                kind=config.kind,
-                order=self.order,
-                online=self.online and not self.unreachable,
-                down=self.down,
-                pool=config.pool,
-                blocked=config.blocked,
-                catalog=self.catalog,
-                residents=self.inventory.residents,
-                contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
-                                             else self.contracts).items() if v is not None},
-                free_gpu_bytes=self.inventory.free_gpu_bytes,
-                pending=max(self.in_flight + self.others - reservations, self.busy_seats),
-                pressure=self.pressure,
-                reservations=reservations,
-                last_picked_s=self.last_picked_s,
-                in_flight=self.in_flight + self.others,
-                max_inflight=limit,
-                cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
-                recent_refusals=sum(self.refusals[k] for k in self.cooling),
-                pairs=self.inventory.pairs,
-                fits=self.fits,
-            )
+            self._facts = self._new_facts(reservations)
             self._facts_version, self._facts_reservations = self.version, reservations
             self._facts_in_flight = self.in_flight
         return self._facts  # type: ignore[return-value]
+
+    def _new_facts(self, reservations: int) -> BoxFacts:
+        """`facts` rebuilt. (A method of its own: its comprehensions would make `self` a cell,
+        allocated on every call of `facts`, rebuilt or not.)"""
+        config = self.config
+        limit = self.limit
+        return BoxFacts(
+            id=config.name,
+            kind=config.kind,
+            order=self.order,
+            online=self.online and not self.unreachable,
+            down=self.down,
+            pool=config.pool,
+            blocked=config.blocked,
+            catalog=self.catalog,
+            residents=self.inventory.residents,
+            contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
+                                         else self.contracts).items() if v is not None},
+            free_gpu_bytes=self.inventory.free_gpu_bytes,
+            pending=max(self.in_flight + self.others - reservations, self.busy_seats),
+            pressure=self.pressure,
+            reservations=reservations,
+            last_picked_s=self.last_picked_s,
+            in_flight=self.in_flight + self.others,
+            max_inflight=limit,
+            cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
+            recent_refusals=sum(self.refusals[k] for k in self.cooling),
+            pairs=self.inventory.pairs,
+            fits=self.fits,
+        )

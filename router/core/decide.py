@@ -141,8 +141,9 @@ def stable_id(box: BoxFacts) -> tuple:
 
 
 def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
-    tiebreak = serving_tiebreak(box.residents[key]) if tier is Tier.SERVING else load_tiebreak(box, key)
-    return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
+    if tier is Tier.SERVING:
+        return (0, load_of(box), box.pressure, serving_tiebreak(box.residents[key]), stable_id(box))
+    return (1, load_of(box), box.pressure, load_tiebreak(box, key), stable_id(box))
 
 
 NOTHING_TRIED: frozenset[str] = frozenset()  # a first decision's `tried`, not built per call
@@ -227,7 +228,7 @@ def decide(
             ruled_out[box.id] = reason
         else:
             ranked.append((key, box.id, why))  # type: ignore[arg-type]
-    if call.pin is not None and all(box.id != call.pin for box in boxes):
+    if call.pin is not None and call.pin not in {box.id for box in boxes}:
         ruled_out[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
     if not ranked:
         return Decision(Path.REFUSED, (), {}, ruled_out)
@@ -237,9 +238,5 @@ def decide(
     if steer is not None and call.pin is None:
         ranked, _ = place(ranked, steer.pull, steer.keyed, steer.slack, steer.spin)
     path = Path.PINNED if call.pin is not None else Path.RANKED
-    return Decision(
-        path,
-        tuple(box_id for _, box_id, _ in ranked),
-        {box_id: why for _, box_id, why in ranked},
-        ruled_out,
-    )
+    why_of = {box_id: why for _, box_id, why in ranked}
+    return Decision(path, tuple(why_of), why_of, ruled_out)  # (a dict keeps the ranking's order)

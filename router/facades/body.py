@@ -186,7 +186,7 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
 
     Raises BadRequest on a missing or bad field.
     """
-    field = next((f for f in model_fields if f in doc), model_fields[0])
+    field = next(filter(doc.__contains__, model_fields), model_fields[0])
     model = doc.get(field)
     if not isinstance(model, str) or not model.strip():
         raise BadRequest(f"'{field}' must be a non-empty string", code="model_required")
@@ -353,4 +353,4 @@ def read_call(
     return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
                      answer_bound(doc, route.answer_bound),
                      asked_fallback(doc, header_fallback),
-                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS), found.get("spans"))
+                     found.get("prompt"), tuple(map(found.get, BODY_KEY_FIELDS)), found.get("spans"))
