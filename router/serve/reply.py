@@ -142,13 +142,13 @@ class Reply:
             await self.edge.start(status, headers)
 
     def box_headers(self, box_name: str, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """A box's answer headers as the client gets them (rule 3)."""
-        kept = []
-        for name, value in headers:  # a loop: a comprehension would make `lower` a cell per call
-            lower = name.lower()
-            if lower not in HOP_HEADERS and not lower.startswith(b"access-control-") \
-                    and not lower.startswith(INTERNAL_PREFIX):
-                kept.append((lower, value))
+        """A box's answer headers (names lower-case: upstream.pool) as the client gets them (rule 3)."""
+        kept = [
+            (name, value)
+            for name, value in headers
+            if name not in HOP_HEADERS and not name.startswith(b"access-control-")
+            and not name.startswith(INTERNAL_PREFIX)
+        ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
         kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/tenancy.py)
