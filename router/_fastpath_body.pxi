@@ -340,9 +340,12 @@ def json_members(bytes body, tuple names):
         verdict = _scan(p, n, &found, &where)
     if verdict:
         raise ValueError(f"{_SCAN_ERRORS[verdict]} (at byte {where})")
-    return tuple(
-        (found.start[k], found.end[k], found.seen[k]) if found.seen[k] else None for k in range(found.count)
-    )
+    # A C loop into a list, not a generator: this runs on every JSON call.
+    cdef list spans = [None] * found.count
+    for k in range(found.count):
+        if found.seen[k]:
+            spans[k] = (found.start[k], found.end[k], found.seen[k])
+    return tuple(spans)
 
 
 # --- form_field: one text field of a multipart/form-data body -----------------------------------
