@@ -114,9 +114,14 @@ def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) 
     over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
     names = _unique(names)
-    scanned = names + _AFFINITY_FIELDS if found is not None else names
+    return _scanned_fields(body, names, _ascii(names + _AFFINITY_FIELDS if found is not None else names), found)
+
+
+def _scanned_fields(body: bytes, names: tuple[str, ...], scanned: tuple[bytes, ...], found: dict | None) -> dict:
+    """json_fields with its scan's members worked out: `names` without repeats, `scanned`
+    those (and with `found`, the affinity members after them) as json_members takes them."""
     try:
-        spans = json_members(body, _ascii(scanned))
+        spans = json_members(body, scanned)
     except ValueError as exc:  # the message says what and where, never the content
         raise BadRequest(f"request body {exc}") from None
     if found is not None:
@@ -312,6 +317,21 @@ def _bound_member(field: str, tokens: int) -> bytes:
     return b'"%s":%s,' % (outer.encode(), value)
 
 
+# read_call's scan per facade and route: (facade, route, scan_names without repeats, those and the
+# affinity members in bytes), worked out on a route's first call. Keyed by identity: facades and
+# routes are made at start and live as long as the process, and a Facade's own hash would hash
+# every route it has. The entry holds both, so their ids cannot be reused by others.
+_SCANS: dict[tuple[int, int], tuple[Facade, Route, tuple[str, ...], tuple[bytes, ...]]] = {}
+
+
+def _scan_of(route: Route, facade: Facade) -> tuple[Facade, Route, tuple[str, ...], tuple[bytes, ...]]:
+    scan = _SCANS.get((id(facade), id(route)))
+    if scan is None:
+        names = _unique(scan_names(route, facade))
+        scan = _SCANS[(id(facade), id(route))] = (facade, route, names, _ascii(names + _AFFINITY_FIELDS))
+    return scan
+
+
 def scan_names(route: Route, facade: Facade) -> tuple[str, ...]:
     """The top-level members read_call's scan finds (rule 1), in this order (with_answer_bound
     and model_span read their spans by place): the model fields, ROUTING_MEMBERS, the route's
@@ -340,7 +360,8 @@ def read_call(
         check_identifier("model", model)
         pin, settings, pool, knobs = None, None, None, None
     else:
-        doc = json_fields(body, scan_names(route, facade), found)
+        _, _, names, scanned = _scan_of(route, facade)
+        doc = _scanned_fields(body, names, scanned, found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
