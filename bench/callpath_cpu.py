@@ -214,14 +214,18 @@ CALLGRIND_FN = re.compile(r"^(c?fn)=\((\d+)\)(?: (.*))?$")
 
 def quiet_background() -> None:
     """For a callgrind leg: the router's timed background work (the boxes' polls, the loop-lag
-    watch, the boxes-file watch) waits an hour after its current sleep, so that the count is the
-    calls' own and not the leg's wall time (under valgrind a leg takes minutes, and a hugpy box's
-    link polls up to four times a second while calls change its state)."""
+    watch, the boxes-file watch, the CallClock's ticks) waits an hour after its current sleep, so
+    that the count is the calls' own and not the leg's wall time (under valgrind a leg takes
+    minutes, and a hugpy box's link polls up to four times a second while calls change its state).
+    The CallClock's tick also starts the disconnect watcher of a call older than WATCH_AFTER_S,
+    which a call under valgrind (~50 times slower) often is and a real one seldom: a count that
+    moved with the machine's load by several per cent."""
     from router.boxes import fleet, hugpy, link
-    from router.serve import metrics
+    from router.serve import clock, metrics
 
     for module, name in ((hugpy, "MIN_POLL_GAP_S"), (link, "HEALTH_INTERVAL_S"), (link, "POLL_INTERVAL_S"),
-                         (metrics, "LOOP_WATCH_INTERVAL_S"), (fleet, "WATCH_INTERVAL_S")):
+                         (metrics, "LOOP_WATCH_INTERVAL_S"), (fleet, "WATCH_INTERVAL_S"),
+                         (clock, "CLOCK_TICK_S")):
         setattr(module, name, 3600.0)
 
 
