@@ -131,8 +131,7 @@ class BoxFacts(NamedTuple):
     fits: Mapping[str, Fit] = NO_ENTRIES
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """One client call as the decision sees it.
 
     `model` is the client's string, untouched; each box kind derives its own key and settings
@@ -140,6 +139,9 @@ class Call:
     name (Ollama runner options, normalised); None means default. `knobs` is the body's `knobs`
     object, a hugpy box's per-call contract (`router.core.pairs.call_knobs`: canonical JSON;
     None for none); only a hugpy box's tiers read it.
+
+    A NamedTuple, not a frozen dataclass: one is built per call, and a frozen dataclass sets
+    each field through object.__setattr__ (BoxFacts).
     """
 
     model: str
