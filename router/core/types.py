@@ -157,13 +157,14 @@ class Why(NamedTuple):
     rank: tuple
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The ranked boxes to try, and why every other box is out.
 
     Every input box lands in exactly one of `why` (ranked, in `boxes` order) or `ruled_out` (the
     gate's reason). Three words, three things: the gate rules a box out (a `Reason`), a box
     refuses a call (router.core.refusal), the router turns a call away (the row's `refused`).
+
+    A NamedTuple, not a frozen dataclass: one is built per call (BoxFacts).
     """
 
     path: Path
