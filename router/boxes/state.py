@@ -269,28 +269,29 @@ class BoxState:
         """`facts` rebuilt. (A method of its own: its comprehensions would make `self` a cell,
         allocated on every call of `facts`, rebuilt or not.)"""
         config = self.config
-        limit = self.limit
+        # Positional, in BoxFacts' order, each line naming its field: a NamedTuple built by
+        # keyword goes through a dict of them, once a call (tests/test_exact_load.py checks each).
         return BoxFacts(
-            id=config.name,
-            kind=config.kind,
-            order=self.order,
-            online=self.online and not self.unreachable,
-            down=self.down,
-            pool=config.pool,
-            blocked=config.blocked,
-            catalog=self.catalog,
-            residents=self.inventory.residents,
-            contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
-                                         else self.contracts).items() if v is not None},
-            free_gpu_bytes=self.inventory.free_gpu_bytes,
-            pending=max(self.in_flight + self.others - reservations, self.busy_seats),
-            pressure=self.pressure,
-            reservations=reservations,
-            last_picked_s=self.last_picked_s,
-            in_flight=self.in_flight + self.others,
-            max_inflight=limit,
-            cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
-            recent_refusals=sum(self.refusals[k] for k in self.cooling),
-            pairs=self.inventory.pairs,
-            fits=self.fits,
+            config.name,  # id
+            config.kind,  # kind
+            self.order,  # order
+            self.online and not self.unreachable,  # online
+            config.pool,  # pool
+            config.blocked,  # blocked
+            self.catalog,  # catalog
+            self.inventory.residents,  # residents
+            {k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
+                               else self.contracts).items() if v is not None},  # contracts
+            self.inventory.free_gpu_bytes,  # free_gpu_bytes
+            max(self.in_flight + self.others - reservations, self.busy_seats),  # pending
+            self.pressure,  # pressure
+            reservations,  # reservations
+            self.last_picked_s,  # last_picked_s
+            self.in_flight + self.others,  # in_flight
+            self.limit,  # max_inflight
+            {k: ceiling for k, (_, ceiling) in self.cooling.items()},  # cooling
+            sum(self.refusals[k] for k in self.cooling),  # recent_refusals
+            self.down,  # down
+            self.inventory.pairs,  # pairs
+            self.fits,  # fits
         )
