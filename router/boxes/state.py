@@ -50,6 +50,8 @@ from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
 
+PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is cheaper (core/lifecycle.py)
+
 
 _epochs = itertools.count(1)  # rule 5
 
@@ -148,7 +150,7 @@ class BoxState:
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
-        if can(self.config.kind, Capability.PAIR_SETTINGS):
+        if can(self.config.kind, PAIR_SETTINGS):
             for key in inventory.residents.keys() - self.loaded.keys():  # a seat first seen (rule 2)
                 self.loaded[key] = contract(inventory.pairs, key, None)
         if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity,
@@ -178,7 +180,7 @@ class BoxState:
         the call's settings, and it had room for it."""
         named = call_key(self.config.kind, call.model, call.settings)
         if named is not None:
-            if can(self.config.kind, Capability.PAIR_SETTINGS):
+            if can(self.config.kind, PAIR_SETTINGS):
                 self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1], call.knobs)
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
@@ -280,7 +282,7 @@ class BoxState:
             config.blocked,  # blocked
             self.catalog,  # catalog
             self.inventory.residents,  # residents
-            {k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
+            {k: v for k, v in (self.loaded if can(config.kind, PAIR_SETTINGS)
                                else self.contracts).items() if v is not None},  # contracts
             self.inventory.free_gpu_bytes,  # free_gpu_bytes
             max(self.in_flight + self.others - reservations, self.busy_seats),  # pending

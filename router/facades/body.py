@@ -89,6 +89,7 @@ MAX_FIELD_VALUE_BYTES = 64 << 10
 # class), and a box whose parser keeps the first of two `worker`s would run where it was not
 # routed, as with a duplicate `model`.
 UNIQUE_KEYS_INSIDE = frozenset({"alloc"})
+BODY_FORM = Body.FORM  # read per call: a module name is cheaper than the Enum's (core/lifecycle.py)
 
 
 @functools.cache
@@ -278,7 +279,7 @@ def with_model(body: bytes, content_type: str, route: Route, model: str,
     where it is when known (`model_span`), spares a scan of the body."""
     if span is not None:
         return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
-    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+    if route.body is BODY_FORM and content_type.startswith("multipart/form-data"):
         match = _BOUNDARY_RE.search(content_type.encode("latin-1"))
         start, end = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
         return b"".join((body[:start], model.encode(), body[end:]))
@@ -353,7 +354,7 @@ def read_call(
     """
     doc: dict = {}
     found: dict = {}
-    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+    if route.body is BODY_FORM and content_type.startswith("multipart/form-data"):
         model = multipart_field(body, content_type.encode("latin-1"), b"model")
         if model is None or not model.strip():
             raise BadRequest("form field 'model' is required", code="model_required")
