@@ -28,13 +28,15 @@ alternated KEY_ROUNDS times: a key with every limit, an alias its first model se
 affinity hit (the plain call less the same call on a second router with `--affinity off`).
 
 `--allocations`: instead, the instructions and heap allocations a call costs the router's
-process, counted exactly by valgrind's callgrind (so another tenant on the machine moves them not
-at all): this script runs twice under callgrind, driving 100 calls after the warm-up and then
-100 + `--calls`, and the difference is divided by `--calls`. Allocations are calls of CPython's object
+process, and of those its loop thread's (`loop_*`), counted exactly by valgrind's callgrind (so
+another tenant on the machine moves them not at all): this script runs twice under callgrind,
+driving 100 calls after the warm-up and then 100 + `--calls`, and the difference is divided by
+`--calls`. Allocations are calls of CPython's object
 allocator (`_PyObject_Malloc`: every object not served from a free list) and, of those, the
 garbage-collected objects (`_PyObject_GC_Link`); `PyMem_Malloc` counts buffers (lists' and dicts'
 storage). The router's timed background work is held off during the legs (`quiet_background`),
-so the counts repeat to within a few per cent. Needs valgrind; slow (~50× a plain run), so use
+so the counts repeat to within 0.2 % (one commit, two runs: 647,853 and 648,858 loop-thread
+instructions a call). Needs valgrind; slow (~50× a plain run), so use
 `--calls 1000`.
 
 `--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
@@ -214,32 +216,45 @@ CALLGRIND_FN = re.compile(r"^(c?fn)=\((\d+)\)(?: (.*))?$")
 
 def quiet_background() -> None:
     """For a callgrind leg: the router's timed background work (the boxes' polls, the loop-lag
-    watch, the boxes-file watch) waits an hour after its current sleep, so that the count is the
-    calls' own and not the leg's wall time (under valgrind a leg takes minutes, and a hugpy box's
-    link polls up to four times a second while calls change its state)."""
+    watch, the boxes-file watch, the CallClock's ticks) waits an hour after its current sleep, so
+    that the count is the calls' own and not the leg's wall time (under valgrind a leg takes
+    minutes, and a hugpy box's link polls up to four times a second while calls change its state).
+    The CallClock's tick also starts the disconnect watcher of a call older than WATCH_AFTER_S,
+    which a call under valgrind (~50 times slower) often is and a real one seldom: a count that
+    moved with the machine's load by several per cent."""
     from router.boxes import fleet, hugpy, link
-    from router.serve import metrics
+    from router.serve import clock, metrics
 
     for module, name in ((hugpy, "MIN_POLL_GAP_S"), (link, "HEALTH_INTERVAL_S"), (link, "POLL_INTERVAL_S"),
-                         (metrics, "LOOP_WATCH_INTERVAL_S"), (fleet, "WATCH_INTERVAL_S")):
+                         (metrics, "LOOP_WATCH_INTERVAL_S"), (fleet, "WATCH_INTERVAL_S"),
+                         (clock, "CLOCK_TICK_S")):
         setattr(module, name, 3600.0)
 
 
 def callgrind_leg(calls: int, args: argparse.Namespace, work: Path) -> dict:
-    """This script under callgrind, driving `calls` calls after the warm-up: its instructions and
-    its calls of ALLOCATORS, read from callgrind's output (names are compressed: `(id) name` the
-    first time, `(id)` after; a `calls=` line counts calls of the last `cfn`)."""
+    """This script under callgrind, driving `calls` calls after the warm-up: the whole process's
+    instructions and calls of ALLOCATORS, and the same of the loop thread alone (`loop_*`: the
+    main thread, which runs the loop; the route-log writer's thread is the rest). Callgrind
+    writes a file per thread (`-01` is the main one)."""
     out = work / f"callgrind.{calls}"
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-           "--callgrind-leg", str(calls), "--concurrency", str(args.concurrency)]
+    cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
+           sys.executable, __file__, "--callgrind-leg", str(calls), "--concurrency", str(args.concurrency)]
     done = subprocess.run(cmd + (["--stream"] if args.stream else []), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the callgrind leg of {calls} calls failed: {done.stderr[-2000:]}")
+    threads = {path.name.rpartition("-")[2]: callgrind_counts(path) for path in work.glob(f"{out.name}-*")}
+    whole = {name: sum(counts[name] for counts in threads.values()) for name in threads["01"]}
+    return {**whole, **{f"loop_{name}": value for name, value in threads["01"].items()}}
+
+
+def callgrind_counts(path: Path) -> dict:
+    """One callgrind output's instructions and calls of ALLOCATORS (names are compressed:
+    `(id) name` the first time, `(id)` after; a `calls=` line counts calls of the last `cfn`)."""
     names: dict[str, str] = {}
     counted = dict.fromkeys(ALLOCATORS.values(), 0)
     callee = None
     instructions = 0
-    with open(out) as lines:
+    with open(path) as lines:
         for line in lines:
             named = CALLGRIND_FN.match(line)
             if named:

@@ -340,9 +340,12 @@ def json_members(bytes body, tuple names):
         verdict = _scan(p, n, &found, &where)
     if verdict:
         raise ValueError(f"{_SCAN_ERRORS[verdict]} (at byte {where})")
-    return tuple(
-        (found.start[k], found.end[k], found.seen[k]) if found.seen[k] else None for k in range(found.count)
-    )
+    # A C loop into a list, not a generator: this runs on every JSON call.
+    cdef list spans = [None] * found.count
+    for k in range(found.count):
+        if found.seen[k]:
+            spans[k] = (found.start[k], found.end[k], found.seen[k])
+    return tuple(spans)
 
 
 # --- form_field: one text field of a multipart/form-data body -----------------------------------
@@ -442,3 +445,69 @@ def form_field(bytes body, bytes delimiter, bytes name):
     else:
         found = _form_field(p, n, d, dl, f, m, span)
     return (span[0], span[1]) if found else None
+
+
+# --- last_count: a usage report's count, read off an answer's end (facades/usage.py rule 1) -----
+
+cdef inline bint _regex_space(unsigned char c) noexcept nogil:
+    """`\s` of a bytes regular expression: space, \t, \n, \v, \f, \r."""
+    return c == 32 or 9 <= c <= 13
+
+
+cdef Py_ssize_t _rfind_in(const unsigned char* p, Py_ssize_t start, Py_ssize_t end,
+                          const unsigned char* key, Py_ssize_t m) noexcept nogil:
+    """bytes.rfind(key, start, end): the last i >= start with p[i:i + m] == key and i + m <= end, or -1."""
+    cdef Py_ssize_t i = end - m
+    while i >= start:
+        if p[i] == key[0] and memcmp(p + i, key, m) == 0:
+            return i
+        i -= 1
+    return -1
+
+
+cdef bint _count_at(const unsigned char* p, Py_ssize_t n, Py_ssize_t i, long long* count) noexcept nogil:
+    """Whether p[i:] starts with `\s*:\s*` and 1 to 15 digits (the rest of a JSON member whose
+    quoted name ends at i); the digits' value into `count`."""
+    cdef int digits = 0
+    cdef long long value = 0
+    while i < n and _regex_space(p[i]):
+        i += 1
+    if i >= n or p[i] != 58:  # ':'
+        return False
+    i += 1
+    while i < n and _regex_space(p[i]):
+        i += 1
+    while i < n and digits < 15 and 48 <= p[i] <= 57:
+        value = value * 10 + (p[i] - 48)
+        digits += 1
+        i += 1
+    if digits == 0:
+        return False
+    count[0] = value
+    return True
+
+
+def last_count(tail, tuple keys, Py_ssize_t floor):
+    """The count of the last occurrence in `tail` (bytes, from `floor` on) of any of `keys`
+    (quoted JSON names, `b'"prompt_tokens"'`) followed by `:` and a number, or None. Each key
+    after the first is looked for only past what was found, so a report at the end costs little."""
+    if not isinstance(tail, bytes):
+        raise TypeError("tail must be bytes")
+    cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(tail)
+    cdef const unsigned char* name
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(tail), after = max(floor, 0), at, m
+    cdef long long count = 0
+    cdef bytes key
+    found = None
+    for key in keys:
+        name = <const unsigned char*> PyBytes_AS_STRING(key)
+        m = PyBytes_GET_SIZE(key)
+        if m == 0:
+            continue
+        at = _rfind_in(p, after, n, name, m)
+        while at >= 0:
+            if _count_at(p, n, at + m, &count):
+                found, after = count, at + 1
+                break
+            at = _rfind_in(p, after, at, name, m)
+    return found

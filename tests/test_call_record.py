@@ -10,6 +10,8 @@ import types
 import pytest
 
 from router.core.lifecycle import Event, Lifecycle, row_state
+from router.core.limits import Tokens
+from router.core.types import Call, Decision, Path
 from router.facades.openai import FACADE
 from router.serve.record import CallRecord
 
@@ -73,3 +75,34 @@ def test_a_record_reads_its_state_and_failure_off_the_lifecycle():
     assert (record.state, record.failure) == ("cancelled", "client_left")
     row = record.row()
     assert (row.state, row.error, row.http_status, row.stream) == ("cancelled", "client_left", 200, 1)
+
+
+def test_each_column_of_the_row_holds_the_fact_it_names():
+    """row() builds its Row by position (a keyword build costs a dict per call): a column out of
+    place would show here."""
+    route, _ = FACADE.route("POST", "/v1/chat/completions")
+    life = Lifecycle()
+    record = CallRecord("c-1", FACADE, route, types.SimpleNamespace(caller="10.0.0.9", key_id="k-1"), life)
+    record.body_read(11)
+    record.asked(Call("m", frozenset(), settings="s", pin="b-1"))
+    record.decided(Decision(Path.PINNED, ("b-1",), {}, {}))
+    record.queued(7.5)
+    box = types.SimpleNamespace(name="b-1")
+    record.attempted("b-1", record.attempting(box), 200, None)  # type: ignore[arg-type]
+    record.answered(201)
+    record.sent(22)
+    record.placed("hit:prefix")
+    record.tokens = Tokens(3, 4, 5, True)
+    life.fire(Event.DONE)
+    row = record.row()._asdict()
+    times = [row.pop(name) for name in ("received_at", "first_byte_at", "responded_at")]
+    assert times == sorted(times) and all(isinstance(t, float) for t in times)
+    assert row.pop("attempts") == record.attempts
+    assert row.pop("decision") is record.decision
+    assert row == {
+        "request_id": "c-1", "state": "done", "facade": FACADE.name, "route": route.path, "model": "m",
+        "options": "s", "pin": "b-1", "client": "10.0.0.9", "stream": 0, "path": Path.PINNED.value,
+        "box": "b-1", "http_status": 201, "error": None, "bytes_in": 11, "bytes_out": 22, "waited_ms": 7.5,
+        "key_id": "k-1", "prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 5, "tokens_estimated": 1,
+        "affinity": "hit:prefix", "router": None,
+    }

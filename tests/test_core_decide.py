@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -688,10 +686,10 @@ def test_a_box_whose_facts_changed_is_judged_again():
     c, verdicts = call(), Verdicts()
     a, b = box("a", 0), box("b", 1)
     assert decide(c, [a, b], verdicts=verdicts).boxes == ("a", "b")
-    second = decide(c, [a, dataclasses.replace(b, online=False)], verdicts=verdicts)
+    second = decide(c, [a, b._replace(online=False)], verdicts=verdicts)
     assert second.boxes == ("a",) and second.ruled_out["b"].code is ReasonCode.OFFLINE
     # a's load moved (a new facts object): a is ranked again, b's first verdict is reused
-    assert decide(c, [dataclasses.replace(a, pending=5), b], verdicts=verdicts).boxes == ("b", "a")
+    assert decide(c, [a._replace(pending=5), b], verdicts=verdicts).boxes == ("b", "a")
 
 
 def test_verdicts_remember_first_decisions_only_and_stay_bounded():

@@ -87,3 +87,30 @@ def test_the_boxs_own_busy_seats_count_when_more():
                                          residents={"x": Resident("x", busy=True), "y": Resident("y", busy=True)}))
     assert rig.boxes[0].facts(0).pending == 2  # other clients' work the router did not send
     assert rig.pick().name == "b1"
+
+
+def test_each_field_of_a_boxs_facts_holds_the_state_it_names():
+    """BoxState builds its facts by position (a keyword build costs a dict per call): a field out
+    of place would show here."""
+    from router.core.pairs import Fit, PairView
+    from router.core.types import Resident
+
+    config = BoxConfig(name="b", url="http://127.0.0.1:9", kind=BoxKind.OPENAI, pool="p", blocked=True,
+                       max_inflight=40)
+    box = BoxState(config, 0, 6)
+    residents = {"m": Resident("m", busy=True)}
+    pairs = PairView(blanket_blocked=True)
+    box.online, box.down, box.catalog = True, "why", frozenset({"m", "n"})
+    box.inventory = Inventory(residents=residents, free_gpu_bytes=3 * GIB, pairs=pairs)
+    box.contracts = {"m": "s", "n": None}
+    box.last_picked_s, box.in_flight, box.others, box.pressure = 12.5, 7, 2, 4
+    box.refusals, box.cooling = {"n": 3}, {"n": (99.0, 5)}
+    box.fits = {"n": Fit.RAM}
+    facts = box.facts(reservations=1)._asdict()
+    assert facts == {
+        "id": "b", "kind": BoxKind.OPENAI, "order": 6, "online": True, "pool": "p", "blocked": True,
+        "catalog": frozenset({"m", "n"}), "residents": residents, "contracts": {"m": "s"},
+        "free_gpu_bytes": 3 * GIB, "pending": 8, "pressure": 4, "reservations": 1, "last_picked_s": 12.5,
+        "in_flight": 9, "max_inflight": 40, "cooling": {"n": 5}, "recent_refusals": 3, "down": "why",
+        "pairs": pairs, "fits": {"n": Fit.RAM},
+    }

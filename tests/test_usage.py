@@ -100,3 +100,35 @@ def test_a_null_stream_options_is_a_client_that_did_not_ask():
     for the usage all the same, rather than charging the stream by an estimate."""
     asked = ask_usage(b'{"model":"m","stream":true,"stream_options":null}')
     assert asked == b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+
+
+def _last_by_regex(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | None:
+    """rule 1 written with bytes.rfind and a regular expression: the reference for the compiled
+    `last_count` (router/_fastpath_body.pxi)."""
+    import re
+
+    value, after = None, floor
+    for key in keys:
+        at = tail.rfind(key, after)
+        while at >= 0:
+            found = re.compile(rb"\s*:\s*(\d{1,15})").match(tail, at + len(key))
+            if found is not None:
+                value, after = int(found.group(1)), at + 1
+                break
+            at = tail.rfind(key, after, at)
+    return value
+
+
+TAIL_PIECES = st.lists(st.sampled_from([
+    b'"prompt_tokens":1234567890123456789', b'"input_tokens" :\x0b 42', b'"cache_n"\r:\n7',
+    b'"prompt_tokens"', b'"input_tokens"', b'"cache_n"', b":", b" ", b"\n", b"\t", b"\r", b"\x0b", b"\x0c",
+    b"7", b"1234567890123456789", b'"', b"{", b",", b"x", b"\\",
+]), max_size=40).map(b"".join)
+
+
+@given(TAIL_PIECES, st.integers(0, 50))
+def test_the_compiled_count_reads_a_tail_as_the_reference_does(tail, floor):
+    from router._fastpath import last_count
+
+    keys = (b'"prompt_tokens"', b'"input_tokens"', b'"cache_n"')
+    assert last_count(tail, keys, floor) == _last_by_regex(tail, keys, floor)

@@ -176,7 +176,10 @@ class Fleet:
     def facts(self) -> list[BoxFacts]:
         """The facts of every box, in boxes-file order, with live reservation counts."""
         count = self.reservations.count
-        return [box.facts(count(box.index)) for box in self._ordered]
+        facts = []
+        for box in self._ordered:  # a loop: a comprehension would make `count` a cell per call
+            facts.append(box.facts(count(box.index)))
+        return facts
 
     def get(self, name: str) -> BoxState | None:
         return self.boxes.get(name)

@@ -50,6 +50,8 @@ from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident
 from router.upstream.pool import Origin
 
+PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is cheaper (core/lifecycle.py)
+
 
 _epochs = itertools.count(1)  # rule 5
 
@@ -148,7 +150,7 @@ class BoxState:
         if self.refusals and (inventory.free_gpu_bytes or 0) > (old.free_gpu_bytes or 0):
             self.refusals, self.cooling = {}, {}  # room freed: a refused placement may fit now
             self.changed()
-        if can(self.config.kind, Capability.PAIR_SETTINGS):
+        if can(self.config.kind, PAIR_SETTINGS):
             for key in inventory.residents.keys() - self.loaded.keys():  # a seat first seen (rule 2)
                 self.loaded[key] = contract(inventory.pairs, key, None)
         if (inventory.catalog, inventory.residents, inventory.free_gpu_bytes, inventory.capacity,
@@ -178,7 +180,7 @@ class BoxState:
         the call's settings, and it had room for it."""
         named = call_key(self.config.kind, call.model, call.settings)
         if named is not None:
-            if can(self.config.kind, Capability.PAIR_SETTINGS):
+            if can(self.config.kind, PAIR_SETTINGS):
                 self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1], call.knobs)
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
@@ -260,32 +262,38 @@ class BoxState:
         # pending, fullness and a cooling model's ceiling depend on the calls in flight (rule 4)
         if (self.version != self._facts_version or reservations != self._facts_reservations
                 or self.in_flight != self._facts_in_flight):
-            config = self.config
-            limit = self.limit
-            self._facts = BoxFacts(
-                id=config.name,
-                kind=config.kind,
-                order=self.order,
-                online=self.online and not self.unreachable,
-                down=self.down,
-                pool=config.pool,
-                blocked=config.blocked,
-                catalog=self.catalog,
-                residents=self.inventory.residents,
-                contracts={k: v for k, v in (self.loaded if can(config.kind, Capability.PAIR_SETTINGS)
-                                             else self.contracts).items() if v is not None},
-                free_gpu_bytes=self.inventory.free_gpu_bytes,
-                pending=max(self.in_flight + self.others - reservations, self.busy_seats),
-                pressure=self.pressure,
-                reservations=reservations,
-                last_picked_s=self.last_picked_s,
-                in_flight=self.in_flight + self.others,
-                max_inflight=limit,
-                cooling={k: ceiling for k, (_, ceiling) in self.cooling.items()},
-                recent_refusals=sum(self.refusals[k] for k in self.cooling),
-                pairs=self.inventory.pairs,
-                fits=self.fits,
-            )
+            self._facts = self._new_facts(reservations)
             self._facts_version, self._facts_reservations = self.version, reservations
             self._facts_in_flight = self.in_flight
         return self._facts  # type: ignore[return-value]
+
+    def _new_facts(self, reservations: int) -> BoxFacts:
+        """`facts` rebuilt. (A method of its own: its comprehensions would make `self` a cell,
+        allocated on every call of `facts`, rebuilt or not.)"""
+        config = self.config
+        # Positional, in BoxFacts' order, each line naming its field: a NamedTuple built by
+        # keyword goes through a dict of them, once a call (tests/test_exact_load.py checks each).
+        return BoxFacts(
+            config.name,  # id
+            config.kind,  # kind
+            self.order,  # order
+            self.online and not self.unreachable,  # online
+            config.pool,  # pool
+            config.blocked,  # blocked
+            self.catalog,  # catalog
+            self.inventory.residents,  # residents
+            {k: v for k, v in (self.loaded if can(config.kind, PAIR_SETTINGS)
+                               else self.contracts).items() if v is not None},  # contracts
+            self.inventory.free_gpu_bytes,  # free_gpu_bytes
+            max(self.in_flight + self.others - reservations, self.busy_seats),  # pending
+            self.pressure,  # pressure
+            reservations,  # reservations
+            self.last_picked_s,  # last_picked_s
+            self.in_flight + self.others,  # in_flight
+            self.limit,  # max_inflight
+            {k: ceiling for k, (_, ceiling) in self.cooling.items()},  # cooling
+            sum(self.refusals[k] for k in self.cooling),  # recent_refusals
+            self.down,  # down
+            self.inventory.pairs,  # pairs
+            self.fits,  # fits
+        )

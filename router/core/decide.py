@@ -53,6 +53,11 @@ from router.core.types import (
     Why,
 )
 
+# Read per box or per call: module names, not their Enums' members, for speed (router.core.
+# lifecycle: on Python 3.11 a member read off its Enum class takes a slow hook).
+SERVING, LOAD, RANKED, PINNED = Tier.SERVING, Tier.LOAD, Path.RANKED, Path.PINNED
+FITS_NOWHERE, PAIR_SETTINGS = Fit.NONE, Capability.PAIR_SETTINGS
+
 
 def why_not(
     call: Call, box: BoxFacts, tried: frozenset[str], eligible: frozenset[str] | None = None
@@ -90,7 +95,7 @@ def _why_not(
     key = named[0]
     if key not in box.residents and key not in box.catalog:
         return Reason(ReasonCode.NO_MODEL, f"{key} ({box.down})" if box.down else key)
-    if call.pin is None and box.fits.get(key) is Fit.NONE and key not in box.residents:
+    if call.pin is None and box.fits.get(key) is FITS_NOWHERE and key not in box.residents:
         return Reason(ReasonCode.DOES_NOT_FIT, key)
     ceiling = box.cooling.get(key)
     if ceiling is not None and box.in_flight >= ceiling:
@@ -109,10 +114,10 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None], knobs: str | None) ->
     key, settings = named
     resident = box.residents.get(key)
     if resident is None or not resident.healthy or resident.loading:
-        return Tier.LOAD
-    if can(box.kind, Capability.PAIR_SETTINGS):
+        return LOAD
+    if can(box.kind, PAIR_SETTINGS):
         settings = contract(box.pairs, key, settings, knobs)
-    return Tier.SERVING if box.contracts.get(key) == settings else Tier.LOAD
+    return SERVING if box.contracts.get(key) == settings else LOAD
 
 
 def load_of(box: BoxFacts) -> int:
@@ -141,8 +146,9 @@ def stable_id(box: BoxFacts) -> tuple:
 
 
 def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
-    tiebreak = serving_tiebreak(box.residents[key]) if tier is Tier.SERVING else load_tiebreak(box, key)
-    return (0 if tier is Tier.SERVING else 1, load_of(box), box.pressure, tiebreak, stable_id(box))
+    if tier is SERVING:
+        return (0, load_of(box), box.pressure, serving_tiebreak(box.residents[key]), stable_id(box))
+    return (1, load_of(box), box.pressure, load_tiebreak(box, key), stable_id(box))
 
 
 NOTHING_TRIED: frozenset[str] = frozenset()  # a first decision's `tried`, not built per call
@@ -227,7 +233,7 @@ def decide(
             ruled_out[box.id] = reason
         else:
             ranked.append((key, box.id, why))  # type: ignore[arg-type]
-    if call.pin is not None and all(box.id != call.pin for box in boxes):
+    if call.pin is not None and call.pin not in {box.id for box in boxes}:
         ruled_out[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
     if not ranked:
         return Decision(Path.REFUSED, (), {}, ruled_out)
@@ -238,10 +244,6 @@ def decide(
         first, _ = place(ranked, steer.pull, steer.keyed, steer.slack, steer.spin)
         if first:
             ranked.insert(0, ranked.pop(first))
-    path = Path.PINNED if call.pin is not None else Path.RANKED
-    return Decision(
-        path,
-        tuple(box_id for _, box_id, _ in ranked),
-        {box_id: why for _, box_id, why in ranked},
-        ruled_out,
-    )
+    path = PINNED if call.pin is not None else RANKED
+    why_of = {box_id: why for _, box_id, why in ranked}
+    return Decision(path, tuple(why_of), why_of, ruled_out)  # (a dict keeps the ranking's order)

@@ -11,8 +11,9 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
 from router.core.bounds import clip
@@ -82,8 +83,11 @@ class Resident:
     last_used_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class BoxFacts:
+# BoxFacts' empty mappings by default: one, shared, so read-only.
+NO_ENTRIES: Mapping = MappingProxyType({})
+
+
+class BoxFacts(NamedTuple):
     """What the decision may know of one box at one moment.
 
     `contracts` maps a model key to the settings this router last sent the box for it
@@ -98,6 +102,10 @@ class BoxFacts:
     box's own pair settings and `fits` what its verdicts say per catalog key (absent: unknown)
     (router.core.pairs); for a hugpy box `contracts` holds the load contract each seat was
     loaded under (`pairs.contract`).
+
+    A NamedTuple, not a frozen dataclass: the facts of the box that took the last call are
+    built anew for the next decision, once a call, and a frozen dataclass sets each of its 22
+    fields through object.__setattr__ (~1,200 instructions a field on CPython 3.11).
     """
 
     id: str
@@ -107,8 +115,8 @@ class BoxFacts:
     pool: str | None = None
     blocked: bool = False
     catalog: frozenset[str] = frozenset()
-    residents: Mapping[str, Resident] = field(default_factory=dict)
-    contracts: Mapping[str, str] = field(default_factory=dict)
+    residents: Mapping[str, Resident] = NO_ENTRIES
+    contracts: Mapping[str, str] = NO_ENTRIES
     free_gpu_bytes: int | None = None
     pending: int = 0
     pressure: int = 1
@@ -116,15 +124,14 @@ class BoxFacts:
     last_picked_s: float = 0.0
     in_flight: int = 0
     max_inflight: int | None = None
-    cooling: Mapping[str, int] = field(default_factory=dict)
+    cooling: Mapping[str, int] = NO_ENTRIES
     recent_refusals: int = 0
     down: str = ""
     pairs: PairView = EMPTY
-    fits: Mapping[str, Fit] = field(default_factory=dict)
+    fits: Mapping[str, Fit] = NO_ENTRIES
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """One client call as the decision sees it.
 
     `model` is the client's string, untouched; each box kind derives its own key and settings
@@ -132,6 +139,9 @@ class Call:
     name (Ollama runner options, normalised); None means default. `knobs` is the body's `knobs`
     object, a hugpy box's per-call contract (`router.core.pairs.call_knobs`: canonical JSON;
     None for none); only a hugpy box's tiers read it.
+
+    A NamedTuple, not a frozen dataclass: one is built per call, and a frozen dataclass sets
+    each field through object.__setattr__ (BoxFacts).
     """
 
     model: str
@@ -147,13 +157,14 @@ class Why(NamedTuple):
     rank: tuple
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The ranked boxes to try, and why every other box is out.
 
     Every input box lands in exactly one of `why` (ranked, in `boxes` order) or `ruled_out` (the
     gate's reason). Three words, three things: the gate rules a box out (a `Reason`), a box
     refuses a call (router.core.refusal), the router turns a call away (the row's `refused`).
+
+    A NamedTuple, not a frozen dataclass: one is built per call (BoxFacts).
     """
 
     path: Path

@@ -89,6 +89,7 @@ MAX_FIELD_VALUE_BYTES = 64 << 10
 # class), and a box whose parser keeps the first of two `worker`s would run where it was not
 # routed, as with a duplicate `model`.
 UNIQUE_KEYS_INSIDE = frozenset({"alloc"})
+BODY_FORM = Body.FORM  # read per call: a module name is cheaper than the Enum's (core/lifecycle.py)
 
 
 @functools.cache
@@ -114,9 +115,14 @@ def json_fields(body: bytes, names: tuple[str, ...], found: dict | None = None) 
     over MAX_FIELD_VALUE_BYTES or not JSON orjson takes.
     """
     names = _unique(names)
-    scanned = names + _AFFINITY_FIELDS if found is not None else names
+    return _scanned_fields(body, names, _ascii(names + _AFFINITY_FIELDS if found is not None else names), found)
+
+
+def _scanned_fields(body: bytes, names: tuple[str, ...], scanned: tuple[bytes, ...], found: dict | None) -> dict:
+    """json_fields with its scan's members worked out: `names` without repeats, `scanned`
+    those (and with `found`, the affinity members after them) as json_members takes them."""
     try:
-        spans = json_members(body, _ascii(scanned))
+        spans = json_members(body, scanned)
     except ValueError as exc:  # the message says what and where, never the content
         raise BadRequest(f"request body {exc}") from None
     if found is not None:
@@ -186,7 +192,7 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
 
     Raises BadRequest on a missing or bad field.
     """
-    field = next((f for f in model_fields if f in doc), model_fields[0])
+    field = next(filter(doc.__contains__, model_fields), model_fields[0])
     model = doc.get(field)
     if not isinstance(model, str) or not model.strip():
         raise BadRequest(f"'{field}' must be a non-empty string", code="model_required")
@@ -273,7 +279,7 @@ def with_model(body: bytes, content_type: str, route: Route, model: str,
     where it is when known (`model_span`), spares a scan of the body."""
     if span is not None:
         return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
-    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+    if route.body is BODY_FORM and content_type.startswith("multipart/form-data"):
         match = _BOUNDARY_RE.search(content_type.encode("latin-1"))
         start, end = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
         return b"".join((body[:start], model.encode(), body[end:]))
@@ -312,6 +318,21 @@ def _bound_member(field: str, tokens: int) -> bytes:
     return b'"%s":%s,' % (outer.encode(), value)
 
 
+# read_call's scan per facade and route: (facade, route, scan_names without repeats, those and the
+# affinity members in bytes), worked out on a route's first call. Keyed by identity: facades and
+# routes are made at start and live as long as the process, and a Facade's own hash would hash
+# every route it has. The entry holds both, so their ids cannot be reused by others.
+_SCANS: dict[tuple[int, int], tuple[Facade, Route, tuple[str, ...], tuple[bytes, ...]]] = {}
+
+
+def _scan_of(route: Route, facade: Facade) -> tuple[Facade, Route, tuple[str, ...], tuple[bytes, ...]]:
+    scan = _SCANS.get((id(facade), id(route)))
+    if scan is None:
+        names = _unique(scan_names(route, facade))
+        scan = _SCANS[(id(facade), id(route))] = (facade, route, names, _ascii(names + _AFFINITY_FIELDS))
+    return scan
+
+
 def scan_names(route: Route, facade: Facade) -> tuple[str, ...]:
     """The top-level members read_call's scan finds (rule 1), in this order (with_answer_bound
     and model_span read their spans by place): the model fields, ROUTING_MEMBERS, the route's
@@ -333,14 +354,15 @@ def read_call(
     """
     doc: dict = {}
     found: dict = {}
-    if route.body is Body.FORM and content_type.startswith("multipart/form-data"):
+    if route.body is BODY_FORM and content_type.startswith("multipart/form-data"):
         model = multipart_field(body, content_type.encode("latin-1"), b"model")
         if model is None or not model.strip():
             raise BadRequest("form field 'model' is required", code="model_required")
         check_identifier("model", model)
         pin, settings, pool, knobs = None, None, None, None
     else:
-        doc = json_fields(body, scan_names(route, facade), found)
+        _, _, names, scanned = _scan_of(route, facade)
+        doc = _scanned_fields(body, names, scanned, found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
         pool = alloc_pool(doc)
@@ -353,4 +375,4 @@ def read_call(
     return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
                      answer_bound(doc, route.answer_bound),
                      asked_fallback(doc, header_fallback),
-                     found.get("prompt"), tuple(found.get(name) for name in BODY_KEY_FIELDS), found.get("spans"))
+                     found.get("prompt"), tuple(map(found.get, BODY_KEY_FIELDS)), found.get("spans"))

@@ -113,7 +113,12 @@ class Facade:
         for route in self.routes:
             if route.prefix and path.startswith(route.path) and route.method == method:
                 return route, True
-        return None, any(r.path == path or (r.prefix and path.startswith(r.path)) for r in self.routes)
+        return None, self._known(path)
+
+    def _known(self, path: str) -> bool:
+        """`path` is a route's with another method. (A method of its own: its generator would
+        make `path` a cell, allocated on every call of `route`.)"""
+        return any(r.path == path or (r.prefix and path.startswith(r.path)) for r in self.routes)
 
     def serving(self, kinds: frozenset[BoxKind], no_box_status: int, name: str) -> "Facade":
         """The same routes restricted to some box kinds (a dedicated engine listener)."""

@@ -33,7 +33,7 @@ from typing import Awaitable, Callable, NamedTuple
 
 import orjson
 
-from router._fastpath import json_members
+from router._fastpath import json_members, last_count
 from router.facades.genai import OPERATIONS
 
 # A usage report sits at the end of an answer: OpenAI's `usage` is the body's last member, an
@@ -42,7 +42,6 @@ USAGE_WINDOW = 16 << 10
 PROMPT_KEYS = (b'"prompt_tokens"', b'"input_tokens"', b'"prompt_eval_count"')
 COMPLETION_KEYS = (b'"completion_tokens"', b'"output_tokens"', b'"total_output_tokens"', b'"eval_count"')
 CACHED_KEYS = (b'"cached_tokens"', b'"cache_read_input_tokens"', b'"cache_n"')
-_VALUE = re.compile(rb"\s*:\s*(\d{1,15})")
 _USAGE_CHUNK = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 STREAM_OPTIONS = (b"stream_options",)
 # Routes whose answer is generated text: only there is an answer's size an estimate of tokens
@@ -57,29 +56,15 @@ class Reported(NamedTuple):
     cached: int | None
 
 
-def _last(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | None:
-    """The value of the last occurrence in the tail of any of `keys`, or None. Each name after
-    the first is looked for only past what was found, so a report at the end costs little."""
-    value, after = None, floor
-    for key in keys:
-        at = tail.rfind(key, after)
-        while at >= 0:
-            found = _VALUE.match(tail, at + len(key))
-            if found is not None:
-                value, after = int(found.group(1)), at + 1
-                break
-            at = tail.rfind(key, after, at)
-    return value
-
-
 def reported(tail: bytes) -> Reported | None:
-    """The counts at the end of `tail` (rule 1), or None when it reports none."""
+    """The counts at the end of `tail` (rule 1, each read by the compiled router._fastpath
+    .last_count), or None when it reports none."""
     floor = max(0, len(tail) - USAGE_WINDOW)
-    prompt = _last(tail, PROMPT_KEYS, floor)
-    completion = _last(tail, COMPLETION_KEYS, floor)
+    prompt = last_count(tail, PROMPT_KEYS, floor)
+    completion = last_count(tail, COMPLETION_KEYS, floor)
     if prompt is None and completion is None:
         return None
-    cached = _last(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
+    cached = last_count(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
     return Reported(prompt, completion, cached)
 
 

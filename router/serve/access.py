@@ -22,6 +22,8 @@ from router.store.keys import KeyStore
 # Distinct client addresses (and Host values) whose verdict is remembered: parsing an address
 # and walking the nets costs a few µs per call, a dict lookup well under one.
 INSIDE_CACHE_SIZE = 4096
+# The forwarding headers' values on a call that has none of them.
+_UNFORWARDED = (None,) * len(access.FORWARDED_HEADERS)
 
 
 def _remembered(verdicts: dict, value: str | None, judge, setting) -> bool:
@@ -66,7 +68,8 @@ class AccessGate:
 
     def caller(self, edge: Edge) -> Caller:
         """Who is calling (router.core.access rules 3-6)."""
-        if self.proxies or any(edge.header(name) is not None for name in access.FORWARDED_HEADERS):
+        # (A map, not a generator: that would make `edge` a cell, allocated on every call.)
+        if self.proxies or tuple(map(edge.header, access.FORWARDED_HEADERS)) != _UNFORWARDED:
             return access.client_address(edge.client, edge.header_lines, self.proxies)
         return Caller(edge.client or None, False)  # no forwarding: the peer itself
 

@@ -97,8 +97,12 @@ class Admission:
 
     def freed(self, box: BoxState) -> None:
         """`box` may have room: hand it to the waiters in turn while it has."""
-        if not self.queue or box.full:
-            return
+        if self.queue and not box.full:
+            self._hand_out(box)
+
+    def _hand_out(self, box: BoxState) -> None:
+        """`freed`'s work when calls wait (a method of its own: `fits` makes `self` and
+        `offered` cells, allocated on every call of the function that holds it)."""
         offered: list[Decision] = []
 
         def fits(waiter: Waiter) -> bool:

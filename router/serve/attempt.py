@@ -59,6 +59,10 @@ CANCEL_TIMEOUT_S = 5.0
 PASSED_HEADERS = ("content-type", "accept", "x-task", "x-hugpy-root-request-id")
 SSE_TYPE = b"text/event-stream"
 NDJSON_TYPE = b"application/x-ndjson"
+# Read on every call: module names, not their Enums' members, for speed
+# (router.core.lifecycle: on Python 3.11 a member read off its Enum class takes a slow hook).
+SENT, HEAD, JUDGED, CLIENT_LEFT = Event.SENT, Event.HEAD, Event.JUDGED, Event.CLIENT_LEFT
+CALL_ID = Capability.CALL_ID
 
 
 class Refusal(NamedTuple):
@@ -126,7 +130,7 @@ class Attempt:
         (hops.py), hugpy's parent id, and only the PASSED_HEADERS of the client's."""
         box = self.box
         lines = [box.auth_header, via_line(edge)]
-        if can(box.config.kind, Capability.CALL_ID):
+        if can(box.config.kind, CALL_ID):
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:
             value = edge.header(name)
@@ -144,16 +148,16 @@ class Attempt:
             except ConnectFailed as exc:
                 return Refusal(exc.refusal)
             self.exchange = exchange
-            if self.life.ended_by is Event.CLIENT_LEFT:  # while we connected: the request is out
+            if self.life.ended_by is CLIENT_LEFT:  # while we connected: the request is out
                 exchange.abort(ExchangeAborted("client left"))
                 self.cancel()
                 return LEFT
-            self.life.fire(Event.SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
+            self.life.fire(SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
             exchange.keep(Deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte")))
             try:
                 return await self.judge(exchange)
             except UpstreamError as exc:
-                if isinstance(exc, ExchangeAborted) or self.life.ended_by is Event.CLIENT_LEFT:
+                if isinstance(exc, ExchangeAborted) or self.life.ended_by is CLIENT_LEFT:
                     return LEFT
                 if not fresh and exchange.stale_race():
                     fresh = True  # the box's idle close met our request: it read nothing (rule 5)
@@ -193,7 +197,7 @@ class Attempt:
 
     async def judge(self, exchange: Exchange) -> Judged | Refusal:
         await exchange.head
-        self.life.fire(Event.HEAD)
+        self.life.fire(HEAD)
         status = exchange.status
         length = exchange.header(b"content-length")
         sized = length is not None and length.isdigit()
@@ -249,7 +253,7 @@ class Attempt:
         self, exchange: Exchange, body: bytes | None, first: bytes = b"", scanner: FrameScanner | None = None,
         *, stream: bool = False, failure: str | None = None,
     ) -> Judged:
-        self.life.fire(Event.JUDGED)
+        self.life.fire(JUDGED)
         return Judged(exchange, exchange.status, exchange.headers, body, first, scanner, stream, failure)
 
     def watch_silence(self, exchange: Exchange) -> None:

@@ -35,6 +35,8 @@ from router.upstream.pool import ConnectionLost, StreamIdle, UpstreamError
 
 log = logging.getLogger("router.proxy")
 
+COMMITTED = Event.COMMITTED  # read per call: a module name is cheaper than the Enum's (lifecycle.py)
+
 MID_STREAM_FAILED = "box_failed_mid_stream"
 # (framing, the call's failure) -> the in-band frame that ends a stream whose box failed.
 MID_STREAM_ERROR = {
@@ -66,7 +68,7 @@ class Delivery:
 
     async def send(self, box: BoxState, judged: Judged, attempt: Attempt, asked_usage: bool = False) -> None:
         """Rules 1 and 2."""
-        self.life.fire(Event.COMMITTED)
+        self.life.fire(COMMITTED)
         reply, record = self.reply, self.reply.record
         record.answered(judged.status, judged.failure, stream=judged.stream)
         if judged.failure is None:

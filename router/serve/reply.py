@@ -142,12 +142,12 @@ class Reply:
             await self.edge.start(status, headers)
 
     def box_headers(self, box_name: str, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """A box's answer headers as the client gets them (rule 3)."""
+        """A box's answer headers (names lower-case: upstream.pool) as the client gets them (rule 3)."""
         kept = [
-            (lower, value)
+            (name, value)
             for name, value in headers
-            if (lower := name.lower()) not in HOP_HEADERS
-            and not lower.startswith(b"access-control-") and not lower.startswith(INTERNAL_PREFIX)
+            if name not in HOP_HEADERS and not name.startswith(b"access-control-")
+            and not name.startswith(INTERNAL_PREFIX)
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())

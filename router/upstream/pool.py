@@ -163,7 +163,7 @@ class Exchange:
         self.sent_s = loop.time()
         # response head
         self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: list[tuple[bytes, bytes]] = []  # names lower-case (Conn.on_header)
         self.keep_alive = False
         self.close_delimited = False
         self.head: asyncio.Future = loop.create_future()
@@ -223,7 +223,7 @@ class Exchange:
     def header(self, name: bytes) -> bytes | None:
         """The first value of header `name` (lower-case), or None."""
         for key, value in self.headers:
-            if key.lower() == name:
+            if key == name:
                 return value
         return None
 
@@ -364,7 +364,8 @@ class Conn(asyncio.Protocol):
 
     # -- httptools callbacks: forward and return ----------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.exchange.headers.append((name, value))  # type: ignore[union-attr]
+        # Lower-cased once here: every reader looks a name up, or passes it on, lower-case.
+        self.exchange.headers.append((name.lower(), value))  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
         exchange = self.exchange
@@ -435,8 +436,7 @@ def _mark_close_delimited(exchange: Exchange) -> None:
     if exchange.status in NO_BODY_STATUSES or exchange.status < 200:
         return
     for key, _ in exchange.headers:
-        lowered = key.lower()
-        if lowered == b"content-length" or lowered == b"transfer-encoding":
+        if key == b"content-length" or key == b"transfer-encoding":
             return
     exchange.close_delimited = True
 
