@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/several_routers.py [--calls 4000] [--concurrency 32] [--rounds 3]
         [--shared-url redis://...] [--database-url postgresql://... | --postgres] [--keys] [--json FILE]
+    .venv/bin/python bench/several_routers.py --round-trips   # the shared server's client alone
 
 The fleet: `router.sim` hugpy boxes in a process of their own (bench/callpath_cpu.py's
 `start_sim`), each with a `max_inflight` (so every call takes and gives a lease). The routers:
@@ -19,6 +20,10 @@ a key that has rpm, tpm and a budget set (never reached), so the key's tally is 
 CPU is the loop thread's (`time.thread_time`: both routers share it, each call runs through one)
 plus, for `two`, the redis-server's own (from /proc). Figures are from whatever machine runs it:
 say how loaded it was.
+
+`--round-trips` times the client alone (store/shared.py's SharedServer, no router): the loop
+CPU and wall time of one command at a time, and of 8 callers asking at once (their commands
+share round trips), against a throw-away redis-server.
 """
 
 from __future__ import annotations
@@ -193,6 +198,35 @@ async def main(args: argparse.Namespace) -> dict:
             postgres.close()
 
 
+async def round_trips(calls: int = 5000) -> dict:
+    """The client's own cost a command: one at a time (a round trip each), and 8 at a time."""
+    from engines import RedisServer
+
+    from router.store.shared import SharedServer
+
+    redis = RedisServer()
+    server = SharedServer(redis.url)
+    figures = {}
+    try:
+        await server.call(None, "SET", "n", "0")
+
+        async def caller(count: int) -> None:
+            for _ in range(count):
+                await server.call(None, "INCR", "n")
+
+        for name, callers in (("one_at_a_time", 1), ("eight_at_a_time", 8)):
+            sent0, thread0, wall0 = server.round_trips, time.thread_time(), time.perf_counter()
+            await asyncio.gather(*(caller(calls // callers) for _ in range(callers)))
+            figures[name] = {"loop_us_per_command": round(1e6 * (time.thread_time() - thread0) / calls, 1),
+                             "wall_us_per_command": round(1e6 * (time.perf_counter() - wall0) / calls, 1),
+                             "commands_per_round_trip": round(calls / (server.round_trips - sent0), 1)}
+            print(f"{name}: {json.dumps(figures[name])}", flush=True)
+    finally:
+        await server.close()
+        redis.stop()
+    return figures
+
+
 def added(rounds: list[dict]) -> dict:
     """What `one_shared` and `two` add to `one`, the median over the rounds."""
     def median(name: str, part: str, field: str) -> float:
@@ -217,7 +251,8 @@ if __name__ == "__main__":
                         help="a throw-away PostgreSQL cluster (tests/engines.py) for the two routers' store")
     parser.add_argument("--keys", action="store_true", help="calls with a key whose tally is counted")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--round-trips", action="store_true", help="the shared server's client alone")
     args = parser.parse_args()
-    figures = uvloop.run(main(args))
+    figures = uvloop.run(round_trips() if args.round_trips else main(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
