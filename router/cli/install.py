@@ -351,8 +351,6 @@ def plan_install(args: argparse.Namespace) -> Plan:
 
 
 def _accounts() -> None:
-    import grp
-
     try:
         grp.getgrnam(SHARED_GROUP)
     except KeyError:

@@ -41,6 +41,7 @@ from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
 from router.store import route_log
+from router.serve.tenancy import Tenancy
 from router.store.keys import KeyStore
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target

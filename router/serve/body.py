@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from router.serve.clock import CallClock
-from router.serve.edge import BodyTooLarge, ClientLeft, Edge
+from router.serve.edge import BodyTooLarge, Edge
 
 # A client that stalls mid-upload must not hold a connection forever; a 64 MiB upload at
 # 10 Mbit/s still fits (nginx's client_body_timeout is 60 s between reads, ours is the whole).

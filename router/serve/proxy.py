@@ -51,7 +51,7 @@ from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
 from router.core.limits import Refused
-from router.core.types import BoxFacts, BoxKind, Call, Decision, Path
+from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call, with_answer_bound
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
