@@ -163,10 +163,14 @@ class SlotLeases:
 
     def _ask(self, load: Load, box: BoxState) -> tuple[str, asyncio.Future]:
         load.count_on(box)  # rule 2
-        member = self._prefix + str(next(self._numbers))
+        member = self._member()
         reply = self.server.call(self.take_script, 1, slots_key(box.name), member, box.limit, LEASE_TTL_MS)
         reply.add_done_callback(functools.partial(self._took, box, member))
         return member, reply
+
+    def _member(self) -> str:
+        """A lease's name on the server: unique across routers and restarts."""
+        return self._prefix + str(next(self._numbers))
 
     def _took(self, box: BoxState, member: str, done: asyncio.Future) -> None:
         """A take's answer, read as it comes (in the order the server ran them, with the gives'):
@@ -200,7 +204,7 @@ class SlotLeases:
         elif self.server.up:
             member, reply = self._ask(load, box)
         else:
-            member, reply = self._prefix + str(next(self._numbers)), None
+            member, reply = self._member(), None
             load.count_on(box)
         if reply is not None:
             try:

@@ -203,9 +203,7 @@ class SharedServer:
             self.out = unknown  # nothing else goes out before these (rule 2)
             asyncio.get_running_loop().create_task(self._load_scripts(unknown))
             return
-        if self.queued and self.wire is not None and self.wire.open:
-            self._send(self.wire)
-        elif self.queued:
+        if self.queued:  # asked while it was out: the next round trip, packed as any other
             self._flush()
 
     def _resolve(self, batch: list, replies: list, load_scripts: bool) -> list:
@@ -286,12 +284,16 @@ class SharedServer:
         """A new connection, AUTH and SELECT done (rule 6). Raises OSError."""
         where, loop = self.address, asyncio.get_running_loop()
         reader = self.reader(replyError=self.reply_error)
+
+        def protocol() -> Wire:
+            return Wire(reader, self.pack_command)
+
         if "path" in where:
-            _, wire = await loop.create_unix_connection(lambda: Wire(reader, self.pack_command), where["path"])
+            _, wire = await loop.create_unix_connection(protocol, where["path"])
         else:
             ssl = True if self.tls else None
-            _, wire = await loop.create_connection(lambda: Wire(reader, self.pack_command), where.get("host", "localhost"),
-                                                   where.get("port", 6379), ssl=ssl)
+            _, wire = await loop.create_connection(protocol, where.get("host", "localhost"), where.get("port", 6379),
+                                                   ssl=ssl)
         self.wire = wire
         hello: list[tuple] = []
         if where.get("password") is not None:
