@@ -71,7 +71,7 @@ from router.boxes import config as boxes_config  # noqa: E402
 from router.core.affinity import OFF as AFFINITY_OFF  # noqa: E402
 from router.facades import mounts  # noqa: E402
 from router.serve.app import RouterApp  # noqa: E402
-from router.serve.server import Running, ServeConfig  # noqa: E402
+from router.serve.server import Running, ServeConfig, settle_collector  # noqa: E402
 from router.upstream.pool import Origin  # noqa: E402
 
 SIM_READY = re.compile(r"sim fleet ready: (\d+) boxes")
@@ -177,6 +177,7 @@ async def main(args: argparse.Namespace) -> dict:
         fleet = router.fleet
         body = STREAM_BODY if args.stream else BODY
         await routable(router, body)
+        settle_collector()  # as `router serve` does once it listens
         if args.callgrind_leg is not None:  # one leg of --allocations, under callgrind
             quiet_background()
             await drive(router, args.callgrind_leg, args.concurrency, body, 0)  # warm-up included
