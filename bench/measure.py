@@ -295,11 +295,11 @@ class WrkRun:
 
 
 def wrk(url: str, script: str, connections: int, duration_s: int, target: str,
-        close_delimited: bool = False) -> WrkRun:
-    """`wrk -t1 -cN -dTs --latency -s bench/<script>.lua URL`, parsed from wrk_report.lua's line.
-    wrk takes whole seconds only."""
+        close_delimited: bool = False, headers: tuple[str, ...] = ()) -> WrkRun:
+    """`wrk -t1 -cN -dTs --latency -s bench/<script>.lua [-H header ...] URL`, parsed from
+    wrk_report.lua's line. wrk takes whole seconds only."""
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:d}s", "--latency", "--timeout", "10s",
-            "-s", str(BENCH / f"{script}.lua"), url]
+            "-s", str(BENCH / f"{script}.lua"), *(arg for header in headers for arg in ("-H", header)), url]
     done = run_bounded(argv, duration_s + RUN_MARGIN_S)
     match = WRK_JSON.search(done.stdout)
     if done.returncode != 0 or not match:

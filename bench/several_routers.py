@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/several_routers.py [--calls 4000] [--concurrency 32] [--rounds 3]
         [--shared-url redis://...] [--database-url postgresql://... | --postgres] [--keys] [--json FILE]
+    .venv/bin/python bench/several_routers.py --processes [--seconds 10] [...]  # each router its own process
     .venv/bin/python bench/several_routers.py --round-trips   # the shared server's client alone
 
 The fleet: `router.sim` hugpy boxes in a process of their own (bench/callpath_cpu.py's
@@ -20,6 +21,14 @@ a key that has rpm, tpm and a budget set (never reached), so the key's tally is 
 CPU is the loop thread's (`time.thread_time`: both routers share it, each call runs through one)
 plus, for `two`, the redis-server's own (from /proc). Figures are from whatever machine runs it:
 say how loaded it was.
+
+`--processes` runs each router as `router serve` in a process of its own, as deployed, and loads it
+with wrk over HTTP (bench/post.lua, the key in an Authorization header with `--keys`): one wrk at one
+connection for the latency, and one wrk per router at `--concurrency` each, run at once (each router
+batches as many calls per loop iteration as one router alone). CPU per call is each router process's whole CPU (every thread: the loop, Granian's
+I/O, the route-log writer) over the calls it answered, so two routers no longer share one loop, one
+GIL and one batch of round trips as they do in process. The HTTP hop from wrk is in every config
+alike.
 
 `--round-trips` times the client alone (store/shared.py's SharedServer, no router): the loop
 CPU and wall time of one command at a time, and of 8 callers asking at once (their commands
@@ -227,14 +236,144 @@ async def round_trips(calls: int = 5000) -> dict:
     return figures
 
 
-def added(rounds: list[dict]) -> dict:
-    """What `one_shared` and `two` add to `one`, the median over the rounds."""
+def processes(args: argparse.Namespace) -> dict:
+    """The same three configs, each router a `router serve` process loaded by wrk."""
+    import measure
+
+    work = Path(tempfile.mkdtemp(prefix="several-routers-"))
+    boxes_file = work / "boxes.json"
+    sim = start_sim(boxes_file, BOXES)
+    procs = measure.Procs(work, dict(os.environ), ROOT)
+    redis = postgres = None
+    try:
+        with_limits(boxes_file)
+        if args.postgres and args.database_url is None:
+            from engines import PostgresServer
+
+            postgres = PostgresServer()
+            args.database_url = postgres.database("bench")
+        if args.database_url is not None:
+            registry_from_file(boxes_file, args.database_url)
+        shared_url, server_pid = args.shared_url, None
+        if shared_url is None:
+            from engines import RedisServer
+
+            redis = RedisServer()
+            shared_url, server_pid = redis.url, redis.proc.pid
+        plan = {"one": [("one", False)], "one_shared": [("one-shared", True)],
+                "two": [("two-1", True), ("two-2", True)]}
+        routers: dict[str, list[tuple[str, int, str]]] = {}  # config -> [(url, pid, key header)]
+        minted: dict[str, str] = {}  # a store (its home or the database) -> the key made there
+        for config, members in plan.items():
+            routers[config] = []
+            for name, shared in members:
+                env = {"HUGPY_ROUTER_HOME": str(work / name)}
+                if shared and args.database_url:
+                    env["HUGPY_ROUTER_DATABASE_URL"] = args.database_url
+                store = env.get("HUGPY_ROUTER_DATABASE_URL", env["HUGPY_ROUTER_HOME"])
+                if args.keys and store not in minted:
+                    minted[store] = mint_key(env)
+                argv = [measure.PYTHON, "-m", "router", "serve", "--port", "auto", "--boxes-file", str(boxes_file),
+                        "--instance", name]
+                if shared:
+                    argv += ["--shared-url", shared_url]
+                started, ready = procs.start(name, argv, measure.ROUTER_READY, env=env)
+                url = ready.group(1)
+                measure.wait_routable(url)
+                header = f"Authorization: Bearer {minted[store]}" if args.keys else ""
+                routers[config].append((url, started.pid, header))
+        rounds = []
+        for number in range(args.rounds):
+            measured = {name: {"sequential": wrk_leg(members, 1, args.seconds // 2 or 1, server_pid),
+                               "loaded": wrk_leg(members, args.concurrency, args.seconds, server_pid)}
+                        for name, members in routers.items()}
+            for name in CONFIGS:
+                print(f"round {number + 1} {name}: {json.dumps(measured[name])}", flush=True)
+            rounds.append(measured)
+        figures = {"processes": True, "seconds": args.seconds, "concurrency": args.concurrency, "keys": args.keys,
+                   "database_url": args.database_url is not None, "rounds": rounds, "added": added(rounds, "process_us")}
+        print("added by two routers on the shared engines (median of rounds): " + json.dumps(figures["added"]))
+        return figures
+    finally:
+        procs.stop_all()
+        sim.terminate()
+        sim.wait(10)
+        if redis is not None:
+            redis.stop()
+        if postgres is not None:
+            postgres.close()
+
+
+def mint_key(env: dict[str, str]) -> str:
+    """`router keys create` with every count set and never reached, in the store `env` names."""
+    import measure
+
+    argv = [measure.PYTHON, "-m", "router", "keys", "create", "--name", "bench", "--rpm", str(EVERY_COUNT["rpm"]),
+            "--tpm", str(EVERY_COUNT["tpm"]), "--budget-tokens", str(EVERY_COUNT["budget_tokens"]),
+            "--budget-period", EVERY_COUNT["budget_period"]]
+    done = measure.run_bounded(argv, 60, env={**os.environ, **env})
+    if done.returncode != 0:
+        raise RuntimeError(f"router keys create failed: {done.stderr[-800:]}")
+    return done.stdout.strip()
+
+
+def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int, server_pid: int | None) -> dict:
+    """One wrk per router (at one connection, the first router only), run at once: latency,
+    calls/s, and the router processes' CPU per call they answered (all their threads). Each router
+    gets `connections`, the load one router gets alone, so that what `two` adds is the shared
+    state's cost, not that of each router batching fewer calls per loop iteration."""
+    import measure
+    from concurrent.futures import ThreadPoolExecutor
+
+    if connections == 1:
+        members = members[:1]
+    cpu0 = [measure.process_cpu_s(pid) for _, pid, _ in members]
+    threads0 = [thread_cpu_s(pid) for _, pid, _ in members]
+    server0 = server_cpu_s(server_pid)
+    with ThreadPoolExecutor(len(members)) as pool:
+        runs = list(pool.map(lambda m: measure.wrk(m[0] + "/v1/chat/completions", "post", connections, seconds, "router",
+                                                   headers=(m[2],) if m[2] else ()), members))
+    cpu = sum(measure.process_cpu_s(pid) - before for (_, pid, _), before in zip(members, cpu0))
+    threads: dict[str, float] = {}
+    for (_, pid, _), before in zip(members, threads0):
+        for name, seconds in thread_cpu_s(pid).items():
+            if seconds - before.get(name, 0.0) > 0:
+                threads[name] = threads.get(name, 0.0) + seconds - before.get(name, 0.0)
+    server = server_cpu_s(server_pid) - server0
+    calls = sum(run.requests for run in runs)
+    errors = sum(run.errors for run in runs)
+    if errors:
+        raise RuntimeError(f"{errors} wrk errors")
+    first = runs[0]
+    return {"p50_ms": round(first.p50_us / 1000, 3), "p99_ms": round(first.p99_us / 1000, 3),
+            "calls_per_s": round(sum(run.rate for run in runs)), "process_us": round(1e6 * cpu / calls, 1),
+            "server_us": round(1e6 * server / calls, 1) if server_pid else 0.0,
+            "threads_us": {name: round(1e6 * seconds / calls, 1) for name, seconds in sorted(threads.items())}}
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """A process's CPU so far by thread ("main", else its name and id: the loop thread is
+    the one Granian's RSGI or ASGI callbacks run on)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else f"{(task / 'comm').read_text().strip()}-{task.name}"
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def added(rounds: list[dict], cpu: str = "loop_us") -> dict:
+    """What `one_shared` and `two` add to `one`, the median over the rounds; `cpu` is the field
+    with the CPU per call (the loop thread's in process, the router processes' with --processes)."""
     def median(name: str, part: str, field: str) -> float:
         return round(statistics.median(r[name][part][field] - r["one"][part][field] for r in rounds), 3)
 
     return {name: {"p50_ms": median(name, "sequential", "p50_ms"), "p99_ms": median(name, "sequential", "p99_ms"),
-                   "loop_us_sequential": median(name, "sequential", "loop_us"),
-                   "loop_us_loaded": median(name, "loaded", "loop_us"),
+                   f"{cpu}_sequential": median(name, "sequential", cpu),
+                   f"{cpu}_loaded": median(name, "loaded", cpu),
                    "server_us_loaded": median(name, "loaded", "server_us"),
                    "calls_per_s_loaded": median(name, "loaded", "calls_per_s")}
             for name in CONFIGS[1:]}
@@ -252,7 +391,12 @@ if __name__ == "__main__":
     parser.add_argument("--keys", action="store_true", help="calls with a key whose tally is counted")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--round-trips", action="store_true", help="the shared server's client alone")
+    parser.add_argument("--processes", action="store_true", help="each router a `router serve` process, wrk over HTTP")
+    parser.add_argument("--seconds", type=int, default=10, help="--processes: each loaded wrk run (the latency's: half)")
     args = parser.parse_args()
-    figures = uvloop.run(round_trips() if args.round_trips else main(args))
+    if args.processes:
+        figures = processes(args)
+    else:
+        figures = uvloop.run(round_trips() if args.round_trips else main(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
