@@ -4,6 +4,7 @@
         [--shared-url redis://...] [--database-url postgresql://... | --postgres] [--keys] [--json FILE]
     .venv/bin/python bench/several_routers.py --processes [--seconds 10] [...]  # each router its own process
     .venv/bin/python bench/several_routers.py --round-trips   # the shared server's client alone
+    .venv/bin/python bench/several_routers.py --instructions [--calls 1000] [--concurrency 32]
 
 The fleet: `router.sim` hugpy boxes in a process of their own (bench/callpath_cpu.py's
 `start_sim`), each with a `max_inflight` (so every call takes and gives a lease). The routers:
@@ -30,6 +31,15 @@ I/O, the route-log writer) over the calls it answered, so two routers no longer 
 GIL and one batch of round trips as they do in process. The HTTP hop from wrk is in every config
 alike.
 
+`--instructions` counts instead of timing (valgrind's callgrind, as bench/callpath_cpu.py
+--allocations does): the loop thread's instructions a keyed call through one router on SQLite and
+through one router on the shared server (its store SQLite too: the route log's writer is another
+thread), each the difference of two legs (100 and 100 + `--calls` calls at `--concurrency`), so the
+shared state's CPU a call is a count another tenant of the machine cannot move. Under callgrind the
+loop runs ~50 times slower than the server answers, so more calls share each round trip than
+they would (the legs report round trips a call): the count is the per-command work, and the
+per-round-trip work less than its share.
+
 `--round-trips` times the client alone (store/shared.py's SharedServer, no router): the loop
 CPU and wall time of one command at a time, and of 8 callers asking at once (their commands
 share round trips), against a throw-away redis-server.
@@ -42,6 +52,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +69,7 @@ from callpath_cpu import BODY, one_call, routable, scope, start_sim  # noqa: E40
 
 from router.facades import mounts  # noqa: E402
 from router.serve.app import RouterApp  # noqa: E402
-from router.serve.server import Running, ServeConfig  # noqa: E402
+from router.serve.server import Running, ServeConfig, settle_collector  # noqa: E402
 
 BOXES = 8
 MAX_INFLIGHT = 64
@@ -365,6 +376,81 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
+def instructions(args: argparse.Namespace) -> dict:
+    """`--instructions`: per keyed call, the loop thread's instructions through `one` and
+    `one_shared`, each the difference of two callgrind legs."""
+    from engines import RedisServer
+
+    redis = RedisServer()
+    work = Path(tempfile.mkdtemp(prefix="several-routers-callgrind-"))
+    figures: dict = {"calls": args.calls, "concurrency": args.concurrency}
+    try:
+        for name, shared_url in (("one", None), ("one_shared", redis.url)):
+            legs = [instructions_leg(calls, args.concurrency, shared_url, work / f"{name}.{calls}")
+                    for calls in (100, 100 + args.calls)]
+            figures[name] = {field: round((legs[1][field] - legs[0][field]) / args.calls, 2) for field in legs[0]}
+            print(f"{name}: {json.dumps(figures[name])}", flush=True)
+    finally:
+        redis.stop()
+    added_count = figures["one_shared"]["loop_instructions"] - figures["one"]["loop_instructions"]
+    figures["added_loop_instructions"] = round(added_count)
+    print(f"the shared server adds {added_count:,.0f} loop-thread instructions a keyed call", flush=True)
+    return figures
+
+
+def instructions_leg(calls: int, concurrency: int, shared_url: str | None, out: Path) -> dict:
+    """This script under callgrind (`--instructions-leg`): the loop thread's instructions, and
+    the round trips sent, for `calls` keyed calls after the start-up."""
+    from callpath_cpu import callgrind_counts
+
+    argv = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
+            sys.executable, __file__, "--instructions-leg", str(calls), "--concurrency", str(concurrency),
+            "--json", str(out) + ".json"] + (["--shared-url", shared_url] if shared_url else [])
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the callgrind leg of {calls} calls failed: {done.stderr[-2000:]}")
+    loop = callgrind_counts(Path(f"{out}-01"))
+    return {"loop_instructions": loop["instructions"], **json.loads(Path(str(out) + ".json").read_text())}
+
+
+async def one_leg(args: argparse.Namespace) -> dict:
+    """One `--instructions` leg, in the process callgrind runs: a router (shared when
+    `--shared-url` is given) and `--instructions-leg` keyed calls at `--concurrency`."""
+    from callpath_cpu import quiet_background
+
+    from router.serve import shared as shared_sync
+
+    work = Path(tempfile.mkdtemp(prefix="several-routers-leg-"))
+    boxes_file = work / "boxes.json"
+    sim = start_sim(boxes_file, BOXES)
+    try:
+        with_limits(boxes_file)
+        app, running = await start_router(boxes_file, work, "leg", args.shared_url, None)
+        key = app.shared.keys.create("bench", "use", limits=EVERY_COUNT)[1]
+        await routable(app, BODY)
+        quiet_background()
+        shared_sync.SYNC_S = 3600.0  # the once-a-second sync too, after its current sleep
+        settle_collector()  # as `router serve` does once it listens
+        call_scope, left = scope(0, key), args.instructions_leg
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                if await one_call(app, call_scope, BODY) != 200:
+                    raise RuntimeError("a call failed")
+
+        server = app.shared.leases.server if app.shared.leases is not None else None
+        sent0 = server.round_trips if server is not None else 0
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        round_trips = (server.round_trips - sent0) if server is not None else 0
+        await running.stop()
+        return {"round_trips": round_trips}
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+
 def added(rounds: list[dict], cpu: str = "loop_us") -> dict:
     """What `one_shared` and `two` add to `one`, the median over the rounds; `cpu` is the field
     with the CPU per call (the loop thread's in process, the router processes' with --processes)."""
@@ -393,8 +479,16 @@ if __name__ == "__main__":
     parser.add_argument("--round-trips", action="store_true", help="the shared server's client alone")
     parser.add_argument("--processes", action="store_true", help="each router a `router serve` process, wrk over HTTP")
     parser.add_argument("--seconds", type=int, default=10, help="--processes: each loaded wrk run (the latency's: half)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="the shared state's loop-thread instructions a keyed call, counted by callgrind")
+    parser.add_argument("--instructions-leg", type=int, help=argparse.SUPPRESS)  # one leg of --instructions
     args = parser.parse_args()
-    if args.processes:
+    if args.instructions_leg is not None:
+        figures = uvloop.run(one_leg(args))
+    elif args.instructions:
+        args.calls = 1000 if "--calls" not in sys.argv else args.calls
+        figures = instructions(args)
+    elif args.processes:
         figures = processes(args)
     else:
         figures = uvloop.run(round_trips() if args.round_trips else main(args))

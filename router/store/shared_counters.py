@@ -110,26 +110,32 @@ class SharedCounters:
     def _step(self, name: str, apply: Callable[[Tally], Result], alone: Callable[[], Result]) -> Awaitable[Result]:
         """`apply` on the tally as the server holds it, atomically (rule 1), asked now (it goes
         out with the next round trip); `alone` when the server is down and the mode is open
-        (rule 3)."""
+        (rule 3). A future, not a coroutine around one: the call awaits it directly."""
         if self.server.up:
-            return self._answer(self._queue(name, apply), alone)
-        return self._answer(None, alone)
+            return self._queue(name, apply, alone=alone)
+        future = asyncio.get_running_loop().create_future()
+        self._failed_step(future, alone, SharedDown(self.server.why_down))
+        return future
 
-    async def _answer(self, asked: asyncio.Future | None, alone: Callable[[], Result]) -> Result:
-        if asked is not None:
-            try:
-                return await asked
-            except SharedDown:
-                if self.server.up:  # contended past CAS_TRIES: said, never counted alone in silence
-                    raise
-        if self.closed:
-            raise SharedDown(self.server.why_down)
-        return alone()
+    def _failed_step(self, future: asyncio.Future, alone: Callable[[], Result] | None, failure: SharedDown) -> None:
+        """A step whose write failed (rule 3): a waited-for step counts alone when the server is
+        down and the mode open; else it fails, with SharedDown (contended past CAS_TRIES while
+        the server is up: said, never counted alone in silence)."""
+        if future.done():
+            return
+        if alone is not None and not self.server.up:
+            if not self.closed:
+                future.set_result(alone())
+                return
+            failure = SharedDown(self.server.why_down)
+        future.set_exception(failure)
 
-    def _queue(self, name: str, apply: Callable[[Tally], Result], urgent: bool = True) -> asyncio.Future:
+    def _queue(self, name: str, apply: Callable[[Tally], Result], urgent: bool = True,
+               alone: Callable[[], Result] | None = None) -> asyncio.Future:
         """`apply` joins the next write of `name`'s tally (rule 1): one write at a time per tally
         from this router, carrying every step asked until its round trip is packed. A step in no
-        hurry (rule 7) rides the next round trip anyone sends."""
+        hurry (rule 7) rides the next round trip anyone sends. `alone` is the step's count on
+        this router alone, for a step someone waits for (`_failed_step`)."""
         future = asyncio.get_running_loop().create_future()
         steps = self.queued.get(name)
         if steps is None:
@@ -138,7 +144,7 @@ class SharedCounters:
                 self.ready.append(name)
                 if len(self.ready) == 1:
                     self.server.prepare(self._write_ready)
-        steps.append((apply, future))
+        steps.append((apply, future, alone))
         if urgent:
             self.server.soon()
         return future
@@ -156,7 +162,7 @@ class SharedCounters:
         tally, version = (seen[0], seen[1]) if seen is not None else (Tally(), b"0")
         ttl_ms = (ADDRESS_TALLY_TTL_S if name.startswith("addr:") else KEY_TALLY_TTL_S) * 1000
         work = copy(tally)
-        results = [apply(work) for apply, _ in batch]
+        results = [step[0](work) for step in batch]
         self.writing.add(name)
         self.server.call(self.cas, 1, PREFIX + "tally:" + name, version, pack(work), ttl_ms).add_done_callback(
             lambda answer: self._written(name, batch, work, results, tries, answer))
@@ -169,7 +175,8 @@ class SharedCounters:
             reply = answer.result()
             if reply[0] == 1:
                 self._saw(name, work, reply[1])
-                for (_, future), result in zip(batch, results):
+                for step, result in zip(batch, results):
+                    future = step[1]
                     if not future.done():
                         future.set_result(result)
             else:  # another router wrote since: the steps again, on the server's copy
@@ -179,9 +186,9 @@ class SharedCounters:
                     return
                 failure = SharedDown(f"the tally of {name} changed {CAS_TRIES} times in a row")
         if failure is not None:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure if isinstance(failure, SharedDown) else SharedDown(str(failure)))
+            failure = failure if isinstance(failure, SharedDown) else SharedDown(str(failure))
+            for _, future, alone in batch:
+                self._failed_step(future, alone, failure)
         steps = self.queued.pop(name, None)
         if steps is not None:  # asked while this write was out: theirs goes now
             self._write(name, steps, CAS_TRIES)
