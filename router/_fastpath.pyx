@@ -12,6 +12,8 @@ module, this one; its pieces live by subject in the files it includes, each open
 4. `prefix_chain` (_fastpath_prefix.pxi): the hash chain of a prompt's leading elements over their
    raw bytes, for cache-aware routing (router.core.affinity), and that routing's index
    (`AffinityIndex`).
+5. `resp_commands` (_fastpath_resp.pxi): a round trip's commands to the shared server as RESP,
+   as hiredis writes them, without its sprintf per length.
 
 Each piece's plain model is in tests/ (tests/models.py, tests/test_body.py) and property tests
 run both; `IMPL` lets a test check that this compiled module is the one loaded.
@@ -32,3 +34,4 @@ include "_fastpath_reservations.pxi"
 include "_fastpath_stream.pxi"
 include "_fastpath_body.pxi"
 include "_fastpath_prefix.pxi"
+include "_fastpath_resp.pxi"

@@ -3,8 +3,9 @@ ordered, pipelined round trips, each with a short timeout, and whether the serve
 
 Client (the `shared` extra): redis-py's asyncio client (`redis.asyncio`: the protocol's reference
 client, asyncio-native, Valkey and Redis alike) for the URL and for pub/sub; the call path's round
-trips go over `Wire`, one asyncio protocol that writes the commands as RESP and reads the replies
-with hiredis (the Redis project's C parser and packer). redis-py's own connection spends ~400 Python
+trips go over `Wire`, one asyncio protocol that writes the commands as RESP
+(`_fastpath.resp_commands`: hiredis' packer's bytes, without its sprintf per length) and reads the
+replies with hiredis (the Redis project's C parser). redis-py's own connection spends ~400 Python
 function calls a round trip (per-command encoders, a timeout and a task per read and write):
 more than the rest of the router's call; `Wire` spends a handful (bench/several_routers.py).
 
@@ -42,6 +43,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
+
+from router._fastpath import resp_commands
 
 log = logging.getLogger("router.shared")
 
@@ -97,7 +100,6 @@ class SharedServer:
         self.address = where  # rule 6
         self.tls = where.get("connection_class") is SSLConnection
         self.reader = hiredis.Reader
-        self.pack_command = hiredis.pack_command  # a command as RESP, in C
         self.reply_error = hiredis.ReplyError
         self.wire: Wire | None = None
         self.up = False
@@ -289,7 +291,7 @@ class SharedServer:
         reader = self.reader(replyError=self.reply_error)
 
         def protocol() -> Wire:
-            return Wire(reader, self.pack_command)
+            return Wire(reader)
 
         if "path" in where:
             _, wire = await loop.create_unix_connection(protocol, where["path"])
@@ -350,9 +352,8 @@ class Wire(asyncio.Protocol):
     one buffer, the replies read by hiredis until there are as many as commands, then handed to
     the round trip's `done` (a connection lost hands it the error instead)."""
 
-    def __init__(self, reader, pack_command: Callable[[tuple], bytes]) -> None:
+    def __init__(self, reader) -> None:
         self.reader = reader
-        self.pack_command = pack_command
         self.transport: asyncio.Transport | None = None
         self.open = False
         # the round trip out: what it hands its replies to, how many it waits for, those read so far
@@ -366,7 +367,7 @@ class Wire(asyncio.Protocol):
 
     def round_trip(self, commands: Sequence[tuple], done: Callable[[list | Exception], None]) -> None:
         self.done, self.expected, self.replies = done, len(commands), []
-        self.transport.write(b"".join(map(self.pack_command, commands)))  # type: ignore[union-attr]
+        self.transport.write(resp_commands(commands))  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
