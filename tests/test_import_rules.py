@@ -4,8 +4,9 @@ module of every room, module-level and function-level imports alike, relative on
 The rules, per room, as the rooms of the project it may import (its own room always allowed):
 - core imports nothing of the project (test_core_purity.py also blocks the stdlib's I/O);
 - the compiled `_fastpath` is below every Python room (it imports nothing of the project);
-- upstream and store stand on core alone; boxes and telemetry add upstream, store, _fastpath;
-  none of the four imports serve or facades;
+- upstream stands on core alone, store on core and _fastpath (the shared server's RESP
+  writer); boxes and telemetry add upstream, store, _fastpath; none of the four imports serve
+  or facades;
 - facades are tables of routes plus small functions: core, the compiled field scanner
   `_fastpath`, and the package's `__version__`; never the I/O rooms or serve;
 - serve may import every room but the CLI and the simulated boxes;
@@ -34,7 +35,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "_fastpath": frozenset(),
     "upstream": frozenset({"core"}),
-    "store": frozenset({"core"}),
+    "store": frozenset({"core", "_fastpath"}),
     "boxes": frozenset({"core", "_fastpath", "upstream", "store"}),
     "telemetry": frozenset({"core", "_fastpath", "boxes", "upstream", "store"}),
     "facades": frozenset({"core", "_fastpath", PACKAGE}),
