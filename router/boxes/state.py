@@ -5,6 +5,10 @@ Invariants:
    clears `contracts` when the box restarted; only the proxy records `contracts` and
    `last_picked_s`. Each write that changes a field the
    decision reads bumps `version`, so `facts()` rebuilds the immutable BoxFacts only then.
+   What the facts derive from the box's settled state (its contracts, cooling, refusals, busy
+   seats, limit) is worked out again only after a `changed()`: a call taken (`took`) that moves
+   nothing but `last_picked_s` and the calls in flight (`picked`) rebuilds the facts around the
+   derived parts it had.
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them. On a hugpy box,
    `loaded[key]` is the load contract that seat runs under (router.core.pairs rule 4): the
@@ -54,6 +58,7 @@ PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is chea
 
 
 _epochs = itertools.count(1)  # rule 5
+_UNSET = object()  # `took`: a model without a load contract yet
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,10 @@ class BoxState:
         self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
+        # the facts' parts derived from settled state, and the version they were derived at
+        # (invariant 1): (online, contracts, busy seats, limit, cooling, recent refusals)
+        self._derived: tuple = ()
+        self._derived_version = -1
         # what `_facts` was built from: (version, reservations, in_flight), kept apart so that the
         # check on every decision allocates nothing
         self._facts_version = self._facts_reservations = self._facts_in_flight = -1
@@ -110,6 +119,13 @@ class BoxState:
 
     def changed(self) -> None:
         self.version += 1
+
+    def picked(self) -> None:
+        """Only `last_picked_s` moved: the facts are rebuilt, their derived parts kept (invariant 1)."""
+        derived_current = self._derived_version == self.version
+        self.version += 1
+        if derived_current:
+            self._derived_version = self.version
 
     def set_online(self, online: bool) -> None:
         if online != self.online:
@@ -181,7 +197,10 @@ class BoxState:
         named = call_key(self.config.kind, call.model, call.settings)
         if named is not None:
             if can(self.config.kind, PAIR_SETTINGS):
-                self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1], call.knobs)
+                loaded = contract(self.inventory.pairs, named[0], named[1], call.knobs)
+                if self.loaded.get(named[0], _UNSET) != loaded:
+                    self.loaded[named[0]] = loaded
+                    self.changed()
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
 
@@ -203,7 +222,9 @@ class BoxState:
             if key in self.contracts:
                 self.drop_caches(key)  # other settings: the box reloads the model
             self.contracts[key] = settings
-        self.changed()
+            self.changed()
+        else:
+            self.picked()
 
     def placement_refused(self, key: str, now_s: float) -> None:
         """The box refused to place `key` (the refused call still counted in `in_flight`): full
@@ -268,32 +289,49 @@ class BoxState:
         return self._facts  # type: ignore[return-value]
 
     def _new_facts(self, reservations: int) -> BoxFacts:
-        """`facts` rebuilt. (A method of its own: its comprehensions would make `self` a cell,
-        allocated on every call of `facts`, rebuilt or not.)"""
-        config = self.config
+        """`facts` rebuilt around the derived parts, themselves worked out again only after a
+        `changed()` (invariant 1)."""
+        if self._derived_version != self.version:
+            self._derived = self._derive()
+            self._derived_version = self.version
+        online, contracts, busy_seats, limit, cooling, recent_refusals = self._derived
+        config, inventory, in_flight = self.config, self.inventory, self.in_flight + self.others
         # Positional, in BoxFacts' order, each line naming its field: a NamedTuple built by
         # keyword goes through a dict of them, once a call (tests/test_exact_load.py checks each).
         return BoxFacts(
             config.name,  # id
             config.kind,  # kind
             self.order,  # order
-            self.online and not self.unreachable,  # online
+            online,  # online
             config.pool,  # pool
             config.blocked,  # blocked
             self.catalog,  # catalog
-            self.inventory.residents,  # residents
-            {k: v for k, v in (self.loaded if can(config.kind, PAIR_SETTINGS)
-                               else self.contracts).items() if v is not None},  # contracts
-            self.inventory.free_gpu_bytes,  # free_gpu_bytes
-            max(self.in_flight + self.others - reservations, self.busy_seats),  # pending
+            inventory.residents,  # residents
+            contracts,  # contracts
+            inventory.free_gpu_bytes,  # free_gpu_bytes
+            max(in_flight - reservations, busy_seats),  # pending
             self.pressure,  # pressure
             reservations,  # reservations
             self.last_picked_s,  # last_picked_s
-            self.in_flight + self.others,  # in_flight
-            self.limit,  # max_inflight
-            {k: ceiling for k, (_, ceiling) in self.cooling.items()},  # cooling
-            sum(self.refusals[k] for k in self.cooling),  # recent_refusals
+            in_flight,  # in_flight
+            limit,  # max_inflight
+            cooling,  # cooling
+            recent_refusals,  # recent_refusals
             self.down,  # down
-            self.inventory.pairs,  # pairs
+            inventory.pairs,  # pairs
             self.fits,  # fits
+        )
+
+    def _derive(self) -> tuple:
+        """The facts' parts that follow from settled state alone (`_derived`'s order). (A method
+        of its own: its comprehensions would make `self` a cell in `_new_facts`.)"""
+        config = self.config
+        return (
+            self.online and not self.unreachable,
+            {k: v for k, v in (self.loaded if can(config.kind, PAIR_SETTINGS)
+                               else self.contracts).items() if v is not None},
+            self.busy_seats,
+            self.limit,
+            {k: ceiling for k, (_, ceiling) in self.cooling.items()},
+            sum(self.refusals[k] for k in self.cooling),
         )
