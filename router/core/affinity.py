@@ -23,8 +23,8 @@ the serve layer holds it): this module stays stdlib only.
       model unloaded, reloaded with other settings, or the box restarted, drops it.
    The deepest node found decides; a shared or stale one means no pull.
 4. Placement (`place`). Only inside the serving tier, after the gate, the pin, the tiers and the
-   seeds' rank have done their work: the pulled box goes first while its load (`load_of`: the
-   rank's own units) is within the slack of the best serving box's:
+   seeds' rank have done their work: the pulled box goes first while its load (router.core.decide
+   `rank_key`'s, the rank's own units) is within the slack of the best serving box's:
    load <= best + absolute + relative * best. Among several pulled boxes the deepest match wins,
    then the rank. A bound key (session, key, user, response) pulls harder than any prefix.
 5. A miss (a key, but no pulled box within the slack) goes to the least-loaded serving box; boxes

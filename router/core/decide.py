@@ -25,7 +25,7 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    options: router.core.pairs rule 4), so a pair-settings write after the load, or a call
    whose knobs differ from those the seat was loaded under, makes it a LOAD.
    Every other eligible box is LOAD (catalog, or resident under other settings).
-4. Rank inside a tier, ascending by the tuple of the small key functions below:
+4. Rank inside a tier, ascending by `rank_key`'s tuple:
    load (pending + pressure + reservations + recent placement refusals), then pressure, then
    the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: the verdicts' fit
    (GPU, unknown, RAM only), most free GPU memory, least recently picked), then the stable id
@@ -56,7 +56,7 @@ from router.core.types import (
 # Read per box or per call: module names, not their Enums' members, for speed (router.core.
 # lifecycle: on Python 3.11 a member read off its Enum class takes a slow hook).
 SERVING, LOAD, RANKED, PINNED = Tier.SERVING, Tier.LOAD, Path.RANKED, Path.PINNED
-FITS_NOWHERE, PAIR_SETTINGS = Fit.NONE, Capability.PAIR_SETTINGS
+FITS_NOWHERE, FITS_GPU, FITS_RAM, PAIR_SETTINGS = Fit.NONE, Fit.GPU, Fit.RAM, Capability.PAIR_SETTINGS
 
 
 def why_not(
@@ -120,35 +120,20 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None], knobs: str | None) ->
     return SERVING if box.contracts.get(key) == settings else LOAD
 
 
-def load_of(box: BoxFacts) -> int:
-    """pending + pressure + reservations + recent placement refusals: what the box is already
-    carrying (lower is better). A refusal counts as load until its back-off ends, so a box that
-    fails fast does not look idle and draw more calls."""
-    return box.pending + box.pressure + box.reservations + box.recent_refusals
-
-
-def serving_tiebreak(resident: Resident) -> tuple:
-    """Idle before busy, then most recently used (a warm seat is likelier to have its cache)."""
-    return (1 if resident.busy else 0, -resident.last_used_s)
-
-
-def load_tiebreak(box: BoxFacts, key: str) -> tuple:
-    """A GPU fit, then unknown, then a RAM-only fit (the box's verdicts, router.core.pairs rule
-    6; no verdicts, and "fits nowhere" for a resident or a pinned call, count as unknown); then
-    most free GPU memory first (unknown counts as none), then least recently picked."""
-    fit = box.fits.get(key)
-    return (0 if fit is Fit.GPU else 2 if fit is Fit.RAM else 1, -(box.free_gpu_bytes or 0), box.last_picked_s)
-
-
-def stable_id(box: BoxFacts) -> tuple:
-    """Position in the boxes file, then the name: fixed for the box's lifetime."""
-    return (box.order, box.id)
-
-
 def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
+    """Rule 4's sort key for `box` in `tier` (model `key`): one flat tuple, (tier: 0 SERVING,
+    1 LOAD; load; pressure; the tier's tie-break; order, id), since nested parts would cost a
+    tuple each and the sort a compare per level. A placement refusal counts as load until its
+    back-off ends, so a box that fails fast does not look idle and draw more calls; a serving
+    seat used last is likelier to have its cache. The verdicts' fit: router.core.pairs rule 6
+    (no verdicts, and "fits nowhere" for a resident or a pinned call, count as unknown)."""
+    load = box.pending + box.pressure + box.reservations + box.recent_refusals
     if tier is SERVING:
-        return (0, load_of(box), box.pressure, serving_tiebreak(box.residents[key]), stable_id(box))
-    return (1, load_of(box), box.pressure, load_tiebreak(box, key), stable_id(box))
+        resident = box.residents[key]
+        return (0, load, box.pressure, 1 if resident.busy else 0, -resident.last_used_s, box.order, box.id)
+    fit = box.fits.get(key)
+    return (1, load, box.pressure, 0 if fit is FITS_GPU else 2 if fit is FITS_RAM else 1,
+            -(box.free_gpu_bytes or 0), box.last_picked_s, box.order, box.id)
 
 
 NOTHING_TRIED: frozenset[str] = frozenset()  # a first decision's `tried`, not built per call
