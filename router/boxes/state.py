@@ -77,6 +77,7 @@ class Inventory:
 class BoxState:
     def __init__(self, config: BoxConfig, index: int, order: int) -> None:
         self.config = config
+        self.name = config.name  # read several times a call: an attribute, not a property
         self.index = index  # slot in the reservation table, fixed for the process lifetime
         self.order = order
         self.origin = Origin(config.host, config.port, tls=config.url.startswith("https:"))
@@ -112,10 +113,6 @@ class BoxState:
         # what `_facts` was built from: (version, reservations, in_flight), kept apart so that the
         # check on every decision allocates nothing
         self._facts_version = self._facts_reservations = self._facts_in_flight = -1
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     def changed(self) -> None:
         self.version += 1

@@ -56,7 +56,7 @@ from router.facades.usage import response_id
 if TYPE_CHECKING:
     from router.boxes.fleet import Fleet
     from router.boxes.state import BoxState
-    from router.core.types import BoxKind
+    from router.core.types import BoxKind, Call
     from router.facades.body import Inspected
     from router.serve.edge import Edge
     from router.serve.record import CallRecord
@@ -128,33 +128,35 @@ class Affinity:
         name = box.name
         hit = pull is not None and pull[0] == name
         record.placed(("hit:" if hit else "miss:") + key.kind)
-        call, kind = record.call, box.config.kind
-        # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
-        asked = (name, call.model, call.settings)  # type: ignore[union-attr]
-        known = self._named.get(asked)
-        named = known[1] if known is not None and known[0] is kind else self._call_key(asked, kind)
+        named = self._call_key(box, record.call)  # type: ignore[arg-type]
         if named is not None:
             self.index.learn(key, name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
         if self.shared is not None and not hit and key.kind != PREFIX:
             self.shared.keep(key.identity, name)  # made or moved here (rule 6)
 
-    def _call_key(self, asked: tuple[str, str, str | None], kind: BoxKind) -> tuple[str, str | None] | None:
-        """call_key, remembered in `_named` per (box, model, settings) with the box's kind: the
-        lesson of every keyed call needs it (at most CALL_KEYS remembered, then it starts over)."""
+    def _call_key(self, box: BoxState, call: Call) -> tuple[str, str | None] | None:
+        """call_key of `call` on `box`, remembered in `_named` per (box, model, settings) with the
+        box's kind: every keyed call's lesson and outcome need it (at most CALL_KEYS remembered,
+        then it starts over)."""
+        # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
+        asked, kind = (box.name, call.model, call.settings), box.config.kind
+        known = self._named.get(asked)
+        if known is not None and known[0] is kind:
+            return known[1]
         if len(self._named) >= CALL_KEYS:
             self._named.clear()
-        named = call_key(kind, asked[1], asked[2])
+        named = call_key(kind, call.model, call.settings)
         self._named[asked] = (kind, named)
         return named
 
-    def observe(self, record: CallRecord) -> None:
-        """A call ended: its outcome and the engine's cached tokens per (box, model: the box's own
-        key for it, so the labels are bounded by what the boxes hold); a Responses answer's id
-        bound to its box (rules 4 and 5)."""
+    def observe(self, record: CallRecord, state: str) -> None:
+        """A call ended in row state `state`: its outcome and the engine's cached tokens per (box,
+        model: the box's own key for it, so the labels are bounded by what the boxes hold); a
+        Responses answer's id bound to its box (rules 4 and 5)."""
         box, call = record.box, record.call
-        if record.affinity is None or box is None or call is None or record.state != "done":
+        if record.affinity is None or box is None or call is None or state != "done":
             return
-        named = call_key(box.config.kind, call.model, call.settings)
+        named = self._call_key(box, call)
         label = (box.name, named[0] if named is not None else call.model)
         self.outcomes[label + (record.affinity.partition(":")[0],)] += 1
         tokens = record.tokens  # the box's own counts (facades.usage), counted before this

@@ -178,9 +178,9 @@ class RouterApp:
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""
         shared = self.shared
-        if record.affinity is not None:
-            shared.affinity.observe(record)
         row = record.row()
+        if record.affinity is not None:
+            shared.affinity.observe(record, row.state)
         shared.route_log.record(row)
         if shared.tracer is not None:  # tracing off: this check is all a call pays
             shared.tracer.record(record, row)
