@@ -51,7 +51,7 @@ from router.core.admission import backoff_s, is_full
 from router.core.kinds import Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
-from router.core.types import BoxFacts, Call, Resident
+from router.core.types import BoxFacts, Call, Resident, new_tuple
 from router.upstream.pool import Origin
 
 PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is cheaper (core/lifecycle.py)
@@ -293,9 +293,9 @@ class BoxState:
             self._derived_version = self.version
         online, contracts, busy_seats, limit, cooling, recent_refusals = self._derived
         config, inventory, in_flight = self.config, self.inventory, self.in_flight + self.others
-        # Positional, in BoxFacts' order, each line naming its field: a NamedTuple built by
-        # keyword goes through a dict of them, once a call (tests/test_exact_load.py checks each).
-        return BoxFacts(
+        # Positional, in BoxFacts' order, each line naming its field (tests/test_exact_load.py
+        # checks each).
+        return new_tuple(BoxFacts, (
             config.name,  # id
             config.kind,  # kind
             self.order,  # order
@@ -317,7 +317,7 @@ class BoxState:
             self.down,  # down
             inventory.pairs,  # pairs
             self.fits,  # fits
-        )
+        ))
 
     def _derive(self) -> tuple:
         """The facts' parts that follow from settled state alone (`_derived`'s order). (A method

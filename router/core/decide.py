@@ -48,9 +48,9 @@ from router.core.types import (
     Path,
     Reason,
     ReasonCode,
-    Resident,
     Tier,
     Why,
+    new_tuple,
 )
 
 # Read per box or per call: module names, not their Enums' members, for speed (router.core.
@@ -211,7 +211,7 @@ def decide(
             if reason is None:
                 tier = _tier_of(box, named, call.knobs)  # type: ignore[arg-type]
                 key = rank_key(box, tier, named[0])  # type: ignore[index]
-                why = Why(tier, key)
+                why = new_tuple(Why, (tier, key))
             if memo is not None:
                 memo[box.id] = (box, reason, key, why)
         if reason is not None:
@@ -231,4 +231,4 @@ def decide(
             ranked.insert(0, ranked.pop(first))
     path = PINNED if call.pin is not None else RANKED
     why_of = {box_id: why for _, box_id, why in ranked}
-    return Decision(path, tuple(why_of), why_of, ruled_out)  # (a dict keeps the ranking's order)
+    return new_tuple(Decision, (path, tuple(why_of), why_of, ruled_out))  # (a dict keeps the ranking's order)

@@ -15,6 +15,7 @@ import time
 from router.core import access
 from router.core.access import Caller, Verdict
 from router.core.admission import Priority, effective_priority
+from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.store.keys import KeyStore
 
@@ -71,7 +72,7 @@ class AccessGate:
         # (A map, not a generator: that would make `edge` a cell, allocated on every call.)
         if self.proxies or tuple(map(edge.header, access.FORWARDED_HEADERS)) != _UNFORWARDED:
             return access.client_address(edge.client, edge.header_lines, self.proxies)
-        return Caller(edge.client or None, False)  # no forwarding: the peer itself
+        return new_tuple(Caller, (edge.client or None, False))  # no forwarding: the peer itself
 
     def caller_of(self, edge: Edge, asked: Priority | None) -> tuple[str, Priority]:
         """Who a waiting call waits as (its valid key, else its resolved address) and in which

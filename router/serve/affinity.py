@@ -51,6 +51,7 @@ from router.core.affinity import (
     response_key,
 )
 from router.core.kinds import call_key
+from router.core.types import new_tuple
 from router.facades.usage import response_id
 
 if TYPE_CHECKING:
@@ -67,7 +68,6 @@ DEFAULT_MEMORY_BYTES = 64 << 20  # ~330k entries: 64 conversations × 256 elemen
 _SEED_MASK = (1 << 64) - 1
 RESPONSES_PATH = "/v1/responses"
 HEADER = b"x-router-affinity"
-_new = tuple.__new__  # a Steer without its Python-level __new__: one is made on every keyed call
 _NO_BOXES: dict = {}  # no fleet yet: every node is stale
 
 
@@ -105,7 +105,7 @@ class Affinity:
         if key is None:
             return None
         boxes = self.fleet.boxes if self.fleet is not None else _NO_BOXES  # their cache epochs
-        return _new(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
+        return new_tuple(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
 
     async def steer_shared(self, key: Key | None) -> Steer | None:
         """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""

@@ -34,6 +34,7 @@ from router.core.aliases import context_exceeded
 from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
 from router.core.kinds import Capability, can
+from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.serve.hops import via_line
 from router.upstream.fetch import fetch
@@ -254,7 +255,7 @@ class Attempt:
         *, stream: bool = False, failure: str | None = None,
     ) -> Judged:
         self.life.fire(JUDGED)
-        return Judged(exchange, exchange.status, exchange.headers, body, first, scanner, stream, failure)
+        return new_tuple(Judged, (exchange, exchange.status, exchange.headers, body, first, scanner, stream, failure))
 
     def watch_silence(self, exchange: Exchange) -> None:
         """The first byte is in: from now the box may be silent for the stream idle timeout."""
