@@ -127,7 +127,8 @@ class RouterApp:
     async def dispatch(self, edge: Edge) -> None:
         shared = self.shared
         shared.in_flight += 1
-        shared.idle.clear()
+        if shared.in_flight == 1:  # idle is set exactly while nothing is in flight
+            shared.idle.clear()
         working, port = shared.working_ports, edge.port
         working[port] = working.get(port, 0) + 1
         facade = self.mount(edge.path)

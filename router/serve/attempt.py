@@ -154,7 +154,7 @@ class Attempt:
                 self.cancel()
                 return LEFT
             self.life.fire(SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
-            exchange.keep(Deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte")))
+            exchange.keep(new_tuple(Deadline, (self.first_byte_timeout_s, FirstByteTimeout("no first byte"), False)))
             try:
                 return await self.judge(exchange)
             except UpstreamError as exc:
@@ -260,4 +260,4 @@ class Attempt:
     def watch_silence(self, exchange: Exchange) -> None:
         """The first byte is in: from now the box may be silent for the stream idle timeout."""
         timeout_s = self.idle_timeout_s
-        exchange.keep(Deadline(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"), silence=True))
+        exchange.keep(new_tuple(Deadline, (timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"), True)))
