@@ -27,14 +27,22 @@ INSIDE_CACHE_SIZE = 4096
 _UNFORWARDED = (None,) * len(access.FORWARDED_HEADERS)
 
 
-def _remembered(verdicts: dict, value: str | None, judge, setting) -> bool:
-    """`judge(value, setting)`, looked up in `verdicts` first (cleared when full)."""
-    verdict = verdicts.get(value)
-    if verdict is None:
-        if len(verdicts) >= INSIDE_CACHE_SIZE:
-            verdicts.clear()
-        verdict = verdicts[value] = judge(value, setting)
-    return verdict
+class Remembered(dict):
+    """`judge(value, setting)` per value, read as `remembered[value]`: a value seen before costs a
+    dict look-up and no Python frame; a new one is judged and kept (all cleared when full)."""
+
+    __slots__ = ("judge", "setting")
+
+    def __init__(self, judge, setting) -> None:
+        super().__init__()
+        self.judge = judge
+        self.setting = setting
+
+    def __missing__(self, value: str | None) -> bool:
+        if len(self) >= INSIDE_CACHE_SIZE:
+            self.clear()
+        verdict = self[value] = self.judge(value, self.setting)
+        return verdict
 
 
 class AccessGate:
@@ -50,8 +58,10 @@ class AccessGate:
         # hosts and this machine's own name, whole and as its first label.
         hostname = socket.gethostname().lower().rstrip(".")
         self.use_hosts = self.hosts | {hostname, hostname.partition(".")[0]} - {""}
-        self._inside: dict[str | None, bool] = {}
-        self._host_served: dict[str | None, bool] = {}
+        # inside[addr]: the address is in the trusted nets; host_served[host]: a keyless use call
+        # may be served under that Host (rule 8c)
+        self.inside = Remembered(access.is_inside, self.inside_nets)
+        self.host_served = Remembered(access.serves_host, self.use_hosts)
 
     def describe(self) -> str:
         """The start-up line: the key mode in force, the trusted nets and proxies."""
@@ -59,13 +69,6 @@ class AccessGate:
         proxies = ", ".join(str(net) for net in self.proxies) or "none"
         return (f"access: require-key {self.mode}; trusted nets {nets}; trusted proxies {proxies}; "
                 "loopback manages without a key in every mode")
-
-    def inside(self, addr: str | None) -> bool:
-        return _remembered(self._inside, addr, access.is_inside, self.inside_nets)
-
-    def host_served(self, host: str | None) -> bool:
-        """Whether a keyless use call may be served under `host` (rule 8c)."""
-        return _remembered(self._host_served, host, access.serves_host, self.use_hosts)
 
     def caller(self, edge: Edge) -> Caller:
         """Who is calling (router.core.access rules 3-6)."""
@@ -101,8 +104,8 @@ class AccessGate:
         origin_ok = origin is None or access.origin_allowed(origin, host, self.origins)
         admin = scope == "admin"
         if not admin:
-            host_served = self.host_served(host)
-            keyless = self.mode == "never" or (self.mode == "outside" and self.inside(addr))
+            host_served = self.host_served[host]
+            keyless = self.mode == "never" or (self.mode == "outside" and self.inside[addr])
             if keyless and origin_ok and host_served:
                 return access.ALLOW  # an inside caller's bad key is not refused (hugpy's rule)
         verdict = access.decide_access(
