@@ -48,7 +48,7 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.kinds import Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident, new_tuple
@@ -191,7 +191,7 @@ class BoxState:
     def took(self, call: Call, now_s: float) -> None:
         """The box took `call` (its answer is going to the client): it now runs the model with
         the call's settings, and it had room for it."""
-        named = call_key(self.config.kind, call.model, call.settings)
+        named = CALL_KEYS[(self.config.kind, call.model, call.settings)]  # call_key, remembered
         if named is not None:
             if can(self.config.kind, PAIR_SETTINGS):
                 loaded = contract(self.inventory.pairs, named[0], named[1], call.knobs)

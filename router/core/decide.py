@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 
 from router.core.admission import is_full
 from router.core.affinity import Steer, place
-from router.core.kinds import Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, blocked_by, contract
 from router.core.types import (
     BoxFacts,
@@ -195,17 +195,12 @@ def decide(
     memo = verdicts.of(call) if verdicts is not None and not tried and eligible is None else None
     ruled_out: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
-    named_by_kind: dict = {}  # the call's (key, settings) per box kind, worked out once
     for box in boxes:
         seen = memo.get(box.id) if memo is not None else None
         if seen is not None and seen[0] is box:
             _, reason, key, why = seen
         else:
-            kind = box.kind
-            if kind in named_by_kind:
-                named = named_by_kind[kind]
-            else:
-                named = named_by_kind[kind] = call_key(kind, call.model, call.settings)
+            named = CALL_KEYS[(box.kind, call.model, call.settings)]  # call_key, remembered
             reason = _why_not(call, box, named, tried, eligible)
             key = why = None
             if reason is None:

@@ -15,6 +15,7 @@ import time
 from router.core import access
 from router.core.access import Caller, Verdict
 from router.core.admission import Priority, effective_priority
+from router.core.memo import Memo
 from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.store.keys import KeyStore
@@ -25,24 +26,6 @@ from router.store.keys import KeyStore
 INSIDE_CACHE_SIZE = 4096
 # The forwarding headers' values on a call that has none of them.
 _UNFORWARDED = (None,) * len(access.FORWARDED_HEADERS)
-
-
-class Remembered(dict):
-    """`judge(value, setting)` per value, read as `remembered[value]`: a value seen before costs a
-    dict look-up and no Python frame; a new one is judged and kept (all cleared when full)."""
-
-    __slots__ = ("judge", "setting")
-
-    def __init__(self, judge, setting) -> None:
-        super().__init__()
-        self.judge = judge
-        self.setting = setting
-
-    def __missing__(self, value: str | None) -> bool:
-        if len(self) >= INSIDE_CACHE_SIZE:
-            self.clear()
-        verdict = self[value] = self.judge(value, self.setting)
-        return verdict
 
 
 class AccessGate:
@@ -60,8 +43,8 @@ class AccessGate:
         self.use_hosts = self.hosts | {hostname, hostname.partition(".")[0]} - {""}
         # inside[addr]: the address is in the trusted nets; host_served[host]: a keyless use call
         # may be served under that Host (rule 8c)
-        self.inside = Remembered(access.is_inside, self.inside_nets)
-        self.host_served = Remembered(access.serves_host, self.use_hosts)
+        self.inside = Memo(lambda addr, nets=self.inside_nets: access.is_inside(addr, nets), INSIDE_CACHE_SIZE)
+        self.host_served = Memo(lambda host, names=self.use_hosts: access.serves_host(host, names), INSIDE_CACHE_SIZE)
 
     def describe(self) -> str:
         """The start-up line: the key mode in force, the trusted nets and proxies."""
