@@ -156,7 +156,7 @@ class Verdicts:
         self.max_calls = max_calls
 
     def of(self, call: Call) -> dict[str, tuple]:
-        """The remembered verdicts of `call`, box id → (facts, reason, rank key, Why)."""
+        """The remembered verdicts of `call`, box id → (facts, reason, ranking entry)."""
         memo = self._by_call.get(call)
         if memo is None:
             if len(self._by_call) >= self.max_calls:
@@ -185,7 +185,7 @@ def decide(
     ~0.3 µs per box whose facts did not, given the owner's `verdicts` (see Verdicts); a failover
     decision works out every box (bench/micro.py measures both). Every box is gated and ranked so that it can explain
     itself (the reasons of the boxes ruled out go into the 503 body and the route log). The call's name is
-    parsed once per box kind, not per box.
+    parsed once per box kind (router.core.kinds.CALL_KEYS remembers it).
 
     Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
     every box (and for an unknown pin, under the pin's name). `steer`: the call's affinity,
@@ -196,23 +196,23 @@ def decide(
     ruled_out: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
     for box in boxes:
+        # (facts, reason, ranking entry): the entry, (rank key, box id, Why), made once per verdict
         seen = memo.get(box.id) if memo is not None else None
-        if seen is not None and seen[0] is box:
-            _, reason, key, why = seen
-        else:
+        if seen is None or seen[0] is not box:
             named = CALL_KEYS[(box.kind, call.model, call.settings)]  # call_key, remembered
             reason = _why_not(call, box, named, tried, eligible)
-            key = why = None
+            entry = None
             if reason is None:
                 tier = _tier_of(box, named, call.knobs)  # type: ignore[arg-type]
                 key = rank_key(box, tier, named[0])  # type: ignore[index]
-                why = new_tuple(Why, (tier, key))
+                entry = (key, box.id, new_tuple(Why, (tier, key)))
+            seen = (box, reason, entry)
             if memo is not None:
-                memo[box.id] = (box, reason, key, why)
-        if reason is not None:
-            ruled_out[box.id] = reason
+                memo[box.id] = seen
+        if seen[1] is not None:
+            ruled_out[box.id] = seen[1]
         else:
-            ranked.append((key, box.id, why))  # type: ignore[arg-type]
+            ranked.append(seen[2])
     if call.pin is not None and call.pin not in {box.id for box in boxes}:
         ruled_out[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
     if not ranked:
@@ -225,5 +225,7 @@ def decide(
         if first:
             ranked.insert(0, ranked.pop(first))
     path = PINNED if call.pin is not None else RANKED
-    why_of = {box_id: why for _, box_id, why in ranked}
+    why_of: dict[str, Why] = {}
+    for _, box_id, why in ranked:  # a loop: a comprehension is a function and a frame more
+        why_of[box_id] = why
     return new_tuple(Decision, (path, tuple(why_of), why_of, ruled_out))  # (a dict keeps the ranking's order)
