@@ -8,7 +8,8 @@ module, this one; its pieces live by subject in the files it includes, each open
    first data frame is judged, then relayed to the client unchanged, its tail kept to tell a
    proper end from a box that died.
 3. `json_members` and `form_field` (_fastpath_body.pxi): the routing fields of a request body
-   found without building it (a large body without the GIL).
+   found without building it (a large body without the GIL); `header_map`, an ASGI request's
+   headers as the str mapping the router reads.
 4. `prefix_chain` (_fastpath_prefix.pxi): the hash chain of a prompt's leading elements over their
    raw bytes, for cache-aware routing (router.core.affinity), and that routing's index
    (`AffinityIndex`).

@@ -511,3 +511,24 @@ def last_count(tail, tuple keys, Py_ssize_t floor):
                 break
             at = _rfind_in(p, after, at, name, m)
     return found
+
+
+# --- header_map: an ASGI request's headers as the mapping the router reads -------------------
+
+from cpython.unicode cimport PyUnicode_DecodeLatin1
+
+
+cdef inline str _latin1(raw):
+    if type(raw) is bytes:
+        return PyUnicode_DecodeLatin1(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), NULL)
+    return raw.decode("latin-1")
+
+
+def header_map(headers):
+    """An ASGI request's headers ((name, value) byte strings, names lower-case) as {name: value},
+    both decoded as latin-1, a later line of a name over an earlier: AsgiEdge's `headers`, made on
+    every call. Its plain model is the dict comprehension in tests/test_edge_protocol.py."""
+    cdef dict found = {}
+    for name, value in headers:
+        found[_latin1(name)] = _latin1(value)
+    return found

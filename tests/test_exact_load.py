@@ -114,3 +114,27 @@ def test_each_field_of_a_boxs_facts_holds_the_state_it_names():
         "in_flight": 9, "max_inflight": 40, "cooling": {"n": 5}, "recent_refusals": 3, "down": "why",
         "pairs": pairs, "fits": {"n": Fit.RAM},
     }
+
+
+def test_a_taken_call_rebuilds_the_facts_and_a_change_their_derived_parts():
+    """state.py invariant 1: a call taken on the same settings moves `last_picked_s` alone (the
+    facts' derived parts are kept), a new load contract or a refusal is in the next facts."""
+    from router.core.refusal import RefusalCode
+    from router.core.types import Resident
+
+    box = BoxState(BoxConfig(name="h", url="http://127.0.0.1:9", kind=BoxKind.HUGPY), 0, 0)
+    box.online = True
+    box.set_inventory(Inventory(catalog={"m": "m"}, residents={"m": Resident("m")}))
+    box.took(CALL, 1.0)
+    first = box.facts(0)
+    assert (first.last_picked_s, first.contracts, first.cooling) == (1.0, {}, {})
+    box.took(CALL, 2.0)  # the same contract: only the pick moved
+    again = box.facts(0)
+    assert again is not first and again.last_picked_s == 2.0 and again.contracts is first.contracts
+    box.took(Call(model="m", kinds=CALL.kinds, knobs='{"temperature":0.5}'), 3.0)  # another contract
+    loaded = box.facts(0)
+    assert loaded.last_picked_s == 3.0 and loaded.contracts == {"m": box.loaded["m"]} != {}
+    box.in_flight = 2
+    box.refused(CALL, RefusalCode.INSUFFICIENT_RESOURCES, 4.0)
+    cooled = box.facts(0)
+    assert cooled.cooling == {"m": 1} and cooled.recent_refusals == 1 and cooled.in_flight == 2

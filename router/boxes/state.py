@@ -5,6 +5,10 @@ Invariants:
    clears `contracts` when the box restarted; only the proxy records `contracts` and
    `last_picked_s`. Each write that changes a field the
    decision reads bumps `version`, so `facts()` rebuilds the immutable BoxFacts only then.
+   What the facts derive from the box's settled state (its contracts, cooling, refusals, busy
+   seats, limit) is worked out again only after a `changed()`: a call taken (`took`) that moves
+   nothing but `last_picked_s` and the calls in flight (`picked`) rebuilds the facts around the
+   derived parts it had.
 2. `contracts[key]` is the settings string the router last sent with a call that the box
    accepted for that model (None = default); a box restart clears them. On a hugpy box,
    `loaded[key]` is the load contract that seat runs under (router.core.pairs rule 4): the
@@ -44,16 +48,17 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.kinds import Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
-from router.core.types import BoxFacts, Call, Resident
+from router.core.types import BoxFacts, Call, Resident, new_tuple
 from router.upstream.pool import Origin
 
 PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is cheaper (core/lifecycle.py)
 
 
 _epochs = itertools.count(1)  # rule 5
+_UNSET = object()  # `took`: a model without a load contract yet
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class Inventory:
 class BoxState:
     def __init__(self, config: BoxConfig, index: int, order: int) -> None:
         self.config = config
+        self.name = config.name  # read several times a call: an attribute, not a property
         self.index = index  # slot in the reservation table, fixed for the process lifetime
         self.order = order
         self.origin = Origin(config.host, config.port, tls=config.url.startswith("https:"))
@@ -100,16 +106,23 @@ class BoxState:
         self.down = ""  # why the link's last probe failed ("" after a good one)
         self.version = 0
         self._facts: BoxFacts | None = None
+        # the facts' parts derived from settled state, and the version they were derived at
+        # (invariant 1): (online, contracts, busy seats, limit, cooling, recent refusals)
+        self._derived: tuple = ()
+        self._derived_version = -1
         # what `_facts` was built from: (version, reservations, in_flight), kept apart so that the
         # check on every decision allocates nothing
         self._facts_version = self._facts_reservations = self._facts_in_flight = -1
 
-    @property
-    def name(self) -> str:
-        return self.config.name
-
     def changed(self) -> None:
         self.version += 1
+
+    def picked(self) -> None:
+        """Only `last_picked_s` moved: the facts are rebuilt, their derived parts kept (invariant 1)."""
+        derived_current = self._derived_version == self.version
+        self.version += 1
+        if derived_current:
+            self._derived_version = self.version
 
     def set_online(self, online: bool) -> None:
         if online != self.online:
@@ -178,10 +191,13 @@ class BoxState:
     def took(self, call: Call, now_s: float) -> None:
         """The box took `call` (its answer is going to the client): it now runs the model with
         the call's settings, and it had room for it."""
-        named = call_key(self.config.kind, call.model, call.settings)
+        named = CALL_KEYS[(self.config.kind, call.model, call.settings)]  # call_key, remembered
         if named is not None:
             if can(self.config.kind, PAIR_SETTINGS):
-                self.loaded[named[0]] = contract(self.inventory.pairs, named[0], named[1], call.knobs)
+                loaded = contract(self.inventory.pairs, named[0], named[1], call.knobs)
+                if self.loaded.get(named[0], _UNSET) != loaded:
+                    self.loaded[named[0]] = loaded
+                    self.changed()
             self.record_dispatch(named[0], named[1], now_s)
             self.placement_ok(named[0])
 
@@ -203,7 +219,9 @@ class BoxState:
             if key in self.contracts:
                 self.drop_caches(key)  # other settings: the box reloads the model
             self.contracts[key] = settings
-        self.changed()
+            self.changed()
+        else:
+            self.picked()
 
     def placement_refused(self, key: str, now_s: float) -> None:
         """The box refused to place `key` (the refused call still counted in `in_flight`): full
@@ -268,32 +286,49 @@ class BoxState:
         return self._facts  # type: ignore[return-value]
 
     def _new_facts(self, reservations: int) -> BoxFacts:
-        """`facts` rebuilt. (A method of its own: its comprehensions would make `self` a cell,
-        allocated on every call of `facts`, rebuilt or not.)"""
-        config = self.config
-        # Positional, in BoxFacts' order, each line naming its field: a NamedTuple built by
-        # keyword goes through a dict of them, once a call (tests/test_exact_load.py checks each).
-        return BoxFacts(
+        """`facts` rebuilt around the derived parts, themselves worked out again only after a
+        `changed()` (invariant 1)."""
+        if self._derived_version != self.version:
+            self._derived = self._derive()
+            self._derived_version = self.version
+        online, contracts, busy_seats, limit, cooling, recent_refusals = self._derived
+        config, inventory, in_flight = self.config, self.inventory, self.in_flight + self.others
+        # Positional, in BoxFacts' order, each line naming its field (tests/test_exact_load.py
+        # checks each).
+        return new_tuple(BoxFacts, (
             config.name,  # id
             config.kind,  # kind
             self.order,  # order
-            self.online and not self.unreachable,  # online
+            online,  # online
             config.pool,  # pool
             config.blocked,  # blocked
             self.catalog,  # catalog
-            self.inventory.residents,  # residents
-            {k: v for k, v in (self.loaded if can(config.kind, PAIR_SETTINGS)
-                               else self.contracts).items() if v is not None},  # contracts
-            self.inventory.free_gpu_bytes,  # free_gpu_bytes
-            max(self.in_flight + self.others - reservations, self.busy_seats),  # pending
+            inventory.residents,  # residents
+            contracts,  # contracts
+            inventory.free_gpu_bytes,  # free_gpu_bytes
+            max(in_flight - reservations, busy_seats),  # pending
             self.pressure,  # pressure
             reservations,  # reservations
             self.last_picked_s,  # last_picked_s
-            self.in_flight + self.others,  # in_flight
-            self.limit,  # max_inflight
-            {k: ceiling for k, (_, ceiling) in self.cooling.items()},  # cooling
-            sum(self.refusals[k] for k in self.cooling),  # recent_refusals
+            in_flight,  # in_flight
+            limit,  # max_inflight
+            cooling,  # cooling
+            recent_refusals,  # recent_refusals
             self.down,  # down
-            self.inventory.pairs,  # pairs
+            inventory.pairs,  # pairs
             self.fits,  # fits
+        ))
+
+    def _derive(self) -> tuple:
+        """The facts' parts that follow from settled state alone (`_derived`'s order). (A method
+        of its own: its comprehensions would make `self` a cell in `_new_facts`.)"""
+        config = self.config
+        return (
+            self.online and not self.unreachable,
+            {k: v for k, v in (self.loaded if can(config.kind, PAIR_SETTINGS)
+                               else self.contracts).items() if v is not None},
+            self.busy_seats,
+            self.limit,
+            {k: ceiling for k, (_, ceiling) in self.cooling.items()},
+            sum(self.refusals[k] for k in self.cooling),
         )

@@ -23,8 +23,8 @@ the serve layer holds it): this module stays stdlib only.
       model unloaded, reloaded with other settings, or the box restarted, drops it.
    The deepest node found decides; a shared or stale one means no pull.
 4. Placement (`place`). Only inside the serving tier, after the gate, the pin, the tiers and the
-   seeds' rank have done their work: the pulled box goes first while its load (`load_of`: the
-   rank's own units) is within the slack of the best serving box's:
+   seeds' rank have done their work: the pulled box goes first while its load (router.core.decide
+   `rank_key`'s, the rank's own units) is within the slack of the best serving box's:
    load <= best + absolute + relative * best. Among several pulled boxes the deepest match wins,
    then the rank. A bound key (session, key, user, response) pulls harder than any prefix.
 5. A miss (a key, but no pulled box within the slack) goes to the least-loaded serving box; boxes
@@ -47,6 +47,8 @@ from __future__ import annotations
 
 from operator import indexOf, itemgetter
 from typing import Hashable, Mapping, NamedTuple, Sequence
+
+from router.core.types import new_tuple
 
 # Headers that carry a conversation's identity, first present wins: ours, then the ones coding
 # harnesses send on every request of a session (Codex CLI: `session_id`, and `conversation_id`
@@ -106,8 +108,7 @@ class Key(NamedTuple):
         return identity_of(*self.scoped)
 
 
-# Keys are made on every call: tuple.__new__ makes one without Key's Python-level __new__.
-_new = tuple.__new__
+# Keys are made on every call: new_tuple makes one without Key's Python-level __new__.
 
 
 def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hashable,
@@ -121,12 +122,12 @@ def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hasha
             value = headers.get(name)
             if value:
                 scoped = (scope, model, SESSION, value)
-                return _new(Key, (SESSION, hash(scoped), (), scoped))
+                return new_tuple(Key, (SESSION, hash(scoped), (), scoped))
     if any(fields):  # most calls carry none of them
         for kind, value in zip(_BODY_KINDS, fields):
             if isinstance(value, str) and value:
                 scoped = (scope, model, kind, value)
-                return _new(Key, (kind, hash(scoped), (), scoped))
+                return new_tuple(Key, (kind, hash(scoped), (), scoped))
     return None
 
 
@@ -139,7 +140,7 @@ def identity_of(scope: Hashable, model: str, kind: str, value: str) -> str:
 def prefix_key(chain: tuple[int, ...]) -> Key | None:
     """The key of a call that has no bound one: its prompt's prefix chain (seeded with the scope
     and the model), or None for a prompt of fewer than MIN_PULL_DEPTH elements (rule 1)."""
-    return _new(Key, (PREFIX, 0, chain, ())) if len(chain) >= MIN_PULL_DEPTH else None
+    return new_tuple(Key, (PREFIX, 0, chain, ())) if len(chain) >= MIN_PULL_DEPTH else None
 
 
 def response_key(scope: Hashable, model: str, response_id: str) -> int:

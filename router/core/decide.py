@@ -25,7 +25,7 @@ The contract (DESIGN.md "Choosing a box"; a test pins each line):
    options: router.core.pairs rule 4), so a pair-settings write after the load, or a call
    whose knobs differ from those the seat was loaded under, makes it a LOAD.
    Every other eligible box is LOAD (catalog, or resident under other settings).
-4. Rank inside a tier, ascending by the tuple of the small key functions below:
+4. Rank inside a tier, ascending by `rank_key`'s tuple:
    load (pending + pressure + reservations + recent placement refusals), then pressure, then
    the tier's tie-break (SERVING: idle before busy, most recently used; LOAD: the verdicts' fit
    (GPU, unknown, RAM only), most free GPU memory, least recently picked), then the stable id
@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 
 from router.core.admission import is_full
 from router.core.affinity import Steer, place
-from router.core.kinds import Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, can
 from router.core.pairs import EMPTY, Fit, blocked_by, contract
 from router.core.types import (
     BoxFacts,
@@ -48,15 +48,15 @@ from router.core.types import (
     Path,
     Reason,
     ReasonCode,
-    Resident,
     Tier,
     Why,
+    new_tuple,
 )
 
 # Read per box or per call: module names, not their Enums' members, for speed (router.core.
 # lifecycle: on Python 3.11 a member read off its Enum class takes a slow hook).
 SERVING, LOAD, RANKED, PINNED = Tier.SERVING, Tier.LOAD, Path.RANKED, Path.PINNED
-FITS_NOWHERE, PAIR_SETTINGS = Fit.NONE, Capability.PAIR_SETTINGS
+FITS_NOWHERE, FITS_GPU, FITS_RAM, PAIR_SETTINGS = Fit.NONE, Fit.GPU, Fit.RAM, Capability.PAIR_SETTINGS
 
 
 def why_not(
@@ -120,35 +120,20 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None], knobs: str | None) ->
     return SERVING if box.contracts.get(key) == settings else LOAD
 
 
-def load_of(box: BoxFacts) -> int:
-    """pending + pressure + reservations + recent placement refusals: what the box is already
-    carrying (lower is better). A refusal counts as load until its back-off ends, so a box that
-    fails fast does not look idle and draw more calls."""
-    return box.pending + box.pressure + box.reservations + box.recent_refusals
-
-
-def serving_tiebreak(resident: Resident) -> tuple:
-    """Idle before busy, then most recently used (a warm seat is likelier to have its cache)."""
-    return (1 if resident.busy else 0, -resident.last_used_s)
-
-
-def load_tiebreak(box: BoxFacts, key: str) -> tuple:
-    """A GPU fit, then unknown, then a RAM-only fit (the box's verdicts, router.core.pairs rule
-    6; no verdicts, and "fits nowhere" for a resident or a pinned call, count as unknown); then
-    most free GPU memory first (unknown counts as none), then least recently picked."""
-    fit = box.fits.get(key)
-    return (0 if fit is Fit.GPU else 2 if fit is Fit.RAM else 1, -(box.free_gpu_bytes or 0), box.last_picked_s)
-
-
-def stable_id(box: BoxFacts) -> tuple:
-    """Position in the boxes file, then the name: fixed for the box's lifetime."""
-    return (box.order, box.id)
-
-
 def rank_key(box: BoxFacts, tier: Tier, key: str) -> tuple:
+    """Rule 4's sort key for `box` in `tier` (model `key`): one flat tuple, (tier: 0 SERVING,
+    1 LOAD; load; pressure; the tier's tie-break; order, id), since nested parts would cost a
+    tuple each and the sort a compare per level. A placement refusal counts as load until its
+    back-off ends, so a box that fails fast does not look idle and draw more calls; a serving
+    seat used last is likelier to have its cache. The verdicts' fit: router.core.pairs rule 6
+    (no verdicts, and "fits nowhere" for a resident or a pinned call, count as unknown)."""
+    load = box.pending + box.pressure + box.reservations + box.recent_refusals
     if tier is SERVING:
-        return (0, load_of(box), box.pressure, serving_tiebreak(box.residents[key]), stable_id(box))
-    return (1, load_of(box), box.pressure, load_tiebreak(box, key), stable_id(box))
+        resident = box.residents[key]
+        return (0, load, box.pressure, 1 if resident.busy else 0, -resident.last_used_s, box.order, box.id)
+    fit = box.fits.get(key)
+    return (1, load, box.pressure, 0 if fit is FITS_GPU else 2 if fit is FITS_RAM else 1,
+            -(box.free_gpu_bytes or 0), box.last_picked_s, box.order, box.id)
 
 
 NOTHING_TRIED: frozenset[str] = frozenset()  # a first decision's `tried`, not built per call
@@ -171,7 +156,7 @@ class Verdicts:
         self.max_calls = max_calls
 
     def of(self, call: Call) -> dict[str, tuple]:
-        """The remembered verdicts of `call`, box id → (facts, reason, rank key, Why)."""
+        """The remembered verdicts of `call`, box id → (facts, reason, ranking entry)."""
         memo = self._by_call.get(call)
         if memo is None:
             if len(self._by_call) >= self.max_calls:
@@ -200,7 +185,7 @@ def decide(
     ~0.3 µs per box whose facts did not, given the owner's `verdicts` (see Verdicts); a failover
     decision works out every box (bench/micro.py measures both). Every box is gated and ranked so that it can explain
     itself (the reasons of the boxes ruled out go into the 503 body and the route log). The call's name is
-    parsed once per box kind, not per box.
+    parsed once per box kind (router.core.kinds.CALL_KEYS remembers it).
 
     Never raises for a refusal: an empty ranking comes back as `path=REFUSED` with a reason for
     every box (and for an unknown pin, under the pin's name). `steer`: the call's affinity,
@@ -210,29 +195,24 @@ def decide(
     memo = verdicts.of(call) if verdicts is not None and not tried and eligible is None else None
     ruled_out: dict[str, Reason] = {}
     ranked: list[tuple[tuple, str, Why]] = []
-    named_by_kind: dict = {}  # the call's (key, settings) per box kind, worked out once
     for box in boxes:
+        # (facts, reason, ranking entry): the entry, (rank key, box id, Why), made once per verdict
         seen = memo.get(box.id) if memo is not None else None
-        if seen is not None and seen[0] is box:
-            _, reason, key, why = seen
-        else:
-            kind = box.kind
-            if kind in named_by_kind:
-                named = named_by_kind[kind]
-            else:
-                named = named_by_kind[kind] = call_key(kind, call.model, call.settings)
+        if seen is None or seen[0] is not box:
+            named = CALL_KEYS[(box.kind, call.model, call.settings)]  # call_key, remembered
             reason = _why_not(call, box, named, tried, eligible)
-            key = why = None
+            entry = None
             if reason is None:
                 tier = _tier_of(box, named, call.knobs)  # type: ignore[arg-type]
                 key = rank_key(box, tier, named[0])  # type: ignore[index]
-                why = Why(tier, key)
+                entry = (key, box.id, new_tuple(Why, (tier, key)))
+            seen = (box, reason, entry)
             if memo is not None:
-                memo[box.id] = (box, reason, key, why)
-        if reason is not None:
-            ruled_out[box.id] = reason
+                memo[box.id] = seen
+        if seen[1] is not None:
+            ruled_out[box.id] = seen[1]
         else:
-            ranked.append((key, box.id, why))  # type: ignore[arg-type]
+            ranked.append(seen[2])
     if call.pin is not None and call.pin not in {box.id for box in boxes}:
         ruled_out[call.pin] = Reason(ReasonCode.UNKNOWN_BOX, call.pin)
     if not ranked:
@@ -245,5 +225,7 @@ def decide(
         if first:
             ranked.insert(0, ranked.pop(first))
     path = PINNED if call.pin is not None else RANKED
-    why_of = {box_id: why for _, box_id, why in ranked}
-    return Decision(path, tuple(why_of), why_of, ruled_out)  # (a dict keeps the ranking's order)
+    why_of: dict[str, Why] = {}
+    for _, box_id, why in ranked:  # a loop: a comprehension is a function and a frame more
+        why_of[box_id] = why
+    return new_tuple(Decision, (path, tuple(why_of), why_of, ruled_out))  # (a dict keeps the ranking's order)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Callable, Mapping, NamedTuple
 
+from router.core.memo import Memo
 from router.core.names import (
     exact_call_key,
     exact_key,
@@ -98,10 +99,15 @@ KINDS: dict[BoxKind, KindRules] = {
 }
 
 
+# call_key per (kind, model, body settings), remembered (router.core.memo): a call's key is read
+# by its decision, its box's lesson and affinity's outcome; the call path reads it here directly.
+CALL_KEYS = Memo(lambda asked: KINDS[asked[0]].call_key(asked[1], asked[2]), 4096)
+
+
 def call_key(kind: BoxKind, model: str, body_settings: str | None) -> tuple[str, str | None] | None:
     """(key, settings) for a call's model on a box of `kind`, or None if the name is invalid
     there (the kind's name rule)."""
-    return KINDS[kind].call_key(model, body_settings)
+    return CALL_KEYS[(kind, model, body_settings)]
 
 
 def inventory_key(kind: BoxKind, advertised: str) -> str | None:

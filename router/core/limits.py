@@ -47,6 +47,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from router.core.errors import BadRequest
+from router.core.types import new_tuple
 
 PERIODS = ("day", "week", "month")
 FIELDS = ("rpm", "tpm", "max_parallel", "budget_tokens", "budget_period", "models")
@@ -301,11 +302,6 @@ class Left(NamedTuple):
     parallel: int | None
 
 
-# Builds a NamedTuple on the call path without its Python-level __new__ (half the cost):
-# `new_tuple(Windows, (...))`.
-new_tuple = tuple.__new__
-
-
 class Windows(NamedTuple):
     """What is left of rpm and tpm right after an admission, and when each bucket is empty."""
 
@@ -421,11 +417,11 @@ def tokens_of(report: tuple[int | None, int | None, int | None] | None, body_byt
     answer's size (`prompt_estimate`, `answer_estimate`) and the result marked `estimated`. A
     report with prompt tokens but no completion (an embedding) has no completion to estimate."""
     if report is None:
-        return Tokens(prompt_estimate(body_bytes), answer_estimate(answer_bytes, stream), 0, True)
+        return new_tuple(Tokens, (prompt_estimate(body_bytes), answer_estimate(answer_bytes, stream), 0, True))
     prompt, completion, cached = report
     estimated = prompt is None
     if prompt is None:
         prompt = prompt_estimate(body_bytes)
     if completion is None:
         completion = 0
-    return Tokens(prompt, completion, cached or 0, estimated)
+    return new_tuple(Tokens, (prompt, completion, cached or 0, estimated))

@@ -43,7 +43,7 @@ from router.core.affinity import BODY_KEY_FIELDS
 from router.core.bounds import check_identifier
 from router.core.pairs import call_knobs
 from router.core.errors import BadRequest
-from router.core.types import Call
+from router.core.types import Call, new_tuple
 from router.facades.table import Body, Facade, Route
 
 
@@ -371,8 +371,7 @@ def read_call(
         pin = check_identifier("X-Router-Box", header_pin)
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
-    call = Call(model=model, kinds=facade.kinds, settings=settings, pin=pin, pool=pool, knobs=knobs)
-    return Inspected(call, doc.get("stream") is True, asked_priority(doc, header_priority),
-                     answer_bound(doc, route.answer_bound),
-                     asked_fallback(doc, header_fallback),
-                     found.get("prompt"), tuple(map(found.get, BODY_KEY_FIELDS)), found.get("spans"))
+    call = new_tuple(Call, (model, facade.kinds, settings, pin, pool, knobs))
+    return new_tuple(Inspected, (call, doc.get("stream") is True, asked_priority(doc, header_priority),
+                                 answer_bound(doc, route.answer_bound), asked_fallback(doc, header_fallback),
+                                 found.get("prompt"), tuple(map(found.get, BODY_KEY_FIELDS)), found.get("spans")))

@@ -34,6 +34,7 @@ from typing import Awaitable, Callable, NamedTuple
 import orjson
 
 from router._fastpath import json_members, last_count
+from router.core.types import new_tuple
 from router.facades.genai import OPERATIONS
 
 # A usage report sits at the end of an answer: OpenAI's `usage` is the body's last member, an
@@ -65,7 +66,7 @@ def reported(tail: bytes) -> Reported | None:
     if prompt is None and completion is None:
         return None
     cached = last_count(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
-    return Reported(prompt, completion, cached)
+    return new_tuple(Reported, (prompt, completion, cached))
 
 
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,200})"')

@@ -15,6 +15,8 @@ import time
 from router.core import access
 from router.core.access import Caller, Verdict
 from router.core.admission import Priority, effective_priority
+from router.core.memo import Memo
+from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.store.keys import KeyStore
 
@@ -24,16 +26,6 @@ from router.store.keys import KeyStore
 INSIDE_CACHE_SIZE = 4096
 # The forwarding headers' values on a call that has none of them.
 _UNFORWARDED = (None,) * len(access.FORWARDED_HEADERS)
-
-
-def _remembered(verdicts: dict, value: str | None, judge, setting) -> bool:
-    """`judge(value, setting)`, looked up in `verdicts` first (cleared when full)."""
-    verdict = verdicts.get(value)
-    if verdict is None:
-        if len(verdicts) >= INSIDE_CACHE_SIZE:
-            verdicts.clear()
-        verdict = verdicts[value] = judge(value, setting)
-    return verdict
 
 
 class AccessGate:
@@ -49,8 +41,10 @@ class AccessGate:
         # hosts and this machine's own name, whole and as its first label.
         hostname = socket.gethostname().lower().rstrip(".")
         self.use_hosts = self.hosts | {hostname, hostname.partition(".")[0]} - {""}
-        self._inside: dict[str | None, bool] = {}
-        self._host_served: dict[str | None, bool] = {}
+        # inside[addr]: the address is in the trusted nets; host_served[host]: a keyless use call
+        # may be served under that Host (rule 8c)
+        self.inside = Memo(lambda addr, nets=self.inside_nets: access.is_inside(addr, nets), INSIDE_CACHE_SIZE)
+        self.host_served = Memo(lambda host, names=self.use_hosts: access.serves_host(host, names), INSIDE_CACHE_SIZE)
 
     def describe(self) -> str:
         """The start-up line: the key mode in force, the trusted nets and proxies."""
@@ -59,19 +53,12 @@ class AccessGate:
         return (f"access: require-key {self.mode}; trusted nets {nets}; trusted proxies {proxies}; "
                 "loopback manages without a key in every mode")
 
-    def inside(self, addr: str | None) -> bool:
-        return _remembered(self._inside, addr, access.is_inside, self.inside_nets)
-
-    def host_served(self, host: str | None) -> bool:
-        """Whether a keyless use call may be served under `host` (rule 8c)."""
-        return _remembered(self._host_served, host, access.serves_host, self.use_hosts)
-
     def caller(self, edge: Edge) -> Caller:
         """Who is calling (router.core.access rules 3-6)."""
         # (A map, not a generator: that would make `edge` a cell, allocated on every call.)
         if self.proxies or tuple(map(edge.header, access.FORWARDED_HEADERS)) != _UNFORWARDED:
             return access.client_address(edge.client, edge.header_lines, self.proxies)
-        return Caller(edge.client or None, False)  # no forwarding: the peer itself
+        return new_tuple(Caller, (edge.client or None, False))  # no forwarding: the peer itself
 
     def caller_of(self, edge: Edge, asked: Priority | None) -> tuple[str, Priority]:
         """Who a waiting call waits as (its valid key, else its resolved address) and in which
@@ -100,8 +87,8 @@ class AccessGate:
         origin_ok = origin is None or access.origin_allowed(origin, host, self.origins)
         admin = scope == "admin"
         if not admin:
-            host_served = self.host_served(host)
-            keyless = self.mode == "never" or (self.mode == "outside" and self.inside(addr))
+            host_served = self.host_served[host]
+            keyless = self.mode == "never" or (self.mode == "outside" and self.inside[addr])
             if keyless and origin_ok and host_served:
                 return access.ALLOW  # an inside caller's bad key is not refused (hugpy's rule)
         verdict = access.decide_access(

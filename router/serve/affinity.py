@@ -50,24 +50,22 @@ from router.core.affinity import (
     prefix_key,
     response_key,
 )
-from router.core.kinds import call_key
+from router.core.kinds import CALL_KEYS
+from router.core.types import new_tuple
 from router.facades.usage import response_id
 
 if TYPE_CHECKING:
     from router.boxes.fleet import Fleet
     from router.boxes.state import BoxState
-    from router.core.types import BoxKind
     from router.facades.body import Inspected
     from router.serve.edge import Edge
     from router.serve.record import CallRecord
     from router.serve.shared import SharedBindings
 
-CALL_KEYS = 1024
 DEFAULT_MEMORY_BYTES = 64 << 20  # ~330k entries: 64 conversations × 256 elements × 20 boxes fit
 _SEED_MASK = (1 << 64) - 1
 RESPONSES_PATH = "/v1/responses"
 HEADER = b"x-router-affinity"
-_new = tuple.__new__  # a Steer without its Python-level __new__: one is made on every keyed call
 _NO_BOXES: dict = {}  # no fleet yet: every node is stale
 
 
@@ -86,7 +84,6 @@ class Affinity:
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
-        self._named: dict[tuple, tuple[BoxKind, tuple[str, str | None] | None]] = {}
 
     # -- before the decision -------------------------------------------------------------------
     def key(self, edge: Edge, inspected: Inspected, body: bytes) -> Key | None:
@@ -105,7 +102,7 @@ class Affinity:
         if key is None:
             return None
         boxes = self.fleet.boxes if self.fleet is not None else _NO_BOXES  # their cache epochs
-        return _new(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
+        return new_tuple(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
 
     async def steer_shared(self, key: Key | None) -> Steer | None:
         """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""
@@ -128,33 +125,21 @@ class Affinity:
         name = box.name
         hit = pull is not None and pull[0] == name
         record.placed(("hit:" if hit else "miss:") + key.kind)
-        call, kind = record.call, box.config.kind
-        # by the box's name, whose hash is kept: a BoxKind's is worked out in Python each time
-        asked = (name, call.model, call.settings)  # type: ignore[union-attr]
-        known = self._named.get(asked)
-        named = known[1] if known is not None and known[0] is kind else self._call_key(asked, kind)
+        call = record.call
+        named = CALL_KEYS[(box.config.kind, call.model, call.settings)]  # type: ignore[union-attr]
         if named is not None:
             self.index.learn(key, name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
         if self.shared is not None and not hit and key.kind != PREFIX:
             self.shared.keep(key.identity, name)  # made or moved here (rule 6)
 
-    def _call_key(self, asked: tuple[str, str, str | None], kind: BoxKind) -> tuple[str, str | None] | None:
-        """call_key, remembered in `_named` per (box, model, settings) with the box's kind: the
-        lesson of every keyed call needs it (at most CALL_KEYS remembered, then it starts over)."""
-        if len(self._named) >= CALL_KEYS:
-            self._named.clear()
-        named = call_key(kind, asked[1], asked[2])
-        self._named[asked] = (kind, named)
-        return named
-
-    def observe(self, record: CallRecord) -> None:
-        """A call ended: its outcome and the engine's cached tokens per (box, model: the box's own
-        key for it, so the labels are bounded by what the boxes hold); a Responses answer's id
-        bound to its box (rules 4 and 5)."""
+    def observe(self, record: CallRecord, state: str) -> None:
+        """A call ended in row state `state`: its outcome and the engine's cached tokens per (box,
+        model: the box's own key for it, so the labels are bounded by what the boxes hold); a
+        Responses answer's id bound to its box (rules 4 and 5)."""
         box, call = record.box, record.call
-        if record.affinity is None or box is None or call is None or record.state != "done":
+        if record.affinity is None or box is None or call is None or state != "done":
             return
-        named = call_key(box.config.kind, call.model, call.settings)
+        named = CALL_KEYS[(box.config.kind, call.model, call.settings)]
         label = (box.name, named[0] if named is not None else call.model)
         self.outcomes[label + (record.affinity.partition(":")[0],)] += 1
         tokens = record.tokens  # the box's own counts (facades.usage), counted before this

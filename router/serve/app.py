@@ -127,7 +127,8 @@ class RouterApp:
     async def dispatch(self, edge: Edge) -> None:
         shared = self.shared
         shared.in_flight += 1
-        shared.idle.clear()
+        if shared.in_flight == 1:  # idle is set exactly while nothing is in flight
+            shared.idle.clear()
         working, port = shared.working_ports, edge.port
         working[port] = working.get(port, 0) + 1
         facade = self.mount(edge.path)
@@ -178,9 +179,9 @@ class RouterApp:
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""
         shared = self.shared
-        if record.affinity is not None:
-            shared.affinity.observe(record)
         row = record.row()
+        if record.affinity is not None:
+            shared.affinity.observe(record, row.state)
         shared.route_log.record(row)
         if shared.tracer is not None:  # tracing off: this check is all a call pays
             shared.tracer.record(record, row)

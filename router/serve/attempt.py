@@ -34,6 +34,7 @@ from router.core.aliases import context_exceeded
 from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
 from router.core.kinds import Capability, can
+from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.serve.hops import via_line
 from router.upstream.fetch import fetch
@@ -153,7 +154,7 @@ class Attempt:
                 self.cancel()
                 return LEFT
             self.life.fire(SENT)  # (again on a resend after a stale-connection race: SENT → SENT)
-            exchange.keep(Deadline(self.first_byte_timeout_s, FirstByteTimeout("no first byte")))
+            exchange.keep(new_tuple(Deadline, (self.first_byte_timeout_s, FirstByteTimeout("no first byte"), False)))
             try:
                 return await self.judge(exchange)
             except UpstreamError as exc:
@@ -254,9 +255,9 @@ class Attempt:
         *, stream: bool = False, failure: str | None = None,
     ) -> Judged:
         self.life.fire(JUDGED)
-        return Judged(exchange, exchange.status, exchange.headers, body, first, scanner, stream, failure)
+        return new_tuple(Judged, (exchange, exchange.status, exchange.headers, body, first, scanner, stream, failure))
 
     def watch_silence(self, exchange: Exchange) -> None:
         """The first byte is in: from now the box may be silent for the stream idle timeout."""
         timeout_s = self.idle_timeout_s
-        exchange.keep(Deadline(timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"), silence=True))
+        exchange.keep(new_tuple(Deadline, (timeout_s, StreamIdle(f"the box was silent for {timeout_s} s mid-answer"), True)))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Mapping, Protocol
 
+from router._fastpath import header_map
 from router.core.access import peer_address
 
 
@@ -128,7 +129,7 @@ class AsgiEdge:
         self.port: str | int = client[1] if client else ""
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
-        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        self.headers = header_map(scope["headers"])
         self.header = self.headers.get
 
     def header_lines(self, name: str) -> str | None:

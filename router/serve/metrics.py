@@ -106,6 +106,7 @@ class Metrics:
     def observe(self, record: CallRecord) -> None:
         """A call ended: its counts and durations (rule 1)."""
         facade, box = record.facade.name, record.box.name if record.box else ""
+        by_call = (facade, box)
         self.calls[(facade, box, record.status)] += 1
         for attempt in record.attempts:
             refusal = attempt.get("refusal")
@@ -113,9 +114,9 @@ class Metrics:
                 self.failovers[refusal] += 1
         if record.turned_away:
             self.turned_away[facade] += 1
-        self.duration[(facade, box)].observe(time.perf_counter() - record.t_received)
+        self.duration[by_call].observe(time.perf_counter() - record.t_received)
         if record.t_first_byte:
-            self.ttfb[(facade, box)].observe(record.t_first_byte - record.t_received)
+            self.ttfb[by_call].observe(record.t_first_byte - record.t_received)
         if record.t_sent:
             self.overhead.observe(record.t_sent - record.t_body)
         if record.waited_ms is not None:

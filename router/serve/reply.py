@@ -55,9 +55,9 @@ HOP_HEADERS = frozenset(
         b"x-router-fallback",
     }
 )
-# Headers a box names as its own internals (`X-Internal-Trace`, `X-Internal-Host`), dropped as
-# `Server` is.
-INTERNAL_PREFIX = b"x-internal-"
+# Dropped by prefix (one startswith a header): the CORS headers above, and the headers a box
+# names as its own internals (`X-Internal-Trace`, `X-Internal-Host`), as `Server` is.
+DROPPED_PREFIXES = (b"access-control-", b"x-internal-")
 KEEPALIVE_COMMENT = b": waiting\n\n"
 NOT_A_STREAM = "answer_not_a_stream"
 NOT_A_STREAM_FRAME = (b'data: {"error": {"message": "the box answered whole, in a form the stream cannot carry", '
@@ -146,8 +146,7 @@ class Reply:
         kept = [
             (name, value)
             for name, value in headers
-            if name not in HOP_HEADERS and not name.startswith(b"access-control-")
-            and not name.startswith(INTERNAL_PREFIX)
+            if name not in HOP_HEADERS and not name.startswith(DROPPED_PREFIXES)
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())

@@ -40,15 +40,13 @@ class Scheduler(BackgroundTask):
         self.cache = cache
         self.snapshot: Snapshot = schedule.EMPTY
         self._moved = asyncio.Event()
+        # poke(): load moved, publish soon. The event's own set, bound: two calls a call.
+        self.poke = self._moved.set
         self._subscribers: set[asyncio.Queue] = set()
 
     @property
     def generation(self) -> int:
         return self.snapshot.generation
-
-    def poke(self) -> None:
-        """Load moved: publish soon."""
-        self._moved.set()
 
     def subscribe(self) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(SUBSCRIBER_QUEUE)
