@@ -29,7 +29,8 @@ connection for the latency, and one wrk per router at `--concurrency` each, run 
 batches as many calls per loop iteration as one router alone). CPU per call is each router process's whole CPU (every thread: the loop, Granian's
 I/O, the route-log writer) over the calls it answered, so two routers no longer share one loop, one
 GIL and one batch of round trips as they do in process. The HTTP hop from wrk is in every config
-alike.
+alike. With `--pin` the routers run on the first CPU and everything else (wrk, the boxes, redis-server,
+PostgreSQL) on the last, as a router with a core of its own; two routers then share that core.
 
 `--instructions` counts instead of timing (valgrind's callgrind, as bench/callpath_cpu.py
 --allocations does): the loop thread's instructions a keyed call through one router on SQLite and
@@ -253,6 +254,8 @@ def processes(args: argparse.Namespace) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="several-routers-"))
     boxes_file = work / "boxes.json"
+    if args.pin:  # everything this starts inherits the last CPU; each router then gets the first
+        os.sched_setaffinity(0, {os.cpu_count() - 1})
     sim = start_sim(boxes_file, BOXES)
     procs = measure.Procs(work, dict(os.environ), ROOT)
     redis = postgres = None
@@ -289,6 +292,8 @@ def processes(args: argparse.Namespace) -> dict:
                 if shared:
                     argv += ["--shared-url", shared_url]
                 started, ready = procs.start(name, argv, measure.ROUTER_READY, env=env)
+                if args.pin:
+                    pin(started.pid, {0})
                 url = ready.group(1)
                 measure.wait_routable(url)
                 header = f"Authorization: Bearer {minted[store]}" if args.keys else ""
@@ -301,7 +306,8 @@ def processes(args: argparse.Namespace) -> dict:
             for name in CONFIGS:
                 print(f"round {number + 1} {name}: {json.dumps(measured[name])}", flush=True)
             rounds.append(measured)
-        figures = {"processes": True, "seconds": args.seconds, "concurrency": args.concurrency, "keys": args.keys,
+        figures = {"processes": True, "pinned": args.pin, "seconds": args.seconds, "concurrency": args.concurrency,
+                   "keys": args.keys,
                    "database_url": args.database_url is not None, "rounds": rounds, "added": added(rounds, "process_us")}
         print("added by two routers on the shared engines (median of rounds): " + json.dumps(figures["added"]))
         return figures
@@ -313,6 +319,12 @@ def processes(args: argparse.Namespace) -> dict:
             redis.stop()
         if postgres is not None:
             postgres.close()
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` (the threads it starts later inherit it) on `cpus`."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
 
 
 def mint_key(env: dict[str, str]) -> str:
@@ -479,6 +491,9 @@ if __name__ == "__main__":
     parser.add_argument("--round-trips", action="store_true", help="the shared server's client alone")
     parser.add_argument("--processes", action="store_true", help="each router a `router serve` process, wrk over HTTP")
     parser.add_argument("--seconds", type=int, default=10, help="--processes: each loaded wrk run (the latency's: half)")
+    parser.add_argument("--pin", action="store_true",
+                        help="--processes: the routers on the first CPU, everything else (wrk, the boxes, the engines) "
+                             "on the last, so a router's CPU is not what the engines beside it cost it")
     parser.add_argument("--instructions", action="store_true",
                         help="the shared state's loop-thread instructions a keyed call, counted by callgrind")
     parser.add_argument("--instructions-leg", type=int, help=argparse.SUPPRESS)  # one leg of --instructions
