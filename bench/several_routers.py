@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -57,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvloop
@@ -161,8 +163,12 @@ async def run(apps: list[RouterApp], calls: int, concurrency: int, keys: list[st
     }
 
 
-async def main(args: argparse.Namespace) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="several-routers-"))
+@contextlib.contextmanager
+def fleet_and_engines(args: argparse.Namespace, work: Path) -> Iterator[tuple[Path, str, int | None]]:
+    """The sim fleet (every box with a `max_inflight`), the PostgreSQL store when asked (its
+    registry copied from the boxes file; `args.database_url` set to it), and the Redis-protocol
+    server: (the boxes file, the server's URL, its pid when this run started it). All stopped on
+    the way out."""
     boxes_file = work / "boxes.json"
     sim = start_sim(boxes_file, BOXES)
     redis = postgres = None
@@ -181,6 +187,19 @@ async def main(args: argparse.Namespace) -> dict:
 
             redis = RedisServer()
             shared_url, server_pid = redis.url, redis.proc.pid
+        yield boxes_file, shared_url, server_pid
+    finally:
+        sim.terminate()
+        sim.wait(10)
+        if redis is not None:
+            redis.stop()
+        if postgres is not None:
+            postgres.close()
+
+
+async def main(args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="several-routers-"))
+    with fleet_and_engines(args, work) as (boxes_file, shared_url, server_pid):
         started = {
             "one": [await start_router(boxes_file, work, "one", None, None)],
             "one_shared": [await start_router(boxes_file, work, "one-shared", shared_url, args.database_url)],
@@ -210,13 +229,6 @@ async def main(args: argparse.Namespace) -> dict:
             for _, running in routers:
                 await running.stop()
         return figures
-    finally:
-        sim.terminate()
-        sim.wait(10)
-        if redis is not None:
-            redis.stop()
-        if postgres is not None:
-            postgres.close()
 
 
 async def round_trips(calls: int = 5000) -> dict:
@@ -253,27 +265,11 @@ def processes(args: argparse.Namespace) -> dict:
     import measure
 
     work = Path(tempfile.mkdtemp(prefix="several-routers-"))
-    boxes_file = work / "boxes.json"
     if args.pin:  # everything this starts inherits the last CPU; each router then gets the first
         os.sched_setaffinity(0, {os.cpu_count() - 1})
-    sim = start_sim(boxes_file, BOXES)
     procs = measure.Procs(work, dict(os.environ), ROOT)
-    redis = postgres = None
-    try:
-        with_limits(boxes_file)
-        if args.postgres and args.database_url is None:
-            from engines import PostgresServer
-
-            postgres = PostgresServer()
-            args.database_url = postgres.database("bench")
-        if args.database_url is not None:
-            registry_from_file(boxes_file, args.database_url)
-        shared_url, server_pid = args.shared_url, None
-        if shared_url is None:
-            from engines import RedisServer
-
-            redis = RedisServer()
-            shared_url, server_pid = redis.url, redis.proc.pid
+    with fleet_and_engines(args, work) as (boxes_file, shared_url, server_pid), contextlib.ExitStack() as stop:
+        stop.callback(procs.stop_all)  # the routers before the fleet and the engines
         plan = {"one": [("one", False)], "one_shared": [("one-shared", True)],
                 "two": [("two-1", True), ("two-2", True)]}
         routers: dict[str, list[tuple[str, int, str]]] = {}  # config -> [(url, pid, key header)]
@@ -300,9 +296,11 @@ def processes(args: argparse.Namespace) -> dict:
                 routers[config].append((url, started.pid, header))
         rounds = []
         for number in range(args.rounds):
-            measured = {name: {"sequential": wrk_leg(members, 1, args.seconds // 2 or 1, server_pid),
-                               "loaded": wrk_leg(members, args.concurrency, args.seconds, server_pid)}
-                        for name, members in routers.items()}
+            measured = {}
+            for name, members in routers.items():
+                pid = server_pid if name != "one" else None  # `one` asks the server nothing
+                measured[name] = {"sequential": wrk_leg(members, 1, args.seconds // 2 or 1, pid),
+                                  "loaded": wrk_leg(members, args.concurrency, args.seconds, pid)}
             for name in CONFIGS:
                 print(f"round {number + 1} {name}: {json.dumps(measured[name])}", flush=True)
             rounds.append(measured)
@@ -311,14 +309,6 @@ def processes(args: argparse.Namespace) -> dict:
                    "database_url": args.database_url is not None, "rounds": rounds, "added": added(rounds, "process_us")}
         print("added by two routers on the shared engines (median of rounds): " + json.dumps(figures["added"]))
         return figures
-    finally:
-        procs.stop_all()
-        sim.terminate()
-        sim.wait(10)
-        if redis is not None:
-            redis.stop()
-        if postgres is not None:
-            postgres.close()
 
 
 def pin(pid: int, cpus: set[int]) -> None:
