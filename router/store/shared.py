@@ -146,11 +146,8 @@ class SharedServer:
     def call(self, script: Script | None, *args) -> asyncio.Future:
         """One command on the call path, sent with whatever else is queued when the loop comes
         round (rule 2); the future raises SharedDown when its round trip failed."""
-        future = asyncio.get_running_loop().create_future()  # `later` and `soon`, inline: once a call or two
-        self.queued.append((("EVALSHA", script.sha, *args) if script is not None else args, future))
-        if not self.flush_soon:
-            self.flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        future = self.later(script, *args)
+        self.soon()
         return future
 
     def later(self, script: Script | None, *args) -> asyncio.Future:
