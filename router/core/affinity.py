@@ -108,9 +108,6 @@ class Key(NamedTuple):
         return identity_of(*self.scoped)
 
 
-# Keys are made on every call: new_tuple makes one without Key's Python-level __new__.
-
-
 def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hashable,
               model: str) -> Key | None:
     """The call's key when a session header or a body field gives one (rules 1 and 2), first
@@ -122,6 +119,7 @@ def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hasha
             value = headers.get(name)
             if value:
                 scoped = (scope, model, SESSION, value)
+                # keys are made on every call: new_tuple, without Key's Python-level __new__
                 return new_tuple(Key, (SESSION, hash(scoped), (), scoped))
     if any(fields):  # most calls carry none of them
         for kind, value in zip(_BODY_KINDS, fields):

@@ -23,6 +23,7 @@ from router.core.pairs import EMPTY, Fit, PairView
 # cost): `new_tuple(Call, (...))`, every field given, in the class's order.
 new_tuple = tuple.__new__
 
+
 class BoxKind(str, Enum):
     HUGPY = "hugpy"
     OLLAMA = "ollama"
