@@ -343,6 +343,7 @@ def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int,
     cpu0 = [measure.process_cpu_s(pid) for _, pid, _ in members]
     threads0 = [thread_cpu_s(pid) for _, pid, _ in members]
     server0 = server_cpu_s(server_pid)
+    sent0 = sum(round_trips_sent(url, header) for url, _, header in members)
     with ThreadPoolExecutor(len(members)) as pool:
         runs = list(pool.map(lambda m: measure.wrk(m[0] + "/v1/chat/completions", "post", connections, seconds, "router",
                                                    headers=(m[2],) if m[2] else ()), members))
@@ -353,6 +354,7 @@ def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int,
             if seconds - before.get(name, 0.0) > 0:
                 threads[name] = threads.get(name, 0.0) + seconds - before.get(name, 0.0)
     server = server_cpu_s(server_pid) - server0
+    sent = sum(round_trips_sent(url, header) for url, _, header in members) - sent0
     calls = sum(run.requests for run in runs)
     errors = sum(run.errors for run in runs)
     if errors:
@@ -361,7 +363,23 @@ def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int,
     return {"p50_ms": round(first.p50_us / 1000, 3), "p99_ms": round(first.p99_us / 1000, 3),
             "calls_per_s": round(sum(run.rate for run in runs)), "process_us": round(1e6 * cpu / calls, 1),
             "server_us": round(1e6 * server / calls, 1) if server_pid else 0.0,
+            "round_trips_per_call": round(sent / calls, 3),
             "threads_us": {name: round(1e6 * seconds / calls, 1) for name, seconds in sorted(threads.items())}}
+
+
+def round_trips_sent(url: str, header: str) -> float:
+    """`router_shared_round_trips_total` from a router's /metrics (0 for a router without one)."""
+    import urllib.request
+
+    request = urllib.request.Request(url + "/metrics")
+    if header:
+        name, value = header.split(": ", 1)
+        request.add_header(name, value)
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith("router_shared_round_trips_total "):
+                return float(line.split()[1])
+    return 0.0
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:

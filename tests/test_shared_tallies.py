@@ -12,8 +12,11 @@ import signal
 import time
 
 import pytest
+from hypothesis import given, strategies as st
 
+from router.core.limits import Tally
 from router.sim.hugpy import Behavior, SimBox
+from router.store.shared_counters import copy, pack, unpack
 
 from conftest import wait_for
 from test_admission import call, chat_calls, max_concurrency, request
@@ -136,3 +139,18 @@ def test_a_call_its_key_refuses_gives_back_the_lease_asked_with_its_admission(fl
     assert call(router, headers=bearer(key))[0] == 429
     assert wait_for(lambda: shared_state(router)["slots"]["a"] == {"fleet": 0, "this_router": 0}, 3)
     assert call(router)[0] == 200  # the box's one slot is free
+
+
+@given(st.lists(st.floats(allow_nan=False), min_size=5, max_size=5),
+       st.lists(st.integers(min_value=-(2 ** 53), max_value=2 ** 53), min_size=3, max_size=3))
+def test_a_tally_packs_copies_and_unpacks_whole(floats, ints):
+    """store/shared_counters rule 1: every field of a Tally, in its order, survives `pack` and
+    `unpack` (counts as ints), and `copy` copies every field."""
+    tally = Tally()
+    for field, value in zip(Tally.__slots__, floats + ints):
+        setattr(tally, field, value)
+    for twin in (unpack(pack(tally)), copy(tally)):
+        assert [getattr(twin, field) for field in Tally.__slots__] == floats + ints
+        assert all(type(getattr(twin, field)) is int for field in ("used", "reserved", "parallel"))
+    assert [getattr(unpack(b""), field) for field in Tally.__slots__] == \
+        [getattr(Tally(), field) for field in Tally.__slots__]

@@ -79,6 +79,26 @@ def test_an_error_reply_fails_its_own_command_only(redis_server):
     assert not_marked_down
 
 
+def test_a_reply_handler_that_fails_fails_nothing_else(redis_server, caplog):
+    """Rule 7: `send`'s handlers run as the replies are read; one that raises is logged, and the
+    commands after it in the same round trip, and the connection, are not failed for it."""
+    async def scenario(server: SharedServer):
+        await server.call(None, "PING")
+        taken: list = []
+
+        def broken(reply: object) -> None:
+            raise RuntimeError("a bug in a handler")
+
+        server.send(broken, None, "SET", "y", "1")
+        server.send(taken.append, None, "GET", "y")
+        after = await server.call(None, "GET", "y")
+        return taken, after, server.wire is not None and server.wire.open
+
+    taken, after, still_open = run(scenario, redis_server)
+    assert taken == [b"1"] and after == b"1" and still_open
+    assert "a shared server reply's handler failed" in caplog.text
+
+
 def test_a_server_that_stops_answering_fails_the_round_trip_at_its_deadline(redis_server):
     async def scenario(server: SharedServer):
         await server.call(None, "PING")

@@ -164,25 +164,31 @@ class SlotLeases:
     def _ask(self, load: Load, box: BoxState) -> tuple[str, asyncio.Future]:
         load.count_on(box)  # rule 2
         member = self._member()
-        reply = self.server.call(self.take_script, 1, slots_key(box.name), member, box.limit, LEASE_TTL_MS)
-        reply.add_done_callback(functools.partial(self._took, box, member))
+        reply = asyncio.get_running_loop().create_future()
+        self.server.send(functools.partial(self._took, box, member, reply), self.take_script, 1, slots_key(box.name),
+                         member, box.limit, LEASE_TTL_MS)
         return member, reply
 
     def _member(self) -> str:
         """A lease's name on the server: unique across routers and restarts."""
         return self._prefix + str(next(self._numbers))
 
-    def _took(self, box: BoxState, member: str, done: asyncio.Future) -> None:
+    def _took(self, box: BoxState, member: str, reply: asyncio.Future, answer: list | SharedDown) -> None:
         """A take's answer, read as it comes (in the order the server ran them, with the gives'):
-        so this router's leases and the count always describe the same moment (rule 5)."""
-        if done.cancelled() or done.exception() is not None:
+        so this router's leases and the count always describe the same moment (rule 5). Then
+        into `reply`, which the call awaits."""
+        if answer.__class__ is SharedDown:
+            if not reply.done():
+                reply.set_exception(answer)  # type: ignore[arg-type]
             return
-        taken, count = done.result()
+        taken, count = answer  # type: ignore[misc]
         if taken:
             self.held.setdefault(box.name, set()).add(member)
         else:
             self.lease_refusals += 1
         self.counted(box, count)
+        if not reply.done():
+            reply.set_result(answer)
 
     async def take(self, load: Load, box: BoxState) -> bool | None:
         """Before `box` is sent the call: True when the call holds a lease there (or needs none,
@@ -245,15 +251,15 @@ class SlotLeases:
             limit = box.limit or 0
             # urgent only near the limit, where some router's calls may wait for this slot; else
             # it rides the next round trip (the next call's take, or the sync within SYNC_S)
-            send = self.server.call if box.in_flight + box.others >= limit - 1 else self.server.later
+            send = self.server.send if box.in_flight + box.others >= limit - 1 else self.server.send_later
             self.giving[name] = self.giving.get(name, 0) + 1
-            send(self.give_script, 1, slots_key(name), member, FREED_CHANNEL, name, limit) \
-                .add_done_callback(functools.partial(self._given, box))
+            send(functools.partial(self._given, box), self.give_script, 1, slots_key(name), member, FREED_CHANNEL, name,
+                 limit)
 
-    def _given(self, box: BoxState, done: asyncio.Future) -> None:
+    def _given(self, box: BoxState, answer: int | SharedDown) -> None:
         self.giving[box.name] -= 1
-        if not done.cancelled() and done.exception() is None:
-            self.counted(box, done.result())
+        if answer.__class__ is not SharedDown:
+            self.counted(box, answer)  # type: ignore[arg-type]
 
     def counted(self, box: BoxState, count: int) -> None:
         """The server says `box` holds `count` leases (rule 5): the others' share moves, and a

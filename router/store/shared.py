@@ -33,11 +33,16 @@ Rules:
 6. `Wire` connects as redis-py would from the same URL (host and port or a Unix socket, TLS for
    `rediss://`, AUTH with the user and password, SELECT the database): the first round trip on a
    new connection carries AUTH and SELECT before the commands.
+7. A call-path command (`send`) names what takes its reply, a plain function called as the reply
+   is read, in the round trip's order, exactly once (the reply, or SharedDown when its round trip
+   failed or the router stops). No future, and no loop callback, per command: the call that
+   waits makes the one future it awaits. `call` and `later` are the same as futures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -58,6 +63,10 @@ SERVER_CONNECT_TIMEOUT_S = 0.5
 
 class SharedDown(Exception):
     """The shared server did not answer (down, unreachable, or past ROUND_TRIP_TIMEOUT_S)."""
+
+
+# What takes a command's reply (rule 7): called with the reply, or with a SharedDown
+Done = Callable[[object], None]
 
 
 def shown_url(url: str) -> str:
@@ -107,9 +116,9 @@ class SharedServer:
         self.down_since = time.time()  # epoch seconds; the state shows it
         self.why_down = "not reached yet"
         self.scripts: list[Script] = []
-        # rule 2: (command, future) waiting for the next round trip; the round trip out
-        self.queued: list[tuple[tuple, asyncio.Future]] = []
-        self.out: list[tuple[tuple, asyncio.Future]] | None = None
+        # rule 2: (command, what takes its reply) waiting for the next round trip; the round trip out
+        self.queued: list[tuple[tuple, Done]] = []
+        self.out: list[tuple[tuple, Done]] | None = None
         self.out_since = 0.0  # loop time it went out (rule 3)
         self.preparing: list[Callable[[], None]] = []  # `prepare`
         self.flush_soon = False
@@ -143,17 +152,28 @@ class SharedServer:
             self.reached = True
 
     # -- round trips (rules 2-3) ---------------------------------------------------------------
-    def call(self, script: Script | None, *args) -> asyncio.Future:
+    def send(self, done: Done, script: Script | None, *args) -> None:
         """One command on the call path, sent with whatever else is queued when the loop comes
-        round (rule 2); the future raises SharedDown when its round trip failed."""
-        future = self.later(script, *args)
+        round (rule 2). `done` runs as its reply is read, with the reply, or with a SharedDown
+        when its round trip failed (rule 7)."""
+        self.queued.append((("EVALSHA", script.sha, *args) if script is not None else args, done))
         self.soon()
+
+    def send_later(self, done: Done, script: Script | None, *args) -> None:
+        """A command that may wait for the next round trip anyone asks for (rule 2)."""
+        self.queued.append((("EVALSHA", script.sha, *args) if script is not None else args, done))
+
+    def call(self, script: Script | None, *args) -> asyncio.Future:
+        """`send` as a future (off the call path, and for tests): it raises SharedDown when its
+        round trip failed."""
+        future = asyncio.get_running_loop().create_future()
+        self.send(functools.partial(_into, future), script, *args)
         return future
 
     def later(self, script: Script | None, *args) -> asyncio.Future:
-        """A command that may wait for the next round trip anyone asks for (rule 2)."""
+        """`send_later` as a future."""
         future = asyncio.get_running_loop().create_future()
-        self.queued.append((("EVALSHA", script.sha, *args) if script is not None else args, future))
+        self.send_later(functools.partial(_into, future), script, *args)
         return future
 
     def soon(self) -> None:
@@ -209,20 +229,18 @@ class SharedServer:
             self._flush()
 
     def _resolve(self, batch: list, replies: list, load_scripts: bool) -> list:
-        """Each command's future gets its reply; those of scripts the server does not know (it
-        restarted: a NOSCRIPT reply did nothing) are returned instead, to be sent again once the
-        scripts are loaded."""
+        """Each command's `done` gets its reply, in order; those of scripts the server does not
+        know (it restarted: a NOSCRIPT reply did nothing) are returned instead, to be sent again
+        once the scripts are loaded."""
         unknown = []
         error = self.reply_error
         for item, reply in zip(batch, replies):
-            future = item[1]
             if reply.__class__ is error:
                 if load_scripts and str(reply).startswith("NOSCRIPT"):
                     unknown.append(item)
-                elif not future.done():  # an error reply: a bug, said as one
-                    future.set_exception(SharedDown(f"the server answered {reply}"))
-            elif not future.done():
-                future.set_result(reply)
+                    continue
+                reply = SharedDown(f"the server answered {reply}")  # an error reply: a bug, said as one
+            _run(item[1], reply)
         return unknown
 
     def _failed(self, batch: list, exc: BaseException) -> None:
@@ -232,9 +250,8 @@ class SharedServer:
             self.wire.close()
             self.wire = None
         self.went_down(exc)
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(SharedDown(self.why_down))
+        for _, done in batch:
+            _run(done, SharedDown(self.why_down))
 
     def _overdue(self) -> None:
         """Rule 3's deadline, from one timer for every round trip: re-armed while the round trip
@@ -316,9 +333,8 @@ class SharedServer:
             self.watchdog = None
         batch = (self.out or []) + self.queued
         self.out, self.queued = None, []
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(SharedDown("the router is stopping"))
+        for _, done in batch:
+            _run(done, SharedDown("the router is stopping"))
         if self.wire is not None:
             self.wire.close()
             self.wire = None
@@ -326,6 +342,25 @@ class SharedServer:
             await self.redis.aclose(close_connection_pool=True)
         except Exception:  # closing a connection to a server that is gone
             pass
+
+
+def _run(done: Done, reply: object) -> None:
+    """A command's `done`, called as its reply is read (rule 7): a bug in one is logged, and
+    neither the connection nor the other commands of its round trip are failed for it."""
+    try:
+        done(reply)
+    except Exception:
+        log.exception("a shared server reply's handler failed")
+
+
+def _into(future: asyncio.Future, reply: object) -> None:
+    """`call`'s and `later`'s `done`: the reply (or SharedDown) into `future`."""
+    if future.done():
+        return
+    if isinstance(reply, SharedDown):
+        future.set_exception(reply)
+    else:
+        future.set_result(reply)
 
 
 def answer(wire: Wire, commands: Sequence[tuple]) -> asyncio.Future:

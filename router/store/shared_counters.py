@@ -3,7 +3,7 @@ across routers (store/counters.py rule 2).
 
 Rules:
 1. A tally is one hash on the server, `hugpy-router:tally:<name>`: a version `v` and the Tally's
-   fields `t`, packed. A step reads the tally this router last saw and its version, applies the
+   fields `d`, packed as eight doubles (`pack`). A step reads the tally this router last saw and its version, applies the
    rule of router.core.limits to a copy, and writes it back with a compare-and-set script (CAS):
    written only while the server's version is the one read. A version another router moved
    answers the record as it is instead, and the step is applied again to that (at most
@@ -39,7 +39,9 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import operator
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -58,9 +60,9 @@ MAX_SEEN = 65_536  # tallies whose copy is kept; past it the copies are dropped 
 # KEYS[1] the tally; ARGV: version read, packed tally, ttl (ms) -> {1, version} | {0, version, packed}
 CAS = """
 local v = redis.call('HGET', KEYS[1], 'v') or '0'
-if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 't') or ''} end
+if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 'd') or ''} end
 local next = tostring(tonumber(v) + 1)
-redis.call('HSET', KEYS[1], 'v', next, 't', ARGV[2])
+redis.call('HSET', KEYS[1], 'v', next, 'd', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, next}
 """
@@ -69,26 +71,32 @@ Result = TypeVar("Result")
 
 
 FIELDS = operator.attrgetter(*Tally.__slots__)  # a tally's fields as one tuple, in C
+# The fields in Tally's order as little-endian doubles (its counts are exact below 2**53; -inf
+# too): one C call each way, where text cost a float repr a field. Under its own hash field `d`:
+# a router that wrote text under `t` reads no tally here, never a misread one.
+PACKED = struct.Struct("<8d")
 
 
 def pack(tally: Tally) -> bytes:
-    """The fields in Tally's order, as repr writes them (-inf too, which float() reads back)."""
-    return ",".join(map(repr, FIELDS(tally))).encode()
+    return PACKED.pack(*FIELDS(tally))
 
 
 def unpack(packed: bytes) -> Tally:
-    tally = Tally()
-    if packed:
-        for field, text in zip(Tally.__slots__, packed.decode().split(",")):
-            value = float(text)
-            setattr(tally, field, int(value) if field in ("used", "reserved", "parallel") else value)
+    """A tally as `pack` wrote it; a new one for none (or for what is not one)."""
+    if len(packed) != PACKED.size:
+        return Tally()
+    tally = Tally.__new__(Tally)
+    (tally.req_drawn, tally.tok_drawn, tally.stamp, tally.period_start, tally.period_end, used, reserved,
+     parallel) = PACKED.unpack(packed)
+    tally.used, tally.reserved, tally.parallel = int(used), int(reserved), int(parallel)
     return tally
 
 
 def copy(tally: Tally) -> Tally:
     twin = Tally.__new__(Tally)
-    for field, value in zip(Tally.__slots__, FIELDS(tally)):
-        setattr(twin, field, value)
+    twin.req_drawn, twin.tok_drawn, twin.stamp = tally.req_drawn, tally.tok_drawn, tally.stamp
+    twin.period_start, twin.period_end = tally.period_start, tally.period_end
+    twin.used, twin.reserved, twin.parallel = tally.used, tally.reserved, tally.parallel
     return twin
 
 
@@ -131,12 +139,13 @@ class SharedCounters:
         future.set_exception(failure)
 
     def _queue(self, name: str, apply: Callable[[Tally], Result], urgent: bool = True,
-               alone: Callable[[], Result] | None = None) -> asyncio.Future:
+               alone: Callable[[], Result] | None = None, waited: bool = True) -> asyncio.Future | None:
         """`apply` joins the next write of `name`'s tally (rule 1): one write at a time per tally
         from this router, carrying every step asked until its round trip is packed. A step in no
-        hurry (rule 7) rides the next round trip anyone sends. `alone` is the step's count on
-        this router alone, for a step someone waits for (`_failed_step`)."""
-        future = asyncio.get_running_loop().create_future()
+        hurry (rule 7) rides the next round trip anyone sends. A step someone waits for gets a
+        future, and `alone`, its count on this router alone (`_failed_step`); one nobody waits
+        for is counted in `lost_steps` when it fails."""
+        future = asyncio.get_running_loop().create_future() if waited else None
         steps = self.queued.get(name)
         if steps is None:
             steps = self.queued[name] = []
@@ -164,31 +173,32 @@ class SharedCounters:
         work = copy(tally)
         results = [step[0](work) for step in batch]
         self.writing.add(name)
-        self.server.call(self.cas, 1, PREFIX + "tally:" + name, version, pack(work), ttl_ms).add_done_callback(
-            lambda answer: self._written(name, batch, work, results, tries, answer))
+        self.server.send(functools.partial(self._written, name, batch, work, results, tries), self.cas, 1,
+                         PREFIX + "tally:" + name, version, pack(work), ttl_ms)
 
     def _written(self, name: str, batch: list, work: Tally, results: list, tries: int,
-                 answer: asyncio.Future) -> None:
+                 reply: list | SharedDown) -> None:
         self.writing.discard(name)
-        failure = answer.exception() if not answer.cancelled() else SharedDown("the router is stopping")
+        failure = reply if reply.__class__ is SharedDown else None
         if failure is None:
-            reply = answer.result()
-            if reply[0] == 1:
-                self._saw(name, work, reply[1])
+            if reply[0] == 1:  # type: ignore[index]
+                self._saw(name, work, reply[1])  # type: ignore[index]
                 for step, result in zip(batch, results):
                     future = step[1]
-                    if not future.done():
+                    if future is not None and not future.done():
                         future.set_result(result)
             else:  # another router wrote since: the steps again, on the server's copy
-                self._saw(name, unpack(reply[2]), reply[1])
+                self._saw(name, unpack(reply[2]), reply[1])  # type: ignore[index]
                 if tries > 1:
                     self._write(name, batch, tries - 1)
                     return
                 failure = SharedDown(f"the tally of {name} changed {CAS_TRIES} times in a row")
         if failure is not None:
-            failure = failure if isinstance(failure, SharedDown) else SharedDown(str(failure))
             for _, future, alone in batch:
-                self._failed_step(future, alone, failure)
+                if future is None:
+                    self.lost_steps += 1
+                else:
+                    self._failed_step(future, alone, failure)
         steps = self.queued.pop(name, None)
         if steps is not None:  # asked while this write was out: theirs goes now
             self._write(name, steps, CAS_TRIES)
@@ -197,14 +207,6 @@ class SharedCounters:
         if len(self.seen) >= MAX_SEEN and name not in self.seen:
             self.seen.clear()
         self.seen[name] = (tally, version, time.monotonic())
-
-    def _later(self, name: str, apply: Callable[[Tally], None], urgent: bool) -> None:
-        """A step nobody waits for (settle, seed); counted in `lost_steps` when it fails."""
-        self._queue(name, apply, urgent).add_done_callback(self._done)
-
-    def _done(self, future: asyncio.Future) -> None:
-        if future.exception() is not None:
-            self.lost_steps += 1
 
     # -- the Counters steps --------------------------------------------------------------------
     def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Awaitable[Refused | Windows]:
@@ -221,7 +223,7 @@ class SharedCounters:
         if not self.server.up:
             self.lost_steps += 1  # rule 3
             return
-        self._later(key, apply, urgent=slot)  # rule 7
+        self._queue(key, apply, urgent=slot, waited=False)  # rule 7
 
     def take_parallel(self, key: str, limits: Limits) -> Awaitable[bool]:
         return self._step(key, lambda tally: rules.take_parallel(tally, limits),
@@ -249,7 +251,7 @@ class SharedCounters:
 
         self.local.seed(key, used, period)
         if self.server.up:
-            self._later(key, apply, urgent=True)
+            self._queue(key, apply, waited=False)
 
     def view(self) -> dict:
         return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.writing)}
