@@ -87,6 +87,9 @@ class BoxState:
         self.online = False
         self.last_ok_s = 0.0
         self.inventory = Inventory()
+        # calls at once: the boxes file's `max_inflight`, else what the box reports (its
+        # inventory's `capacity`); read several times a call with several routers
+        self.limit: int | None = config.max_inflight
         self.catalog: frozenset[str] = frozenset()
         self.contracts: dict[str, str | None] = {}
         self.loaded: dict[str, str | None] = {}
@@ -155,6 +158,7 @@ class BoxState:
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
         self.inventory = inventory
+        self.limit = self.config.max_inflight if self.config.max_inflight is not None else inventory.capacity
         if old.residents is not inventory.residents:
             for key, was in old.residents.items():
                 now = inventory.residents.get(key)
@@ -259,11 +263,6 @@ class BoxState:
         for resident in self.inventory.residents.values():  # a loop: no generator per decision
             busy += resident.busy
         return busy
-
-    @property
-    def limit(self) -> int | None:
-        """Calls at once: the boxes file's `max_inflight`, else what the box reports."""
-        return self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
 
     @property
     def limit_source(self) -> str | None:

@@ -165,8 +165,8 @@ class SlotLeases:
         load.count_on(box)  # rule 2
         member = self._member()
         reply = asyncio.get_running_loop().create_future()
-        self.server.send(functools.partial(self._took, box, member, reply), self.take_script, 1, slots_key(box.name),
-                         member, box.limit, LEASE_TTL_MS)
+        self.server.send(functools.partial(self._took, box, member, reply), self.take_script, 1,
+                         slots_key(box.name), member, box.limit, LEASE_TTL_MS)
         return member, reply
 
     def _member(self) -> str:
@@ -253,8 +253,8 @@ class SlotLeases:
             # it rides the next round trip (the next call's take, or the sync within SYNC_S)
             send = self.server.send if box.in_flight + box.others >= limit - 1 else self.server.send_later
             self.giving[name] = self.giving.get(name, 0) + 1
-            send(functools.partial(self._given, box), self.give_script, 1, slots_key(name), member, FREED_CHANNEL, name,
-                 limit)
+            send(functools.partial(self._given, box), self.give_script, 1, slots_key(name), member,
+                 FREED_CHANNEL, name, limit)
 
     def _given(self, box: BoxState, answer: int | SharedDown) -> None:
         self.giving[box.name] -= 1

@@ -157,7 +157,9 @@ class SharedServer:
         round (rule 2). `done` runs as its reply is read, with the reply, or with a SharedDown
         when its round trip failed (rule 7)."""
         self.queued.append((("EVALSHA", script.sha, *args) if script is not None else args, done))
-        self.soon()
+        if not self.flush_soon:  # `soon`, inline: a call sends two or three
+            self.flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def send_later(self, done: Done, script: Script | None, *args) -> None:
         """A command that may wait for the next round trip anyone asks for (rule 2)."""
@@ -240,7 +242,10 @@ class SharedServer:
                     unknown.append(item)
                     continue
                 reply = SharedDown(f"the server answered {reply}")  # an error reply: a bug, said as one
-            _run(item[1], reply)
+            try:  # `_run`, inline (rule 7)
+                item[1](reply)
+            except Exception:
+                log.exception("a shared server reply's handler failed")
         return unknown
 
     def _failed(self, batch: list, exc: BaseException) -> None:
