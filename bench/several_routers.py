@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/several_routers.py [--calls 4000] [--concurrency 32] [--rounds 3]
         [--shared-url redis://...] [--database-url postgresql://... | --postgres] [--keys] [--json FILE]
-    .venv/bin/python bench/several_routers.py --processes [--seconds 10] [...]  # each router its own process
+    .venv/bin/python bench/several_routers.py --processes [--seconds 10] [--pace-ms 20] [...]  # each router its own process
     .venv/bin/python bench/several_routers.py --round-trips   # the shared server's client alone
     .venv/bin/python bench/several_routers.py --instructions [--calls 1000] [--concurrency 32]
 
@@ -31,6 +31,12 @@ I/O, the route-log writer) over the calls it answered, so two routers no longer 
 GIL and one batch of round trips as they do in process. The HTTP hop from wrk is in every config
 alike. With `--pin` the routers run on the first CPU and everything else (wrk, the boxes, redis-server,
 PostgreSQL) on the last, as a router with a core of its own; two routers then share that core.
+`--pace-ms N` adds a paced leg: the same connections, each waiting N ms between its calls
+(bench/paced.lua), so every config serves about the same steady load below saturation. At
+saturation a config that answers fewer calls a second also batches fewer calls a loop
+iteration, and its CPU a call rises for that alone; paced, the CPU a call is what a router spends
+on a given load. Each leg also reports the shared server's round trips a call (the routers'
+`router_shared_round_trips_total`).
 
 `--instructions` counts instead of timing (valgrind's callgrind, as bench/callpath_cpu.py
 --allocations does): the loop thread's instructions a keyed call through one router on SQLite and
@@ -301,6 +307,8 @@ def processes(args: argparse.Namespace) -> dict:
                 pid = server_pid if name != "one" else None  # `one` asks the server nothing
                 measured[name] = {"sequential": wrk_leg(members, 1, args.seconds // 2 or 1, pid),
                                   "loaded": wrk_leg(members, args.concurrency, args.seconds, pid)}
+                if args.pace_ms:
+                    measured[name]["paced"] = wrk_leg(members, args.concurrency, args.seconds, pid, paced=True)
             for name in CONFIGS:
                 print(f"round {number + 1} {name}: {json.dumps(measured[name])}", flush=True)
             rounds.append(measured)
@@ -330,11 +338,14 @@ def mint_key(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
-def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int, server_pid: int | None) -> dict:
+def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int, server_pid: int | None,
+            paced: bool = False) -> dict:
     """One wrk per router (at one connection, the first router only), run at once: latency,
     calls/s, and the router processes' CPU per call they answered (all their threads). Each router
     gets `connections`, the load one router gets alone, so that what `two` adds is the shared
-    state's cost, not that of each router batching fewer calls per loop iteration."""
+    state's cost, not that of each router batching fewer calls per loop iteration. `paced`: each
+    connection waits PACE_MS between its calls (bench/paced.lua), a steady load below what the
+    machine can take."""
     import measure
     from concurrent.futures import ThreadPoolExecutor
 
@@ -345,7 +356,8 @@ def wrk_leg(members: list[tuple[str, int, str]], connections: int, seconds: int,
     server0 = server_cpu_s(server_pid)
     sent0 = sum(round_trips_sent(url, header) for url, _, header in members)
     with ThreadPoolExecutor(len(members)) as pool:
-        runs = list(pool.map(lambda m: measure.wrk(m[0] + "/v1/chat/completions", "post", connections, seconds, "router",
+        runs = list(pool.map(lambda m: measure.wrk(m[0] + "/v1/chat/completions", "paced" if paced else "post",
+                                                   connections, seconds, "router",
                                                    headers=(m[2],) if m[2] else ()), members))
     cpu = sum(measure.process_cpu_s(pid) - before for (_, pid, _), before in zip(members, cpu0))
     threads: dict[str, float] = {}
@@ -477,11 +489,14 @@ def added(rounds: list[dict], cpu: str = "loop_us") -> dict:
     def median(name: str, part: str, field: str) -> float:
         return round(statistics.median(r[name][part][field] - r["one"][part][field] for r in rounds), 3)
 
+    paced = "paced" in rounds[0]["one"]
     return {name: {"p50_ms": median(name, "sequential", "p50_ms"), "p99_ms": median(name, "sequential", "p99_ms"),
                    f"{cpu}_sequential": median(name, "sequential", cpu),
                    f"{cpu}_loaded": median(name, "loaded", cpu),
                    "server_us_loaded": median(name, "loaded", "server_us"),
-                   "calls_per_s_loaded": median(name, "loaded", "calls_per_s")}
+                   "calls_per_s_loaded": median(name, "loaded", "calls_per_s"),
+                   **({f"{cpu}_paced": median(name, "paced", cpu), "p50_ms_paced": median(name, "paced", "p50_ms")}
+                      if paced else {})}
             for name in CONFIGS[1:]}
 
 
@@ -499,6 +514,8 @@ if __name__ == "__main__":
     parser.add_argument("--round-trips", action="store_true", help="the shared server's client alone")
     parser.add_argument("--processes", action="store_true", help="each router a `router serve` process, wrk over HTTP")
     parser.add_argument("--seconds", type=int, default=10, help="--processes: each loaded wrk run (the latency's: half)")
+    parser.add_argument("--pace-ms", type=int, default=0,
+                        help="--processes: also a paced leg, each connection waiting this long between calls")
     parser.add_argument("--pin", action="store_true",
                         help="--processes: the routers on the first CPU, everything else (wrk, the boxes, the engines) "
                              "on the last, so a router's CPU is not what the engines beside it cost it")
@@ -512,6 +529,8 @@ if __name__ == "__main__":
         args.calls = 1000 if "--calls" not in sys.argv else args.calls
         figures = instructions(args)
     elif args.processes:
+        if args.pace_ms:
+            os.environ["PACE_MS"] = str(args.pace_ms)  # bench/paced.lua reads it from wrk's environment
         figures = processes(args)
     else:
         figures = uvloop.run(round_trips() if args.round_trips else main(args))
