@@ -13,12 +13,12 @@ Rules:
 1. Every key is under `hugpy-router:` so the server may hold other data. Scripts read the
    server's clock (`TIME`), never a router's: the routers' clocks may disagree, the server's is
    one.
-2. The call path's commands (`call`) queue on the loop and go out in one pipeline per round
+2. The call path's commands (`send`) queue on the loop and go out in one pipeline per round
    trip: whatever calls asked in the same loop iteration, or while the previous round trip was
    out, share the next one. One round trip is out at a time, so the server applies commands in
    the order the router asked them (a slot given back before a waiter's take reaches the server
-   first). A command that is in no hurry (`later`) waits for the next round trip anyone asks
-   for. The pipeline runs on loop callbacks (a flush when the loop comes round, the next one
+   first). A command that is in no hurry (`send_later`) waits for the next round trip anyone
+   asks for. The pipeline runs on loop callbacks (a flush when the loop comes round, the next one
    from the reply's own callback), no task per round trip: on a loopback server the kernel's
    share of a round trip is most of what it costs, and the Python around it is kept to a few
    calls.
