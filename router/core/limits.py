@@ -15,7 +15,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    each bucket, so a limit changed live keeps what was used.
 3. `admit` checks, in this order: `models` (403 model_not_allowed), the budget (429
    budget_exceeded), `rpm`, `tpm` (429 rate_limited); all or nothing: a refused call takes
-   nothing. An admitted call takes one request from `rpm` and reserves its estimate (`Ask`)
+   nothing. An admitted call takes one request from `rpm` and reserves its token estimate
    from `tpm` and the budget.
 4. A token limit admits a call while any of it is left (tpm: drawn < tpm; budget: used +
    reserved < budget), and the call's reservation may then take it past the limit. So however
@@ -193,13 +193,6 @@ class Tally:
         self.parallel = 0
 
 
-class Ask(NamedTuple):
-    """What a call reserves: its model and its token estimate."""
-
-    model: str
-    tokens: int
-
-
 class Refused(NamedTuple):
     """A call `admit` refused: its reason (REASONS) and Retry-After in whole seconds (0 for a 403)."""
 
@@ -241,11 +234,11 @@ def _wait_s(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
-def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
-    """Rule 3: None when the call is admitted (its request and tokens are then reserved on
-    `tally`), else why not. Never raises."""
+def admit(tally: Tally, limits: Limits, model: str, tokens: int, now: float) -> Refused | None:
+    """Rule 3: None when the call for `model` is admitted (its request and its estimate of
+    `tokens` are then reserved on `tally`), else why not. Never raises."""
     models = limits.models
-    if models is not None and ask.model not in models and not model_allowed(models, ask.model):
+    if models is not None and model not in models and not model_allowed(models, model):
         return Refused(MODEL_NOT_ALLOWED, 0, "this key may not call this model")
     _catch_up(tally, limits, now)
     budget = limits.budget_tokens
@@ -261,8 +254,8 @@ def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
         return Refused(RATE_LIMITED, _wait_s((tally.tok_drawn - tpm) * WINDOW_S / tpm + 0.001),
                        f"this key's limit of {tpm} tokens a minute is reached")
     tally.req_drawn += 1
-    tally.tok_drawn += ask.tokens
-    tally.reserved += ask.tokens
+    tally.tok_drawn += tokens
+    tally.reserved += tokens
     return None
 
 
@@ -302,13 +295,10 @@ class Left(NamedTuple):
     parallel: int | None
 
 
-class Windows(NamedTuple):
-    """What is left of rpm and tpm right after an admission, and when each bucket is empty."""
-
-    requests: int
-    requests_reset_s: float
-    tokens: int
-    tokens_reset_s: float
+# What is left of rpm and tpm right after an admission, and when each bucket is empty:
+# (requests, requests_reset_s, tokens, tokens_reset_s). A plain tuple: one is made per served
+# call of a limited key, and only the headers read it.
+Windows = tuple[int, float, int, float]
 
 
 def windows_after(tally: Tally, limits: Limits) -> Windows:
@@ -316,16 +306,17 @@ def windows_after(tally: Tally, limits: Limits) -> Windows:
     rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
     not set. The served call's headers, at a few subtractions."""
     rpm, tpm = limits.rpm, limits.tpm
-    if rpm is None:
-        requests = requests_reset = 0
-    else:
+    requests = tokens = 0
+    requests_reset = tokens_reset = 0.0
+    if rpm is not None:
         drawn = tally.req_drawn
         requests = int(rpm - drawn) if drawn < rpm else 0
         requests_reset = drawn * WINDOW_S / rpm
-    if tpm is None:
-        return new_tuple(Windows, (requests, requests_reset, 0, 0))
-    drawn = tally.tok_drawn
-    return new_tuple(Windows, (requests, requests_reset, int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm))
+    if tpm is not None:
+        drawn = tally.tok_drawn
+        tokens = int(tpm - drawn) if drawn < tpm else 0
+        tokens_reset = drawn * WINDOW_S / tpm
+    return (requests, requests_reset, tokens, tokens_reset)
 
 
 def left(tally: Tally, limits: Limits, now: float) -> Left:

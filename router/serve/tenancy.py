@@ -48,7 +48,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from router.core import limits as rules
 from router.core.limits import (
-    DEFAULT_ANSWER_TOKENS, NO_LIMITS, Ask, Limits, Refused, Windows, new_tuple, reset_header,
+    DEFAULT_ANSWER_TOKENS, NO_LIMITS, Limits, Refused, Windows, reset_header,
 )
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
@@ -85,16 +85,17 @@ class Account:
     def rate_headers(self, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
         """OpenAI's `x-ratelimit-*` for the limits set, right after a call's admission (rule 2):
         only what is left and when it is whole again are made per call."""
+        requests_left, requests_reset_s, tokens_left, tokens_reset_s = windows
         requests = () if self.requests_limit is None else (
             self.requests_limit,
-            (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
-            (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
+            (b"x-ratelimit-remaining-requests", b"%d" % requests_left),
+            (b"x-ratelimit-reset-requests", reset_header(requests_reset_s)))
         if self.tokens_limit is None:
             return requests
         return requests + (
             self.tokens_limit,
-            (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
-            (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
+            (b"x-ratelimit-remaining-tokens", b"%d" % tokens_left),
+            (b"x-ratelimit-reset-tokens", reset_header(tokens_reset_s)))
 
 
 class Charge:
@@ -180,7 +181,7 @@ class Tenancy:
             name = "addr:" + (edge.caller or "unknown")
         tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
         bound = bound if bound_fields else None
-        admitted = self.counters.admit(name, limits, new_tuple(Ask, (call.model, tokens)), self.clock())
+        admitted = self.counters.admit(name, limits, call.model, tokens, self.clock())
         if self.shared is not None:  # a round trip: the caller awaits it (rule 7)
             return self.charged_later(admitted, key_id, name, account, tokens, bound)  # type: ignore[return-value]
         return self.charged(admitted, key_id, name, account, tokens, bound)  # type: ignore[arg-type]
