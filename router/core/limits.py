@@ -85,9 +85,16 @@ class Limits:
     models: frozenset[str] | None = None
     # a token limit is set (a field, not a property: read on every call of the key)
     counts_tokens: bool = field(init=False, compare=False, repr=False)
+    # rpm and tpm as floats, the buckets' sizes (rule 2) in their arithmetic: a tally's drawn
+    # counts are floats, and CPython's arithmetic mixing an int and a float takes its slow
+    # generic path on every call (exact: every limit up to MAX_COUNT is a float exactly)
+    requests_bucket: float | None = field(init=False, compare=False, repr=False)
+    tokens_bucket: float | None = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "counts_tokens", self.tpm is not None or self.budget_tokens is not None)
+        object.__setattr__(self, "requests_bucket", None if self.rpm is None else float(self.rpm))
+        object.__setattr__(self, "tokens_bucket", None if self.tpm is None else float(self.tpm))
 
     def doc(self) -> dict[str, Any]:
         """The limits as the API and the CLI show them (`budget_period` only with a budget)."""
@@ -218,11 +225,11 @@ def _catch_up(tally: Tally, limits: Limits, now: float) -> None:
     """Drains the buckets to `now` (rule 2) and starts a new budget period when one began (rule 6)."""
     elapsed = now - tally.stamp
     if elapsed > 0:
-        if tally.req_drawn and limits.rpm is not None:
-            drawn = tally.req_drawn - elapsed * limits.rpm / WINDOW_S
+        if tally.req_drawn and limits.requests_bucket is not None:
+            drawn = tally.req_drawn - elapsed * limits.requests_bucket / WINDOW_S
             tally.req_drawn = drawn if drawn > 0.0 else 0.0
-        if tally.tok_drawn and limits.tpm is not None:
-            drawn = tally.tok_drawn - elapsed * limits.tpm / WINDOW_S
+        if tally.tok_drawn and limits.tokens_bucket is not None:
+            drawn = tally.tok_drawn - elapsed * limits.tokens_bucket / WINDOW_S
             tally.tok_drawn = drawn if drawn > 0.0 else 0.0
         tally.stamp = now
     if now >= tally.period_end and limits.budget_tokens is not None:
@@ -245,15 +252,15 @@ def admit(tally: Tally, limits: Limits, model: str, tokens: int, now: float) -> 
     if budget is not None and tally.used + tally.reserved >= budget:
         return Refused(BUDGET_EXCEEDED, _wait_s(tally.period_end - now),
                        f"this key's {limits.budget_period} budget of {budget} tokens is spent")
-    rpm = limits.rpm
-    if rpm is not None and tally.req_drawn + 1 > rpm:
-        return Refused(RATE_LIMITED, _wait_s((tally.req_drawn + 1 - rpm) * WINDOW_S / rpm),
-                       f"this key's limit of {rpm} requests a minute is reached")
-    tpm = limits.tpm
+    rpm = limits.requests_bucket
+    if rpm is not None and tally.req_drawn + 1.0 > rpm:
+        return Refused(RATE_LIMITED, _wait_s((tally.req_drawn + 1.0 - rpm) * WINDOW_S / rpm),
+                       f"this key's limit of {limits.rpm} requests a minute is reached")
+    tpm = limits.tokens_bucket
     if tpm is not None and tally.tok_drawn >= tpm:
         return Refused(RATE_LIMITED, _wait_s((tally.tok_drawn - tpm) * WINDOW_S / tpm + 0.001),
-                       f"this key's limit of {tpm} tokens a minute is reached")
-    tally.req_drawn += 1
+                       f"this key's limit of {limits.tpm} tokens a minute is reached")
+    tally.req_drawn += 1.0
     tally.tok_drawn += tokens
     tally.reserved += tokens
     return None
@@ -305,7 +312,7 @@ def windows_after(tally: Tally, limits: Limits) -> Windows:
     """Right after `admit` (the tally is caught up to now): (requests left, seconds until the
     rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
     not set. The served call's headers, at a few subtractions."""
-    rpm, tpm = limits.rpm, limits.tpm
+    rpm, tpm = limits.requests_bucket, limits.tokens_bucket
     requests = tokens = 0
     requests_reset = tokens_reset = 0.0
     if rpm is not None:
