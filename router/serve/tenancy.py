@@ -110,16 +110,17 @@ class Charge:
         self.limits = limits
         self.reserved = reserved
         self.bound = bound  # the answer's bound the router gives the call (None: it states one, or none is due)
-        self.slot = False  # holds one of the key's max_parallel slots
+        self.slot = False  # holds one of its key's max_parallel slots (a key without one has none)
         self.headers = headers
 
     def take_slot(self) -> bool:
-        """Rule 3: the call holds a slot (True), or its key has none free. Several routers
-        (rule 7): False until `take_shared_slot` took it."""
-        if not self.slot:
-            limits = self.limits
-            self.slot = limits.max_parallel is None or (
-                self.tenancy.shared is None and self.tenancy.counters.take_parallel(self.name, limits))
+        """Rule 3: the call may go to its box (True): its key has no max_parallel, or it holds
+        one of its slots now; else its key has none free. Several routers (rule 7): False until
+        `take_shared_slot` took it."""
+        if self.slot or self.limits.max_parallel is None:
+            return True
+        if self.tenancy.shared is None:
+            self.slot = self.tenancy.counters.take_parallel(self.name, self.limits)
         return self.slot
 
     async def take_shared_slot(self) -> bool:
@@ -134,7 +135,7 @@ class Charge:
 
     def settle(self, used: int) -> None:
         """Rule 4; once, at the call's end, with the tokens it used."""
-        tenancy, slot = self.tenancy, self.slot and self.limits.max_parallel is not None
+        tenancy, slot = self.tenancy, self.slot
         tenancy.counters.settle(self.name, self.limits, self.reserved, used, tenancy.clock(), slot)
         self.slot = False
         if slot and tenancy.admission is not None:
