@@ -378,25 +378,28 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
 
 def reset_header(seconds: float) -> bytes:
     """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`,
-    rounded up to the unit it is written in. It runs for every served call of a limited key, so
-    each text is made once (`_reset_text`, by the duration in that unit: ms below a second,
-    tenths below a minute, else whole seconds as a negative number)."""
+    rounded up to the unit it is written in: ms below a second, tenths below a minute, else whole
+    seconds. It runs twice for every served call of a limited key, so the texts below a minute
+    are made once, at import (_MS_TEXTS, _TENTHS_TEXTS), and the longer ones once each."""
     ms = math.ceil(seconds * 1000.0) if seconds > 0.0 else 0
     if ms < 1000:
-        return _reset_text(ms)
+        return _MS_TEXTS[ms]
     if ms < 60_000:
-        return _reset_text((ms + 99) // 100 * 100)
-    return _reset_text(-((ms + 999) // 1000))
+        return _TENTHS_TEXTS[(ms + 99) // 100 - 10]
+    return _minutes_text((ms + 999) // 1000)
+
+
+def _tenths_text(tenths: int) -> bytes:
+    return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
+
+
+_MS_TEXTS = tuple(b"%dms" % ms for ms in range(1000))
+_TENTHS_TEXTS = tuple(_tenths_text(tenths) for tenths in range(10, 601))  # 1s to 60s
 
 
 @functools.lru_cache(maxsize=4096)
-def _reset_text(unit: int) -> bytes:
-    if unit < 0:
-        return b"%dm%ds" % divmod(-unit, 60)
-    if unit < 1000:
-        return b"%dms" % unit
-    tenths = unit // 100
-    return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
+def _minutes_text(seconds: int) -> bytes:
+    return b"%dm%ds" % divmod(seconds, 60)
 
 
 class Tokens(NamedTuple):
