@@ -1,7 +1,7 @@
 """The router's own Python per call, without Granian and without the machine's noise.
 
     .venv/bin/python bench/callpath_cpu.py [--calls 20000] [--concurrency 64] [--stream] [--keys | --alias | --features]
-    .venv/bin/python bench/callpath_cpu.py --allocations --calls 1000
+    .venv/bin/python bench/callpath_cpu.py --allocations --calls 1000 [--keys]
 
 One process, one uvloop loop: the router's app (`RouterApp` over what `router serve` runs,
 router.serve.server.Running: fleet, scheduler, store, route-log writer, CallClock and the
@@ -37,7 +37,9 @@ garbage-collected objects (`_PyObject_GC_Link`); `PyMem_Malloc` counts buffers (
 storage). The router's timed background work is held off during the legs (`quiet_background`),
 so the counts repeat to within 0.2 % (one commit, two runs: 647,853 and 648,858 loop-thread
 instructions a call). Needs valgrind; slow (~50× a plain run), so use
-`--calls 1000`.
+`--calls 1000`. With `--keys`, two pairs of legs: the calls made with a key with none, then with
+a key with every limit (EVERY_LIMIT), and what the limits add (`limits_added`: the second less
+the first), tenancy's own cost counted exactly.
 
 `--affinity-cost`: instead, the CPU affinity adds to a call (bench/affinity.py `affinity_cost`:
 key, chain hash, index look-up, steered decision, lesson) at 16 and at 100 boxes, over 64
@@ -180,7 +182,11 @@ async def main(args: argparse.Namespace) -> dict:
         settle_collector()  # as `router serve` does once it listens
         if args.callgrind_leg is not None:  # one leg of --allocations, under callgrind
             quiet_background()
-            await drive(router, args.callgrind_leg, args.concurrency, body, 0)  # warm-up included
+            key = None
+            if args.callgrind_key is not None:  # --allocations --keys: its key, with or without limits
+                limits = EVERY_LIMIT if args.callgrind_key == "limits" else None
+                _, key = router.shared.keys.create(f"bench-{args.callgrind_key}", "use", limits=limits)
+            await drive(router, args.callgrind_leg, args.concurrency, body, 0, key)  # warm-up included
             await stop_router()
             return {}
         if args.keys:
@@ -232,15 +238,18 @@ def quiet_background() -> None:
         setattr(module, name, 3600.0)
 
 
-def callgrind_leg(calls: int, args: argparse.Namespace, work: Path) -> dict:
-    """This script under callgrind, driving `calls` calls after the warm-up: the whole process's
-    instructions and calls of ALLOCATORS, and the same of the loop thread alone (`loop_*`: the
-    main thread, which runs the loop; the route-log writer's thread is the rest). Callgrind
-    writes a file per thread (`-01` is the main one)."""
-    out = work / f"callgrind.{calls}"
+def callgrind_leg(calls: int, args: argparse.Namespace, work: Path, key: str | None = None) -> dict:
+    """This script under callgrind, driving `calls` calls after the warm-up (with a key: `none`,
+    a key without limits, or `limits`, one with EVERY_LIMIT): the whole process's instructions
+    and calls of ALLOCATORS, and the same of the loop thread alone (`loop_*`: the main thread,
+    which runs the loop; the route-log writer's thread is the rest). Callgrind writes a file per
+    thread (`-01` is the main one)."""
+    out = work / f"callgrind.{key or 'plain'}.{calls}"
     cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
            sys.executable, __file__, "--callgrind-leg", str(calls), "--concurrency", str(args.concurrency)]
-    done = subprocess.run(cmd + (["--stream"] if args.stream else []), capture_output=True, text=True)
+    cmd += ["--stream"] if args.stream else []
+    cmd += ["--callgrind-key", key] if key is not None else []
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the callgrind leg of {calls} calls failed: {done.stderr[-2000:]}")
     threads = {path.name.rpartition("-")[2]: callgrind_counts(path) for path in work.glob(f"{out.name}-*")}
@@ -272,15 +281,23 @@ def callgrind_counts(path: Path) -> dict:
 
 
 def measure_allocations(args: argparse.Namespace) -> dict:
-    """`--allocations`: per call, the difference of two callgrind legs over `args.calls`."""
+    """`--allocations`: per call, the difference of two callgrind legs over `args.calls`; with
+    `--keys`, that for a key with none and for a key with every limit, and the second less the first."""
+    figures: dict = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream}
     work = Path(tempfile.mkdtemp(prefix="callgrind-"))
-    warm, driven = callgrind_leg(100, args, work), callgrind_leg(100 + args.calls, args, work)
-    per_call = {name: round((driven[name] - warm[name]) / args.calls, 1) for name in warm}
-    figures = {"calls": args.calls, "concurrency": args.concurrency, "stream": args.stream,
-               "per_call": per_call}
-    print("per call (callgrind): "
-          + ", ".join(f"{name} {value:,.1f}" for name, value in per_call.items()), flush=True)
+    for name, key in ((("key_none", "none"), ("key_limits", "limits")) if args.keys else (("per_call", None),)):
+        warm, driven = callgrind_leg(100, args, work, key), callgrind_leg(100 + args.calls, args, work, key)
+        figures[name] = {count: round((driven[count] - warm[count]) / args.calls, 1) for count in warm}
+        print_counts(f"per call (callgrind){' ' + name if key else ''}", figures[name])
+    if args.keys:
+        figures["limits_added"] = {count: round(figures["key_limits"][count] - figures["key_none"][count], 1)
+                                   for count in figures["key_none"]}
+        print_counts("every limit set adds", figures["limits_added"])
     return figures
+
+
+def print_counts(what: str, counts: dict) -> None:
+    print(f"{what}: " + ", ".join(f"{name} {value:,.1f}" for name, value in counts.items()), flush=True)
 
 
 KEY_ROUNDS = 5
@@ -382,6 +399,7 @@ if __name__ == "__main__":
     parser.add_argument("--allocations", action="store_true",
                         help="instructions and heap allocations per call, counted by valgrind's callgrind")
     parser.add_argument("--callgrind-leg", type=int, help=argparse.SUPPRESS)  # one leg of --allocations
+    parser.add_argument("--callgrind-key", choices=("none", "limits"), help=argparse.SUPPRESS)  # its key
     args = parser.parse_args()
     if args.allocations:
         figures = measure_allocations(args)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from router.core import limits as rules
 from router.core.errors import BadRequest
-from router.core.limits import Ask, Limits, Tally, parse_limits, period_bounds
+from router.core.limits import Limits, Tally, parse_limits, period_bounds
 
 from models import KeyLimitsModel
 
@@ -38,7 +38,7 @@ def test_the_rules_agree_with_the_plain_model(limits, ops):
     for op, model_name, tokens, step_s, used in ops:
         now += step_s
         if op == "admit":
-            got = rules.admit(tally, limits, Ask(model_name, tokens), now)
+            got = rules.admit(tally, limits, model_name, tokens, now)
             assert (got.reason if got else None) == model.admit(model_name, tokens, now)
             if got is None:
                 open_calls.append(tokens)
@@ -64,7 +64,7 @@ def test_any_interleaving_overshoots_a_budget_by_at_most_one_reservation(budget,
     for admit_next, tokens, fraction in ops:
         if admit_next or not in_flight:
             committed = tally.used + tally.reserved
-            refused = rules.admit(tally, limits, Ask("m", tokens), T0)
+            refused = rules.admit(tally, limits, "m", tokens, T0)
             assert (refused is None) == (committed < budget)  # refused exactly when spent
             if refused is None:
                 in_flight.append(tokens)
@@ -95,7 +95,7 @@ def test_every_call_stated_bound_or_not_keeps_the_overshoot_to_one_reservation(b
         if admit_next or not in_flight:
             tokens, bound = rules.reserve(body_bytes, stated, default_answer)
             assert (bound is None) == (stated is not None)
-            if rules.admit(tally, limits, Ask("m", tokens), T0) is None:
+            if rules.admit(tally, limits, "m", tokens, T0) is None:
                 answer = min(unbounded_answer, stated if bound is None else bound)  # what the box answers
                 prompt = rules.prompt_estimate(body_bytes) // (2 if prompt_below else 1)
                 in_flight.append((tokens, prompt + answer))
@@ -115,18 +115,18 @@ def test_every_call_stated_bound_or_not_keeps_the_overshoot_to_one_reservation(b
 @given(st.integers(1, 200))
 def test_rpm_is_exact_in_a_burst(rpm):
     tally, limits = Tally(), Limits(rpm=rpm)
-    verdicts = [rules.admit(tally, limits, Ask("m", 0), T0) for _ in range(rpm + 3)]
+    verdicts = [rules.admit(tally, limits, "m", 0, T0) for _ in range(rpm + 3)]
     assert verdicts[:rpm] == [None] * rpm
     assert all(v.reason == rules.RATE_LIMITED and v.retry_after_s >= 1 for v in verdicts[rpm:])
     # a request's worth drains in 60/rpm s: one more fits then, not before
-    assert rules.admit(tally, limits, Ask("m", 0), T0 + 60 / rpm * 0.9) is not None
-    assert rules.admit(tally, limits, Ask("m", 0), T0 + 60 / rpm * 1.01) is None
+    assert rules.admit(tally, limits, "m", 0, T0 + 60 / rpm * 0.9) is not None
+    assert rules.admit(tally, limits, "m", 0, T0 + 60 / rpm * 1.01) is None
 
 
 def test_a_refused_call_takes_nothing_and_a_settled_refusal_keeps_its_request():
     tally, limits = Tally(), Limits(rpm=2, tpm=100, budget_tokens=1000)
-    assert rules.admit(tally, limits, Ask("m", 150), T0) is None  # tpm left: admitted, overdrawn
-    refused = rules.admit(tally, limits, Ask("m", 1), T0)
+    assert rules.admit(tally, limits, "m", 150, T0) is None  # tpm left: admitted, overdrawn
+    refused = rules.admit(tally, limits, "m", 1, T0)
     assert refused.reason == rules.RATE_LIMITED and (tally.req_drawn, tally.reserved) == (1, 150)
     rules.settle(tally, limits, 150, 0, T0)  # no box served it: tokens back, the request stays
     assert (tally.req_drawn, tally.tok_drawn, tally.reserved, tally.used) == (1, 0, 0, 0)
@@ -154,11 +154,11 @@ def test_the_budget_is_refused_at_the_right_call_and_resets_at_the_boundary():
     start, end = period_bounds("day", T0)
     tally, now = Tally(), end - 10
     for _ in range(4):  # 0, 30, 60, 90 used: each is admitted
-        assert rules.admit(tally, limits, Ask("m", 30), now) is None
+        assert rules.admit(tally, limits, "m", 30, now) is None
         rules.settle(tally, limits, 30, 30, now)
-    refused = rules.admit(tally, limits, Ask("m", 30), now)
+    refused = rules.admit(tally, limits, "m", 30, now)
     assert refused.reason == rules.BUDGET_EXCEEDED and refused.retry_after_s == 10
-    assert rules.admit(tally, limits, Ask("m", 30), end) is None  # a new day
+    assert rules.admit(tally, limits, "m", 30, end) is None  # a new day
     assert tally.used == 0
 
 
@@ -202,15 +202,15 @@ def test_the_local_counters_apply_the_rules_and_seed_from_the_store():
     counters, limits = LocalCounters(), Limits(budget_tokens=100, rpm=10)
     period = period_bounds("day", T0)
     counters.seed("key:a", 90, period)  # what the store says this period used
-    assert counters.admit("key:a", limits, Ask("m", 20), T0).requests == 9  # admitted: the windows after it
-    assert counters.admit("key:a", limits, Ask("m", 1), T0).reason == rules.BUDGET_EXCEEDED
+    assert counters.admit("key:a", limits, "m", 20, T0)[0] == 9  # admitted: the windows after it
+    assert counters.admit("key:a", limits, "m", 1, T0).reason == rules.BUDGET_EXCEEDED
     counters.settle("key:a", limits, 20, 5, T0, slot=False)
     counters.seed("key:a", 90, period)  # the store a flush behind: never lowers what was counted
     assert counters.left("key:a", limits, T0).budget == 5
     counters.tallies.update({f"addr:{n}": Tally() for n in range(3)})
     counters_module.MAX_ADDRESS_TALLIES, saved = 4, counters_module.MAX_ADDRESS_TALLIES
     try:
-        counters.admit("addr:new", Limits(rpm=1), Ask("m", 0), T0)
+        counters.admit("addr:new", Limits(rpm=1), "m", 0, T0)
     finally:
         counters_module.MAX_ADDRESS_TALLIES = saved
     assert set(counters.tallies) == {"key:a", "addr:new"}  # idle addresses forgotten, keys kept

@@ -15,7 +15,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    each bucket, so a limit changed live keeps what was used.
 3. `admit` checks, in this order: `models` (403 model_not_allowed), the budget (429
    budget_exceeded), `rpm`, `tpm` (429 rate_limited); all or nothing: a refused call takes
-   nothing. An admitted call takes one request from `rpm` and reserves its estimate (`Ask`)
+   nothing. An admitted call takes one request from `rpm` and reserves its token estimate
    from `tpm` and the budget.
 4. A token limit admits a call while any of it is left (tpm: drawn < tpm; budget: used +
    reserved < budget), and the call's reservation may then take it past the limit. So however
@@ -85,9 +85,16 @@ class Limits:
     models: frozenset[str] | None = None
     # a token limit is set (a field, not a property: read on every call of the key)
     counts_tokens: bool = field(init=False, compare=False, repr=False)
+    # rpm and tpm as floats, the buckets' sizes (rule 2) in their arithmetic: a tally's drawn
+    # counts are floats, and CPython's arithmetic mixing an int and a float takes its slow
+    # generic path on every call (exact: every limit up to MAX_COUNT is a float exactly)
+    requests_bucket: float | None = field(init=False, compare=False, repr=False)
+    tokens_bucket: float | None = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "counts_tokens", self.tpm is not None or self.budget_tokens is not None)
+        object.__setattr__(self, "requests_bucket", None if self.rpm is None else float(self.rpm))
+        object.__setattr__(self, "tokens_bucket", None if self.tpm is None else float(self.tpm))
 
     def doc(self) -> dict[str, Any]:
         """The limits as the API and the CLI show them (`budget_period` only with a budget)."""
@@ -193,13 +200,6 @@ class Tally:
         self.parallel = 0
 
 
-class Ask(NamedTuple):
-    """What a call reserves: its model and its token estimate."""
-
-    model: str
-    tokens: int
-
-
 class Refused(NamedTuple):
     """A call `admit` refused: its reason (REASONS) and Retry-After in whole seconds (0 for a 403)."""
 
@@ -225,11 +225,11 @@ def _catch_up(tally: Tally, limits: Limits, now: float) -> None:
     """Drains the buckets to `now` (rule 2) and starts a new budget period when one began (rule 6)."""
     elapsed = now - tally.stamp
     if elapsed > 0:
-        if tally.req_drawn and limits.rpm is not None:
-            drawn = tally.req_drawn - elapsed * limits.rpm / WINDOW_S
+        if tally.req_drawn and limits.requests_bucket is not None:
+            drawn = tally.req_drawn - elapsed * limits.requests_bucket / WINDOW_S
             tally.req_drawn = drawn if drawn > 0.0 else 0.0
-        if tally.tok_drawn and limits.tpm is not None:
-            drawn = tally.tok_drawn - elapsed * limits.tpm / WINDOW_S
+        if tally.tok_drawn and limits.tokens_bucket is not None:
+            drawn = tally.tok_drawn - elapsed * limits.tokens_bucket / WINDOW_S
             tally.tok_drawn = drawn if drawn > 0.0 else 0.0
         tally.stamp = now
     if now >= tally.period_end and limits.budget_tokens is not None:
@@ -241,28 +241,28 @@ def _wait_s(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
-def admit(tally: Tally, limits: Limits, ask: Ask, now: float) -> Refused | None:
-    """Rule 3: None when the call is admitted (its request and tokens are then reserved on
-    `tally`), else why not. Never raises."""
+def admit(tally: Tally, limits: Limits, model: str, tokens: int, now: float) -> Refused | None:
+    """Rule 3: None when the call for `model` is admitted (its request and its estimate of
+    `tokens` are then reserved on `tally`), else why not. Never raises."""
     models = limits.models
-    if models is not None and ask.model not in models and not model_allowed(models, ask.model):
+    if models is not None and model not in models and not model_allowed(models, model):
         return Refused(MODEL_NOT_ALLOWED, 0, "this key may not call this model")
     _catch_up(tally, limits, now)
     budget = limits.budget_tokens
     if budget is not None and tally.used + tally.reserved >= budget:
         return Refused(BUDGET_EXCEEDED, _wait_s(tally.period_end - now),
                        f"this key's {limits.budget_period} budget of {budget} tokens is spent")
-    rpm = limits.rpm
-    if rpm is not None and tally.req_drawn + 1 > rpm:
-        return Refused(RATE_LIMITED, _wait_s((tally.req_drawn + 1 - rpm) * WINDOW_S / rpm),
-                       f"this key's limit of {rpm} requests a minute is reached")
-    tpm = limits.tpm
+    rpm = limits.requests_bucket
+    if rpm is not None and tally.req_drawn + 1.0 > rpm:
+        return Refused(RATE_LIMITED, _wait_s((tally.req_drawn + 1.0 - rpm) * WINDOW_S / rpm),
+                       f"this key's limit of {limits.rpm} requests a minute is reached")
+    tpm = limits.tokens_bucket
     if tpm is not None and tally.tok_drawn >= tpm:
         return Refused(RATE_LIMITED, _wait_s((tally.tok_drawn - tpm) * WINDOW_S / tpm + 0.001),
-                       f"this key's limit of {tpm} tokens a minute is reached")
-    tally.req_drawn += 1
-    tally.tok_drawn += ask.tokens
-    tally.reserved += ask.tokens
+                       f"this key's limit of {limits.tpm} tokens a minute is reached")
+    tally.req_drawn += 1.0
+    tally.tok_drawn += tokens
+    tally.reserved += tokens
     return None
 
 
@@ -302,30 +302,28 @@ class Left(NamedTuple):
     parallel: int | None
 
 
-class Windows(NamedTuple):
-    """What is left of rpm and tpm right after an admission, and when each bucket is empty."""
-
-    requests: int
-    requests_reset_s: float
-    tokens: int
-    tokens_reset_s: float
+# What is left of rpm and tpm right after an admission, and when each bucket is empty:
+# (requests, requests_reset_s, tokens, tokens_reset_s). A plain tuple: one is made per served
+# call of a limited key, and only the headers read it.
+Windows = tuple[int, float, int, float]
 
 
 def windows_after(tally: Tally, limits: Limits) -> Windows:
     """Right after `admit` (the tally is caught up to now): (requests left, seconds until the
     rpm bucket is empty, tokens left, seconds until the tpm bucket is empty); 0s for a limit
     not set. The served call's headers, at a few subtractions."""
-    rpm, tpm = limits.rpm, limits.tpm
-    if rpm is None:
-        requests = requests_reset = 0
-    else:
+    rpm, tpm = limits.requests_bucket, limits.tokens_bucket
+    requests = tokens = 0
+    requests_reset = tokens_reset = 0.0
+    if rpm is not None:  # (math.floor: int() of a float is a type call, twice its cost)
         drawn = tally.req_drawn
-        requests = int(rpm - drawn) if drawn < rpm else 0
+        requests = math.floor(rpm - drawn) if drawn < rpm else 0
         requests_reset = drawn * WINDOW_S / rpm
-    if tpm is None:
-        return new_tuple(Windows, (requests, requests_reset, 0, 0))
-    drawn = tally.tok_drawn
-    return new_tuple(Windows, (requests, requests_reset, int(tpm - drawn) if drawn < tpm else 0, drawn * WINDOW_S / tpm))
+    if tpm is not None:
+        drawn = tally.tok_drawn
+        tokens = math.floor(tpm - drawn) if drawn < tpm else 0
+        tokens_reset = drawn * WINDOW_S / tpm
+    return (requests, requests_reset, tokens, tokens_reset)
 
 
 def left(tally: Tally, limits: Limits, now: float) -> Left:
@@ -380,25 +378,28 @@ def answer_estimate(answer_bytes: int, stream: bool) -> int:
 
 def reset_header(seconds: float) -> bytes:
     """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`,
-    rounded up to the unit it is written in. It runs for every served call of a limited key, so
-    each text is made once (`_reset_text`, by the duration in that unit: ms below a second,
-    tenths below a minute, else whole seconds as a negative number)."""
+    rounded up to the unit it is written in: ms below a second, tenths below a minute, else whole
+    seconds. It runs twice for every served call of a limited key, so the texts below a minute
+    are made once, at import (_MS_TEXTS, _TENTHS_TEXTS), and the longer ones once each."""
     ms = math.ceil(seconds * 1000.0) if seconds > 0.0 else 0
     if ms < 1000:
-        return _reset_text(ms)
+        return _MS_TEXTS[ms]
     if ms < 60_000:
-        return _reset_text((ms + 99) // 100 * 100)
-    return _reset_text(-((ms + 999) // 1000))
+        return _TENTHS_TEXTS[(ms + 99) // 100 - 10]
+    return _minutes_text((ms + 999) // 1000)
+
+
+def _tenths_text(tenths: int) -> bytes:
+    return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
+
+
+_MS_TEXTS = tuple(b"%dms" % ms for ms in range(1000))
+_TENTHS_TEXTS = tuple(_tenths_text(tenths) for tenths in range(10, 601))  # 1s to 60s
 
 
 @functools.lru_cache(maxsize=4096)
-def _reset_text(unit: int) -> bytes:
-    if unit < 0:
-        return b"%dm%ds" % divmod(-unit, 60)
-    if unit < 1000:
-        return b"%dms" % unit
-    tenths = unit // 100
-    return b"%ds" % (tenths // 10) if tenths % 10 == 0 else b"%d.%ds" % divmod(tenths, 10)
+def _minutes_text(seconds: int) -> bytes:
+    return b"%dm%ds" % divmod(seconds, 60)
 
 
 class Tokens(NamedTuple):

@@ -296,8 +296,7 @@ def with_answer_bound(body: bytes, route: Route, spans: tuple, tokens: int) -> b
     field = route.answer_bound[0]
     span = spans[len(route.model_fields) + len(ROUTING_MEMBERS)]  # scan_names' order: the bound's member next
     if span is None:  # the common case: a call that says nothing of its answer's length
-        start = body.index(b"{") + 1
-        return body[:start] + _bound_member(field, tokens) + body[start:]
+        return body.replace(b"{", _opened_with_bound(field, tokens), 1)
     _, _, inner = field.partition(".")
     if inner:
         options = orjson.loads(body[span[0]:span[1]])
@@ -310,12 +309,13 @@ def with_answer_bound(body: bytes, route: Route, spans: tuple, tokens: int) -> b
 
 
 @functools.lru_cache(maxsize=256)
-def _bound_member(field: str, tokens: int) -> bytes:
-    """The member `with_answer_bound` adds (`"max_tokens":512,`, `"options":{"num_predict":512},`),
-    built once per pair: a few routes' fields, mostly the one default bound."""
+def _opened_with_bound(field: str, tokens: int) -> bytes:
+    """The body's opening `{` with the member `with_answer_bound` adds after it
+    (`{"max_tokens":512,`, `{"options":{"num_predict":512},`), built once per pair: a few
+    routes' fields, mostly the one default bound. One replace of the first `{` then splices it."""
     outer, _, inner = field.partition(".")
     value = orjson.dumps({inner: tokens}) if inner else b"%d" % tokens
-    return b'"%s":%s,' % (outer.encode(), value)
+    return b'{"%s":%s,' % (outer.encode(), value)
 
 
 # read_call's scan per facade and route: (facade, route, scan_names without repeats, those and the

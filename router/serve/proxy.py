@@ -221,10 +221,12 @@ class ProxyCall:
             self.affinity_key = affinity.key(self.edge, inspected, self.body)
         # before the affinity look-up, so that several routers' admission shares its round trip
         charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, self.route.answer_bound)
-        if charge is not None and self.app.tenancy.shared is not None:
-            self.admitting = (charge, inspected.spans)  # answered in route_call (admission_answered)
-        elif not await self.charged(charge, inspected.spans):  # type: ignore[arg-type]
-            return False
+        if charge is not None:  # None: nothing of its caller's is counted
+            if self.app.tenancy.shared is not None:
+                self.admitting = (charge, inspected.spans)  # answered in route_call (admission_answered)
+            elif not self.charged(charge, inspected.spans):  # type: ignore[arg-type]
+                await self.turned_away(charge)  # type: ignore[arg-type]
+                return False
         if self.affinity_key is not None:
             self.steer = (affinity.steer(self.affinity_key) if affinity.shared is None
                           else await affinity.steer_shared(self.affinity_key))
@@ -232,22 +234,23 @@ class ProxyCall:
             reply.keepalive_s = self.app.stream_keepalive_s
         return True
 
-    async def charged(self, charge: Charge | Refused | None, spans: tuple | None) -> bool:
+    def charged(self, charge: Charge | Refused, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
-        (serve/tenancy.py rules 1-2); False when turned away. The body then bounds its answer
-        where the router gave it a bound."""
+        (serve/tenancy.py rules 1-2); False when refused (`turned_away` answers it). The body
+        then bounds its answer where the router gave it a bound."""
         if isinstance(charge, Refused):
-            await self.reply.error(STATUS[charge.reason], charge.reason, charge.message, turned_away=True,
-                                   retry_after_s=charge.retry_after_s or None)
             return False
-        if charge is not None:
-            self.charge = charge
-            self.record.limited(charge.headers)
-            if charge.bound is not None:
-                self.body = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore[arg-type]
-                if self.usage_body is not None:
-                    self.usage_body = ask_usage(self.body)
+        self.charge = charge
+        self.record.limited(charge.headers)
+        if charge.bound is not None:
+            self.body = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore[arg-type]
+            if self.usage_body is not None:
+                self.usage_body = ask_usage(self.body)
         return True
+
+    async def turned_away(self, refused: Refused) -> None:
+        await self.reply.error(STATUS[refused.reason], refused.reason, refused.message, turned_away=True,
+                               retry_after_s=refused.retry_after_s or None)
 
     async def admission_answered(self, decision: Decision) -> bool:
         """Several routers: the admission's answer from the shared server (serve/tenancy.py rule
@@ -264,7 +267,10 @@ class ProxyCall:
         except SharedDown:
             await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
             return False
-        return await self.charged(charge, spans)
+        if self.charged(charge, spans):
+            return True
+        await self.turned_away(charge)  # type: ignore[arg-type]
+        return False
 
     async def inspect(self) -> Inspected:
         """Reads model, pin, pool, stream and class from the body and headers; a large body on a

@@ -39,7 +39,6 @@ This room:
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable
 from collections import Counter
@@ -49,7 +48,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from router.core import limits as rules
 from router.core.limits import (
-    DEFAULT_ANSWER_TOKENS, NO_LIMITS, Ask, Limits, Refused, Windows, new_tuple, reset_header,
+    DEFAULT_ANSWER_TOKENS, NO_LIMITS, Limits, Refused, Windows, reset_header,
 )
 from router.core.types import Call
 from router.store.counters import Counters, LocalCounters
@@ -63,29 +62,40 @@ if TYPE_CHECKING:
     from router.serve.record import CallRecord
 
 NO_KEY = "none"  # the metric label of every caller without a key (rule 6)
+# Keys' Accounts kept at once: past it they are all dropped and made again as calls come (a key
+# deleted since is never called again, so this bounds what deleted keys leave).
+MAX_ACCOUNTS = 65_536
 STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_ALLOWED: 403}
 TOKEN_KINDS = ("prompt", "completion", "cached")
 
 
-def rate_headers(limits: Limits, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
-    """OpenAI's `x-ratelimit-*` for the limits set, right after the call's admission (rule 2)."""
-    rpm, tpm = limits.rpm, limits.tpm
-    requests = () if rpm is None else (
-        limit_header(b"x-ratelimit-limit-requests", rpm),
-        (b"x-ratelimit-remaining-requests", b"%d" % windows.requests),
-        (b"x-ratelimit-reset-requests", reset_header(windows.requests_reset_s)))
-    if tpm is None:
-        return requests
-    return requests + (
-        limit_header(b"x-ratelimit-limit-tokens", tpm),
-        (b"x-ratelimit-remaining-tokens", b"%d" % windows.tokens),
-        (b"x-ratelimit-reset-tokens", reset_header(windows.tokens_reset_s)))
+class Account:
+    """What every charge of one key (or of the callers without one) shares, made once per key
+    and limits (rule 2): the tally's name (None for callers without a key: theirs is by address),
+    the limits, and the headers that state each limit."""
 
+    __slots__ = ("name", "limits", "requests_limit", "tokens_limit")
 
-@functools.lru_cache(maxsize=1024)
-def limit_header(name: bytes, limit: int) -> tuple[bytes, bytes]:
-    """A limit's own header, made once per limit (rate_headers runs for every served call)."""
-    return name, b"%d" % limit
+    def __init__(self, name: str | None, limits: Limits) -> None:
+        self.name = name
+        self.limits = limits
+        self.requests_limit = None if limits.rpm is None else (b"x-ratelimit-limit-requests", b"%d" % limits.rpm)
+        self.tokens_limit = None if limits.tpm is None else (b"x-ratelimit-limit-tokens", b"%d" % limits.tpm)
+
+    def rate_headers(self, windows: Windows) -> tuple[tuple[bytes, bytes], ...]:
+        """OpenAI's `x-ratelimit-*` for the limits set, right after a call's admission (rule 2):
+        only what is left and when it is whole again are made per call."""
+        requests_left, requests_reset_s, tokens_left, tokens_reset_s = windows
+        requests = () if self.requests_limit is None else (
+            self.requests_limit,
+            (b"x-ratelimit-remaining-requests", b"%d" % requests_left),
+            (b"x-ratelimit-reset-requests", reset_header(requests_reset_s)))
+        if self.tokens_limit is None:
+            return requests
+        return requests + (
+            self.tokens_limit,
+            (b"x-ratelimit-remaining-tokens", b"%d" % tokens_left),
+            (b"x-ratelimit-reset-tokens", reset_header(tokens_reset_s)))
 
 
 class Charge:
@@ -100,16 +110,17 @@ class Charge:
         self.limits = limits
         self.reserved = reserved
         self.bound = bound  # the answer's bound the router gives the call (None: it states one, or none is due)
-        self.slot = False  # holds one of the key's max_parallel slots
+        self.slot = False  # holds one of its key's max_parallel slots (a key without one has none)
         self.headers = headers
 
     def take_slot(self) -> bool:
-        """Rule 3: the call holds a slot (True), or its key has none free. Several routers
-        (rule 7): False until `take_shared_slot` took it."""
-        if not self.slot:
-            limits = self.limits
-            self.slot = limits.max_parallel is None or (
-                self.tenancy.shared is None and self.tenancy.counters.take_parallel(self.name, limits))
+        """Rule 3: the call may go to its box (True): its key has no max_parallel, or it holds
+        one of its slots now; else its key has none free. Several routers (rule 7): False until
+        `take_shared_slot` took it."""
+        if self.slot or self.limits.max_parallel is None:
+            return True
+        if self.tenancy.shared is None:
+            self.slot = self.tenancy.counters.take_parallel(self.name, self.limits)
         return self.slot
 
     async def take_shared_slot(self) -> bool:
@@ -124,7 +135,7 @@ class Charge:
 
     def settle(self, used: int) -> None:
         """Rule 4; once, at the call's end, with the tokens it used."""
-        tenancy, slot = self.tenancy, self.slot and self.limits.max_parallel is not None
+        tenancy, slot = self.tenancy, self.slot
         tenancy.counters.settle(self.name, self.limits, self.reserved, used, tenancy.clock(), slot)
         self.slot = False
         if slot and tenancy.admission is not None:
@@ -138,7 +149,9 @@ class Tenancy:
         self.keys = keys
         self.default_max_tokens = default_max_tokens  # rule 2
         self.counters: Counters = counters if counters is not None else LocalCounters()
-        self.defaults = Limits(rpm=default_rpm, tpm=default_tpm) if default_rpm or default_tpm else NO_LIMITS
+        self.defaults = Account(None, Limits(rpm=default_rpm, tpm=default_tpm) if default_rpm or default_tpm
+                                else NO_LIMITS)
+        self.accounts: dict[str, Account] = {}  # key id -> its Account, while its limits are the same
         self.admission: Admission | None = None  # set by Shared: where max_parallel waiters wait
         self.shared: SharedCounters | None = None  # several routers: `counters` is it (rule 7)
         self.tokens: Counter[tuple[str, str]] = Counter()  # (key label, kind) -> tokens
@@ -155,30 +168,43 @@ class Tenancy:
         key_id = edge.key_id
         if key_id is not None:
             limits = self.keys.limits_of(key_id)
-            name = "key:" + key_id
+            if limits is NO_LIMITS:
+                return None
+            account = self.accounts.get(key_id)
+            if account is None or account.limits is not limits:
+                account = self.account(key_id, limits)
+            name = account.name
         else:
-            limits = self.defaults
+            account = self.defaults
+            limits = account.limits
+            if limits is NO_LIMITS:
+                return None
             name = "addr:" + (edge.caller or "unknown")
-        if limits is NO_LIMITS:
-            return None
         tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
         bound = bound if bound_fields else None
-        admitted = self.counters.admit(name, limits, new_tuple(Ask, (call.model, tokens)), self.clock())
+        admitted = self.counters.admit(name, limits, call.model, tokens, self.clock())
         if self.shared is not None:  # a round trip: the caller awaits it (rule 7)
-            return self.charged_later(admitted, key_id, name, limits, tokens, bound)  # type: ignore[return-value]
-        return self.charged(admitted, key_id, name, limits, tokens, bound)  # type: ignore[arg-type]
+            return self.charged_later(admitted, key_id, name, account, tokens, bound)  # type: ignore[return-value]
+        return self.charged(admitted, key_id, name, account, tokens, bound)  # type: ignore[arg-type]
 
-    def charged(self, admitted: Refused | Windows, key_id: str | None, name: str, limits: Limits,
+    def account(self, key_id: str, limits: Limits) -> Account:
+        """A key's Account, made for its limits now (its first call, or its limits changed)."""
+        if len(self.accounts) >= MAX_ACCOUNTS:
+            self.accounts.clear()
+        account = self.accounts[key_id] = Account("key:" + key_id, limits)
+        return account
+
+    def charged(self, admitted: Refused | Windows, key_id: str | None, name: str, account: Account,
                 tokens: int, bound: int | None) -> Charge | Refused:
         if admitted.__class__ is Refused:
             self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
             return admitted  # type: ignore[return-value]
-        return Charge(self, name, limits, tokens, bound, rate_headers(limits, admitted))  # type: ignore[arg-type]
+        return Charge(self, name, account.limits, tokens, bound, account.rate_headers(admitted))  # type: ignore[arg-type]
 
-    async def charged_later(self, admitting, key_id: str | None, name: str, limits: Limits,
+    async def charged_later(self, admitting, key_id: str | None, name: str, account: Account,
                             tokens: int, bound: int | None) -> Charge | Refused:
         """Rule 7: `charged` once the shared server has answered. Raises SharedDown."""
-        return self.charged(await admitting, key_id, name, limits, tokens, bound)
+        return self.charged(await admitting, key_id, name, account, tokens, bound)
 
     def unread(self, admitting: Awaitable[Charge | Refused]) -> None:
         """Rule 7: a call that ended before reading its admission's answer; what that charged goes

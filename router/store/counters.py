@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from router.core import limits as rules
-from router.core.limits import Ask, Left, Limits, Refused, Tally, Windows
+from router.core.limits import Left, Limits, Refused, Tally, Windows
 
 # Distinct addresses counted at once for `--default-rpm/--default-tpm` (~200 B each: ~13 MB); past
 # it the idle ones are forgotten (rule 3): an address spray could then reset another address's
@@ -34,7 +34,7 @@ MAX_ADDRESS_TALLIES = 65_536
 class Counters(Protocol):
     """One atomic step of router.core.limits on one key's tally (rules 1-2)."""
 
-    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | Windows:
+    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Refused | Windows:
         """`rules.admit`; admitted: `rules.windows_after` (the served call's headers)."""
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
@@ -63,9 +63,9 @@ class LocalCounters:
             tally = self.tallies[key] = Tally()
         return tally
 
-    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Refused | Windows:
+    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Refused | Windows:
         tally = self.tallies.get(key) or self._tally(key)
-        refused = rules.admit(tally, limits, ask, now)
+        refused = rules.admit(tally, limits, model, tokens, now)
         return refused if refused is not None else rules.windows_after(tally, limits)
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:

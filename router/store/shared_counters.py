@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from router.core import limits as rules
-from router.core.limits import Ask, Left, Limits, Refused, Tally, Windows
+from router.core.limits import Left, Limits, Refused, Tally, Windows
 from router.store.counters import LocalCounters
 from router.store.shared import PREFIX, SharedDown, SharedServer
 
@@ -209,12 +209,12 @@ class SharedCounters:
         self.seen[name] = (tally, version, time.monotonic())
 
     # -- the Counters steps --------------------------------------------------------------------
-    def admit(self, key: str, limits: Limits, ask: Ask, now: float) -> Awaitable[Refused | Windows]:
+    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Awaitable[Refused | Windows]:
         def apply(tally: Tally) -> Refused | Windows:
-            refused = rules.admit(tally, limits, ask, now)
+            refused = rules.admit(tally, limits, model, tokens, now)
             return refused if refused is not None else rules.windows_after(tally, limits)
 
-        return self._step(key, apply, lambda: self.local.admit(key, limits, ask, now))
+        return self._step(key, apply, lambda: self.local.admit(key, limits, model, tokens, now))
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         def apply(tally: Tally) -> None:
