@@ -87,9 +87,8 @@ class BoxState:
         self.online = False
         self.last_ok_s = 0.0
         self.inventory = Inventory()
-        # calls at once: the boxes file's `max_inflight`, else what the box reports (its
-        # inventory's `capacity`); read several times a call with several routers
-        self.limit: int | None = config.max_inflight
+        self.limit: int | None = None
+        self._set_limit()
         self.catalog: frozenset[str] = frozenset()
         self.contracts: dict[str, str | None] = {}
         self.loaded: dict[str, str | None] = {}
@@ -155,10 +154,22 @@ class BoxState:
     def residents(self) -> dict[str, Resident]:
         return self.inventory.residents
 
+    def reconfigured(self, config: BoxConfig, order: int) -> None:
+        """Its entry changed but not its link (pool, blocked, agent, limit or order moved)."""
+        self.config, self.order = config, order
+        self._set_limit()
+        self.changed()
+
+    def _set_limit(self) -> None:
+        """Calls at once: the boxes file's `max_inflight`, else what the box reports (its
+        inventory's `capacity`). An attribute, set when either moves: several routers read it
+        several times a call."""
+        self.limit = self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
+
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
         self.inventory = inventory
-        self.limit = self.config.max_inflight if self.config.max_inflight is not None else inventory.capacity
+        self._set_limit()
         if old.residents is not inventory.residents:
             for key, was in old.residents.items():
                 now = inventory.residents.get(key)
