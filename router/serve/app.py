@@ -15,6 +15,7 @@ from pathlib import Path
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.core.access import Verdict
 from router.core.bounds import clip
 from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.facades import mounts
@@ -136,12 +137,15 @@ class RouterApp:
             owned = admin.route(edge.method, edge.path) if self.admin else None
             if owned is not None:
                 handler, scope = owned
-                if scope == "public" or await self.allowed(edge, facade, scope):
+                if scope == "public" or (verdict := self.access.check(edge, scope)).ok:
                     await handler(self, edge)
+                else:
+                    await self.refuse(edge, facade, verdict)
                 return
             route, known = facade.route(edge.method, edge.path)
-            json_body = route is not None and route.body is BODY_JSON
-            if route is not None and not await self.allowed(edge, facade, route.scope, json_body=json_body):
+            if route is not None and not (verdict := self.access.check(edge, route.scope,
+                                                                        json_body=route.body is BODY_JSON)).ok:
+                await self.refuse(edge, facade, verdict)
                 return
             if route is None:
                 await self.unknown(edge, facade, known)
@@ -168,13 +172,11 @@ class RouterApp:
             else:
                 del working[port]
 
-    async def allowed(self, edge: Edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
-        """Checks access; answers 401/403/415 in the facade's shape when the caller may not."""
-        verdict = self.shared.access.check(edge, scope, json_body=json_body)
-        if not verdict.ok:
-            body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
-            await edge.respond(verdict.status, [(b"content-type", JSON)], body)
-        return verdict.ok
+    async def refuse(self, edge: Edge, facade: Facade, verdict: Verdict) -> None:
+        """The access gate's 401/403/415 (access.check; a check is no coroutine, so an allowed
+        call pays none), in the facade's shape."""
+        body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
+        await edge.respond(verdict.status, [(b"content-type", JSON)], body)
 
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""
