@@ -48,13 +48,14 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.kinds import CALL_KEYS, Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, can, kinds_that
 from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident, new_tuple
 from router.upstream.pool import Origin
 
-PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is cheaper (core/lifecycle.py)
+PAIR_SETTINGS = Capability.PAIR_SETTINGS
+PAIR_SETTINGS_KINDS = kinds_that(PAIR_SETTINGS)  # asked per call: a set, no frame (`can` costs one)
 
 
 _epochs = itertools.count(1)  # rule 5
@@ -197,7 +198,7 @@ class BoxState:
         the call's settings, and it had room for it."""
         named = CALL_KEYS[(self.config.kind, call.model, call.settings)]  # call_key, remembered
         if named is not None:
-            if can(self.config.kind, PAIR_SETTINGS):
+            if self.config.kind in PAIR_SETTINGS_KINDS:
                 loaded = contract(self.inventory.pairs, named[0], named[1], call.knobs)
                 if self.loaded.get(named[0], _UNSET) != loaded:
                     self.loaded[named[0]] = loaded
