@@ -18,6 +18,7 @@ from router.boxes.fleet import Fleet
 from router.core.access import Verdict
 from router.core.bounds import clip
 from router.core.limits import DEFAULT_ANSWER_TOKENS
+from router.core.memo import Memo
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route, with_aliases
@@ -41,6 +42,22 @@ log = logging.getLogger("router.serve")
 
 JSON = b"application/json"
 BODY_JSON = Body.JSON  # read per call: a module name is cheaper than the Enum's (core/lifecycle.py)
+
+
+def _routing(asked: tuple[Mount, bool, str, str]) -> tuple[Facade, tuple | None, Route | None, bool]:
+    """What a request reaches on a listener (its mount, whether the router's own routes live
+    there) by (method, path): the facade that owns the path, the router's own route (handler,
+    scope) or None, the facade's route or None, and whether the path is known (a 405, not a 404).
+    Pure: the tables are made at import."""
+    mount, own_routes, method, path = asked
+    facade = mount(path)
+    route, known = facade.route(method, path)
+    return facade, admin.route(method, path) if own_routes else None, route, known
+
+
+# _routing remembered: a seen (method, path) costs a dict look-up, not three frames. Bounded:
+# clients choose the paths.
+ROUTING = Memo(_routing, 1024)
 
 
 class Shared:
@@ -126,15 +143,14 @@ class RouterApp:
 
     # -- dispatch ------------------------------------------------------------------------------
     async def dispatch(self, edge: Edge) -> None:
+        facade, owned, route, known = ROUTING[(self.mount, self.admin, edge.method, edge.path)]
         shared = self.shared
         shared.in_flight += 1
         if shared.in_flight == 1:  # idle is set exactly while nothing is in flight
             shared.idle.clear()
         working, port = shared.working_ports, edge.port
         working[port] = working.get(port, 0) + 1
-        facade = self.mount(edge.path)
         try:
-            owned = admin.route(edge.method, edge.path) if self.admin else None
             if owned is not None:
                 handler, scope = owned
                 if scope == "public" or (verdict := self.access.check(edge, scope)).ok:
@@ -142,7 +158,6 @@ class RouterApp:
                 else:
                     await self.refuse(edge, facade, verdict)
                 return
-            route, known = facade.route(edge.method, edge.path)
             if route is not None and not (verdict := self.access.check(edge, route.scope,
                                                                         json_body=route.body is BODY_JSON)).ok:
                 await self.refuse(edge, facade, verdict)
