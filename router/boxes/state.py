@@ -121,6 +121,17 @@ class BoxState:
     def changed(self) -> None:
         self.version += 1
 
+    def reconfigure(self, config: BoxConfig, order: int) -> None:
+        """The boxes file moved what it says of the box beside its link (pool, blocked, agent,
+        max_inflight) or its place: its limit follows."""
+        self.config, self.order = config, order
+        self._set_limit()
+        self.changed()
+
+    def _set_limit(self) -> None:
+        """Calls at once: the boxes file's `max_inflight`, else what the box reports."""
+        self.limit = self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
+
     def picked(self) -> None:
         """Only `last_picked_s` moved: the facts are rebuilt, their derived parts kept (invariant 1)."""
         derived_current = self._derived_version == self.version
@@ -159,7 +170,7 @@ class BoxState:
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
         self.inventory = inventory
-        self.limit = self.config.max_inflight if self.config.max_inflight is not None else inventory.capacity
+        self._set_limit()
         if old.residents is not inventory.residents:
             for key, was in old.residents.items():
                 now = inventory.residents.get(key)
