@@ -15,6 +15,7 @@ module, this one; its pieces live by subject in the files it includes, each open
    (`AffinityIndex`).
 5. `resp_commands` (_fastpath_resp.pxi): a round trip's commands to the shared server as RESP,
    as hiredis writes them, without its sprintf per length.
+6. `Histogram` (_fastpath_histogram.pxi): a metric's bucket counts, observed with no Python frame.
 
 Each piece's plain model is in tests/ (tests/models.py, tests/test_body.py) and property tests
 run both; `IMPL` lets a test check that this compiled module is the one loaded.
@@ -36,3 +37,4 @@ include "_fastpath_stream.pxi"
 include "_fastpath_body.pxi"
 include "_fastpath_prefix.pxi"
 include "_fastpath_resp.pxi"
+include "_fastpath_histogram.pxi"

@@ -447,22 +447,11 @@ def form_field(bytes body, bytes delimiter, bytes name):
     return (span[0], span[1]) if found else None
 
 
-# --- last_count: a usage report's count, read off an answer's end (facades/usage.py rule 1) -----
+# --- last_counts: a usage report's counts, read off an answer's end (facades/usage.py rule 1) ---
 
 cdef inline bint _regex_space(unsigned char c) noexcept nogil:
     """`\s` of a bytes regular expression: space, \t, \n, \v, \f, \r."""
     return c == 32 or 9 <= c <= 13
-
-
-cdef Py_ssize_t _rfind_in(const unsigned char* p, Py_ssize_t start, Py_ssize_t end,
-                          const unsigned char* key, Py_ssize_t m) noexcept nogil:
-    """bytes.rfind(key, start, end): the last i >= start with p[i:i + m] == key and i + m <= end, or -1."""
-    cdef Py_ssize_t i = end - m
-    while i >= start:
-        if p[i] == key[0] and memcmp(p + i, key, m) == 0:
-            return i
-        i -= 1
-    return -1
 
 
 cdef bint _count_at(const unsigned char* p, Py_ssize_t n, Py_ssize_t i, long long* count) noexcept nogil:
@@ -487,30 +476,97 @@ cdef bint _count_at(const unsigned char* p, Py_ssize_t n, Py_ssize_t i, long lon
     return True
 
 
-def last_count(tail, tuple keys, Py_ssize_t floor):
-    """The count of the last occurrence in `tail` (bytes, from `floor` on) of any of `keys`
-    (quoted JSON names, `b'"prompt_tokens"'`) followed by `:` and a number, or None. Each key
-    after the first is looked for only past what was found, so a report at the end costs little."""
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+
+# last_counts' keys at most, all counts together (a bit each in a mask), and counts at most: a few
+# names per count in facades/usage.py.
+DEF MAX_COUNT_KEYS = 16
+
+
+def last_counts(tail, tuple counts, Py_ssize_t floor):
+    """For each of `counts` (a tuple of keys each: quoted JSON names, `b'"prompt_tokens"'`), the
+    count of the last occurrence in `tail` (bytes, from `floor` on) of any of its keys followed
+    by `:` and a number, or None; a tuple in `counts`' order.
+
+    One pass from the end for every key (not one per key or per count), which ends once each
+    count is found: a report at the end costs a look at the bytes after it. Where all keys share
+    their first byte (a quote) only those bytes are looked at, and there only the keys whose
+    second byte follows (a table by second byte). A key's occurrence without a number after it
+    sends that key's search below it, to occurrences that end by its start (as bytes.rfind over
+    a shrinking range does: tests/test_usage.py's reference)."""
     if not isinstance(tail, bytes):
         raise TypeError("tail must be bytes")
     cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(tail)
-    cdef const unsigned char* name
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(tail), after = max(floor, 0), at, m
-    cdef long long count = 0
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(tail), after = max(floor, 0), i, j, k, m, count_keys = 0
+    cdef const unsigned char* names[MAX_COUNT_KEYS]
+    cdef Py_ssize_t sizes[MAX_COUNT_KEYS]
+    cdef Py_ssize_t limits[MAX_COUNT_KEYS]  # a key's occurrences must end by here
+    cdef Py_ssize_t of_count[MAX_COUNT_KEYS]  # the count a key is one of
+    cdef unsigned int by_second[256]  # byte -> the keys whose second byte it is (bits)
+    cdef unsigned int one_byte = 0  # the keys of one byte (bits)
+    cdef unsigned int candidates
+    cdef int first = -1  # the first byte every key starts with, or -1: none shared
+    cdef long long value = 0
+    cdef long long values[MAX_COUNT_KEYS]  # per count, once found
+    cdef bint found[MAX_COUNT_KEYS]
+    cdef Py_ssize_t missing = 0  # counts not found yet that have a key to find
     cdef bytes key
-    found = None
-    for key in keys:
-        name = <const unsigned char*> PyBytes_AS_STRING(key)
-        m = PyBytes_GET_SIZE(key)
-        if m == 0:
+    if len(counts) > MAX_COUNT_KEYS:
+        raise ValueError(f"at most {MAX_COUNT_KEYS} counts")
+    memset(by_second, 0, sizeof(by_second))
+    memset(found, 0, sizeof(found))
+    for index, keys in enumerate(counts):
+        for key in <tuple> keys:
+            m = PyBytes_GET_SIZE(key)
+            if m == 0:
+                continue  # found nowhere
+            if count_keys == MAX_COUNT_KEYS:
+                raise ValueError(f"at most {MAX_COUNT_KEYS} keys")
+            names[count_keys] = <const unsigned char*> PyBytes_AS_STRING(key)
+            sizes[count_keys] = m
+            limits[count_keys] = n
+            of_count[count_keys] = index
+            if m == 1:
+                one_byte |= 1u << count_keys
+            else:
+                by_second[names[count_keys][1]] |= 1u << count_keys
+            if count_keys == 0:
+                first = names[0][0]
+            elif first != names[count_keys][0]:
+                first = -1
+            if count_keys == 0 or of_count[count_keys - 1] != index:
+                missing += 1
+            count_keys += 1
+    i = n
+    while missing:
+        i -= 1
+        if first >= 0:
+            while i >= after and p[i] != first:
+                i -= 1
+        if i < after:
+            break
+        candidates = one_byte | (by_second[p[i + 1]] if i + 1 < n else 0)
+        if not candidates:
             continue
-        at = _rfind_in(p, after, n, name, m)
-        while at >= 0:
-            if _count_at(p, n, at + m, &count):
-                found, after = count, at + 1
-                break
-            at = _rfind_in(p, after, at, name, m)
-    return found
+        for j in range(count_keys):
+            m = sizes[j]
+            if (candidates >> j & 1 and i + m <= limits[j] and p[i] == names[j][0]
+                    and memcmp(p + i, names[j], m) == 0):
+                if _count_at(p, n, i + m, &value):
+                    values[of_count[j]], found[of_count[j]] = value, True
+                    missing -= 1
+                    for k in range(count_keys):  # this count is found: its keys are looked for no more
+                        if of_count[k] == of_count[j]:
+                            limits[k] = -1
+                else:
+                    limits[j] = i
+    result = PyTuple_New(len(counts))
+    for j in range(len(counts)):
+        item = values[j] if found[j] else None
+        Py_INCREF(item)  # PyTuple_SET_ITEM steals the reference Cython keeps for `item`
+        PyTuple_SET_ITEM(result, j, item)
+    return result
 
 
 # --- header_map: an ASGI request's headers as the mapping the router reads -------------------

@@ -18,10 +18,12 @@ side by side and require equal answers.
 8. `reference_place`: `router.core.affinity.place` (rules 4-6), a filter and a min over the ranking.
 9. `AffinityIndexModel`: `router._fastpath.AffinityIndex` (router.core.affinity rules 3, 7, 8): an
    OrderedDict walked and written element by element.
+10. `HistogramModel`: `router._fastpath.Histogram`, bisect over the bounds.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -652,3 +654,19 @@ class KeyLimitsModel:
         self.tok = max(0.0, self.tok + used - reserved)
         self.reserved -= reserved
         self.used += used
+
+
+class HistogramModel:
+    """A metric's bucket counts (router/_fastpath_histogram.pxi): an observation counts in the
+    first bucket whose bound it does not pass (bisect_left), else in the last, +Inf one."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1

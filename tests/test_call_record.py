@@ -82,7 +82,7 @@ def test_each_column_of_the_row_holds_the_fact_it_names():
     place would show here."""
     route, _ = FACADE.route("POST", "/v1/chat/completions")
     life = Lifecycle()
-    record = CallRecord("c-1", FACADE, route, types.SimpleNamespace(caller="10.0.0.9", key_id="k-1"), life)
+    record = CallRecord("c-1", FACADE, route, types.SimpleNamespace(caller="10.0.0.9", key_id="k-1", header={}.get), life)
     record.body_read(11)
     record.asked(Call("m", frozenset(), settings="s", pin="b-1"))
     record.decided(Decision(Path.PINNED, ("b-1",), {}, {}))

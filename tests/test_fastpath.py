@@ -38,9 +38,9 @@ from router._fastpath import (
 )
 
 try:
-    from tests.models import FrameScannerModel, ReservationModel
+    from tests.models import FrameScannerModel, HistogramModel, ReservationModel
 except ImportError:  # tests/ run as a rootless directory
-    from models import FrameScannerModel, ReservationModel
+    from models import FrameScannerModel, HistogramModel, ReservationModel
 
 BOXES = range(8)
 
@@ -541,3 +541,19 @@ def test_keep_tracks_the_tail_as_feed_does(chunks, switch):
         else:
             kept.keep(chunk)
     assert Relay(kept).complete() == Relay(fed).complete()
+
+
+
+# --------------------------------------------------------------------------------------------
+# Histogram
+# --------------------------------------------------------------------------------------------
+
+
+@given(st.lists(st.floats(0, 400, allow_nan=False), unique=True, max_size=20).map(lambda b: tuple(sorted(b))),
+       st.lists(st.one_of(st.floats(-1, 500, allow_nan=False), st.integers(0, 400).map(float)), max_size=50))
+def test_the_compiled_histogram_counts_as_its_model(buckets, values):
+    compiled, model = fastpath.Histogram(buckets), HistogramModel(buckets)
+    for value in values + list(buckets):  # a value on a bound too (rule 1: bisect_left)
+        compiled.observe(value)
+        model.observe(value)
+    assert (compiled.counts, compiled.total, compiled.count) == (model.counts, model.total, model.count)

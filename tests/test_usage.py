@@ -104,7 +104,7 @@ def test_a_null_stream_options_is_a_client_that_did_not_ask():
 
 def _last_by_regex(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | None:
     """rule 1 written with bytes.rfind and a regular expression: the reference for the compiled
-    `last_count` (router/_fastpath_body.pxi)."""
+    `last_counts` (router/_fastpath_body.pxi), one count's keys."""
     import re
 
     value, after = None, floor
@@ -121,14 +121,23 @@ def _last_by_regex(tail: bytes, keys: tuple[bytes, ...], floor: int) -> int | No
 
 TAIL_PIECES = st.lists(st.sampled_from([
     b'"prompt_tokens":1234567890123456789', b'"input_tokens" :\x0b 42', b'"cache_n"\r:\n7',
-    b'"prompt_tokens"', b'"input_tokens"', b'"cache_n"', b":", b" ", b"\n", b"\t", b"\r", b"\x0b", b"\x0c",
+    b'"prompt_tokens"', b'"input_tokens"', b'"cache_n"', b'cache_n"', b":", b" ", b"\n", b"\t", b"\r", b"\x0b", b"\x0c",
     b"7", b"1234567890123456789", b'"', b"{", b",", b"x", b"\\",
 ]), max_size=40).map(b"".join)
 
 
-@given(TAIL_PIECES, st.integers(0, 50))
-def test_the_compiled_count_reads_a_tail_as_the_reference_does(tail, floor):
-    from router._fastpath import last_count
+# last_counts' counts: one, several (one pass finds them all), a key in two counts, keys that
+# do not share their first byte.
+COUNTS = st.sampled_from([
+    ((b'"prompt_tokens"', b'"input_tokens"', b'"cache_n"'),),
+    ((b'"prompt_tokens"', b'"input_tokens"'), (b'"cache_n"',)),
+    ((b'"input_tokens"',), (b'"cache_n"', b'"input_tokens"'), ()),
+    ((b'"cache_n"', b'cache_n"'), (b'"prompt_tokens"',)),
+])
 
-    keys = (b'"prompt_tokens"', b'"input_tokens"', b'"cache_n"')
-    assert last_count(tail, keys, floor) == _last_by_regex(tail, keys, floor)
+
+@given(TAIL_PIECES, COUNTS, st.integers(0, 50))
+def test_the_compiled_counts_read_a_tail_as_the_reference_does(tail, counts, floor):
+    from router._fastpath import last_counts
+
+    assert last_counts(tail, counts, floor) == tuple(_last_by_regex(tail, keys, floor) for keys in counts)

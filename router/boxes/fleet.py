@@ -120,7 +120,7 @@ class Fleet:
             if current is not None and current.config.link_fields == cfg.link_fields:
                 # Same link: keep it and the view; pool, blocked, agent or order may have moved.
                 if (current.config, current.order) != (cfg, order):
-                    current.reconfigured(cfg, order)
+                    current.reconfigure(cfg, order)
                 continue
             if current is not None:
                 asyncio.get_running_loop().create_task(self.links.pop(cfg.name).stop())

@@ -48,13 +48,14 @@ from typing import Any
 
 from router.boxes.config import BoxConfig
 from router.core.admission import backoff_s, is_full
-from router.core.kinds import CALL_KEYS, Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, can, kinds_that
 from router.core.pairs import EMPTY, Fit, PairView, contract
 from router.core.refusal import PLACEMENT_REFUSALS, RefusalCode
 from router.core.types import BoxFacts, Call, Resident, new_tuple
 from router.upstream.pool import Origin
 
-PAIR_SETTINGS = Capability.PAIR_SETTINGS  # read per call: a module name is cheaper (core/lifecycle.py)
+PAIR_SETTINGS = Capability.PAIR_SETTINGS
+PAIR_SETTINGS_KINDS = kinds_that(PAIR_SETTINGS)  # asked per call: a set, no frame (`can` costs one)
 
 
 _epochs = itertools.count(1)  # rule 5
@@ -119,6 +120,19 @@ class BoxState:
     def changed(self) -> None:
         self.version += 1
 
+    def reconfigure(self, config: BoxConfig, order: int) -> None:
+        """The boxes file moved what it says of the box beside its link (pool, blocked, agent,
+        max_inflight) or its place: its limit follows."""
+        self.config, self.order = config, order
+        self._set_limit()
+        self.changed()
+
+    def _set_limit(self) -> None:
+        """Calls at once: the boxes file's `max_inflight`, else what the box reports (its
+        inventory's `capacity`). An attribute, set when either moves: several routers read it
+        several times a call."""
+        self.limit = self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
+
     def picked(self) -> None:
         """Only `last_picked_s` moved: the facts are rebuilt, their derived parts kept (invariant 1)."""
         derived_current = self._derived_version == self.version
@@ -153,18 +167,6 @@ class BoxState:
     @property
     def residents(self) -> dict[str, Resident]:
         return self.inventory.residents
-
-    def reconfigured(self, config: BoxConfig, order: int) -> None:
-        """Its entry changed but not its link (pool, blocked, agent, limit or order moved)."""
-        self.config, self.order = config, order
-        self._set_limit()
-        self.changed()
-
-    def _set_limit(self) -> None:
-        """Calls at once: the boxes file's `max_inflight`, else what the box reports (its
-        inventory's `capacity`). An attribute, set when either moves: several routers read it
-        several times a call."""
-        self.limit = self.config.max_inflight if self.config.max_inflight is not None else self.inventory.capacity
 
     def set_inventory(self, inventory: Inventory) -> None:
         old = self.inventory
@@ -208,7 +210,7 @@ class BoxState:
         the call's settings, and it had room for it."""
         named = CALL_KEYS[(self.config.kind, call.model, call.settings)]  # call_key, remembered
         if named is not None:
-            if can(self.config.kind, PAIR_SETTINGS):
+            if self.config.kind in PAIR_SETTINGS_KINDS:
                 loaded = contract(self.inventory.pairs, named[0], named[1], call.knobs)
                 if self.loaded.get(named[0], _UNSET) != loaded:
                     self.loaded[named[0]] = loaded

@@ -108,16 +108,16 @@ class WaitQueue:
         self._held: dict[str, int] = {}  # caller -> its waiters, every class (rule 6)
         # per class: caller -> that caller's waiters in arrival order; dict order = rotation
         self._classes: list[OrderedDict[str, deque[Waiter]]] = [OrderedDict() for _ in Priority]
-        self._size = 0
+        self.size = 0  # waiters now: read on every call's release (an attribute, not __len__'s frame)
         self._seq = 0
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def refusal_for(self, caller: str) -> str | None:
         """Why a new waiter of `caller` would be refused now (rule 6): QUEUE_FULL when the queue
         is full, else QUEUE_SHARE_FULL when the caller holds its share; None when it fits."""
-        if self._size >= self.capacity:
+        if self.size >= self.capacity:
             return QUEUE_FULL
         if self._held.get(caller, 0) >= self.per_caller:
             return QUEUE_SHARE_FULL
@@ -136,7 +136,7 @@ class WaitQueue:
         if line is None:  # a caller with nothing waiting joins at the back of the rotation
             line = rotation[waiter.caller] = deque()
         line.append(waiter)
-        self._size += 1
+        self.size += 1
         return True
 
     def remove(self, waiter: Waiter) -> bool:
@@ -168,7 +168,7 @@ class WaitQueue:
         return None
 
     def _left(self, caller: str) -> None:
-        self._size -= 1
+        self.size -= 1
         held = self._held[caller] - 1
         if held:
             self._held[caller] = held

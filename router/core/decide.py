@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 
 from router.core.admission import is_full
 from router.core.affinity import Steer, place
-from router.core.kinds import CALL_KEYS, Capability, call_key, can
+from router.core.kinds import CALL_KEYS, Capability, call_key, kinds_that
 from router.core.pairs import EMPTY, Fit, blocked_by, contract
 from router.core.types import (
     BoxFacts,
@@ -56,7 +56,8 @@ from router.core.types import (
 # Read per box or per call: module names, not their Enums' members, for speed (router.core.
 # lifecycle: on Python 3.11 a member read off its Enum class takes a slow hook).
 SERVING, LOAD, RANKED, PINNED = Tier.SERVING, Tier.LOAD, Path.RANKED, Path.PINNED
-FITS_NOWHERE, FITS_GPU, FITS_RAM, PAIR_SETTINGS = Fit.NONE, Fit.GPU, Fit.RAM, Capability.PAIR_SETTINGS
+FITS_NOWHERE, FITS_GPU, FITS_RAM = Fit.NONE, Fit.GPU, Fit.RAM
+PAIR_SETTINGS_KINDS = kinds_that(Capability.PAIR_SETTINGS)  # a set: no frame per box (`can` costs one)
 
 
 def why_not(
@@ -115,7 +116,7 @@ def _tier_of(box: BoxFacts, named: tuple[str, str | None], knobs: str | None) ->
     resident = box.residents.get(key)
     if resident is None or not resident.healthy or resident.loading:
         return LOAD
-    if can(box.kind, PAIR_SETTINGS):
+    if box.kind in PAIR_SETTINGS_KINDS:
         settings = contract(box.pairs, key, settings, knobs)
     return SERVING if box.contracts.get(key) == settings else LOAD
 

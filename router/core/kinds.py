@@ -117,3 +117,9 @@ def inventory_key(kind: BoxKind, advertised: str) -> str | None:
 
 def can(kind: BoxKind, capability: Capability) -> bool:
     return capability in KINDS[kind].capabilities
+
+
+def kinds_that(capability: Capability) -> frozenset[BoxKind]:
+    """The kinds that can do `capability`: the call path's question `kind in kinds_that(...)`,
+    asked of a set made once at import, costs no frame (`can` does)."""
+    return frozenset(kind for kind, spec in KINDS.items() if capability in spec.capabilities)

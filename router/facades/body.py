@@ -365,13 +365,17 @@ def read_call(
         doc = _scanned_fields(body, names, scanned, found)
         model, pin = model_and_pin(doc, route.model_fields)
         settings = facade.settings(doc)
-        pool = alloc_pool(doc)
-        knobs = call_knobs(doc.get("knobs"))
+        # Most calls name no `alloc` and no `knobs`: their defaults then, without a frame each.
+        pool = alloc_pool(doc) if "alloc" in doc else None
+        knobs = call_knobs(doc["knobs"]) if "knobs" in doc else None
     if pin is None and header_pin is not None:
         pin = check_identifier("X-Router-Box", header_pin)
     if pool is None and header_pool is not None:
         pool = check_identifier("X-Router-Pool", header_pool)
     call = new_tuple(Call, (model, facade.kinds, settings, pin, pool, knobs))
-    return new_tuple(Inspected, (call, doc.get("stream") is True, asked_priority(doc, header_priority),
-                                 answer_bound(doc, route.answer_bound), asked_fallback(doc, header_fallback),
-                                 found.get("prompt"), tuple(map(found.get, BODY_KEY_FIELDS)), found.get("spans")))
+    asked_alloc = "alloc" in doc  # else a class and the fallback are the headers' (or the defaults)
+    priority = asked_priority(doc, header_priority) if asked_alloc or header_priority is not None else None
+    fallback = asked_fallback(doc, header_fallback) if asked_alloc or header_fallback is not None else True
+    return new_tuple(Inspected, (call, doc.get("stream") is True, priority, answer_bound(doc, route.answer_bound),
+                                 fallback, found.get("prompt"), tuple(map(found.get, BODY_KEY_FIELDS)),
+                                 found.get("spans")))

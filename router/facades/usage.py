@@ -33,7 +33,7 @@ from typing import Awaitable, Callable, NamedTuple
 
 import orjson
 
-from router._fastpath import json_members, last_count
+from router._fastpath import json_members, last_counts
 from router.core.types import new_tuple
 from router.facades.genai import OPERATIONS
 
@@ -43,6 +43,10 @@ USAGE_WINDOW = 16 << 10
 PROMPT_KEYS = (b'"prompt_tokens"', b'"input_tokens"', b'"prompt_eval_count"')
 COMPLETION_KEYS = (b'"completion_tokens"', b'"output_tokens"', b'"total_output_tokens"', b'"eval_count"')
 CACHED_KEYS = (b'"cached_tokens"', b'"cache_read_input_tokens"', b'"cache_n"')
+# What `reported` looks for: the cached count only where the answer's end says "cache" at all
+# (else the one pass would go on to the window's start for it).
+COUNTS = (PROMPT_KEYS, COMPLETION_KEYS)
+COUNTS_CACHED = COUNTS + (CACHED_KEYS,)
 _USAGE_CHUNK = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 STREAM_OPTIONS = (b"stream_options",)
 # Routes whose answer is generated text: only there is an answer's size an estimate of tokens
@@ -58,15 +62,16 @@ class Reported(NamedTuple):
 
 
 def reported(tail: bytes) -> Reported | None:
-    """The counts at the end of `tail` (rule 1, each read by the compiled router._fastpath
-    .last_count), or None when it reports none."""
+    """The counts at the end of `tail` (rule 1, read in one pass by the compiled
+    router._fastpath.last_counts), or None when it reports none."""
     floor = max(0, len(tail) - USAGE_WINDOW)
-    prompt = last_count(tail, PROMPT_KEYS, floor)
-    completion = last_count(tail, COMPLETION_KEYS, floor)
-    if prompt is None and completion is None:
+    if tail.rfind(b"cache", floor) >= 0:  # (from the end, where a report is)
+        counts = last_counts(tail, COUNTS_CACHED, floor)
+    else:
+        counts = last_counts(tail, COUNTS, floor) + (None,)
+    if counts[0] is None and counts[1] is None:
         return None
-    cached = last_count(tail, CACHED_KEYS, floor) if tail.find(b"cache", floor) >= 0 else None
-    return new_tuple(Reported, (prompt, completion, cached))
+    return new_tuple(Reported, counts)
 
 
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,200})"')

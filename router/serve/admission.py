@@ -97,7 +97,7 @@ class Admission:
 
     def freed(self, box: BoxState) -> None:
         """`box` may have room: hand it to the waiters in turn while it has."""
-        if self.queue and not box.full:
+        if self.queue.size and not box.full:
             self._hand_out(box)
 
     def _hand_out(self, box: BoxState) -> None:

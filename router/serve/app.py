@@ -15,8 +15,10 @@ from pathlib import Path
 
 from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
+from router.core.access import Verdict
 from router.core.bounds import clip
 from router.core.limits import DEFAULT_ANSWER_TOKENS
+from router.core.memo import Memo
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route, with_aliases
@@ -40,6 +42,22 @@ log = logging.getLogger("router.serve")
 
 JSON = b"application/json"
 BODY_JSON = Body.JSON  # read per call: a module name is cheaper than the Enum's (core/lifecycle.py)
+
+
+def _routing(asked: tuple[Mount, bool, str, str]) -> tuple[Facade, tuple | None, Route | None, bool]:
+    """What a request reaches on a listener (its mount, whether the router's own routes live
+    there) by (method, path): the facade that owns the path, the router's own route (handler,
+    scope) or None, the facade's route or None, and whether the path is known (a 405, not a 404).
+    Pure: the tables are made at import."""
+    mount, own_routes, method, path = asked
+    facade = mount(path)
+    route, known = facade.route(method, path)
+    return facade, admin.route(method, path) if own_routes else None, route, known
+
+
+# _routing remembered: a seen (method, path) costs a dict look-up, not three frames. Bounded:
+# clients choose the paths.
+ROUTING = Memo(_routing, 1024)
 
 
 class Shared:
@@ -125,23 +143,24 @@ class RouterApp:
 
     # -- dispatch ------------------------------------------------------------------------------
     async def dispatch(self, edge: Edge) -> None:
+        facade, owned, route, known = ROUTING[(self.mount, self.admin, edge.method, edge.path)]
         shared = self.shared
         shared.in_flight += 1
         if shared.in_flight == 1:  # idle is set exactly while nothing is in flight
             shared.idle.clear()
         working, port = shared.working_ports, edge.port
         working[port] = working.get(port, 0) + 1
-        facade = self.mount(edge.path)
         try:
-            owned = admin.route(edge.method, edge.path) if self.admin else None
             if owned is not None:
                 handler, scope = owned
-                if scope == "public" or await self.allowed(edge, facade, scope):
+                if scope == "public" or (verdict := self.access.check(edge, scope)).ok:
                     await handler(self, edge)
+                else:
+                    await self.refuse(edge, facade, verdict)
                 return
-            route, known = facade.route(edge.method, edge.path)
-            json_body = route is not None and route.body is BODY_JSON
-            if route is not None and not await self.allowed(edge, facade, route.scope, json_body=json_body):
+            if route is not None and not (verdict := self.access.check(edge, route.scope,
+                                                                        json_body=route.body is BODY_JSON)).ok:
+                await self.refuse(edge, facade, verdict)
                 return
             if route is None:
                 await self.unknown(edge, facade, known)
@@ -168,13 +187,11 @@ class RouterApp:
             else:
                 del working[port]
 
-    async def allowed(self, edge: Edge, facade: Facade, scope: str, *, json_body: bool = False) -> bool:
-        """Checks access; answers 401/403/415 in the facade's shape when the caller may not."""
-        verdict = self.shared.access.check(edge, scope, json_body=json_body)
-        if not verdict.ok:
-            body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
-            await edge.respond(verdict.status, [(b"content-type", JSON)], body)
-        return verdict.ok
+    async def refuse(self, edge: Edge, facade: Facade, verdict: Verdict) -> None:
+        """The access gate's 401/403/415 (access.check; a check is no coroutine, so an allowed
+        call pays none), in the facade's shape."""
+        body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
+        await edge.respond(verdict.status, [(b"content-type", JSON)], body)
 
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""

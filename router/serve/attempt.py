@@ -33,7 +33,7 @@ from router.boxes.state import BoxState
 from router.core.aliases import context_exceeded
 from router.core.lifecycle import Event, Lifecycle
 from router.core.refusal import RefusalCode, classify_first_frame, classify_reply
-from router.core.kinds import Capability, can
+from router.core.kinds import Capability, can, kinds_that
 from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.serve.hops import via_line
@@ -63,7 +63,7 @@ NDJSON_TYPE = b"application/x-ndjson"
 # Read on every call: module names, not their Enums' members, for speed
 # (router.core.lifecycle: on Python 3.11 a member read off its Enum class takes a slow hook).
 SENT, HEAD, JUDGED, CLIENT_LEFT = Event.SENT, Event.HEAD, Event.JUDGED, Event.CLIENT_LEFT
-CALL_ID = Capability.CALL_ID
+CALL_ID_KINDS = kinds_that(Capability.CALL_ID)
 
 
 class Refusal(NamedTuple):
@@ -131,7 +131,7 @@ class Attempt:
         (hops.py), hugpy's parent id, and only the PASSED_HEADERS of the client's."""
         box = self.box
         lines = [box.auth_header, via_line(edge)]
-        if can(box.config.kind, CALL_ID):
+        if box.config.kind in CALL_ID_KINDS:
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:
             value = edge.header(name)

@@ -19,7 +19,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import platform
 import time
 from collections import defaultdict, deque
@@ -36,6 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 
 import router
+from router import _fastpath
 
 if TYPE_CHECKING:
     from router.serve.record import CallRecord
@@ -53,19 +53,11 @@ SERIES_POINTS = 300
 LOOP_WATCH_INTERVAL_S = 0.01
 
 
-class Histogram:
-    __slots__ = ("buckets", "counts", "total", "count")
+class Histogram(_fastpath.Histogram):
+    """Per-bucket counts (not cumulative; the last is +Inf), their sum and count: `observe`, three
+    times a call, is the compiled one's (router/_fastpath_histogram.pxi)."""
 
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # per bucket, not cumulative; the last is +Inf
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
+    __slots__ = ()
 
     def cumulative(self) -> list[tuple[str, int]]:
         """(le, cumulative count) pairs, +Inf last, as a histogram family takes them."""

@@ -52,7 +52,7 @@ from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
 from router.core.limits import Refused
 from router.core.types import BoxFacts, BoxKind, Decision, Path
-from router.facades.body import Inspected, read_call, with_answer_bound
+from router.facades.body import read_call, with_answer_bound
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
 from router.serve import hops, no_box
@@ -204,8 +204,13 @@ class ProxyCall:
             return False
         self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
+        edge = self.edge  # model, pin, pool, stream and class: from the body and these headers
+        args = (self.body, edge.header("content-type") or "", self.route, self.facade, edge.header("x-router-box"),
+                edge.header("x-router-pool"), edge.header("x-router-priority"), edge.header("x-router-fallback"))
         try:
-            inspected = await self.inspect()
+            # a large body's scan on a worker thread (INLINE_INSPECT_BYTES), a small one here
+            inspected = (read_call(*args) if len(self.body) <= INLINE_INSPECT_BYTES
+                         else await asyncio.get_running_loop().run_in_executor(None, read_call, *args))
             call, stream, self.asked_priority, max_tokens, fallback = inspected[:5]
             self.record.asked(call)
         except BadRequest as exc:
@@ -271,17 +276,6 @@ class ProxyCall:
             return True
         await self.turned_away(charge)  # type: ignore[arg-type]
         return False
-
-    async def inspect(self) -> Inspected:
-        """Reads model, pin, pool, stream and class from the body and headers; a large body on a
-        worker thread (INLINE_INSPECT_BYTES). Raises BadRequest."""
-        edge = self.edge
-        args = (self.body, edge.header("content-type") or "", self.route, self.facade,
-                edge.header("x-router-box"), edge.header("x-router-pool"), edge.header("x-router-priority"),
-                edge.header("x-router-fallback"))
-        if len(self.body) <= INLINE_INSPECT_BYTES:
-            return read_call(*args)
-        return await asyncio.get_running_loop().run_in_executor(None, read_call, *args)
 
     async def route_call(self) -> None:
         """Decides, waits for room if it must, then tries the decision's boxes in turn (the

@@ -2,7 +2,7 @@
 the named facts below as the call goes, and read once when it ends (`RouterApp.observe`).
 
 The facts, in the order a call meets them (each is one method; nothing outside writes a slot):
-    body_read   the body is in (its size; router time starts here)
+    body_read   the body is in (its size, and its size as prompt text; router time starts here)
     asked       what the call asks for (`Call`)
     aliased     an alias's call goes to a model of its chain: that model's `Call`, its place
                 (the row keeps the alias beside the model served: `AliasedDecision`)
@@ -76,7 +76,7 @@ class CallRecord:
         "call", "decision", "box", "attempts", "waited_ms", "status", "answer_failure", "turned_away",
         "end_failure", "stream", "tail", "usage_frame", "limit_headers", "tokens", "alias", "fallback", "affinity",
         # sizes and times
-        "bytes_in", "bytes_out", "received_at", "first_byte_at", "t_received", "t_body", "t_sent",
+        "bytes_in", "text_bytes", "bytes_out", "received_at", "first_byte_at", "t_received", "t_body", "t_sent",
         "t_first_byte",
     )
 
@@ -104,6 +104,9 @@ class CallRecord:
         self.fallback = 0  # the served model's place in the alias's chain
         self.affinity: str | None = None  # how its affinity key placed it (serve/affinity.py)
         self.bytes_in = 0
+        # the body's size as text a prompt is made of: a multipart upload (audio, an image) is
+        # no prompt to estimate tokens from (tenancy's reservation, count_tokens)
+        self.text_bytes = 0
         self.bytes_out = 0
         self.received_at = time.time()
         self.first_byte_at: float | None = None
@@ -116,6 +119,8 @@ class CallRecord:
     def body_read(self, size: int) -> None:
         self.t_body = time.perf_counter()
         self.bytes_in = size
+        content_type = self.edge.header("content-type")
+        self.text_bytes = 0 if content_type is not None and content_type.startswith("multipart/") else size
 
     def asked(self, call: Call) -> None:
         self.call = call
@@ -174,26 +179,15 @@ class CallRecord:
 
     def count_tokens(self) -> Tokens | None:
         """The call's tokens, once it ended: what its box reported at the answer's end, else
-        estimated from sizes (router.core.limits.tokens_of); None when no box served it."""
-        if self.served:
+        estimated from sizes (router.core.limits.tokens_of); None when no box served it (a box
+        answered with a success: its tokens count)."""
+        if self.box is not None and 200 <= self.status < 300 and self.first_byte_at is not None:
             report = reported(self.usage_frame or b"".join(self.tail)) if self.tail or self.usage_frame else None
             answer_bytes = self.bytes_out if self.route.path in TEXT_ANSWER_ROUTES else 0
             self.tokens = tokens_of(report, self.text_bytes, answer_bytes, self.stream)
         return self.tokens
 
     # -- what follows from them ----------------------------------------------------------------
-    @property
-    def served(self) -> bool:
-        """A box answered the call with a success (its tokens count)."""
-        return self.box is not None and 200 <= self.status < 300 and self.first_byte_at is not None
-
-    @property
-    def text_bytes(self) -> int:
-        """The request body's size as text a prompt is made of: a multipart upload (audio, an
-        image) is no prompt to estimate tokens from."""
-        content_type = self.edge.header("content-type")
-        return 0 if content_type is not None and content_type.startswith("multipart/") else self.bytes_in
-
     @property
     def state(self) -> str:
         """done | failed | refused | cancelled: from how the lifecycle ended (row_state)."""
@@ -221,7 +215,7 @@ class CallRecord:
             call.pin if call else None,  # pin
             self.edge.caller,  # client
             int(self.stream),  # stream
-            decision.path.value if decision else None,  # path
+            decision.path._value_ if decision else None,  # path (`value` is a property: two frames)
             # decision: encoded by the writer thread, off the loop
             decision if self.alias is None or decision is None
             else AliasedDecision(decision, self.alias, self.fallback),

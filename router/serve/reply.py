@@ -111,7 +111,8 @@ class Reply:
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole answer; in-band, as the stream's last frame, once a keep-alive sent a head."""
-        await self.settle()
+        if (keepalive := self.settle()) is not None:
+            await keepalive
         if self.headed:
             frame = self.in_stream(status, body)
             self.record.sent(len(frame))
@@ -137,7 +138,8 @@ class Reply:
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """The head of a relayed answer (a keep-alive may have sent one already)."""
-        await self.settle()
+        if (keepalive := self.settle()) is not None:
+            await keepalive
         if not self.headed:
             await self.edge.start(status, headers)
 
@@ -184,12 +186,12 @@ class Reply:
         except ClientLeft:
             self.on_left()
 
-    async def settle(self) -> None:
-        """No more keep-alives (rule 2)."""
+    def settle(self) -> asyncio.Task | None:
+        """No more keep-alives (rule 2): the keep-alive write in progress, which the answer
+        awaits, if there is one (no coroutine a call when there is none)."""
         self.keepalive_s = 0.0
         task, self.keepalive = self.keepalive, None
-        if task is not None:
-            await task
+        return task
 
     def stop(self) -> None:
         """The call is over: no write may follow it."""

@@ -39,14 +39,11 @@ class Scheduler(BackgroundTask):
         self.reservations = reservations
         self.cache = cache
         self.snapshot: Snapshot = schedule.EMPTY
+        self.generation = self.snapshot.generation  # the snapshot's, read by every dispatch (no property)
         self._moved = asyncio.Event()
         # poke(): load moved, publish soon. The event's own set, bound: two calls a call.
         self.poke = self._moved.set
         self._subscribers: set[asyncio.Queue] = set()
-
-    @property
-    def generation(self) -> int:
-        return self.snapshot.generation
 
     def subscribe(self) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(SUBSCRIBER_QUEUE)
@@ -71,7 +68,7 @@ class Scheduler(BackgroundTask):
         self.reservations.supersede(snap.generation)
         for box in self.fleet.ordered():
             box.set_load(snap.pending.get(box.name, 0), snap.pressure.get(box.name, 1))
-        self.snapshot = snap
+        self.snapshot, self.generation = snap, snap.generation
         for queue in self._subscribers:
             if queue.full():
                 queue.get_nowait()
