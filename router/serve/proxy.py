@@ -254,6 +254,7 @@ class ProxyCall:
         return True
 
     async def turned_away(self, refused: Refused) -> None:
+        """Answers a call its key refused: 429 or 403 in the facade's shape, with Retry-After."""
         await self.reply.error(STATUS[refused.reason], refused.reason, refused.message, turned_away=True,
                                retry_after_s=refused.retry_after_s or None)
 
