@@ -359,10 +359,11 @@ def _run(done: Done, reply: object) -> None:
 
 
 def _into(future: asyncio.Future, reply: object) -> None:
-    """`call`'s and `later`'s `done`: the reply (or SharedDown) into `future`."""
+    """A reply into `future`, or the exception that stands for it (a command's SharedDown, a
+    round trip's broken connection): `call`'s, `later`'s and `answer`'s `done`."""
     if future.done():
         return
-    if isinstance(reply, SharedDown):
+    if isinstance(reply, Exception):
         future.set_exception(reply)
     else:
         future.set_result(reply)
@@ -371,16 +372,7 @@ def _into(future: asyncio.Future, reply: object) -> None:
 def answer(wire: Wire, commands: Sequence[tuple]) -> asyncio.Future:
     """One round trip on `wire` as a future (connecting, loading scripts: off the call path)."""
     future = asyncio.get_running_loop().create_future()
-
-    def done(replies: list | Exception) -> None:
-        if future.done():
-            return
-        if isinstance(replies, Exception):
-            future.set_exception(replies)
-        else:
-            future.set_result(replies)
-
-    wire.round_trip(commands, done)
+    wire.round_trip(commands, functools.partial(_into, future))
     return future
 
 

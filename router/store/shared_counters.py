@@ -5,9 +5,9 @@ Rules:
 1. A tally is one hash on the server, `hugpy-router:tally:<name>`: a version `v` and the Tally's
    fields `d`, packed as eight doubles (`pack`). A step reads the tally this router last saw and
    its version, applies the rule of router.core.limits to a copy, and writes it back with a
-   compare-and-set script (CAS): written only while the server's version is the one read. A version another router moved
-   answers the record as it is instead, and the step is applied again to that (at most
-   CAS_TRIES times). So a step is one round trip when this router saw the latest write, two when
+   compare-and-set script (CAS): written only while the server's version is the one read. A
+   version another router moved answers the record as it is instead, and the step is applied
+   again to that (at most CAS_TRIES times). So a step is one round trip when this router saw the latest write, two when
    another router wrote since; the rules stay router.core.limits', unchanged, and every step is
    atomic across routers: the counts, and the overshoot bound of a token limit (one call's
    reservation), are the same as one router's. A router writes one tally once at a time: the
