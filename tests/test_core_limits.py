@@ -123,6 +123,60 @@ def test_rpm_is_exact_in_a_burst(rpm):
     assert rules.admit(tally, limits, "m", 0, T0 + 60 / rpm * 1.01) is None
 
 
+credit_limits = st.builds(
+    Limits, rpm=st.one_of(st.none(), st.integers(1, 5000)), tpm=st.one_of(st.none(), st.integers(1, 500_000)),
+    budget_tokens=st.one_of(st.none(), st.integers(1, 500_000)), budget_period=st.sampled_from(rules.PERIODS),
+)
+
+
+def _fields(tally: Tally) -> tuple:
+    return tuple(getattr(tally, name) for name in Tally.__slots__)
+
+
+@settings(max_examples=300, deadline=None)
+@given(credit_limits, st.lists(st.integers(0, 300), max_size=30), st.integers(1, 300), st.integers(0, 300),
+       st.lists(st.integers(0, 300), max_size=300))
+def test_a_credit_charges_exactly_what_its_calls_would_have_charged_alone(limits, before, calls, call_tokens,
+                                                                          spent):
+    """Rule 9: a credit granted, some calls served from it (each while what is left covers it),
+    the rest given back: the tally is the one those calls admitted by `admit` leave, at the same
+    moment; each of them `admit` would have admitted; and the credit left each limit at least
+    CREDIT_ROOM times what it took."""
+    credited, alone = Tally(), Tally()
+    for tokens in before:  # some use already, the same on both
+        rules.admit(credited, limits, "m", tokens, T0)
+        rules.admit(alone, limits, "m", tokens, T0)
+    call_tokens = call_tokens if limits.counts_tokens else 0
+    requests, tokens = rules.grant(credited, limits, calls, call_tokens, T0)
+    assert 0 <= requests <= calls and tokens == (requests * call_tokens if requests else 0)
+    if requests:
+        share = rules.CREDIT_ROOM
+        if limits.rpm is not None:
+            assert limits.rpm - credited.req_drawn >= share * requests - 1e-9
+        if limits.tpm is not None:
+            assert limits.tpm - credited.tok_drawn >= share * tokens - 1e-9
+        if limits.budget_tokens is not None:
+            assert limits.budget_tokens - credited.used - credited.reserved >= share * tokens
+    for wanted in spent:
+        wanted = wanted if limits.counts_tokens else 0
+        if requests < 1 or wanted > tokens:
+            break
+        requests, tokens = requests - 1, tokens - wanted
+        assert rules.admit(alone, limits, "m", wanted, T0) is None
+    rules.refund(credited, limits, requests, tokens, T0)
+    rules.refund(alone, limits, 0, 0, T0)  # caught up to T0, as the grant caught `credited` up
+    assert _fields(credited) == pytest.approx(_fields(alone))
+
+
+def test_a_key_near_a_limit_gets_no_credit():
+    """Rule 9: what is left of rpm is under CREDIT_ROOM + 1 requests: no credit, nothing drawn."""
+    tally, limits = Tally(), Limits(rpm=100)
+    for _ in range(84):
+        assert rules.admit(tally, limits, "m", 0, T0) is None
+    assert rules.grant(tally, limits, 50, 0, T0) == (0, 0) and tally.req_drawn == 84
+    assert rules.grant(Tally(), limits, 50, 0, T0) == (5, 0)  # 100 // 17
+
+
 def test_a_refused_call_takes_nothing_and_a_settled_refusal_keeps_its_request():
     tally, limits = Tally(), Limits(rpm=2, tpm=100, budget_tokens=1000)
     assert rules.admit(tally, limits, "m", 150, T0) is None  # tpm left: admitted, overdrawn

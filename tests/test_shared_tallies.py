@@ -6,6 +6,7 @@ the tallies themselves are on the redis-server only."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import signal
@@ -14,12 +15,14 @@ import time
 import pytest
 from hypothesis import given, strategies as st
 
-from router.core.limits import Tally
+from router.core.limits import Limits, Tally
 from router.sim.hugpy import Behavior, SimBox
-from router.store.shared_counters import copy, pack, unpack
+from router.store.shared import PREFIX, SharedServer
+from router.store.shared_counters import CREDIT_FIRST_CALLS, CREDIT_S, SharedCounters, copy, pack, unpack
 
 from conftest import wait_for
 from test_admission import call, chat_calls, max_concurrency, request
+from test_shared_wire import run
 from test_shared_slots import fleet, routers, shared_state  # noqa: F401 (fixtures)
 from test_tenancy import bearer, new_key
 
@@ -139,6 +142,72 @@ def test_a_call_its_key_refuses_gives_back_the_lease_asked_with_its_admission(fl
     assert call(router, headers=bearer(key))[0] == 429
     assert wait_for(lambda: shared_state(router)["slots"]["a"] == {"fleet": 0, "this_router": 0}, 3)
     assert call(router)[0] == 200  # the box's one slot is free
+
+
+def test_a_busy_key_is_admitted_from_its_credit_and_gives_back_what_it_did_not_spend(fleet, routers, redis_server,
+                                                                                  tmp_path):
+    """shared_counters rule 8: calls of a key that come fast are admitted from a credit with no
+    round trip; the credit's unspent share goes back, so the budget left is the tokens counted
+    exactly (nothing reserved stays behind), and its calls still carry the rate headers."""
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    key_id, key = new_key(router, rpm=100_000, tpm=10**9, budget_tokens=10**9)
+    before = shared_state(router)
+    calls = 60
+    for _ in range(calls):
+        status, headers, _ = call(router, headers=bearer(key))
+        assert status == 200 and int(headers["x-ratelimit-remaining-requests"]) < 100_000
+    after = shared_state(router)
+    credited = after["tallies"]["credited_calls"] - before["tallies"]["credited_calls"]
+    assert credited >= calls // 2, after["tallies"]
+    assert after["round_trips"] - before["round_trips"] < calls - credited + 4  # the syncs meanwhile
+
+    def spent() -> tuple[int, int]:
+        """(the tally's spend, reserved included; the store's tokens this period)"""
+        doc = json.loads(request(router, "GET", "/v1/keys/usage", timeout=10)[2])
+        key_doc = next(k for k in doc["keys"] if k["id"] == key_id)
+        return 10**9 - key_doc["left"]["budget_tokens"], key_doc["current"]["prompt_tokens"] + key_doc[
+            "current"]["completion_tokens"]
+
+    assert wait_for(lambda: spent()[0] == spent()[1] > 0, 5), spent()
+
+
+def test_a_credit_admits_with_no_round_trip_gives_back_the_rest_and_is_not_spent_after_an_outage(redis_server):
+    """shared_counters rule 8, in this process: the second of two quick calls asks a credit; the
+    calls it covers are answered at once (no round trip); a call it does not cover is a
+    compare-and-set; what was not spent goes back after CREDIT_S; and a credit granted before
+    the server went down is not spent after it came back."""
+    budget = Limits(budget_tokens=10**9)
+
+    async def reserved_on_server(server: SharedServer) -> int:
+        return unpack(await server.call(None, "HGET", PREFIX + "tally:key:k", "d") or b"").reserved
+
+    async def scenario(server: SharedServer):
+        await server.call(None, "DEL", PREFIX + "tally:key:k")
+        server.came_up()
+        counters = SharedCounters(server, closed=False)
+        for _ in range(2):
+            assert (await counters.admit("key:k", budget, "m", 10, time.time())).__class__ is tuple
+        await asyncio.sleep(0)  # the grant's answer is read
+        before = server.round_trips
+        credited = [counters.admit("key:k", budget, "m", 10, time.time()) for _ in range(CREDIT_FIRST_CALLS)]
+        assert all(answer.__class__ is tuple for answer in credited) and server.round_trips == before
+        assert (await reserved_on_server(server)) == 10 * (2 + CREDIT_FIRST_CALLS)  # spent or not, drawn
+        larger = counters.admit("key:k", budget, "m", 11, time.time())
+        assert larger.__class__ is not tuple and (await larger).__class__ is tuple
+        await asyncio.sleep(CREDIT_S * 2)
+        await server.call(None, "PING")  # the next round trip carries the give-back
+        assert (await reserved_on_server(server)) == 10 * (2 + CREDIT_FIRST_CALLS) + 11
+        for _ in range(2):  # a new credit, once quick again
+            await counters.admit("key:k", budget, "m", 10, time.time())
+        await asyncio.sleep(0)
+        assert counters.credits["key:k"].requests
+        server.went_down(OSError("the test's outage"))
+        server.came_up()
+        assert counters.admit("key:k", budget, "m", 10, time.time()).__class__ is not tuple
+
+    run(scenario, redis_server)
 
 
 @given(st.lists(st.floats(allow_nan=False), min_size=5, max_size=5),

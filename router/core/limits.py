@@ -36,6 +36,14 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    waits in the queue (router.core.admission), never refused for it.
 8. Retry-After: rpm, the time until one request fits again; tpm, until the bucket is below its
    limit again; budget, until the period ends; whole seconds, at least 1.
+9. A credit (`grant`) draws requests and tokens ahead of the calls that will spend them (several
+   routers: store/shared_counters.py rule 8): as `admit` draws them, rpm +requests, tpm and the
+   budget's reserved +tokens, so what a credit holds counts as spent. It takes at most
+   1/(CREDIT_ROOM + 1) of what is left of each limit, so a key near a limit gets none and each of
+   its calls is admitted by `admit` itself. A call served from a credit is the same as one `admit`
+   admitted there (its settle is the same step); `refund` gives back what was not spent. Spent or
+   given back, a credit charges exactly what its calls would have charged alone, at the same
+   moment (tests/test_core_limits.py).
 """
 
 from __future__ import annotations
@@ -350,6 +358,46 @@ def left(tally: Tally, limits: Limits, now: float) -> Left:
     if limits.max_parallel is not None:
         parallel = max(0, limits.max_parallel - tally.parallel)
     return Left(requests, requests_reset, tokens, tokens_reset, budget, budget_reset, parallel)
+
+
+# A credit leaves each limit at least this many times what it takes (rule 9): what a credit holds
+# unspent is never more than 1/17 of what was left, and none is given near a limit.
+CREDIT_ROOM = 16
+
+
+def grant(tally: Tally, limits: Limits, calls: int, call_tokens: int, now: float) -> tuple[int, int]:
+    """Rule 9: a credit for up to `calls` calls of `call_tokens` tokens each, drawn ahead: its
+    (requests, tokens), fewer calls where a limit has less room, (0, 0) where it has no room
+    for one."""
+    _catch_up(tally, limits, now)
+    share = CREDIT_ROOM + 1
+    rpm = limits.requests_bucket
+    if rpm is not None:
+        calls = min(calls, math.floor((rpm - tally.req_drawn) / share))
+    if limits.counts_tokens:
+        room = math.inf
+        if limits.tokens_bucket is not None:
+            room = limits.tokens_bucket - tally.tok_drawn
+        if limits.budget_tokens is not None:
+            room = min(room, limits.budget_tokens - tally.used - tally.reserved)
+        calls = min(calls, math.floor(room / share / max(call_tokens, 1)))
+    if calls < 1:
+        return 0, 0
+    tokens = calls * call_tokens if limits.counts_tokens else 0
+    tally.req_drawn += calls
+    tally.tok_drawn += tokens
+    tally.reserved += tokens
+    return calls, tokens
+
+
+def refund(tally: Tally, limits: Limits, requests: int, tokens: int, now: float) -> None:
+    """Rule 9: what a credit did not spend, given back."""
+    _catch_up(tally, limits, now)
+    drawn = tally.req_drawn - requests
+    tally.req_drawn = drawn if drawn > 0.0 else 0.0
+    drawn = tally.tok_drawn - tokens
+    tally.tok_drawn = drawn if drawn > 0.0 else 0.0
+    tally.reserved -= tokens
 
 
 # --- estimates -------------------------------------------------------------------------------

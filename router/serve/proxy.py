@@ -227,7 +227,7 @@ class ProxyCall:
         # before the affinity look-up, so that several routers' admission shares its round trip
         charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, self.route.answer_bound)
         if charge is not None:  # None: nothing of its caller's is counted
-            if self.app.tenancy.shared is not None:
+            if charge.__class__ is not Charge and charge.__class__ is not Refused:  # several routers: a round trip
                 self.admitting = (charge, inspected.spans)  # answered in route_call (admission_answered)
             elif not self.charged(charge, inspected.spans):  # type: ignore[arg-type]
                 await self.turned_away(charge)  # type: ignore[arg-type]

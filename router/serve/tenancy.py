@@ -30,7 +30,8 @@ This room:
 7. Several routers (--shared-url): the tallies are on the shared server (store/shared_counters.py),
    so `admit` returns an awaitable (one round trip, asked at once: the call asks its box's lease
    before it waits, and both share the round trip; a call that ends before reading the answer
-   settles what it was charged, `unread`) and a `max_parallel` slot is taken with one
+   settles what it was charged, `unread`), or the Charge at once when the key's credit on this
+   router covers the call (store/shared_counters.py rule 8), and a `max_parallel` slot is taken with one
    (`take_shared_slot`) when the call is about to go to its box; the queue's hand-out does not
    take it. Server down: `--shared-down open` counts in this router alone, `closed` raises
    SharedDown (503 `shared_store_down`). One router: every step is the synchronous one above.
@@ -183,7 +184,7 @@ class Tenancy:
         tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
         bound = bound if bound_fields else None
         admitted = self.counters.admit(name, limits, call.model, tokens, self.clock())
-        if self.shared is not None:  # a round trip: the caller awaits it (rule 7)
+        if not isinstance(admitted, tuple):  # several routers: a round trip, the caller awaits it (rule 7)
             return self.charged_later(admitted, key_id, name, account, tokens, bound)  # type: ignore[return-value]
         return self.charged(admitted, key_id, name, account, tokens, bound)  # type: ignore[arg-type]
 

@@ -112,6 +112,7 @@ class SharedServer:
         self.reply_error = hiredis.ReplyError
         self.wire: Wire | None = None
         self.up = False
+        self.ups = 0  # times it came up: what a step asked before an outage may no longer describe
         self.reached = False  # answered once: coming up after that is news (rule 4)
         self.down_since = time.time()  # epoch seconds; the state shows it
         self.why_down = "not reached yet"
@@ -145,6 +146,7 @@ class SharedServer:
         if not self.up:
             was_down_s = time.time() - self.down_since
             self.up = True
+            self.ups += 1
             self.why_down = ""
             if self.reached:
                 log.warning("shared server %s is up (after %.1f s): counting across routers again",

@@ -34,12 +34,28 @@ Rules:
    steps asked meanwhile. Until then the tally holds the call's reservation rather than its
    tokens, which errs on the side of the limit. A settle that frees a slot goes at once: some
    router's call may wait for it.
+8. Credits (router.core.limits rule 9): a key whose calls come to this router faster than one
+   per CREDIT_S gets a credit with its next compare-and-set: requests and tokens drawn on the
+   server ahead of its calls, for twice as many calls as the last credit served (CREDIT_FIRST_CALLS
+   at first, CREDIT_MAX_CALLS at most), each the size of the call that asked, and never more than
+   1/17 of what is left of any limit. A call the credit covers is admitted on this router with no
+   round trip; one it does not cover (spent, or a larger call) is admitted by the compare-and-set
+   as before, which gives back what was left and asks the next credit in the same write. A credit
+   lives CREDIT_S; what it did not spend is then given back with the next round trip. So nothing
+   a credit admits is uncounted on the server, a limit is never passed by more than one router's
+   bound (a credit's tokens are reserved like a call's), and what a credit holds unspent (at most
+   1/17 of what was left) counts as spent for at most CREDIT_S plus a round trip: near a limit,
+   where that would matter, no credit is given and every call is a compare-and-set. A credit is
+   given up when the server goes down, and one asked before an outage is not spent after it
+   (a restarted server may have lost what it drew). The served call's rate headers are the
+   tally's when its credit was granted, the credit counted as spent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import operator
 import struct
 import time
@@ -52,6 +68,9 @@ from router.store.counters import LocalCounters
 from router.store.shared import PREFIX, SharedDown, SharedServer
 
 CAS_TRIES = 16
+CREDIT_S = 0.1  # rule 8
+CREDIT_FIRST_CALLS = 4
+CREDIT_MAX_CALLS = 256
 STALE_S = 1.0
 KEY_TALLY_TTL_S = 40 * 86400
 ADDRESS_TALLY_TTL_S = 120
@@ -100,6 +119,26 @@ def copy(tally: Tally) -> Tally:
     return twin
 
 
+class Credit:
+    """One key's credit on this router (rule 8): what is left of it, the limits and the rate
+    headers it was granted with, and what its calls spent (the next one's size)."""
+
+    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "spent_tokens", "asked", "ups", "slow_at",
+                 "expiry")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.tokens = 0
+        self.limits: Limits | None = None
+        self.windows: Windows | None = None
+        self.spent = 0  # calls the live (or the last) credit admitted
+        self.spent_tokens = 0
+        self.asked = False  # a grant is on its way
+        self.ups = -1  # the server's `ups` when granted
+        self.slow_at = -math.inf  # monotonic: the last call a compare-and-set admitted
+        self.expiry: asyncio.TimerHandle | None = None
+
+
 class SharedCounters:
     """The Counters steps on the shared server (rules 1-6); `admit` and `take_parallel` are
     awaited (a round trip), `settle` and `seed` are sent and not waited for."""
@@ -114,6 +153,8 @@ class SharedCounters:
         self.queued: dict[str, list] = {}  # name -> the steps waiting for its next write
         self.ready: list[str] = []  # tallies with steps and no write out: written at the next flush
         self.writing: set[str] = set()  # tallies with a write out
+        self.credits: dict[str, Credit] = {}  # rule 8
+        self.credited = 0  # calls admitted from a credit
 
     def _step(self, name: str, apply: Callable[[Tally], Result], alone: Callable[[], Result]) -> Awaitable[Result]:
         """`apply` on the tally as the server holds it, atomically (rule 1), asked now (it goes
@@ -209,12 +250,88 @@ class SharedCounters:
         self.seen[name] = (tally, version, time.monotonic())
 
     # -- the Counters steps --------------------------------------------------------------------
-    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Awaitable[Refused | Windows]:
+    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Windows | Awaitable[Refused | Windows]:
+        """Admitted from the key's credit (rule 8): its rate headers; else an awaitable of the
+        compare-and-set's answer."""
+        credit = self.credits.get(key)
+        if credit is not None:
+            if (credit.requests and tokens <= credit.tokens and credit.limits is limits
+                    and credit.ups == self.server.ups and self.server.up
+                    and (limits.models is None or rules.model_allowed(limits.models, model))):
+                credit.requests -= 1
+                credit.tokens -= tokens
+                credit.spent += 1
+                credit.spent_tokens += tokens
+                self.credited += 1
+                return credit.windows  # type: ignore[return-value]
+            if self.server.up:
+                self._refund(key, credit)  # ahead of the admission, in the same write
+
         def apply(tally: Tally) -> Refused | Windows:
             refused = rules.admit(tally, limits, model, tokens, now)
             return refused if refused is not None else rules.windows_after(tally, limits)
 
-        return self._step(key, apply, lambda: self.local.admit(key, limits, model, tokens, now))
+        admitted = self._step(key, apply, lambda: self.local.admit(key, limits, model, tokens, now))
+        if self.server.up:
+            self._ask_credit(key, credit, limits, tokens, now)
+        return admitted
+
+    def _ask_credit(self, key: str, credit: Credit | None, limits: Limits, tokens: int, now: float) -> None:
+        """Rule 8: with this compare-and-set, the key's next credit, when its calls come fast."""
+        moment = time.monotonic()
+        if credit is None:
+            if len(self.credits) >= MAX_SEEN:
+                self.credits = {name: held for name, held in self.credits.items() if held.asked or held.requests}
+                if len(self.credits) >= MAX_SEEN:
+                    return
+            credit = self.credits[key] = Credit()
+        last, credit.slow_at = credit.slow_at, moment
+        if credit.asked:
+            return
+        if moment - last >= 2 * CREDIT_S:  # not fast enough (yet, or any more)
+            credit.spent = credit.spent_tokens = 0
+            return
+        calls = min(CREDIT_MAX_CALLS, 2 * credit.spent) if credit.spent else CREDIT_FIRST_CALLS
+        credit.asked = True
+
+        def apply(tally: Tally) -> tuple[int, int, Windows]:
+            requests, drawn = rules.grant(tally, limits, calls, tokens, now)
+            return requests, drawn, rules.windows_after(tally, limits)
+
+        granting = self._queue(key, apply, urgent=False)
+        granting.add_done_callback(functools.partial(self._granted, key, credit, limits, self.server.ups))  # type: ignore[union-attr]
+
+    def _granted(self, key: str, credit: Credit, limits: Limits, ups: int, granting: asyncio.Future) -> None:
+        credit.asked = False
+        if granting.cancelled() or granting.exception() is not None:
+            return
+        requests, tokens, windows = granting.result()
+        credit.spent = credit.spent_tokens = 0
+        if not requests:
+            return
+        credit.requests, credit.tokens, credit.limits, credit.windows, credit.ups = requests, tokens, limits, windows, ups
+        credit.expiry = asyncio.get_running_loop().call_later(CREDIT_S, self._expired, key, credit)
+
+    def _expired(self, key: str, credit: Credit) -> None:
+        credit.expiry = None
+        if self.server.up:
+            self._refund(key, credit)
+        elif credit.requests or credit.tokens:
+            credit.requests = credit.tokens = 0
+            self.lost_steps += 1  # its draw stays on the server, as a settle lost would (rule 3)
+
+    def _refund(self, key: str, credit: Credit) -> None:
+        """What the credit did not spend goes back with the next round trip (rule 8), where the
+        server still holds what it drew; the credit is done either way."""
+        requests, tokens, limits = credit.requests, credit.tokens, credit.limits
+        credit.requests = credit.tokens = 0
+        if credit.expiry is not None:
+            credit.expiry.cancel()
+            credit.expiry = None
+        if (requests or tokens) and credit.ups == self.server.ups:
+            now = time.time()
+            self._queue(key, lambda tally: rules.refund(tally, limits, requests, tokens, now), urgent=False,
+                        waited=False)
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         def apply(tally: Tally) -> None:
@@ -254,5 +371,7 @@ class SharedCounters:
             self._queue(key, apply, waited=False)
 
     def view(self) -> dict:
-        return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.writing)}
+        return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.writing),
+                "credits": sum(1 for credit in self.credits.values() if credit.requests),
+                "credited_calls": self.credited}
 
