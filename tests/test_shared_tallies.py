@@ -52,6 +52,27 @@ def test_rpm_is_exact_across_two_routers(fleet, routers, redis_server, tmp_path)
     assert 10 <= served <= 11, statuses  # the minute drains 10/60 a second: ±1 over the burst
 
 
+def test_rpm_is_exact_across_two_routers_where_credits_are_given(fleet, routers, redis_server, tmp_path):
+    """shared_counters rule 8: with room for credits (rpm 340: 20 a credit at first), a burst split
+    between two routers is served exactly to the limit, plus what drained meanwhile: a credit
+    draws ahead, so none passes it, and none is left unspent while calls are turned away."""
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    first, second = routers([box], 2, ("--shared-url", redis_server.url), home=tmp_path / "home")
+    rpm = 340
+    key_id, key = new_key(first, rpm=rpm)
+    assert wait_for(lambda: knows(second, key_id, {"rpm": rpm}), 5)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: call((first, second)[i % 2], headers=bearer(key)), range(rpm + 160)))
+    drained = (time.monotonic() - started) * rpm / 60
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) <= {200, 429}
+    credited = sum(shared_state(router)["tallies"]["credited_calls"] for router in (first, second))
+    assert credited > 0
+    assert rpm - 1 <= statuses.count(200) <= rpm + drained + 1, (statuses.count(200), drained, credited)
+
+
 def test_max_parallel_holds_across_two_routers(fleet, routers, redis_server, tmp_path):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.2)] * 12)
