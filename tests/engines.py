@@ -60,13 +60,15 @@ class RedisServer:
         self.binary = binary
         self.port = _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.socket = Path(tempfile.mkdtemp(prefix="router-redis-")) / "redis.sock"
         self.proc: subprocess.Popen | None = None
         self.start()
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"],
+             "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning",
+             "--unixsocket", str(self.socket), "--unixsocketperm", "700"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         _wait_port(self.port, self.proc, "redis-server")

@@ -120,3 +120,21 @@ def test_a_server_that_stops_answering_fails_the_round_trip_at_its_deadline(redi
     assert down
     assert again == b"PONG"
 
+
+
+def test_the_server_may_be_named_by_its_unix_socket(redis_server):
+    """store/shared.py rule 6: `unix://PATH?db=N` connects to the socket and selects the database."""
+    import redis
+
+    async def scenario(server: SharedServer):
+        return await server.call(None, "SET", "over-the-socket", "1")
+
+    async def main():
+        server = SharedServer(f"unix://{redis_server.socket}?db=3")
+        try:
+            return await scenario(server)
+        finally:
+            await server.close()
+
+    assert uvloop.run(main()) == b"OK"
+    assert redis.Redis(port=redis_server.port, db=3).get("over-the-socket") == b"1"
