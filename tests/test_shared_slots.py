@@ -9,7 +9,6 @@ boxes on loopback (router.sim), a redis-server of the test's own (tests/engines.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import signal
 import time
 import urllib.request

@@ -17,23 +17,25 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    reads every limited box's count, in one round trip; so a router that dies (`kill -9`) leaves
    its leases for at most LEASE_TTL_S, and every other router sees them gone within SYNC_S more:
    at most LEASE_TTL_S + SYNC_S (6 s).
-4. A call that ends gives its lease back (GIVE: one script, sent with the next round trip: at
-   once when the box is at or one short of its limit, where calls may be waiting for it; else
-   with the next call's take or the sync, within SYNC_S, which halves the round trips of calls
-   that follow each other) and, when that took the box from full to not full (the only case where any router's calls
-   wait for it), the script publishes the box's new count on FREED_CHANNEL. Every router's waiters see a
-   slot freed anywhere within a pub/sub hop (milliseconds); a lease that expired, or a message
-   lost while a router reconnected, within SYNC_S (the poll of rule 3).
+4. A call that ends gives its lease back unless it parks it (rule 9) (GIVE: one script, sent
+   with the next round trip: at once when the box is at or one short of its limit, where calls
+   may be waiting for it; else with the next call's take or the sync, within SYNC_S, which halves
+   the round trips of calls that follow each other) and, when that took the box from full to not
+   full (the only case where any router's calls wait for it), the script publishes the box's new
+   count on FREED_CHANNEL. Every router's waiters see a slot freed anywhere within a pub/sub hop
+   (milliseconds); a lease that expired, or a message lost while a router reconnected, within
+   SYNC_S (the poll of rule 3).
 5. A box's `others` (what the other routers hold on it, as last read: the count less this
    router's own leases) is added to its local in-flight count for fullness and ranking: the
    decision sees the fleet's load, the take in rule 1 is what makes it exact.
 6. The server down (store/shared.py rule 3): `--shared-down open` (the default) counts in this
    router alone (`others` 0, no lease asked), with one loud log line, `router_shared_store_up 0`
    and the state's `shared.counting: "this router alone"`; the leases held then (less the parked
-   ones, forgotten: rule 9) are added to the server by the first sync after it is back, and `on_back` runs (the budgets are seeded from
-   the store again: a restarted server lost its tallies). `--shared-down closed` answers a call that needs a
-   lease 503 `shared_store_down` (the facade's shape) instead. Either way no call waits on the
-   server past ROUND_TRIP_TIMEOUT_S.
+   ones, forgotten: rule 9) are added to the server by the first sync after it is back, and
+   `on_back` runs (the budgets are seeded from the store again: a restarted server lost its
+   tallies). `--shared-down closed` answers a call that needs a lease 503 `shared_store_down`
+   (the facade's shape) instead. Either way no call waits on the server past
+   ROUND_TRIP_TIMEOUT_S.
 7. Heartbeat: each sync writes this router's name and a small doc (calls it ended, calls in
    flight, when it started) to the routers' set, and reads back every router seen within
    ROUTER_SEEN_S: the state's `shared.routers`, the dashboard's routers.
@@ -363,7 +365,8 @@ class SlotLeases:
         now = time.monotonic()
         for name in names:
             box = self.fleet.get(name)
-            if box is not None and box.others and box.full and now - self.wanted_at.get(name, -WANTED_EVERY_S) >= WANTED_EVERY_S:
+            if (box is not None and box.others and box.full
+                    and now - self.wanted_at.get(name, -WANTED_EVERY_S) >= WANTED_EVERY_S):
                 self.wanted_at[name] = now
                 self.server.call(None, "PUBLISH", WANTED_CHANNEL, name).add_done_callback(_read_out)
 
