@@ -1,6 +1,7 @@
 """Several routers on one redis-server (serve/shared.py): a box's `max_inflight` holds across
-routers, a router killed with SIGKILL gives its slots back within the lease bound, and a server
-that goes down is a stated mode (`--shared-down open|closed`), never a hang.
+routers, a router killed with SIGKILL gives its slots back within the lease bound, a server
+that goes down is a stated mode (`--shared-down open|closed`), never a hang, and a lease parked
+for the next call (rule 9) costs that call no round trip and comes back when it could matter.
 
 Real processes throughout: `router serve` processes (tests/conftest.py RouterProcess), simulated
 boxes on loopback (router.sim), a redis-server of the test's own (tests/engines.py)."""
@@ -8,14 +9,14 @@ boxes on loopback (router.sim), a redis-server of the test's own (tests/engines.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import signal
 import time
 import urllib.request
 
 import pytest
+import redis
 
-from router.serve.shared import LEASE_TTL_S, SYNC_S
+from router.serve.shared import LEASE_TTL_S, SYNC_S, slots_key
 from router.sim import SimFleet
 from router.sim.hugpy import Behavior, SimBox
 
@@ -25,6 +26,7 @@ from test_admission import call, chat_calls, get_json, max_concurrency
 pytestmark = pytest.mark.timeout(90)
 
 DEAD_ROUTER_BOUND_S = LEASE_TTL_S + SYNC_S  # serve/shared.py rule 3: 6 s, under the issue's 10 s
+IDLE_PARKED_BOUND_S = 2 * SYNC_S  # rule 9: idle through a whole SYNC_S, given back at the next sync
 
 
 @pytest.fixture
@@ -74,20 +76,134 @@ def shared_state(router) -> dict:
     return get_json(router, "/v1/router/state")["shared"]
 
 
-def test_max_inflight_holds_across_routers_under_a_burst_split_between_them(fleet, routers, redis_server):
+def parked(router, box: str = "a") -> int:
+    return shared_state(router)["slots"].get(box, {}).get("parked", 0)
+
+
+def leases_on_server(redis_server, box: str = "a") -> list[bytes]:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        return client.zrange(slots_key(box), 0, -1)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("limit", [2, 4])
+def test_max_inflight_holds_across_routers_under_a_burst_split_between_them(fleet, routers, redis_server, limit):
     box = SimBox("a", residents=["tiny"])
-    box.script("tiny", *[Behavior.hang(0.2)] * 24)
+    box.script("tiny", *[Behavior.hang(0.2)] * 27)
     fleet(box)
-    first, second, third = routers([box], 3, ("--shared-url", redis_server.url), {"a": {"max_inflight": 2}})
+    first, second, third = routers([box], 3, ("--shared-url", redis_server.url), {"a": {"max_inflight": limit}})
+    for router in (first, second, third):  # one call each first: leases parked when the burst comes (rule 9)
+        assert call(router)[0] == 200
+    assert sum(parked(router) for router in (first, second, third)) >= 1
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
         results = list(pool.map(lambda i: call((first, second, third)[i % 3]), range(24)))
     assert [status for status, _, _ in results] == [200] * 24
-    assert chat_calls(box) == 24
-    assert max_concurrency(box) == 2  # never more, fleet-wide; and the limit was reached
+    assert chat_calls(box) == 27
+    assert max_concurrency(box) == limit  # never more, fleet-wide; and the limit was reached
     state = shared_state(first)
     assert state["up"] and state["counting"] == "fleet-wide"
     assert sorted(r["instance"] for r in state["routers"]) == ["r0", "r1", "r2"]
-    assert wait_for(lambda: shared_state(second)["slots"]["a"]["fleet"] == 0, 3)  # every slot given back
+    # every slot given back: the parked ones once idle, read by the second router's next sync
+    assert wait_for(lambda: shared_state(second)["slots"]["a"]["fleet"] == 0, IDLE_PARKED_BOUND_S + SYNC_S + 1)
+
+
+def test_a_lease_parked_is_taken_by_the_next_call_with_no_round_trip(fleet, routers, redis_server):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}})
+    assert call(router)[0] == 200
+    kept = leases_on_server(redis_server)
+    assert len(kept) == 1 and parked(router) == 1  # the call's lease stayed, parked on the router
+    assert "router_shared_parked_leases 1.0" in metrics_text(router)
+    before, started = shared_state(router)["round_trips"], time.monotonic()
+    for _ in range(10):
+        assert call(router)[0] == 200
+    syncs = (time.monotonic() - started) / SYNC_S + 1  # the sync's own round trips, once a second
+    assert shared_state(router)["round_trips"] - before <= syncs  # none for the ten calls
+    assert leases_on_server(redis_server) == kept  # the same lease each time: no take, no give
+    assert parked(router) == 1
+
+
+def test_a_parked_lease_idle_for_a_whole_sync_goes_back(fleet, routers, redis_server):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}})
+    assert call(router)[0] == 200
+    parked_at = time.monotonic()
+    assert len(leases_on_server(redis_server)) == 1
+    assert wait_for(lambda: not leases_on_server(redis_server), IDLE_PARKED_BOUND_S + 1)
+    assert time.monotonic() - parked_at >= SYNC_S  # idle through a whole SYNC_S first
+    assert parked(router) == 0
+    assert "router_shared_parked_leases 0.0" in metrics_text(router)
+
+
+def park_two(router, redis_server) -> float:
+    """Two calls at once on `router`, both ended: their leases parked there (limit 4: each park
+    leaves the fleet-wide count at 2, half). Returns when."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert [f.result()[0] for f in [pool.submit(call, router) for _ in range(2)]] == [200, 200]
+    parked_at = time.monotonic()
+    assert parked(router) == 2 and len(leases_on_server(redis_server)) == 2
+    return parked_at
+
+
+def test_parked_leases_go_back_once_the_box_passes_half_its_limit(fleet, routers, redis_server):
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", Behavior.hang(0.3), Behavior.hang(0.3), Behavior.hang(3.0), Behavior.hang(0.3))
+    fleet(box)
+    first, second = routers([box], 2, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}})
+    parked_at = park_two(first, redis_server)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        busy = [pool.submit(call, second) for _ in range(2)]  # 4 of 4 held: past half
+        assert wait_for(lambda: parked(first) == 0, SYNC_S)
+        back_s = time.monotonic() - parked_at
+        assert [f.result()[0] for f in busy] == [200, 200]
+    assert back_s < SYNC_S * 0.8, back_s  # at the count read (the second's give published it), not idle
+
+
+def test_a_call_waiting_on_a_box_full_with_leases_parked_elsewhere_gets_one_within_a_hop(
+        fleet, routers, redis_server):
+    box = SimBox("a", residents=["tiny"])
+    box.script("tiny", Behavior.hang(0.05), Behavior.hang(0.05), *[Behavior.hang(2.0)] * 3)
+    fleet(box)
+    first, second = routers([box], 2, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}})
+    # the first's next count read (which would give its parked leases back too) is SYNC_S away
+    synced = just_synced(first)
+    park_two(first, redis_server)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        holders = [pool.submit(call, second) for _ in range(2)]  # 2 + the first's 2 parked: full
+        assert wait_for(lambda: chat_calls(box) == 4, 5)
+        waiter = pool.submit(call, second)  # full fleet-wide: it waits, and asks for the parked ones
+        assert wait_for(lambda: chat_calls(box) == 5, 2 * SYNC_S)
+        served_s = time.monotonic() - synced
+        assert [f.result()[0] for f in (*holders, waiter)] == [200] * 3
+    assert served_s < SYNC_S * 0.8, served_s  # a pub/sub hop, not the first's next sync
+    assert max_concurrency(box) == 3  # the holders and the waiter: the parked two were no calls
+
+
+def just_synced(router) -> float:
+    """When `router`'s sync has just run (an idle router sends no other round trip)."""
+    before = shared_state(router)["round_trips"]
+    assert wait_for(lambda: shared_state(router)["round_trips"] != before, 2 * SYNC_S, interval=0.005)
+    return time.monotonic()
+
+
+def test_parked_leases_go_back_when_the_box_limit_changes_live(fleet, routers, redis_server):
+    box = SimBox("a", residents=["tiny"])
+    fleet(box)
+    (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}})
+    assert call(router)[0] == 200
+    assert parked(router) == 1
+    write_boxes(router.boxes_path, [box], a={"max_inflight": 1})
+    changed = time.monotonic()
+    router.proc.send_signal(signal.SIGHUP)  # re-read the boxes file now
+    assert wait_for(lambda: not leases_on_server(redis_server), SYNC_S)
+    assert time.monotonic() - changed < SYNC_S * 0.8  # as the fleet changed, not at an idle sync
+    assert parked(router) == 0
+    assert call(router)[0] == 200  # a limit of 1 parks nothing: past half at once
+    assert parked(router) == 0 and wait_for(lambda: not leases_on_server(redis_server), 1)
 
 
 def test_a_router_killed_mid_burst_gives_its_slots_back_within_the_bound(fleet, routers, redis_server):

@@ -161,7 +161,7 @@ def test_a_call_its_key_refuses_gives_back_the_lease_asked_with_its_admission(fl
     _, key = new_key(router, rpm=1)
     assert call(router, headers=bearer(key))[0] == 200
     assert call(router, headers=bearer(key))[0] == 429
-    assert wait_for(lambda: shared_state(router)["slots"]["a"] == {"fleet": 0, "this_router": 0}, 3)
+    assert wait_for(lambda: shared_state(router)["slots"]["a"] == {"fleet": 0, "this_router": 0, "parked": 0}, 3)
     assert call(router)[0] == 200  # the box's one slot is free
 
 

@@ -13,7 +13,8 @@ Rules:
 3. `release` is safe to call at any time and more than once: an ended call, and a call that goes
    back to the queue, hold nothing.
 4. Several routers (serve/shared.py): the call's lease on its box's fleet-wide slots (`lease`,
-   taken by `SlotLeases.take`; `asked` while its answer is on its way) goes back with the rest, before the queue is offered the slot, so
+   taken by `SlotLeases.take`; `asked` while its answer is on its way) goes back (or is parked for
+   this router's next call: serve/shared.py rule 9) with the rest, before the queue is offered the slot, so
    the server sees the slot free before a waiter's take. One router: `lease` stays None.
 """
 

@@ -297,6 +297,8 @@ class ProxyCall:
             choice = next_attempt(decision, self.tried, pin, MAX_BOXES_PER_CALL)
             if choice is Stop.WAIT:
                 self.load.release()  # it waits holding no slot, least of all the refusing box's
+                if self.app.leases is not None:  # leases other routers park on a full box come back
+                    self.app.leases.want(decision.waits_for)
                 decision = await self.wait_turn(decision)
                 if decision is None or self.gone:
                     return

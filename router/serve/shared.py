@@ -9,6 +9,7 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    every router. A box without a limit takes no lease and costs no round trip. A call whose
    admission is on its way to the server (a key counted there) asks its first box's lease in
    that same round trip (`ask`); a call that then goes elsewhere or ends gives it back (`unask`).
+   A box with a lease parked here (rule 9) asks nothing: the call takes that one.
 2. The local count goes on the box before the round trip (`Load.count_on`), so no call of this
    router takes the slot meanwhile; a lease refused takes it off again, and the call decides
    again over what the server said the box holds (the box is then full: the call waits).
@@ -16,23 +17,25 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    reads every limited box's count, in one round trip; so a router that dies (`kill -9`) leaves
    its leases for at most LEASE_TTL_S, and every other router sees them gone within SYNC_S more:
    at most LEASE_TTL_S + SYNC_S (6 s).
-4. A call that ends gives its lease back (GIVE: one script, sent with the next round trip: at
-   once when the box is at or one short of its limit, where calls may be waiting for it; else
-   with the next call's take or the sync, within SYNC_S, which halves the round trips of calls
-   that follow each other) and, when that took the box from full to not full (the only case where any router's calls
-   wait for it), the script publishes the box's new count on FREED_CHANNEL. Every router's waiters see a
-   slot freed anywhere within a pub/sub hop (milliseconds); a lease that expired, or a message
-   lost while a router reconnected, within SYNC_S (the poll of rule 3).
+4. A call that ends gives its lease back unless it parks it (rule 9) (GIVE: one script, sent
+   with the next round trip: at once when the box is at or one short of its limit, where calls
+   may be waiting for it; else with the next call's take or the sync, within SYNC_S, which halves
+   the round trips of calls that follow each other) and, when that took the box from full to not
+   full (the only case where any router's calls wait for it), the script publishes the box's new
+   count on FREED_CHANNEL. Every router's waiters see a slot freed anywhere within a pub/sub hop
+   (milliseconds); a lease that expired, or a message lost while a router reconnected, within
+   SYNC_S (the poll of rule 3).
 5. A box's `others` (what the other routers hold on it, as last read: the count less this
    router's own leases) is added to its local in-flight count for fullness and ranking: the
    decision sees the fleet's load, the take in rule 1 is what makes it exact.
 6. The server down (store/shared.py rule 3): `--shared-down open` (the default) counts in this
    router alone (`others` 0, no lease asked), with one loud log line, `router_shared_store_up 0`
-   and the state's `shared.counting: "this router alone"`; the leases held then are added to the
-   server by the first sync after it is back, and `on_back` runs (the budgets are seeded from
-   the store again: a restarted server lost its tallies). `--shared-down closed` answers a call that needs a
-   lease 503 `shared_store_down` (the facade's shape) instead. Either way no call waits on the
-   server past ROUND_TRIP_TIMEOUT_S.
+   and the state's `shared.counting: "this router alone"`; the leases held then (less the parked
+   ones, forgotten: rule 9) are added to the server by the first sync after it is back, and
+   `on_back` runs (the budgets are seeded from the store again: a restarted server lost its
+   tallies). `--shared-down closed` answers a call that needs a lease 503 `shared_store_down`
+   (the facade's shape) instead. Either way no call waits on the server past
+   ROUND_TRIP_TIMEOUT_S.
 7. Heartbeat: each sync writes this router's name and a small doc (calls it ended, calls in
    flight, when it started) to the routers' set, and reads back every router seen within
    ROUTER_SEEN_S: the state's `shared.routers`, the dashboard's routers.
@@ -41,6 +44,22 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    written (not waited for), under a digest of the key's identity (never the session id or
    the caller in the clear), for BINDING_TTL_S after its last move. The server down: each
    router's own bindings only. The prefix index stays per router.
+9. Parked leases: a call that ends keeps its lease on the server, parked on this router, while the
+   box is far from its limit, and this router's next call to the box takes it with no round trip
+   (rules 1 and 4 cost a call no wait then). A parked lease is a lease like any other (held,
+   renewed by the sync, counted by every router), so `max_inflight` holds exactly; what it costs
+   is that the other routers see it as load, so it is bounded: at most PARK_MAX on a box per
+   router, and only while the box's fleet-wide count (this router's calls, the others', its parked
+   leases) stays at most PARK_SHARE of the limit: checked as a lease parks, as one is reused, on
+   every count read (`counted`: past it, the box's parked leases go back at once) and when the
+   fleet changes (a box gone, or its limit moved). One idle through a whole SYNC_S goes back at
+   the next sync (so within 2 x SYNC_S). A call of any router that must wait for a full box that
+   others hold leases on asks for them (`want`: WANTED_CHANNEL, at most once per box per
+   WANTED_EVERY_S), and every router gives its parked leases on the box back at once, within a
+   pub/sub hop (their GIVE publishes the freed count, which wakes the waiter: rule 4). The server
+   down (rule 6): parked leases are forgotten, never handed to a call. `--shared-down closed`
+   parks nothing: it promises that a call is sent only on a slot a live server granted it, and a
+   reused lease is one no round trip has checked since its call ended.
 """
 
 from __future__ import annotations
@@ -70,6 +89,13 @@ SYNC_S = 1.0  # rule 3: renew, poll, heartbeat
 ROUTER_SEEN_S = 5.0  # rule 7: a router not heard from for this long is no longer listed
 BINDING_TTL_S = 3600.0  # rule 8: a conversation idle for an hour may start afresh anywhere
 FREED_CHANNEL = PREFIX + "freed"
+WANTED_CHANNEL = PREFIX + "wanted"  # rule 9: a box's name, when a router's call waits for it
+# rule 9: a few overlapping calls' worth a box per router (a call ends as the next one starts, at
+# low and steady load): enough that such calls await no round trip, few enough that what other
+# routers see as load is small next to any limit worth sharing
+PARK_MAX = 4
+PARK_SHARE = 0.5  # rule 9: parking stops, and parked leases go back, past this share of the limit
+WANTED_EVERY_S = 0.1  # rule 9: a router asks for a box's parked leases at most this often
 ROUTERS_KEY = PREFIX + "routers"
 ROUTER_DOCS_KEY = PREFIX + "router-docs"
 OPEN, CLOSED = "open", "closed"
@@ -126,13 +152,14 @@ def slots_key(box: str) -> str:
 
 
 class SlotLeases:
-    """This router's side of the shared slots (rules 1-6) and its heartbeat (rule 7)."""
+    """This router's side of the shared slots (rules 1-6, 9) and its heartbeat (rule 7)."""
 
     def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str) -> None:
         self.server = server
         self.instance = instance
         self.fleet = fleet
         self.down_mode = down_mode
+        self.parks = down_mode == OPEN  # rule 9
         self.take_script = server.script(TAKE)
         self.give_script = server.script(GIVE)
         self.renew_script = server.script(RENEW)
@@ -143,6 +170,10 @@ class SlotLeases:
         self.held: dict[str, set[str]] = {}  # box name -> this router's leases on it
         self.giving: dict[str, int] = {}  # box name -> its leases given back, not answered yet
         self.counts: dict[str, int] = {}  # box name -> leases on it fleet-wide, as last read
+        # rule 9: box name -> its leases parked here (each still in `held`), oldest first, with
+        # when each was parked (monotonic); a call takes the newest, so the oldest go idle
+        self.parked: dict[str, list[tuple[tuple[BoxState, str], float]]] = {}
+        self.wanted_at: dict[str, float] = {}  # rule 9: box name -> when this router last asked
         self.routers: list[dict] = []  # rule 7, as last read
         self.refused = 0  # calls answered 503 shared_store_down
         self.lease_refusals = 0  # takes refused: the box was full fleet-wide
@@ -151,15 +182,18 @@ class SlotLeases:
         self._numbers = itertools.count(1)
         self.started = time.time()
         self.tasks: list[asyncio.Task] = []
+        fleet.on_change.append(self.fleet_changed)
 
-    # -- the call path (rules 1, 2, 4, 6) ------------------------------------------------------
+    # -- the call path (rules 1, 2, 4, 6, 9) ---------------------------------------------------
     def ask(self, load: Load, box: BoxState) -> None:
         """Rule 1, asked early: `box`'s lease goes out with the round trip the call is about to
         wait for anyway (its admission's: serve/proxy.py), and `take` waits for its answer. A
-        call that goes elsewhere, or ends, gives it back (`unask`)."""
+        call that goes elsewhere, or ends, gives it back (`unask`). A lease parked on `box` is
+        the call's at once instead (rule 9)."""
         if box.limit is None or load.lease is not None or load.asked is not None or not self.server.up:
             return
-        load.asked = (box, *self._ask(load, box))
+        if not self._reuse(load, box):
+            load.asked = (box, *self._ask(load, box))
 
     def _ask(self, load: Load, box: BoxState) -> tuple[str, asyncio.Future]:
         load.count_on(box)  # rule 2
@@ -207,11 +241,13 @@ class SlotLeases:
             asked = None
         if asked is not None:
             member, reply = asked[1], asked[2]
-        elif self.server.up:
-            member, reply = self._ask(load, box)
-        else:
+        elif not self.server.up:
             member, reply = self._member(), None
             load.count_on(box)
+        elif self._reuse(load, box):
+            return True
+        else:
+            member, reply = self._ask(load, box)
         if reply is not None:
             try:
                 taken, _ = await reply  # `_took` has read it
@@ -238,10 +274,47 @@ class SlotLeases:
 
     def _unasked(self, box: BoxState, member: str, done: asyncio.Future) -> None:
         if not done.cancelled() and done.exception() is None and done.result()[0]:
-            self.give((box, member))
+            self._give_back((box, member), False)
+
+    def _reuse(self, load: Load, box: BoxState) -> bool:
+        """Rule 9: a lease parked on `box` becomes the call's, with no round trip (the server is
+        up: the caller has looked)."""
+        parked = self.parked.get(box.name)
+        if parked is None:
+            return False
+        if parked[-1][0][0] is not box or self._past_share(box, len(parked)):
+            self.unpark(box.name)  # the box was replaced, or its limit moved
+            return False
+        lease = parked.pop()[0]
+        if not parked:
+            del self.parked[box.name]
+        load.count_on(box)
+        load.lease = lease
+        return True
+
+    @staticmethod
+    def _past_share(box: BoxState, parked: int) -> bool:
+        """Rule 9: the box's fleet-wide count, with this router's `parked` leases on it, is past
+        what parking may hold (or it has no limit now)."""
+        return box.limit is None or box.in_flight + box.others + parked > box.limit * PARK_SHARE
 
     def give(self, lease: tuple[BoxState, str]) -> None:
-        """The call left the box: its lease goes back, in the next round trip (rule 4)."""
+        """The call left the box (its count still on it): its lease is parked for this router's
+        next call there (rule 9), or goes back in the next round trip (rule 4)."""
+        box = lease[0]
+        if self.parks and self.server.up and box.limit is not None:
+            parked = self.parked.get(box.name)
+            count = 0 if parked is None else len(parked)
+            # the count moves from the call to the parked lease: the fleet-wide sum stays as it is
+            if count < PARK_MAX and not self._past_share(box, count) and self.fleet.get(box.name) is box:
+                if parked is None:
+                    parked = self.parked[box.name] = []
+                parked.append((lease, time.monotonic()))
+                return
+        self._give_back(lease, False)
+
+    def _give_back(self, lease: tuple[BoxState, str], urgent: bool) -> None:
+        """One GIVE (rule 4): sent at once when `urgent` or near the limit."""
         box, member = lease
         name = box.name
         held = self.held.get(name)
@@ -249,9 +322,9 @@ class SlotLeases:
             held.discard(member)
         if self.server.up:
             limit = box.limit or 0
-            # urgent only near the limit, where some router's calls may wait for this slot; else
-            # it rides the next round trip (the next call's take, or the sync within SYNC_S)
-            send = self.server.send if box.in_flight + box.others >= limit - 1 else self.server.send_later
+            # urgent near the limit, where some router's calls may wait for this slot; else it
+            # rides the next round trip (the next call's take, or the sync within SYNC_S)
+            send = self.server.send if urgent or box.in_flight + box.others >= limit - 1 else self.server.send_later
             self.giving[name] = self.giving.get(name, 0) + 1
             send(functools.partial(self._given, box), self.give_script, 1, slots_key(name), member,
                  FREED_CHANNEL, name, limit)
@@ -275,6 +348,47 @@ class SlotLeases:
             box.changed()
             if shrank and self.admission is not None:
                 self.admission.freed(box)
+        parked = self.parked.get(name)
+        if parked is not None and self._past_share(box, len(parked)):
+            self.unpark(name)
+
+    def unpark(self, name: str) -> None:
+        """Rule 9: the box's parked leases go back, at once."""
+        for lease, _ in self.parked.pop(name, ()):
+            self._give_back(lease, True)
+
+    def want(self, names: frozenset[str]) -> None:
+        """Rule 9: a call is about to wait for these boxes. Those full with other routers' leases
+        on them are asked for: every router gives back what it parks there."""
+        if not self.server.up:
+            return
+        now = time.monotonic()
+        for name in names:
+            box = self.fleet.get(name)
+            if (box is not None and box.others and box.full
+                    and now - self.wanted_at.get(name, -WANTED_EVERY_S) >= WANTED_EVERY_S):
+                self.wanted_at[name] = now
+                self.server.call(None, "PUBLISH", WANTED_CHANNEL, name).add_done_callback(_read_out)
+
+    def fleet_changed(self) -> None:
+        """Rule 9: a box gone, replaced, or whose limit moved gives its parked leases back."""
+        for name, parked in list(self.parked.items()):
+            box = self.fleet.get(name)
+            if box is not parked[0][0][0] or self._past_share(box, len(parked)):
+                self.unpark(name)
+
+    def give_idle(self) -> None:
+        """Rule 9: leases parked through a whole SYNC_S without a call taking them go back."""
+        idle_before = time.monotonic() - SYNC_S
+        for name, parked in list(self.parked.items()):
+            idle = 0
+            while idle < len(parked) and parked[idle][1] <= idle_before:
+                self._give_back(parked[idle][0], True)
+                idle += 1
+            if idle == len(parked):
+                del self.parked[name]
+            else:
+                del parked[:idle]
 
     # -- in the background (rules 3, 4, 6, 7) --------------------------------------------------
     def start(self) -> None:
@@ -303,7 +417,9 @@ class SlotLeases:
             await asyncio.sleep(SYNC_S)
 
     async def sync(self) -> None:
-        """One round trip: every limited box's leases renewed and counted, the heartbeat."""
+        """One round trip: the idle parked leases given back (rule 9), every limited box's leases
+        renewed and counted, the heartbeat."""
+        self.give_idle()  # first: their GIVEs go out ahead of the renewals, in the same round trip
         server = self.server
         boxes = [box for box in self.fleet.ordered() if box.limit is not None]
         futures = [server.call(self.renew_script, 1, slots_key(box.name), LEASE_TTL_MS, *self.held.get(box.name, ()))
@@ -325,7 +441,13 @@ class SlotLeases:
         self.routers = self._routers(results[-1])
 
     def alone(self) -> None:
-        """Rule 6: the server is down; this router counts its own calls only."""
+        """Rule 6: the server is down; this router counts its own calls only. Its parked leases
+        are forgotten (rule 9): no call holds them, so the come-back must not write them again."""
+        for name, parked in self.parked.items():
+            held = self.held.get(name, set())
+            for (_, member), _ in parked:
+                held.discard(member)
+        self.parked.clear()
         for box in self.fleet.ordered():
             if box.others:
                 box.others = 0
@@ -346,14 +468,20 @@ class SlotLeases:
         return routers
 
     async def listen(self) -> None:
-        """Rule 4: the counts other routers publish as they give slots back."""
+        """Rule 4: the counts other routers publish as they give slots back; rule 9: the boxes
+        whose parked leases a router's calls wait for."""
+        wanted = WANTED_CHANNEL.encode()
         while True:
             pubsub = self.server.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(FREED_CHANNEL)
+                await pubsub.subscribe(FREED_CHANNEL, WANTED_CHANNEL)
                 while True:
                     message = await pubsub.get_message(timeout=SYNC_S)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if message["channel"] == wanted:
+                        self.unpark(message["data"].decode(errors="replace"))
+                    else:
                         self.freed_elsewhere(message["data"])
             except asyncio.CancelledError:
                 raise
@@ -390,7 +518,8 @@ class SlotLeases:
             "why_down": server.why_down or None,
             "lease_ttl_s": LEASE_TTL_S,
             "routers": self.routers,
-            "slots": {name: {"fleet": count, "this_router": len(self.held.get(name, ()))}
+            "slots": {name: {"fleet": count, "this_router": len(self.held.get(name, ())),
+                             "parked": len(self.parked.get(name, ()))}
                       for name, count in sorted(self.counts.items())},
             "refused": self.refused,
             "lease_refusals": self.lease_refusals,
@@ -401,6 +530,10 @@ class SlotLeases:
         up = GaugeMetricFamily("router_shared_store_up", "1 while the shared server answers, 0 while it is down.")
         up.add_metric([], 1 if self.server.up else 0)
         yield up
+        parked = GaugeMetricFamily("router_shared_parked_leases", "Leases this router keeps on the shared server "
+                                   "for its next calls (no round trip for those): counted as load by every router.")
+        parked.add_metric([], sum(len(leases) for leases in self.parked.values()))
+        yield parked
         routers = GaugeMetricFamily("router_shared_routers", "Routers seen on the shared server recently.")
         routers.add_metric([], len(self.routers))
         yield routers
