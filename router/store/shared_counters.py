@@ -48,7 +48,9 @@ Rules:
    where that would matter, no credit is given and every call is a compare-and-set. A credit is
    given up when the server goes down, and one asked before an outage is not spent after it
    (a restarted server may have lost what it drew). The served call's rate headers are the
-   tally's when its credit was granted, the credit counted as spent.
+   tally's when its credit was granted, the credit counted as spent. `--shared-down closed` gives
+   no credit: it promises that a call runs only on a count a live server answered for that call
+   (as it parks no lease: serve/shared.py rule 9).
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ class SharedCounters:
             return refused if refused is not None else rules.windows_after(tally, limits)
 
         admitted = self._step(key, apply, lambda: self.local.admit(key, limits, model, tokens, now))
-        if self.server.up:
+        if self.server.up and not self.closed:
             self._ask_credit(key, credit, limits, tokens, now)
         return admitted
 
