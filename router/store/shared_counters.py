@@ -40,12 +40,15 @@ Rules:
    at first, CREDIT_MAX_CALLS at most), each the size of the call that asked, and never more than
    1/17 of what is left of any limit. A call the credit covers is admitted on this router with no
    round trip; one it does not cover (spent, or a larger call) is admitted by the compare-and-set
-   as before, which gives back what was left and asks the next credit in the same write. A credit
-   lives CREDIT_S; what it did not spend is then given back with the next round trip. So nothing
-   a credit admits is uncounted on the server, a limit is never passed by more than one router's
-   bound (a credit's tokens are reserved like a call's), and what a credit holds unspent (at most
-   1/17 of what was left) counts as spent for at most CREDIT_S plus a round trip: near a limit,
-   where that would matter, no credit is given and every call is a compare-and-set. A credit is
+   as before, which gives back what was left and asks the next credit in the same write. Half a
+   credit spent, or half its CREDIT_S gone, the next one is asked (not waited for: the calls go on
+   spending this one), for twice the calls the key's rate makes in CREDIT_S; when it comes, what
+   the old one did not spend goes back with the next round trip. A credit nobody renews lives
+   CREDIT_S, then its rest goes back the same way. So nothing a credit admits is uncounted on the
+   server, a limit is never passed by more than one router's bound (a credit's tokens are
+   reserved like a call's), and what credits hold unspent (at most 1/17 of what was left, twice
+   that while one is renewed) counts as spent for at most CREDIT_S plus a round trip: near a
+   limit, where that would matter, no credit is given and every call is a compare-and-set. A credit is
    given up when the server goes down, and one asked before an outage is not spent after it
    (a restarted server may have lost what it drew). The served call's rate headers are the
    tally's when its credit was granted, the credit counted as spent. `--shared-down closed` gives
@@ -125,8 +128,8 @@ class Credit:
     """One key's credit on this router (rule 8): what is left of it, the limits and the rate
     headers it was granted with, and what its calls spent (the next one's size)."""
 
-    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "spent_tokens", "asked", "ups", "slow_at",
-                 "expiry")
+    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "spent_tokens", "renew_at", "granted_at", "asked",
+                 "ups", "slow_at", "expiry")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -135,6 +138,8 @@ class Credit:
         self.windows: Windows | None = None
         self.spent = 0  # calls the live (or the last) credit admitted
         self.spent_tokens = 0
+        self.renew_at = 0  # the next credit is asked when this many calls spent this one
+        self.granted_at = 0.0  # monotonic
         self.asked = False  # a grant is on its way
         self.ups = -1  # the server's `ups` when granted
         self.slow_at = -math.inf  # monotonic: the last call a compare-and-set admitted
@@ -265,6 +270,9 @@ class SharedCounters:
                 credit.spent += 1
                 credit.spent_tokens += tokens
                 self.credited += 1
+                if not credit.asked and (credit.spent >= credit.renew_at
+                                         or time.monotonic() - credit.granted_at >= CREDIT_S / 2):
+                    self._renew(key, credit, limits, tokens, now)
                 return credit.windows  # type: ignore[return-value]
             if self.server.up:
                 self._refund(key, credit)  # ahead of the admission, in the same write
@@ -287,20 +295,31 @@ class SharedCounters:
                 if len(self.credits) >= MAX_SEEN:
                     return
             credit = self.credits[key] = Credit()
-        last, credit.slow_at = credit.slow_at, moment
+        last, credit.slow_at = max(credit.slow_at, credit.granted_at), moment
         if credit.asked:
             return
         if moment - last >= 2 * CREDIT_S:  # not fast enough (yet, or any more)
             credit.spent = credit.spent_tokens = 0
             return
         calls = min(CREDIT_MAX_CALLS, 2 * credit.spent) if credit.spent else CREDIT_FIRST_CALLS
+        self._grant(key, credit, limits, calls, tokens, now, urgent=False)  # the admission's write carries it
+
+    def _renew(self, key: str, credit: Credit, limits: Limits, tokens: int, now: float) -> None:
+        """Rule 8: half the credit spent, or half its life gone, the next one is asked, for twice
+        the calls its rate makes in CREDIT_S; the calls go on spending this one until it comes."""
+        age = max(time.monotonic() - credit.granted_at, CREDIT_S / 100)
+        calls = min(CREDIT_MAX_CALLS, max(CREDIT_FIRST_CALLS, math.ceil(2 * credit.spent * CREDIT_S / age)))
+        self._grant(key, credit, limits, calls, tokens, now, urgent=True)
+
+    def _grant(self, key: str, credit: Credit, limits: Limits, calls: int, tokens: int, now: float,
+               urgent: bool) -> None:
         credit.asked = True
 
         def apply(tally: Tally) -> tuple[int, int, Windows]:
             requests, drawn = rules.grant(tally, limits, calls, tokens, now)
             return requests, drawn, rules.windows_after(tally, limits)
 
-        granting = self._queue(key, apply, urgent=False)
+        granting = self._queue(key, apply, urgent=urgent)
         granting.add_done_callback(functools.partial(self._granted, key, credit, limits, self.server.ups))  # type: ignore[union-attr]
 
     def _granted(self, key: str, credit: Credit, limits: Limits, ups: int, granting: asyncio.Future) -> None:
@@ -308,10 +327,12 @@ class SharedCounters:
         if granting.cancelled() or granting.exception() is not None:
             return
         requests, tokens, windows = granting.result()
+        self._refund(key, credit)  # a renewal: what the one it replaces did not spend goes back
         credit.spent = credit.spent_tokens = 0
         if not requests:
             return
         credit.requests, credit.tokens, credit.limits, credit.windows, credit.ups = requests, tokens, limits, windows, ups
+        credit.renew_at, credit.granted_at = max(1, requests // 2), time.monotonic()
         credit.expiry = asyncio.get_running_loop().call_later(CREDIT_S, self._expired, key, credit)
 
     def _expired(self, key: str, credit: Credit) -> None:
