@@ -48,11 +48,11 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    box is far from its limit, and this router's next call to the box takes it with no round trip
    (rules 1 and 4 cost a call no wait then). A parked lease is a lease like any other (held,
    renewed by the sync, counted by every router), so `max_inflight` holds exactly; what it costs
-   is that the other routers see it as load, so it is bounded: what this router holds on a box
-   (its calls there and its parked leases) never passes the most calls it had there at once since
-   its last sync (`peaks`: the other routers see this router's recent peak, never more), and
-   parking stops while the box's fleet-wide count (this router's calls, the others', its parked
-   leases) is past PARK_SHARE of the limit: checked as a lease parks, as one is reused, on
+   is that the other routers see it as load, so it is bounded: a call takes a new lease only
+   when none is parked on its box, so what this router holds there (its calls and its parked
+   leases) is never more than the most calls it had there at once, and one parked idle goes back
+   (below); and parking stops while the box's fleet-wide count (this router's calls, the others',
+   its parked leases) is past PARK_SHARE of the limit: checked as a lease parks, as one is reused, on
    every count read (`counted`: past it, the box's parked leases go back at once) and when the
    fleet changes (a box gone, or its limit moved). One idle through a whole SYNC_S goes back at
    the next sync (so within 2 x SYNC_S). A call of any router that must wait for a full box that
@@ -172,7 +172,6 @@ class SlotLeases:
         # when each was parked (monotonic); a call takes the newest, so the oldest go idle
         self.parked: dict[str, list[tuple[tuple[BoxState, str], float]]] = {}
         self.wanted_at: dict[str, float] = {}  # rule 9: box name -> when this router last asked
-        self.peaks: dict[str, int] = {}  # rule 9: box name -> most of this router's calls on it at once
         self.routers: list[dict] = []  # rule 7, as last read
         self.refused = 0  # calls answered 503 shared_store_down
         self.lease_refusals = 0  # takes refused: the box was full fleet-wide
@@ -196,7 +195,6 @@ class SlotLeases:
 
     def _ask(self, load: Load, box: BoxState) -> tuple[str, asyncio.Future]:
         load.count_on(box)  # rule 2
-        self._peak(box)
         member = self._member()
         reply = asyncio.get_running_loop().create_future()
         self.server.send(functools.partial(self._took, box, member, reply), self.take_script, 1,
@@ -289,14 +287,8 @@ class SlotLeases:
         if not parked:
             del self.parked[box.name]
         load.count_on(box)
-        self._peak(box)
         load.lease = lease
         return True
-
-    def _peak(self, box: BoxState) -> None:
-        """Rule 9: this router's calls on `box` now, if more than any since the last sync."""
-        if box.in_flight > self.peaks.get(box.name, 0):
-            self.peaks[box.name] = box.in_flight
 
     @staticmethod
     def _past_share(box: BoxState, parked: int) -> bool:
@@ -312,8 +304,7 @@ class SlotLeases:
             parked = self.parked.get(box.name)
             count = 0 if parked is None else len(parked)
             # the count moves from the call to the parked lease: the fleet-wide sum stays as it is
-            if (box.in_flight + count <= self.peaks.get(box.name, 0) and not self._past_share(box, count)
-                    and self.fleet.get(box.name) is box):
+            if not self._past_share(box, count) and self.fleet.get(box.name) is box:
                 if parked is None:
                     parked = self.parked[box.name] = []
                 parked.append((lease, time.monotonic()))
@@ -385,8 +376,7 @@ class SlotLeases:
                 self.unpark(name)
 
     def give_idle(self) -> None:
-        """Rule 9: leases parked through a whole SYNC_S without a call taking them go back; each
-        box's peak starts again from what this router holds there now."""
+        """Rule 9: leases parked through a whole SYNC_S without a call taking them go back."""
         idle_before = time.monotonic() - SYNC_S
         for name, parked in list(self.parked.items()):
             idle = 0
@@ -397,13 +387,6 @@ class SlotLeases:
                 del self.parked[name]
             else:
                 del parked[:idle]
-        peaks = {}
-        for name in self.peaks:
-            box = self.fleet.get(name)
-            held = 0 if box is None else box.in_flight + len(self.parked.get(name, ()))
-            if held:
-                peaks[name] = held
-        self.peaks = peaks
 
     # -- in the background (rules 3, 4, 6, 7) --------------------------------------------------
     def start(self) -> None:
