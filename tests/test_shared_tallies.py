@@ -182,10 +182,10 @@ def test_a_busy_key_is_admitted_from_its_credit_and_gives_back_what_it_did_not_s
     after, elapsed = shared_state(router), time.monotonic() - started
     credited = after["tallies"]["credited_calls"] - before["tallies"]["credited_calls"]
     assert credited >= calls // 2, after["tallies"]
-    # the calls not credited, the renewals (not waited for: each half CREDIT_S, and a few more while
-    # the credit grows from CREDIT_FIRST_CALLS), the syncs meanwhile
+    # what goes out is the calls not credited, the renewals and give-backs (waited for by no call:
+    # about one each half CREDIT_S, a few more while the credit grows) and the syncs: far from one a call
     sent = after["round_trips"] - before["round_trips"]
-    assert sent <= (calls - credited) + elapsed / (CREDIT_S / 2) + 4 + elapsed + 2 and sent < calls / 2, sent
+    assert sent <= calls // 3, (sent, elapsed)
 
     def spent() -> tuple[int, int]:
         """(the tally's spend, reserved included; the store's tokens this period)"""
@@ -199,9 +199,9 @@ def test_a_busy_key_is_admitted_from_its_credit_and_gives_back_what_it_did_not_s
 
 def test_a_credit_admits_with_no_round_trip_gives_back_the_rest_and_is_not_spent_after_an_outage(redis_server):
     """shared_counters rule 8, in this process: the second of two quick calls asks a credit; the
-    calls it covers are answered at once (no round trip); a call it does not cover is a
-    compare-and-set; what was not spent goes back after CREDIT_S; and a credit granted before
-    the server went down is not spent after it came back."""
+    calls it covers are answered at once (no round trip waited for); a call it does not cover is a
+    compare-and-set; what was not spent goes back once the credit lapses, unasked; a credit
+    outlives a blip of the same server, and is not spent on a new run of it (restarted)."""
     budget = Limits(budget_tokens=10**9)
 
     async def reserved_on_server(server: SharedServer) -> int:
@@ -216,20 +216,29 @@ def test_a_credit_admits_with_no_round_trip_gives_back_the_rest_and_is_not_spent
         await asyncio.sleep(0)  # the grant's answer is read
         before = server.round_trips
         credited = [counters.admit("key:k", budget, "m", 10, time.time()) for _ in range(CREDIT_FIRST_CALLS)]
-        assert all(answer.__class__ is tuple for answer in credited) and server.round_trips == before
-        assert (await reserved_on_server(server)) == 10 * (2 + CREDIT_FIRST_CALLS)  # spent or not, drawn
-        larger = counters.admit("key:k", budget, "m", 11, time.time())
+        await asyncio.sleep(0.01)  # a round trip asked would have gone out by now
+        assert all(answer.__class__ is tuple for answer in credited)
+        assert server.round_trips - before <= 1  # the renewal, asked half spent, waited for by none
+        larger = counters.admit("key:k", budget, "m", 10**6, time.time())  # more than any credit holds
         assert larger.__class__ is not tuple and (await larger).__class__ is tuple
-        await asyncio.sleep(CREDIT_S * 2)
-        await server.call(None, "PING")  # the next round trip carries the give-back
-        assert (await reserved_on_server(server)) == 10 * (2 + CREDIT_FIRST_CALLS) + 11
+        await asyncio.sleep(CREDIT_S * 2.5)  # every credit's rest back, unasked, once it lapsed
+        assert (await reserved_on_server(server)) == 10 * (2 + CREDIT_FIRST_CALLS) + 10**6
         for _ in range(2):  # a new credit, once quick again
             await counters.admit("key:k", budget, "m", 10, time.time())
         await asyncio.sleep(0)
         assert counters.credits["key:k"].requests
-        server.went_down(OSError("the test's outage"))
+        server.went_down(OSError("the test's blip"))  # the same run of the server: it still holds the draw
         server.came_up()
+        assert counters.admit("key:k", budget, "m", 10, time.time()).__class__ is tuple
+        lost = counters.lost_steps
+        redis_server.stop()
+        redis_server.start()  # a new run: what the credit drew is gone
+        await asyncio.sleep(0.1)
+        assert not server.up  # the idle connection's close said so (store/shared.py rule 3)
+        await server.call(None, "PING")
+        server.came_up()  # the sync's part
         assert counters.admit("key:k", budget, "m", 10, time.time()).__class__ is not tuple
+        assert counters.lost_steps == lost + 1  # its rest was not given back to the new run
 
     run(scenario, redis_server)
 

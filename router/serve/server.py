@@ -340,6 +340,8 @@ class Running:
         loop = asyncio.get_running_loop()
         await self.shared.clock.stop()
         if self.shared.leases is not None:
+            if self.shared.tenancy.shared is not None:  # credits back, settles written, while it is up
+                await self.shared.tenancy.shared.give_back()
             await self.shared.leases.stop()
         for task in self.tasks:
             task.cancel()

@@ -59,7 +59,8 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    others hold leases on asks for them (`want`: WANTED_CHANNEL, at most once per box per
    WANTED_EVERY_S), and every router gives its parked leases on the box back at once, within a
    pub/sub hop (their GIVE publishes the freed count, which wakes the waiter: rule 4). The server
-   down (rule 6): parked leases are forgotten, never handed to a call. `--shared-down closed`
+   down (rule 6): parked leases are forgotten, never handed to a call (on a server that only
+   blinked, they expire there within LEASE_TTL_S). `--shared-down closed`
    parks nothing: it promises that a call is sent only on a slot a live server granted it, and a
    reused lease is one no round trip has checked since its call ended.
 """

@@ -23,8 +23,8 @@ Rules:
    share of a round trip is most of what it costs, and the Python around it is kept to a few
    calls.
 3. Every round trip has a deadline, ROUND_TRIP_TIMEOUT_S, kept by one timer re-armed only when
-   it fires (not one per round trip); a round trip that passes it, or any connection error,
-   marks the server down (`up` False) and fails every command in it with `SharedDown`. While it
+   it fires (not one per round trip); a round trip that passes it, or any connection error (a
+   connection closed while idle too: a restarted server closes it), marks the server down (`up` False) and fails every command in it with `SharedDown`. While it
    is down the call path asks nothing (`up` is read first, at no cost); the background sync
    (once a second, serve/shared.py) marks it up again on the first round trip that succeeds.
 4. Going down and coming back are each one log line at warning level, with how long it was down;
@@ -32,7 +32,8 @@ Rules:
 5. The URL's password never reaches a log line or the state (`shown_url`).
 6. `Wire` connects as redis-py would from the same URL (host and port or a Unix socket, TLS for
    `rediss://`, AUTH with the user and password, SELECT the database): the first round trip on a
-   new connection carries AUTH and SELECT before the commands.
+   new connection carries AUTH and SELECT, and reads the server's `run_id` (`epoch` counts the
+   runs: a new one lost whatever the old one held).
 7. A call-path command (`send`) names what takes its reply, a plain function called as the reply
    is read, in the round trip's order, exactly once (the reply, or SharedDown when its round trip
    failed or the router stops). No future, and no loop callback, per command: the call that
@@ -112,7 +113,10 @@ class SharedServer:
         self.reply_error = hiredis.ReplyError
         self.wire: Wire | None = None
         self.up = False
-        self.ups = 0  # times it came up: what a step asked before an outage may no longer describe
+        # the server's run (its `run_id`, read on every new connection) counted from 0: a restart
+        # lost what it held, so what a step drew from an earlier run is not there any more
+        self.epoch = 0
+        self.run_id: str | None = None
         self.reached = False  # answered once: coming up after that is news (rule 4)
         self.down_since = time.time()  # epoch seconds; the state shows it
         self.why_down = "not reached yet"
@@ -146,7 +150,6 @@ class SharedServer:
         if not self.up:
             was_down_s = time.time() - self.down_since
             self.up = True
-            self.ups += 1
             self.why_down = ""
             if self.reached:
                 log.warning("shared server %s is up (after %.1f s): counting across routers again",
@@ -276,7 +279,10 @@ class SharedServer:
         self._flush()  # what queued meanwhile tries a new connection
 
     async def _reconnect(self) -> None:
-        """A new connection for what is queued; the server marked down when it fails."""
+        """A new connection for what is queued; the server marked down when it fails. A new run
+        of the server (restarted: `epoch`) fails what was asked of the old one instead of sending
+        it: a step read from a tally the new run does not hold must not be written there."""
+        epoch = self.epoch
         try:
             async with asyncio.timeout(SERVER_CONNECT_TIMEOUT_S):
                 await self._connect()
@@ -289,6 +295,11 @@ class SharedServer:
             self.connecting = None
             raise
         self.connecting = None
+        if self.epoch != epoch and self.queued:
+            batch, self.queued = self.queued, []
+            self.went_down(ConnectionResetError("the server restarted"))
+            for _, done in batch:
+                _run(done, SharedDown(self.why_down))
         self._flush()
 
     async def _load_scripts(self, unknown: list) -> None:
@@ -312,7 +323,7 @@ class SharedServer:
         reader = self.reader(replyError=self.reply_error)
 
         def protocol() -> Wire:
-            return Wire(reader)
+            return Wire(reader, self._lost_idle)
 
         if "path" in where:
             _, wire = await loop.create_unix_connection(protocol, where["path"])
@@ -326,11 +337,25 @@ class SharedServer:
             hello.append(("AUTH", *((where["username"],) if where.get("username") else ()), where["password"]))
         if where.get("db"):
             hello.append(("SELECT", where["db"]))
-        if hello:
-            refused = [r for r in await answer(wire, hello) if isinstance(r, self.reply_error)]
-            if refused:
-                raise ConnectionRefusedError(f"the server refused the connection: {str(refused[0])[:80]}")
+        replies = await answer(wire, [*hello, ("INFO", "server")])
+        refused = [r for r in replies if isinstance(r, self.reply_error)]
+        if refused:
+            raise ConnectionRefusedError(f"the server refused the connection: {str(refused[0])[:80]}")
+        run_id = next((line.partition(b":")[2].strip() for line in replies[-1].splitlines()
+                       if line.startswith(b"run_id:")), b"").decode(errors="replace")
+        if run_id != self.run_id:
+            if self.run_id is not None:
+                self.epoch += 1
+            self.run_id = run_id
         return wire
+
+    def _lost_idle(self, wire: Wire, exc: Exception) -> None:
+        """Rule 3: the connection closed with no round trip out (the server restarted, or
+        dropped this client): the server is down as after any connection error, until the sync
+        finds it again."""
+        if wire is self.wire:
+            self.wire = None
+            self.went_down(exc)
 
     async def close(self) -> None:
         if self.connecting is not None:
@@ -383,8 +408,9 @@ class Wire(asyncio.Protocol):
     one buffer, the replies read by hiredis until there are as many as commands, then handed to
     the round trip's `done` (a connection lost hands it the error instead)."""
 
-    def __init__(self, reader) -> None:
+    def __init__(self, reader, on_lost: Callable[[Wire, Exception], None] | None = None) -> None:
         self.reader = reader
+        self.on_lost = on_lost  # the connection lost with no round trip out (its owner did not close it)
         self.transport: asyncio.Transport | None = None
         self.open = False
         # the round trip out: what it hands its replies to, how many it waits for, those read so far
@@ -418,13 +444,16 @@ class Wire(asyncio.Protocol):
             self.lost(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost(ConnectionResetError("the server closed the connection"))
+        if self.open:  # else its owner closed it
+            self.lost(ConnectionResetError("the server closed the connection"))
 
     def lost(self, exc: Exception) -> None:
         done = self.done
         self.close()
         if done is not None:
             done(exc)
+        elif self.on_lost is not None:
+            self.on_lost(self, exc)
 
     def close(self) -> None:
         """Closed by its owner: the round trip out (if any) is the owner's to fail."""

@@ -44,13 +44,14 @@ Rules:
    credit spent, or half its CREDIT_S gone, the next one is asked (not waited for: the calls go on
    spending this one), for twice the calls the key's rate makes in CREDIT_S; when it comes, what
    the old one did not spend goes back with the next round trip. A credit nobody renews lives
-   CREDIT_S, then its rest goes back the same way. So nothing a credit admits is uncounted on the
+   CREDIT_S, then its rest goes back at once, and a router that stops gives back what its credits
+   hold (and writes its settles) before it closes. So nothing a credit admits is uncounted on the
    server, a limit is never passed by more than one router's bound (a credit's tokens are
    reserved like a call's), and what credits hold unspent (at most 1/17 of what was left, twice
    that while one is renewed) counts as spent for at most CREDIT_S plus a round trip: near a
    limit, where that would matter, no credit is given and every call is a compare-and-set. A credit is
-   given up when the server goes down, and one asked before an outage is not spent after it
-   (a restarted server may have lost what it drew). The served call's rate headers are the
+   not spent while the server is down, nor on a new run of it (`SharedServer.epoch`: a restarted
+   server lost what it drew); its rest, not given back then, is counted in `lost_steps`. The served call's rate headers are the
    tally's when its credit was granted, the credit counted as spent. `--shared-down closed` gives
    no credit: it promises that a call runs only on a count a live server answered for that call
    (as it parks no lease: serve/shared.py rule 9).
@@ -70,7 +71,7 @@ from typing import TypeVar
 from router.core import limits as rules
 from router.core.limits import Left, Limits, Refused, Tally, Windows
 from router.store.counters import LocalCounters
-from router.store.shared import PREFIX, SharedDown, SharedServer
+from router.store.shared import PREFIX, ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
 
 CAS_TRIES = 16
 CREDIT_S = 0.1  # rule 8
@@ -129,7 +130,7 @@ class Credit:
     headers it was granted with, and what its calls spent (the next one's size)."""
 
     __slots__ = ("requests", "tokens", "limits", "windows", "spent", "spent_tokens", "renew_at", "granted_at", "asked",
-                 "ups", "slow_at", "expiry")
+                 "epoch", "slow_at", "expiry")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -141,7 +142,7 @@ class Credit:
         self.renew_at = 0  # the next credit is asked when this many calls spent this one
         self.granted_at = 0.0  # monotonic
         self.asked = False  # a grant is on its way
-        self.ups = -1  # the server's `ups` when granted
+        self.epoch = -1  # the server's run it was drawn on (SharedServer.epoch)
         self.slow_at = -math.inf  # monotonic: the last call a compare-and-set admitted
         self.expiry: asyncio.TimerHandle | None = None
 
@@ -263,7 +264,7 @@ class SharedCounters:
         credit = self.credits.get(key)
         if credit is not None:
             if (credit.requests and tokens <= credit.tokens and credit.limits is limits
-                    and credit.ups == self.server.ups and self.server.up
+                    and credit.epoch == self.server.epoch and self.server.up
                     and (limits.models is None or rules.model_allowed(limits.models, model))):
                 credit.requests -= 1
                 credit.tokens -= tokens
@@ -298,7 +299,7 @@ class SharedCounters:
         last, credit.slow_at = max(credit.slow_at, credit.granted_at), moment
         if credit.asked:
             return
-        if moment - last >= 2 * CREDIT_S:  # not fast enough (yet, or any more)
+        if moment - last >= CREDIT_S:  # not fast enough (yet, or any more)
             credit.spent = credit.spent_tokens = 0
             return
         calls = min(CREDIT_MAX_CALLS, 2 * credit.spent) if credit.spent else CREDIT_FIRST_CALLS
@@ -320,9 +321,9 @@ class SharedCounters:
             return requests, drawn, rules.windows_after(tally, limits)
 
         granting = self._queue(key, apply, urgent=urgent)
-        granting.add_done_callback(functools.partial(self._granted, key, credit, limits, self.server.ups))  # type: ignore[union-attr]
+        granting.add_done_callback(functools.partial(self._granted, key, credit, limits, self.server.epoch))  # type: ignore[union-attr]
 
-    def _granted(self, key: str, credit: Credit, limits: Limits, ups: int, granting: asyncio.Future) -> None:
+    def _granted(self, key: str, credit: Credit, limits: Limits, epoch: int, granting: asyncio.Future) -> None:
         credit.asked = False
         if granting.cancelled() or granting.exception() is not None:
             return
@@ -331,30 +332,42 @@ class SharedCounters:
         credit.spent = credit.spent_tokens = 0
         if not requests:
             return
-        credit.requests, credit.tokens, credit.limits, credit.windows, credit.ups = requests, tokens, limits, windows, ups
+        credit.requests, credit.tokens, credit.limits, credit.windows, credit.epoch = requests, tokens, limits, windows, epoch
         credit.renew_at, credit.granted_at = max(1, requests // 2), time.monotonic()
         credit.expiry = asyncio.get_running_loop().call_later(CREDIT_S, self._expired, key, credit)
 
     def _expired(self, key: str, credit: Credit) -> None:
         credit.expiry = None
-        if self.server.up:
-            self._refund(key, credit)
-        elif credit.requests or credit.tokens:
-            credit.requests = credit.tokens = 0
-            self.lost_steps += 1  # its draw stays on the server, as a settle lost would (rule 3)
+        self._refund(key, credit, urgent=True)  # nobody renewed it: its rest goes back now
 
-    def _refund(self, key: str, credit: Credit) -> None:
-        """What the credit did not spend goes back with the next round trip (rule 8), where the
-        server still holds what it drew; the credit is done either way."""
+    def _refund(self, key: str, credit: Credit, urgent: bool = False) -> None:
+        """What the credit did not spend goes back (rule 8), with the next round trip, where the
+        server still holds what it drew; the credit is done either way. Not given back (the
+        server down, or a new run of it): counted in `lost_steps`, as a settle lost is (rule 3)."""
         requests, tokens, limits = credit.requests, credit.tokens, credit.limits
         credit.requests = credit.tokens = 0
         if credit.expiry is not None:
             credit.expiry.cancel()
             credit.expiry = None
-        if (requests or tokens) and credit.ups == self.server.ups:
-            now = time.time()
-            self._queue(key, lambda tally: rules.refund(tally, limits, requests, tokens, now), urgent=False,
-                        waited=False)
+        if not (requests or tokens):
+            return
+        if credit.epoch != self.server.epoch or not self.server.up:
+            self.lost_steps += 1
+            return
+        now = time.time()
+        self._queue(key, lambda tally: rules.refund(tally, limits, requests, tokens, now), urgent=urgent,
+                    waited=False)
+
+    async def give_back(self) -> None:
+        """The router stops: every credit's rest goes back (rule 8), and what is still to be
+        written (settles riding the next round trip) is written, within two round trips' deadline."""
+        for key, credit in self.credits.items():
+            self._refund(key, credit, urgent=True)
+        if self.ready or self.queued:
+            self.server.soon()
+        deadline = time.monotonic() + 2 * ROUND_TRIP_TIMEOUT_S
+        while (self.writing or self.ready or self.queued) and self.server.up and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         def apply(tally: Tally) -> None:
