@@ -243,6 +243,27 @@ def test_a_credit_admits_with_no_round_trip_gives_back_the_rest_and_is_not_spent
     run(scenario, redis_server)
 
 
+def test_a_router_that_stops_gives_back_its_credits_and_writes_its_settles(redis_server):
+    """shared_counters rule 8: `give_back` (run as the router stops) leaves the tally holding
+    exactly the calls admitted and settled, nothing of a credit's rest."""
+    budget = Limits(budget_tokens=10**9)
+
+    async def scenario(server: SharedServer):
+        await server.call(None, "DEL", PREFIX + "tally:key:s")
+        server.came_up()
+        counters = SharedCounters(server, closed=False)
+        for _ in range(2):
+            await counters.admit("key:s", budget, "m", 100, time.time())
+        await asyncio.sleep(0)  # the credit is granted
+        assert counters.admit("key:s", budget, "m", 100, time.time()).__class__ is tuple
+        counters.settle("key:s", budget, 100, 40, time.time(), False)  # rides a later round trip
+        await counters.give_back()
+        tally = unpack(await server.call(None, "HGET", PREFIX + "tally:key:s", "d") or b"")
+        return tally.reserved, tally.used
+
+    assert run(scenario, redis_server) == (200, 40)  # two calls unsettled, one settled at 40 tokens
+
+
 @given(st.lists(st.floats(allow_nan=False), min_size=5, max_size=5),
        st.lists(st.integers(min_value=-(2 ** 53), max_value=2 ** 53), min_size=3, max_size=3))
 def test_a_tally_packs_copies_and_unpacks_whole(floats, ints):
