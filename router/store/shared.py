@@ -24,9 +24,10 @@ Rules:
    calls.
 3. Every round trip has a deadline, ROUND_TRIP_TIMEOUT_S, kept by one timer re-armed only when
    it fires (not one per round trip); a round trip that passes it, or any connection error (a
-   connection closed while idle too: a restarted server closes it), marks the server down (`up` False) and fails every command in it with `SharedDown`. While it
-   is down the call path asks nothing (`up` is read first, at no cost); the background sync
-   (once a second, serve/shared.py) marks it up again on the first round trip that succeeds.
+   connection closed while idle too: a restarted server closes it), marks the server down (`up`
+   False) and fails every command in it with `SharedDown`. While it is down the call path asks
+   nothing (`up` is read first, at no cost); the background sync (once a second,
+   serve/shared.py) marks it up again on the first round trip that succeeds.
 4. Going down and coming back are each one log line at warning level, with how long it was down;
    never one per call.
 5. The URL's password never reaches a log line or the state (`shown_url`).
@@ -259,6 +260,10 @@ class SharedServer:
         if self.wire is not None:
             self.wire.close()
             self.wire = None
+        self._refuse(batch, exc)
+
+    def _refuse(self, batch: list, exc: BaseException) -> None:
+        """The server marked down, every command of `batch` failed with SharedDown."""
         self.went_down(exc)
         for _, done in batch:
             _run(done, SharedDown(self.why_down))
@@ -297,9 +302,7 @@ class SharedServer:
         self.connecting = None
         if self.epoch != epoch and self.queued:
             batch, self.queued = self.queued, []
-            self.went_down(ConnectionResetError("the server restarted"))
-            for _, done in batch:
-                _run(done, SharedDown(self.why_down))
+            self._refuse(batch, ConnectionResetError("the server restarted"))
         self._flush()
 
     async def _load_scripts(self, unknown: list) -> None:

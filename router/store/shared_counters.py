@@ -7,10 +7,10 @@ Rules:
    its version, applies the rule of router.core.limits to a copy, and writes it back with a
    compare-and-set script (CAS): written only while the server's version is the one read. A
    version another router moved answers the record as it is instead, and the step is applied
-   again to that (at most CAS_TRIES times). So a step is one round trip when this router saw the latest write, two when
-   another router wrote since; the rules stay router.core.limits', unchanged, and every step is
-   atomic across routers: the counts, and the overshoot bound of a token limit (one call's
-   reservation), are the same as one router's. A router writes one tally once at a time: the
+   again to that (at most CAS_TRIES times). So a step is one round trip when this router saw the
+   latest write, two when another router wrote since; the rules stay router.core.limits',
+   unchanged, and every step is atomic across routers: the counts, and the overshoot bound of a
+   token limit (one call's reservation), are the same as one router's. A router writes one tally once at a time: the
    steps that arrive meanwhile are applied in order to one copy and go out in its next write
    (a burst on one key costs one round trip per write, not one per call, and its CASes do not
    race each other). A step is asked at once and its CAS is packed with the next round trip
@@ -49,12 +49,13 @@ Rules:
    server, a limit is never passed by more than one router's bound (a credit's tokens are
    reserved like a call's), and what credits hold unspent (at most 1/17 of what was left, twice
    that while one is renewed) counts as spent for at most CREDIT_S plus a round trip: near a
-   limit, where that would matter, no credit is given and every call is a compare-and-set. A credit is
-   not spent while the server is down, nor on a new run of it (`SharedServer.epoch`: a restarted
-   server lost what it drew); its rest, not given back then, is counted in `lost_steps`. The served call's rate headers are the
-   tally's when its credit was granted, the credit counted as spent. `--shared-down closed` gives
-   no credit: it promises that a call runs only on a count a live server answered for that call
-   (as it parks no lease: serve/shared.py rule 9).
+   limit, where that would matter, no credit is given and every call is a compare-and-set. A
+   credit is not spent while the server is down, nor on a new run of it (`SharedServer.epoch`: a
+   restarted server lost what it drew); its rest, not given back then, is counted in
+   `lost_steps`. The served call's rate headers are the tally's when its credit was granted, the
+   credit counted as spent. `--shared-down closed` gives no credit: it promises that a call runs
+   only on a count a live server answered for that call (as it parks no lease: serve/shared.py
+   rule 9).
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ class Credit:
     """One key's credit on this router (rule 8): what is left of it, the limits and the rate
     headers it was granted with, and what its calls spent (the next one's size)."""
 
-    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "spent_tokens", "renew_at", "granted_at", "asked",
-                 "epoch", "slow_at", "expiry")
+    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "renew_at", "granted_at", "asked", "epoch",
+                 "slow_at", "expiry")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -138,7 +139,6 @@ class Credit:
         self.limits: Limits | None = None
         self.windows: Windows | None = None
         self.spent = 0  # calls the live (or the last) credit admitted
-        self.spent_tokens = 0
         self.renew_at = 0  # the next credit is asked when this many calls spent this one
         self.granted_at = 0.0  # monotonic
         self.asked = False  # a grant is on its way
@@ -258,7 +258,8 @@ class SharedCounters:
         self.seen[name] = (tally, version, time.monotonic())
 
     # -- the Counters steps --------------------------------------------------------------------
-    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Windows | Awaitable[Refused | Windows]:
+    def admit(self, key: str, limits: Limits, model: str, tokens: int,
+              now: float) -> Windows | Awaitable[Refused | Windows]:
         """Admitted from the key's credit (rule 8): its rate headers; else an awaitable of the
         compare-and-set's answer."""
         credit = self.credits.get(key)
@@ -269,7 +270,6 @@ class SharedCounters:
                 credit.requests -= 1
                 credit.tokens -= tokens
                 credit.spent += 1
-                credit.spent_tokens += tokens
                 self.credited += 1
                 if not credit.asked and (credit.spent >= credit.renew_at
                                          or time.monotonic() - credit.granted_at >= CREDIT_S / 2):
@@ -300,7 +300,7 @@ class SharedCounters:
         if credit.asked:
             return
         if moment - last >= CREDIT_S:  # not fast enough (yet, or any more)
-            credit.spent = credit.spent_tokens = 0
+            credit.spent = 0
             return
         calls = min(CREDIT_MAX_CALLS, 2 * credit.spent) if credit.spent else CREDIT_FIRST_CALLS
         self._grant(key, credit, limits, calls, tokens, now, urgent=False)  # the admission's write carries it
@@ -321,7 +321,8 @@ class SharedCounters:
             return requests, drawn, rules.windows_after(tally, limits)
 
         granting = self._queue(key, apply, urgent=urgent)
-        granting.add_done_callback(functools.partial(self._granted, key, credit, limits, self.server.epoch))  # type: ignore[union-attr]
+        granting.add_done_callback(  # type: ignore[union-attr]
+            functools.partial(self._granted, key, credit, limits, self.server.epoch))
 
     def _granted(self, key: str, credit: Credit, limits: Limits, epoch: int, granting: asyncio.Future) -> None:
         credit.asked = False
@@ -329,10 +330,11 @@ class SharedCounters:
             return
         requests, tokens, windows = granting.result()
         self._refund(key, credit)  # a renewal: what the one it replaces did not spend goes back
-        credit.spent = credit.spent_tokens = 0
+        credit.spent = 0
         if not requests:
             return
-        credit.requests, credit.tokens, credit.limits, credit.windows, credit.epoch = requests, tokens, limits, windows, epoch
+        credit.requests, credit.tokens, credit.limits = requests, tokens, limits
+        credit.windows, credit.epoch = windows, epoch
         credit.renew_at, credit.granted_at = max(1, requests // 2), time.monotonic()
         credit.expiry = asyncio.get_running_loop().call_later(CREDIT_S, self._expired, key, credit)
 
