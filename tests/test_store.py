@@ -237,6 +237,30 @@ def test_ten_thousand_rows_without_blocking_and_stop_flushes_them_all(tmp_path):
     conn.close()
 
 
+def test_a_batch_goes_in_as_statements_apsw_keeps_prepared(tmp_path):
+    """Rule 10: a batch of any size is cut into at most eight distinct INSERT texts, each under
+    APSW's largest cacheable statement, so a flush prepares nothing it prepared before."""
+    for rows in range(0, 3 * route_log.STATEMENT_ROWS + 1):
+        sizes = route_log.statement_sizes(rows)
+        assert sum(sizes) == rows
+        assert all(size & (size - 1) == 0 and size <= route_log.STATEMENT_ROWS for size in sizes), sizes
+        rest = [size for size in sizes if size < route_log.STATEMENT_ROWS]
+        assert sizes == sorted(sizes, reverse=True) and len(set(rest)) == len(rest), sizes
+    writer = RouteLogWriter(tmp_path / "router.sqlite3")
+    writer._open()  # the engine alone, on this thread
+    try:
+        conn = writer._conn
+        assert len(route_log.insert_sql(route_log.STATEMENT_ROWS)) <= conn.cache_stats()["max_cacheable_bytes"]
+        batch = [(0.0, row(i)) for i in range(MAX_BATCH_ROWS - 1)]  # 255 rows: 128 + 64 + ... + 1
+        writer._write(batch)
+        misses = conn.cache_stats()["misses"]
+        writer._write([(0.0, row(i)) for i in range(1000, 1000 + len(batch))])
+        assert conn.cache_stats()["misses"] == misses  # the second flush prepared nothing
+        assert writer.written == 2 * len(batch) and count(tmp_path / "router.sqlite3") == 2 * len(batch)
+    finally:
+        writer._close()
+
+
 def test_bad_rows_are_dropped_alone(tmp_path):
     path = tmp_path / "router.sqlite3"
     writer = RouteLogWriter(path)
