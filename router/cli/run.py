@@ -111,7 +111,9 @@ def _demo(args: argparse.Namespace, workdir: Path) -> int:
                 flush=True,
             )
 
-        return uvloop.run(serve(_config(args, boxes_path, workdir / "store" / store_paths.DB_FILE), ready=announce))
+        # A router process, as `serve` runs one: its start-up's objects frozen out of the collector.
+        config = dataclasses.replace(_config(args, boxes_path, workdir / "store" / store_paths.DB_FILE), freeze_gc=True)
+        return uvloop.run(serve(config, ready=announce))
     finally:
         sim.send_signal(signal.SIGTERM)
         try:
