@@ -60,6 +60,31 @@ def test_add_replace_update_block_delete_live(start_fleet_in_process, tmp_path):
         others.stop()
 
 
+def test_a_box_added_takes_calls_once_its_answer_says_so(start_fleet_in_process, monkeypatch):
+    """The answer to POST /v1/boxes waits (bounded) for the new box's first read, so a call
+    right after it is served, however slowly the box's inventory comes in (here 0.3 s late;
+    before, the call came back 503 no_model whenever it beat the first inventory)."""
+    import asyncio
+
+    from router.boxes.hugpy import HugpyLink
+
+    follow = HugpyLink.follow_inventory
+
+    async def late(self):
+        if self.box.name == "b":
+            await asyncio.sleep(0.3)
+        await follow(self)
+
+    monkeypatch.setattr(HugpyLink, "follow_inventory", late)
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
+    b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
+    with SimFleet([b]):
+        assert call(router, "POST", "/v1/boxes", {"name": "b", "url": b.url, "key": KEY})[0] == 201
+        pinned = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                             "alloc": {"worker": "b"}}).encode()
+        assert request(router.url, "POST", "/v1/chat/completions", pinned)[0] == 200
+
+
 def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet_in_process):
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     before = router.boxes_path.read_bytes()

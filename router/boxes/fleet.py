@@ -101,6 +101,15 @@ class Fleet:
         await asyncio.gather(*(self.links[name].first_read() for name in fresh))
         self._watch = asyncio.create_task(self._watch_file(), name="boxes-file")
 
+    async def first_read(self, name: str) -> None:
+        """Returns once box `name`'s link has read the box once (its first probe, and for a box
+        that answered its first inventory), bounded as at start: a box just added through the
+        admin API takes calls as soon as its answer says it was added, whichever of the edit's
+        own reload and the file watch started its link."""
+        link = self.links.get(name)
+        if link is not None and not link.first_inventory.is_set():
+            await link.first_read()
+
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.cancel()

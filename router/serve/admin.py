@@ -302,8 +302,8 @@ async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int 
                       note: dict | None = None) -> None:
     """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
     off the loop; a box that is this router itself is refused before anything is written. The
-    fleet applies the edit before the answer, which shows the box (never its key) and `note`,
-    which `change` may fill in."""
+    fleet applies the edit, and a new or re-linked box has been read once (bounded), before the
+    answer, which shows the box (never its key) and `note`, which `change` may fill in."""
     shared = app.shared
     fleet = shared.fleet
 
@@ -330,6 +330,7 @@ async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int 
     if box is None:
         await _json(edge, status, {"name": name, "removed": True})
         return
+    await fleet.first_read(name)
     await _json(edge, 201 if result is True else status, {**box_view(box), **(note or {})})
 
 
