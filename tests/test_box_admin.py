@@ -115,6 +115,25 @@ def test_edits_of_a_box_whose_inventory_fails_are_answered_without_the_whole_wai
             assert time.monotonic() - started < FIRST_READ_TIMEOUT_S / 2, (method, path)
 
 
+def test_a_box_added_while_down_is_answered_at_once(start_fleet_in_process):
+    """A box that refuses connections fails its first probe at once: its add's answer does not
+    wait for a first read that cannot come, nor does the next edit of it."""
+    import socket
+    import time
+
+    from router.boxes.link import FIRST_READ_TIMEOUT_S
+
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        url = "http://127.0.0.1:%d" % closed.getsockname()[1]
+        for method, path, doc, status in (("POST", "/v1/boxes", {"name": "down", "url": url}, 201),
+                                          ("POST", "/v1/boxes/down/block", None, 200)):
+            started = time.monotonic()
+            assert call(router, method, path, doc)[0] == status
+            assert time.monotonic() - started < FIRST_READ_TIMEOUT_S / 2, (method, path)
+
+
 def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet_in_process):
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     before = router.boxes_path.read_bytes()
