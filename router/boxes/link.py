@@ -61,7 +61,6 @@ class Link:
     def __init__(self, box: BoxState) -> None:
         self.box = box
         self.tasks: list[asyncio.Task] = []
-        self.first_inventory = asyncio.Event()  # set once the first inventory is in
         self.inventory_tried = asyncio.Event()  # set once an inventory read came in or failed (rule 1)
         self.streak = Streak()  # the inventory loop's failures in a row (rule 2)
         self.probe_error = ""  # why the last probe failed, for the offline line
@@ -190,7 +189,6 @@ class Link:
 
     def publish(self, inventory: Inventory) -> None:
         self.box.set_inventory(inventory)
-        self.first_inventory.set()
         self.inventory_tried.set()
         if self.inventory_error:
             self.inventory_error = ""
