@@ -85,6 +85,55 @@ def test_a_box_added_takes_calls_once_its_answer_says_so(start_fleet_in_process,
         assert request(router.url, "POST", "/v1/chat/completions", pinned)[0] == 200
 
 
+def test_edits_of_a_box_whose_inventory_fails_are_answered_without_the_whole_wait(start_fleet_in_process,
+                                                                                 monkeypatch):
+    """The wait for a box's first read ends with its first inventory read, good or failed: a box
+    that answers its health probe but fails every inventory read holds neither its add's answer
+    for the whole bound nor that of every later edit (blocking it, what an operator does to such
+    a box)."""
+    import time
+
+    from router.boxes.hugpy import HugpyLink
+    from router.boxes.link import FIRST_READ_TIMEOUT_S, InventoryError
+
+    follow = HugpyLink.follow_inventory
+
+    async def failing(self):
+        if self.box.name == "b":
+            raise InventoryError("/v1/telemetry/state answered 500", 500, "/v1/telemetry/state")
+        await follow(self)
+
+    monkeypatch.setattr(HugpyLink, "follow_inventory", failing)
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
+    b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
+    with SimFleet([b]):
+        for method, path, doc, status in (("POST", "/v1/boxes", {"name": "b", "url": b.url, "key": KEY}, 201),
+                                          ("POST", "/v1/boxes/b/block", None, 200),
+                                          ("PUT", "/v1/boxes/b", {"pool": "gpu"}, 200)):
+            started = time.monotonic()
+            assert call(router, method, path, doc)[0] == status
+            assert time.monotonic() - started < FIRST_READ_TIMEOUT_S / 2, (method, path)
+
+
+def test_a_box_added_while_down_is_answered_at_once(start_fleet_in_process):
+    """A box that refuses connections fails its first probe at once: its add's answer does not
+    wait for a first read that cannot come, nor does the next edit of it."""
+    import socket
+    import time
+
+    from router.boxes.link import FIRST_READ_TIMEOUT_S
+
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        url = "http://127.0.0.1:%d" % closed.getsockname()[1]
+        for method, path, doc, status in (("POST", "/v1/boxes", {"name": "down", "url": url}, 201),
+                                          ("POST", "/v1/boxes/down/block", None, 200)):
+            started = time.monotonic()
+            assert call(router, method, path, doc)[0] == status
+            assert time.monotonic() - started < FIRST_READ_TIMEOUT_S / 2, (method, path)
+
+
 def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet_in_process):
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     before = router.boxes_path.read_bytes()

@@ -7,6 +7,7 @@ import asyncio
 import types
 
 import orjson
+import pytest
 import uvloop
 
 from router.facades.openai import FACADE
@@ -21,14 +22,18 @@ SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "quer
 
 
 class StubClient:
-    """An ASGI client that sends its headers and then nothing: receive() never returns."""
+    """An ASGI client that sends its headers, then the body messages `pieces`, and then nothing:
+    receive() never returns."""
 
-    def __init__(self) -> None:
+    def __init__(self, pieces: tuple[dict, ...] = ()) -> None:
         self.sent: list[dict] = []
         self.receives = 0
+        self.pieces = list(pieces)
 
     async def receive(self) -> dict:
         self.receives += 1
+        if self.pieces:
+            return self.pieces.pop(0)
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
@@ -42,17 +47,25 @@ def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
                                  tenancy=types.SimpleNamespace(ended=lambda record, charge: None))
 
 
-def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes():
+@pytest.mark.parametrize("declared, pieces", [
+    (None, ()),
+    # Part of a declared body, then a stall: read until its length is in (edge.py invariant 8),
+    # so still due.
+    (100, ({"type": "http.request", "body": b"{" * 10, "more_body": True},)),
+], ids=["nothing", "part-of-a-declared-body"])
+def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes(declared, pieces):
     """The clock's sweep is the test's: time is injected, so the deadline is checked to the
     instant (a real sweep fires it up to one CLOCK_TICK_S late)."""
+    scope = SCOPE if declared is None else {
+        **SCOPE, "headers": [*SCOPE["headers"], (b"content-length", b"%d" % declared)]}
 
     async def main():
         clock = CallClock()  # never started: the test ticks it
-        client, observed = StubClient(), []
+        client, observed = StubClient(pieces), []
         route, _ = FACADE.route("POST", "/v1/chat/completions")
-        call = ProxyCall(stub_app(clock, observed), AsgiEdge(SCOPE, client.receive, client.send), FACADE, route)
+        call = ProxyCall(stub_app(clock, observed), AsgiEdge(scope, client.receive, client.send), FACADE, route)
         running = asyncio.get_running_loop().create_task(call.run())
-        while client.receives == 0:  # the body's read has begun
+        while client.receives <= len(pieces):  # the body's read has begun, and waits
             await asyncio.sleep(0)
         due_s = call.started_s + body.BODY_TIMEOUT_S
         clock.tick_all(due_s - 0.001)
@@ -68,7 +81,7 @@ def test_a_body_that_never_comes_gets_a_408_once_its_deadline_passes():
     error = orjson.loads(client.sent[1]["body"])["error"]
     assert error["code"] == "body_timeout"
     assert observed == [call.record] and (call.record.state, call.record.failure) == ("failed", "body_timeout")
-    assert client.receives == 1  # the watcher never read the client while the body was due
+    assert client.receives == 1 + len(pieces)  # the watcher never read the client while the body was due
     assert not clock.calls  # the call and its body's read left the clock
 
 

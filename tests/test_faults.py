@@ -419,6 +419,70 @@ def test_a_client_leaving_mid_stream_ends_the_box_call_and_is_cancelled(start_fl
     assert 0 < row["bytes_out"]
 
 
+def read_answer_head(reader) -> tuple[int, dict[bytes, bytes]]:
+    """An answer's status and headers, from a buffered reader over a raw connection."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def test_calls_back_to_back_on_one_connection_are_answered_and_a_leaving_client_is_noticed(start_fleet_in_process):
+    """serve/edge.py invariant 8: a declared body is read to its length, Granian's closing empty
+    message left unread. The connection still carries the calls after it (pipelined, one body in
+    two pieces), and a client that leaves the last one mid-stream is still noticed by the
+    disconnect watcher, whose first receive now gets that closing message."""
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=100, cadence_s=0.05)
+    router = start_fleet_in_process(a)
+
+    def call(body: bytes) -> bytes:
+        return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    plain, stream = chat_body(), chat_body(stream=True)
+    sock = socket.create_connection(address(router))
+    reader = sock.makefile("rb")
+    sock.sendall(call(plain) + call(plain)[:-10])  # the second body's end comes later
+    time.sleep(0.2)
+    sock.sendall(call(plain)[-10:] + call(stream))
+    for _ in range(2):
+        status, headers = read_answer_head(reader)
+        assert status == 200 and json.loads(reader.read(int(headers[b"content-length"])))["choices"]
+    status, _ = read_answer_head(reader)
+    assert status == 200
+    while b'"tok "' not in reader.readline():
+        pass
+    call_ = wait_for(lambda: next((c for c in box_calls(a) if c.stream), None), 3)
+    assert len(box_calls(a)) == 3
+    reader.close()  # the socket's descriptor closes with its last user
+    hang_up(sock, call_)
+    row = row_of(router, call_.parent_id)
+    assert (row["state"], row["error"]) == ("cancelled", "client_left")
+
+
+def test_a_chunked_body_that_also_names_a_length_is_read_whole(start_fleet_in_process):
+    """Transfer-Encoding wins over Content-Length (RFC 9112 §6.3): a body whose first chunk is
+    as long as the stray Content-Length is still read to its last chunk, never cut there."""
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet_in_process(a)
+    body = chat_body()
+    sock = socket.create_connection(address(router))
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" + body[:5] + b"\r\n")
+        time.sleep(0.2)  # the first chunk alone, as long as the declared length
+        sock.sendall(b"%x\r\n" % (len(body) - 5) + body[5:] + b"\r\n0\r\n\r\n")
+        reader = sock.makefile("rb")
+        status, headers = read_answer_head(reader)
+        assert status == 200 and json.loads(reader.read(int(headers[b"content-length"])))["choices"]
+        reader.close()
+    finally:
+        sock.close()
+    assert len(box_calls(a)) == 1  # five bytes alone would have been a 400, never a box's call
+
+
 def test_a_client_leaving_mid_trickle_ends_the_box_call(start_fleet_in_process):
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=20)
     a.script("tiny", Behavior.trickle(32, 0.05))  # about 5 s for the whole stream

@@ -261,6 +261,27 @@ def test_a_batch_goes_in_as_statements_apsw_keeps_prepared(tmp_path):
         writer._close()
 
 
+def test_a_bad_row_in_a_later_statement_rolls_back_the_whole_batch(tmp_path):
+    """Rules 10 and 2: a batch's statements share one transaction, so a bad row in its last
+    statement undoes the rows its first statements wrote; then each row goes in alone, every
+    good row exactly once."""
+    path = tmp_path / "router.sqlite3"
+    writer = RouteLogWriter(path)
+    writer._open()  # the engine alone, on this thread
+    try:
+        batch = [(0.0, row(i)) for i in range(MAX_BATCH_ROWS - 1)]  # 255 rows: 128 + 64 + ... + 1
+        batch[-1] = (0.0, row(3, box="b"))  # the last statement repeats a call of the first
+        batch[200] = (0.0, Row("bad-state", "exploded", received_at=1.0))
+        writer._write(batch)
+        assert (writer.written, writer.dropped) == (MAX_BATCH_ROWS - 3, 2)
+        conn = writer._conn
+        assert sorted(r[0] for r in conn.execute("SELECT request_id FROM route_log")) == sorted(
+            f"c{i}" for i in range(MAX_BATCH_ROWS - 2) if i != 200)
+        assert conn.execute("SELECT box FROM route_log WHERE request_id = 'c3'").fetchall() == [("a",)]
+    finally:
+        writer._close()
+
+
 def test_bad_rows_are_dropped_alone(tmp_path):
     path = tmp_path / "router.sqlite3"
     writer = RouteLogWriter(path)

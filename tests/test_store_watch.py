@@ -96,7 +96,7 @@ def store_link(name: str, url: str, store: Path) -> RecordingLink:
 async def following(link: RecordingLink) -> None:
     """Starts the link (health and inventory loops); returns once its first inventory is in."""
     link.start()
-    await asyncio.wait_for(link.first_inventory.wait(), WAIT_S)
+    await link.seen(lambda inventory: True)
 
 
 def test_a_resident_is_visible_within_50_ms_of_the_commit(tmp_path):

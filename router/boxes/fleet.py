@@ -103,11 +103,12 @@ class Fleet:
 
     async def first_read(self, name: str) -> None:
         """Returns once box `name`'s link has read the box once (its first probe, and for a box
-        that answered its first inventory), bounded as at start: a box just added through the
-        admin API takes calls as soon as its answer says it was added, whichever of the edit's
-        own reload and the file watch started its link."""
+        that answered its first inventory read, in or failed: link.py rule 1), bounded as at
+        start: a box just added through the admin API takes calls as soon as its answer says it
+        was added, whichever of the edit's own reload and the file watch started its link. A link
+        that has tried its inventory already is not waited for again."""
         link = self.links.get(name)
-        if link is not None and not link.first_inventory.is_set():
+        if link is not None and not link.inventory_tried.is_set():
             await link.first_read()
 
     async def stop(self) -> None:

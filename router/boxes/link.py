@@ -3,7 +3,9 @@
 Rules:
 1. A box is online while its last good health answer is younger than `HEALTH_TTL_S`; the
    first probe and the first inventory read run before the router serves (bounded by
-   `FIRST_READ_TIMEOUT_S`), so a fresh router knows who is up and what they hold.
+   `FIRST_READ_TIMEOUT_S`), so a fresh router knows who is up and what they hold. The wait
+   ends with that first read, good or failed: a box whose inventory read fails waits out no
+   bound (nor does every admin edit of it, which waits as the start does).
 2. A link never dies: any exception from the box or from reading its answer (a bug included)
    is a failure, retried after `router.core.backoff` (capped, reset by the next published
    inventory) and logged when the streak starts and then rarely. A health probe that raises
@@ -59,7 +61,7 @@ class Link:
     def __init__(self, box: BoxState) -> None:
         self.box = box
         self.tasks: list[asyncio.Task] = []
-        self.first_inventory = asyncio.Event()  # set once the first inventory is in
+        self.inventory_tried = asyncio.Event()  # set once an inventory read came in or failed (rule 1)
         self.streak = Streak()  # the inventory loop's failures in a row (rule 2)
         self.probe_error = ""  # why the last probe failed, for the offline line
         self.inventory_error = ""  # why the inventory loop's last read failed ("" once one works)
@@ -115,12 +117,12 @@ class Link:
         return body
 
     async def first_read(self) -> None:
-        """The first health probe, then (for a box that answered) the first inventory, within
-        the bound: a box that is down does not hold up the start."""
+        """The first health probe, then (for a box that answered) the first inventory read, in
+        or failed, within the bound: a box that is down does not hold up the start (rule 1)."""
         try:
             async with asyncio.timeout(FIRST_READ_TIMEOUT_S):
                 if await self.probe():
-                    await self.first_inventory.wait()
+                    await self.inventory_tried.wait()
         except TimeoutError:
             pass
 
@@ -165,6 +167,7 @@ class Link:
                 await self.follow_inventory()
                 return
             except Exception as exc:  # rule 2: a link task that dies leaves a frozen inventory
+                self.inventory_tried.set()
                 self.inventory_error = self.why_down(None, exc, inventory=True)
                 self.say_down()
                 wait_s, say = streak.failed(loop.time(), random.random())
@@ -186,7 +189,7 @@ class Link:
 
     def publish(self, inventory: Inventory) -> None:
         self.box.set_inventory(inventory)
-        self.first_inventory.set()
+        self.inventory_tried.set()
         if self.inventory_error:
             self.inventory_error = ""
             self.say_down()
