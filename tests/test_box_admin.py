@@ -134,6 +134,33 @@ def test_a_box_added_while_down_is_answered_at_once(start_fleet_in_process):
             assert time.monotonic() - started < FIRST_READ_TIMEOUT_S / 2, (method, path)
 
 
+def test_an_add_waiting_on_a_box_that_is_deleted_meanwhile_is_answered_then(start_fleet_in_process, monkeypatch):
+    """The add's wait for the box's first read ends when the box's link stops (another edit
+    deleted the box), not at the 5 s bound."""
+    import asyncio
+    import time
+
+    from router.boxes.hugpy import HugpyLink
+
+    follow = HugpyLink.follow_inventory
+
+    async def never(self):
+        if self.box.name == "b":
+            await asyncio.sleep(60)
+        await follow(self)
+
+    monkeypatch.setattr(HugpyLink, "follow_inventory", never)
+    router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
+    b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
+    with SimFleet([b]), ThreadPoolExecutor(1) as pool:
+        adding = pool.submit(call, router, "POST", "/v1/boxes", {"name": "b", "url": b.url, "key": KEY})
+        assert wait_for(lambda: "b" in [box["name"] for box in call(router, "GET", "/v1/boxes")[1]["boxes"]])
+        assert call(router, "DELETE", "/v1/boxes/b") == (200, {"name": "b", "removed": True})
+        deleted_s = time.monotonic()
+        assert adding.result(10)[0] == 201
+        assert time.monotonic() - deleted_s < 2.0  # not the first read's 5 s bound
+
+
 def test_bad_edits_are_refused_clearly_and_change_nothing(start_fleet_in_process):
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"]))
     before = router.boxes_path.read_bytes()

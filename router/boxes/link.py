@@ -104,6 +104,7 @@ class Link:
     async def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
+        self.inventory_tried.set()  # a first read waiting on this link (an admin edit's) ends now
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.box.origin.close()
 
