@@ -166,7 +166,9 @@ def test_parked_leases_go_back_once_the_box_passes_half_its_limit(fleet, routers
 def test_a_call_waiting_on_a_box_full_with_leases_parked_elsewhere_gets_one_within_a_hop(
         fleet, routers, redis_server):
     box = SimBox("a", residents=["tiny"])
-    box.script("tiny", Behavior.hang(0.05), Behavior.hang(0.05), *[Behavior.hang(2.0)] * 3)
+    # the two parked calls hang 0.2 s so that they overlap even on a loaded machine (two calls one
+    # after the other park one lease, not two); the waiter is still served well before the sync
+    box.script("tiny", Behavior.hang(0.2), Behavior.hang(0.2), *[Behavior.hang(2.0)] * 3)
     fleet(box)
     first, second = routers([box], 2, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}})
     # the first's next count read (which would give its parked leases back too) is SYNC_S away
