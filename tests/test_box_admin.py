@@ -60,10 +60,8 @@ def test_add_replace_update_block_delete_live(start_fleet_in_process, tmp_path):
         others.stop()
 
 
-def test_a_box_added_takes_calls_once_its_answer_says_so(start_fleet_in_process, monkeypatch):
-    """The answer to POST /v1/boxes waits (bounded) for the new box's first read, so a call
-    right after it is served, however slowly the box's inventory comes in (here 0.3 s late;
-    before, the call came back 503 no_model whenever it beat the first inventory)."""
+def inventory_late(monkeypatch, box: str, seconds: float) -> None:
+    """The in-process router's hugpy link reads `box`'s inventory `seconds` late."""
     import asyncio
 
     from router.boxes.hugpy import HugpyLink
@@ -71,11 +69,18 @@ def test_a_box_added_takes_calls_once_its_answer_says_so(start_fleet_in_process,
     follow = HugpyLink.follow_inventory
 
     async def late(self):
-        if self.box.name == "b":
-            await asyncio.sleep(0.3)
+        if self.box.name == box:
+            await asyncio.sleep(seconds)
         await follow(self)
 
     monkeypatch.setattr(HugpyLink, "follow_inventory", late)
+
+
+def test_a_box_added_takes_calls_once_its_answer_says_so(start_fleet_in_process, monkeypatch):
+    """The answer to POST /v1/boxes waits (bounded) for the new box's first read, so a call
+    right after it is served, however slowly the box's inventory comes in (here 0.3 s late;
+    before, the call came back 503 no_model whenever it beat the first inventory)."""
+    inventory_late(monkeypatch, "b", 0.3)
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
     b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
     with SimFleet([b]):
@@ -137,19 +142,9 @@ def test_a_box_added_while_down_is_answered_at_once(start_fleet_in_process):
 def test_an_add_waiting_on_a_box_that_is_deleted_meanwhile_is_answered_then(start_fleet_in_process, monkeypatch):
     """The add's wait for the box's first read ends when the box's link stops (another edit
     deleted the box), not at the 5 s bound."""
-    import asyncio
     import time
 
-    from router.boxes.hugpy import HugpyLink
-
-    follow = HugpyLink.follow_inventory
-
-    async def never(self):
-        if self.box.name == "b":
-            await asyncio.sleep(60)
-        await follow(self)
-
-    monkeypatch.setattr(HugpyLink, "follow_inventory", never)
+    inventory_late(monkeypatch, "b", 60)
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
     b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
     with SimFleet([b]), ThreadPoolExecutor(1) as pool:
