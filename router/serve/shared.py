@@ -48,14 +48,14 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    box is far from its limit, and this router's next call to the box takes it with no round trip
    (rules 1 and 4 cost a call no wait then). A parked lease is a lease like any other (held,
    renewed by the sync, counted by every router), so `max_inflight` holds exactly; what it costs
-   is that the other routers see it as load, so it is bounded: a call takes a new lease only
-   when none is parked on its box, so what this router holds there (its calls and its parked
-   leases) is never more than the most calls it had there at once, and one parked idle goes back
-   (below); and parking stops while the box's fleet-wide count (this router's calls, the
-   others', its parked leases) is past PARK_SHARE of the limit: checked as a lease parks, as one
-   is reused, on every count read (`counted`: past it, the box's parked leases go back at once) and when the
-   fleet changes (a box gone, or its limit moved). One idle through a whole SYNC_S goes back at
-   the next sync (so within 2 x SYNC_S). A call of any router that must wait for a full box that
+   is that the other routers see it as load, so it is bounded: a call takes a new lease only when
+   none is parked on its box, so what this router holds there (its calls and its parked leases) is
+   never more than the most calls it had there at once, and one parked idle goes back (below); and
+   parking stops while the box's fleet-wide count (this router's calls, the others', its parked
+   leases) is past PARK_SHARE of the limit: checked as a lease parks, as one is reused, on every
+   count read (`counted`: past it, the box's parked leases go back at once) and when the fleet
+   changes (a box gone, or its limit moved). One idle through a whole SYNC_S goes back at the next
+   sync (so within 2 x SYNC_S). A call of any router that must wait for a full box that
    others hold leases on asks for them (`want`: WANTED_CHANNEL, at most once per box per
    WANTED_EVERY_S), and every router gives its parked leases on the box back at once, within a
    pub/sub hop (their GIVE publishes the freed count, which wakes the waiter: rule 4). The server

@@ -85,8 +85,9 @@ MAX_BACKLOG_ROWS = 50_000
 # A multi-row INSERT's text is prepared once only while APSW's statement cache keeps it, and it
 # keeps none over 16 KiB: 256 rows (22 KiB) were prepared anew on every flush (~0.6 ms), and a
 # flush of any other size made a text of its own. So a batch is cut into statements of 128, 64,
-# ... 1 rows (at most eight distinct texts, the largest 11 KiB): measured under load here, the
-# writer's CPU a call fell from 30 to 25 µs (tests/test_store.py checks they stay cached).
+# ... 1 rows (at most eight distinct texts, the largest 11 KiB): measured under load here (in
+# process, c=64), the writer thread's CPU a call fell from 30-34 to 27 µs (tests/test_store.py
+# checks they stay cached).
 STATEMENT_ROWS = 128
 # Retention (rule 11). A 1,000-row DELETE took 1.4-3 ms here (measured, ~500 B rows, three
 # indexes to update), well within one flush window; one every PRUNE_AGAIN_S clears a backlog of

@@ -10,11 +10,11 @@ Rules:
    again to that (at most CAS_TRIES times). So a step is one round trip when this router saw the
    latest write, two when another router wrote since; the rules stay router.core.limits',
    unchanged, and every step is atomic across routers: the counts, and the overshoot bound of a
-   token limit (one call's reservation), are the same as one router's. A router writes one tally once at a time: the
-   steps that arrive meanwhile are applied in order to one copy and go out in its next write
-   (a burst on one key costs one round trip per write, not one per call, and its CASes do not
-   race each other). A step is asked at once and its CAS is packed with the next round trip
-   (`SharedServer.prepare`), so whatever else the call asks before it waits (its box's
+   token limit (one call's reservation), are the same as one router's. A router writes one tally
+   once at a time: the steps that arrive meanwhile are applied in order to one copy and go out in
+   its next write (a burst on one key costs one round trip per write, not one per call, and its
+   CASes do not race each other). A step is asked at once and its CAS is packed with the next
+   round trip (`SharedServer.prepare`), so whatever else the call asks before it waits (its box's
    lease: serve/proxy.py) shares that round trip.
 2. A refusal is written too (the buckets caught up to now): a refusal read from a stale copy
    would be wrong, and the write is what proves the copy current.
