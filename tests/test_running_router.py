@@ -94,7 +94,8 @@ def test_no_prompt_chunk_or_key_reaches_the_log(start_fleet, tmp_path):
     stream = client(router).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": f"{CANARY}-prompt"}], stream=True
     )
-    assert any(CANARY in (c.choices[0].delta.content or "") for c in stream if c.choices)
+    chunks = list(stream)  # to its end: any() would leave the stream for the collector to close
+    assert any(CANARY in (c.choices[0].delta.content or "") for c in chunks if c.choices)
     try:  # a refused call: the decision's reasons are logged at debug, the body never
         client(router).chat.completions.create(model="nope", messages=[{"role": "user", "content": CANARY}])
     except openai.APIStatusError:
