@@ -55,6 +55,27 @@ def converse(api: openai.OpenAI, n: int, turns: int) -> list[tuple[str, str | No
     return landed
 
 
+def how_they_landed(router, count: int) -> str:
+    """Why the router's last `count` calls went where they did, for a failed assertion: per call
+    its box, affinity outcome (`none`: no key), the decision's order with each box's tier, the
+    boxes ruled out and why (`no_model`: its inventory not read yet), and its attempts (several:
+    a failover); then each box's load parts as the router sees them now (router.core.decide
+    rule 4). From the route log and the state, as an operator would read them."""
+
+    def admin(path: str) -> dict:
+        return httpx.get(router.url + path, timeout=10).json()
+
+    tail = f"/v1/telemetry?tail={count}"
+    rows = wait_for(lambda: rows if len(rows := admin(tail)["rows"]) >= count else None, 5)  # written off the loop
+    calls = [(row["box"], row["affinity"], row["decision"]["why"], row["decision"]["refused"],
+              [(a["box"], a["status"], a.get("refusal")) for a in row["attempts"]]) for row in rows or ()]
+    loads = {box["name"]: {k: box[k] for k in ("online", "unreachable", "in_flight", "pending", "pressure",
+                                               "reservations", "placement_refusals")}
+             | {"residents": {r["key"]: r["state"] for r in box["residents"]}}
+             for box in admin("/v1/router/state")["boxes"]}
+    return f"calls (box, affinity, order, ruled out, attempts): {calls}\nboxes now: {loads}"
+
+
 def boxes(n: int, **kwargs) -> list[SimBox]:
     made = [SimBox(name, residents=["tiny"], **kwargs) for name in "abcd"[:n]]
     for box in made:
@@ -96,7 +117,7 @@ def test_a_session_header_holds_across_a_rewritten_history(start_fleet_in_proces
     router = start_fleet_in_process(*boxes(4), extra_args=("--interface", interface))
     api = client(router)
     sessions = {f"s{n}": chat(api, [first_message(n)], {"X-Router-Session": f"s{n}"})[0] for n in range(8)}
-    assert len(set(sessions.values())) >= 2  # misses spread
+    assert len(set(sessions.values())) >= 2, how_they_landed(router, len(sessions))  # misses spread
     for session, box in sessions.items():
         rewritten = [{"role": "user", "content": f"a summary of everything in {session}"}]
         assert chat(api, rewritten, {"X-Router-Session": session}) == (box, "hit:session")
