@@ -60,20 +60,26 @@ def test_add_replace_update_block_delete_live(start_fleet_in_process, tmp_path):
         others.stop()
 
 
-def inventory_late(monkeypatch, box: str, seconds: float) -> None:
-    """The in-process router's hugpy link reads `box`'s inventory `seconds` late."""
-    import asyncio
-
+def before_inventory(monkeypatch, box: str, step) -> None:
+    """The in-process router's hugpy link awaits `step()` each time it starts following `box`'s
+    inventory (a step that raises fails every read of it)."""
     from router.boxes.hugpy import HugpyLink
 
     follow = HugpyLink.follow_inventory
 
-    async def late(self):
+    async def stepped(self):
         if self.box.name == box:
-            await asyncio.sleep(seconds)
+            await step()
         await follow(self)
 
-    monkeypatch.setattr(HugpyLink, "follow_inventory", late)
+    monkeypatch.setattr(HugpyLink, "follow_inventory", stepped)
+
+
+def inventory_late(monkeypatch, box: str, seconds: float) -> None:
+    """The in-process router's hugpy link reads `box`'s inventory `seconds` late."""
+    import asyncio
+
+    before_inventory(monkeypatch, box, lambda: asyncio.sleep(seconds))
 
 
 def test_a_box_added_takes_calls_once_its_answer_says_so(start_fleet_in_process, monkeypatch):
@@ -98,17 +104,12 @@ def test_edits_of_a_box_whose_inventory_fails_are_answered_without_the_whole_wai
     a box)."""
     import time
 
-    from router.boxes.hugpy import HugpyLink
     from router.boxes.link import FIRST_READ_TIMEOUT_S, InventoryError
 
-    follow = HugpyLink.follow_inventory
+    async def failing():
+        raise InventoryError("/v1/telemetry/state answered 500", 500, "/v1/telemetry/state")
 
-    async def failing(self):
-        if self.box.name == "b":
-            raise InventoryError("/v1/telemetry/state answered 500", 500, "/v1/telemetry/state")
-        await follow(self)
-
-    monkeypatch.setattr(HugpyLink, "follow_inventory", failing)
+    before_inventory(monkeypatch, "b", failing)
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
     b = SimBox("b", key=KEY, catalog=["tiny"], residents=["tiny"])
     with SimFleet([b]):

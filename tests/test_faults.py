@@ -133,14 +133,16 @@ def assert_openai_error(status: int, data: bytes) -> dict:
     return doc["error"]
 
 
+def raw_request(body: bytes, path: str = "/v1/chat/completions", length: int | None = None) -> bytes:
+    """A POST's bytes on the wire: its head and `body` (Content-Length `length`, default the body's own)."""
+    return (f"POST {path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode() + body
+
+
 def open_raw(router, body: bytes, path: str = "/v1/chat/completions", length: int | None = None) -> socket.socket:
-    """A raw client connection that has sent a request head and `body` (Content-Length `length`,
-    default the body's own)."""
+    """A raw client connection that has sent `raw_request(body, path, length)`."""
     sock = socket.create_connection(address(router))
-    sock.sendall(
-        f"POST {path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body) if length is None else length}\r\n\r\n".encode() + body
-    )
+    sock.sendall(raw_request(body, path, length))
     return sock
 
 
@@ -436,17 +438,12 @@ def test_calls_back_to_back_on_one_connection_are_answered_and_a_leaving_client_
     disconnect watcher, whose first receive now gets that closing message."""
     a = SimBox("a", catalog=["tiny"], residents=["tiny"], chunks=100, cadence_s=0.05)
     router = start_fleet_in_process(a)
-
-    def call(body: bytes) -> bytes:
-        return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-    plain, stream = chat_body(), chat_body(stream=True)
+    plain, stream = raw_request(chat_body()), raw_request(chat_body(stream=True))
     sock = socket.create_connection(address(router))
     reader = sock.makefile("rb")
-    sock.sendall(call(plain) + call(plain)[:-10])  # the second body's end comes later
+    sock.sendall(plain + plain[:-10])  # the second body's end comes later
     time.sleep(0.2)
-    sock.sendall(call(plain)[-10:] + call(stream))
+    sock.sendall(plain[-10:] + stream)
     for _ in range(2):
         status, headers = read_answer_head(reader)
         assert status == 200 and json.loads(reader.read(int(headers[b"content-length"])))["choices"]
