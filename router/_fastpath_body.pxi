@@ -5,8 +5,9 @@
 # as JSON decodes them, without building any object. The plain model in tests/test_body.py is
 # the stdlib parser.
 # `form_field(body, delimiter, name)`: the byte span of text form field `name` in a
-# multipart/form-data body, found by scanning part heads only. Its plain model (the Python scan
-# it replaced) is in tests/test_body.py.
+# multipart/form-data body, and how many parts name it as a box's parser may read their heads,
+# found by scanning part heads only. Its plain model (the Python scan it replaced) is in
+# tests/test_body.py.
 
 # A body scan releases the GIL only from this size up (a large body is scanned on a worker
 # thread while the loop runs). A small one keeps it: the scan takes ~0.3 µs, and a release lets
@@ -399,38 +400,96 @@ cdef bint _line_names(const unsigned char* line, Py_ssize_t n, const unsigned ch
     return False
 
 
+cdef inline bint _name_char(unsigned char c) noexcept nogil:
+    """A byte of a bare (unquoted) parameter value: not a space, a tab, `;` or a quote."""
+    return c != 32 and c != 9 and c != 59 and c != 34
+
+
+cdef bint _line_mentions(const unsigned char* line, Py_ssize_t n, const unsigned char* name, Py_ssize_t m) noexcept nogil:
+    """Whether a part-head line is a `Content-Disposition:` (any case) with any `name` parameter
+    (any case, at a word start as in `_line_names`) whose value, quoted or bare, spaces around
+    its `=`, is `name`, or with an RFC 2231 `name*` one (its value is not compared: it counts).
+    A box's parser keeps one of several `name`s, maybe the last: each counts, file part or not."""
+    cdef const unsigned char* disposition = b"content-disposition:"
+    cdef const unsigned char* key = b"name"
+    cdef Py_ssize_t k, j, value
+    if n < DISPOSITION_LEN:
+        return False
+    for k in range(DISPOSITION_LEN):
+        if _lower(line[k]) != disposition[k]:
+            return False
+    for k in range(DISPOSITION_LEN, n - 3):
+        if _word(line[k - 1]):
+            continue
+        for j in range(4):
+            if _lower(line[k + j]) != key[j]:
+                break
+        else:
+            j = k + 4
+            if j < n and line[j] == 42:  # `name*=`
+                return True
+            while j < n and (line[j] == 32 or line[j] == 9):
+                j += 1
+            if j == n or line[j] != 61:  # not `=`
+                continue
+            j += 1
+            while j < n and (line[j] == 32 or line[j] == 9):
+                j += 1
+            if j < n and line[j] == 34:
+                value = j + 1
+                j = value
+                while j < n and line[j] != 34:
+                    j += 1
+            else:
+                value = j
+                while j < n and _name_char(line[j]):
+                    j += 1
+            if j - value == m and memcmp(line + value, name, m) == 0:
+                return True
+    return False
+
+
 cdef int _form_field(const unsigned char* p, Py_ssize_t n, const unsigned char* delimiter, Py_ssize_t dl,
                      const unsigned char* name, Py_ssize_t m, Py_ssize_t* span) noexcept nogil:
+    """How many whole parts name `name` (`_line_mentions`), 2 at most (the scan stops there);
+    `span` the first text part's value (`_line_names`), else span[0] -1."""
     cdef Py_ssize_t start = _find(p, n, 0, delimiter + 2, dl - 2)  # the first has no CRLF before it
     cdef Py_ssize_t head_start, head_end, next_start, line, line_end
+    cdef int count = 0
+    span[0] = -1
     while start != -1:
         head_start = start + dl - 2
         if head_start + 2 <= n and p[head_start] == 45 and p[head_start + 1] == 45:
-            return 0  # the closing delimiter
+            return count  # the closing delimiter
         head_end = _find(p, n, head_start, b"\r\n\r\n", 4)
         if head_end == -1:
-            return 0
+            return count
         next_start = _find(p, n, head_end + 4, delimiter, dl)
         if next_start == -1:
-            return 0
+            return count
         line = head_start
         while line <= head_end:
             line_end = _find(p, head_end, line, b"\r\n", 2)
             if line_end == -1:
                 line_end = head_end
-            if _line_names(p + line, line_end - line, name, m):
+            if _line_mentions(p + line, line_end - line, name, m):
+                count += 1
+                if count == 2:
+                    return count
+            if span[0] == -1 and _line_names(p + line, line_end - line, name, m):
                 span[0] = head_end + 4
                 span[1] = next_start
-                return 1
             line = line_end + 2
         start = next_start + 2
-    return 0
+    return count
 
 
 def form_field(bytes body, bytes delimiter, bytes name):
-    """The byte span (start, end) of text form field `name` (not a file part) in multipart body
-    `body` whose parts are separated by `delimiter` (`--` + the boundary), or None when absent
-    or the body ends first. A large body is scanned without the GIL.
+    """(span, count): the byte span (start, end) of text form field `name` (not a file part) in
+    multipart body `body` whose parts are separated by `delimiter` (`--` + the boundary), None
+    when absent, and how many parts name `name` as a box may read their heads (0, 1, or 2 for
+    more than one); parts the body ends before are not read. A large body is scanned without
+    the GIL.
     """
     cdef bytes separator = b"\r\n" + delimiter
     cdef const unsigned char* p = <const unsigned char*> PyBytes_AS_STRING(body)
@@ -438,13 +497,13 @@ def form_field(bytes body, bytes delimiter, bytes name):
     cdef const unsigned char* f = <const unsigned char*> PyBytes_AS_STRING(name)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body), dl = PyBytes_GET_SIZE(separator), m = PyBytes_GET_SIZE(name)
     cdef Py_ssize_t span[2]
-    cdef int found
+    cdef int count
     if n >= RELEASE_GIL_BYTES:
         with nogil:
-            found = _form_field(p, n, d, dl, f, m, span)
+            count = _form_field(p, n, d, dl, f, m, span)
     else:
-        found = _form_field(p, n, d, dl, f, m, span)
-    return (span[0], span[1]) if found else None
+        count = _form_field(p, n, d, dl, f, m, span)
+    return ((span[0], span[1]) if span[0] != -1 else None), count
 
 
 # --- last_counts: a usage report's counts, read off an answer's end (facades/usage.py rule 1) ---

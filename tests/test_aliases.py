@@ -325,12 +325,13 @@ def test_bad_alias_definitions_are_refused_with_one_line_and_change_nothing(flee
     for name, chain, says in [
         ("coder", ["coder"], "may not name the alias itself"),
         ("other", ["coder", "big"], "coder is an alias"),
-        ("small", ["big"], "may not shadow it"),
         ("bad@name", ["big"], "alias name must be"),
         ("many", [f"m{i}" for i in range(9)], "1 to 8 models"),
     ]:
         status, body = put_alias(router, name, *chain)
         assert status == 400 and says in body["error"]["message"], body
+    status, body = put_alias(router, "small", "big")  # a box serves `small`: the name is taken
+    assert (status, body["error"]["code"]) == (409, "alias_shadows_model") and "may not shadow it" in body["error"]["message"]
     assert request(router, "PUT", "/v1/aliases/x", {"models": ["big"]})[0] == 400
     assert request(router, "DELETE", "/v1/aliases/nothing")[0] == 404
     assert json.loads(request(router, "GET", "/v1/aliases")[2]) == before
@@ -446,6 +447,50 @@ def test_a_keys_models_name_what_it_asks_for(fleet):
         assert status == 201, body
         return {"Authorization": "Bearer " + json.loads(body)["key"]}
 
-    assert call(router, headers=key_for("coder"))[0] == 200
+    assert call(router, headers=key_for("coder", "big", "small"))[0] == 200
     status, _, body = call(router, headers=key_for("big", "small"))
     assert status == 403 and body["error"]["code"] == "model_not_allowed"
+
+
+def test_an_alias_reaches_only_the_models_the_key_names(fleet):
+    """chain.py rule 6: the alias's own name grants none of its chain."""
+    router, a, b = fleet()
+
+    def key_for(*models):
+        status, _, body = request(router, "POST", "/v1/keys", {"name": "team", "limits": {"models": list(models)}})
+        assert status == 201, body
+        return {"Authorization": "Bearer " + json.loads(body)["key"]}
+
+    status, _, body = call(router, headers=key_for("coder"))
+    assert status == 403 and body["error"]["code"] == "model_not_allowed"
+    status, headers, _ = call(router, headers=key_for("coder", "small"))  # `big` passed over, never sent
+    assert (status, headers["x-router-model"]) == (200, "small")
+    assert models_seen(a) == [] and models_seen(b) == ["small"]
+    assert not fallbacks(router)  # a model the key may not call is no fallback
+    status, _, body = call(router, headers=key_for("coder", "small"), alloc={"fallback": False})
+    assert status == 403 and body["error"]["code"] == "model_not_allowed"  # only `big` in reach
+
+
+def test_an_alias_never_takes_a_served_models_name_from_a_key(start_fleet_in_process):
+    """Issue 36 item 12: `aliases set tiny-llama secret-model` must not hand a key allowed
+    `[tiny-llama]` the model `secret-model`."""
+    a, b = SimBox("a", residents=["tiny-llama"]), SimBox("b", residents=["secret-model"])
+    router = start_fleet_in_process(a, b)
+    boxes = router.boxes_path
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "router", "aliases", "--boxes-file", str(boxes), *args],
+                              capture_output=True, text=True, timeout=30)
+
+    done = cli("set", "tiny-llama", "secret-model")  # asks the running router (the listeners record)
+    assert done.returncode == 2 and "409" in done.stderr and "may not shadow it" in done.stderr, done.stderr
+    assert "aliases" not in json.loads(boxes.read_text())
+    # written behind the router's back (a hand edit, or the CLI while no router ran)
+    doc = json.loads(boxes.read_text())
+    boxes.write_text(json.dumps({**doc, "aliases": {"tiny-llama": ["secret-model"]}}))
+    assert wait_for(lambda: json.loads(request(router, "GET", "/v1/aliases")[2])["aliases"], 5)
+    status, _, body = request(router, "POST", "/v1/keys", {"name": "team", "limits": {"models": ["tiny-llama"]}})
+    key = {"Authorization": "Bearer " + json.loads(body)["key"]}
+    status, _, body = call(router, "tiny-llama", headers=key)
+    assert status == 403 and body["error"]["code"] == "model_not_allowed"
+    assert models_seen(b) == []

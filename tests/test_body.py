@@ -6,6 +6,7 @@ body below carries a canary that must not appear in the error text."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import orjson
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.core import limits as rules
 from router.core.bounds import CLIP_MARK, ECHO_CHARS, MAX_IDENTIFIER_BYTES, check_identifier, clip
 from router.core.errors import BadRequest
 from router.core.types import Reason, ReasonCode
@@ -514,30 +516,39 @@ def test_clip():
 # --------------------------------------------------------------------------------------------
 
 _NAME_RE = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+# every `name` parameter a box's parser may read, overlapping: `name*` (RFC 2231), or `=` with
+# spaces around it and a value quoted (to the next quote, or the line's end) or bare
+_ANY_NAME_RE = re.compile(rb'\bname(?=(\*)|[ \t]*=[ \t]*(?:"([^"]*)|([^ \t;"]*)))', re.IGNORECASE)
 
 
-def model_form_field(body: bytes, delimiter: bytes, field: bytes) -> tuple[int, int] | None:
+def model_form_field(body: bytes, delimiter: bytes, field: bytes) -> tuple[tuple[int, int] | None, int]:
     """Part by part: a part's head runs to the first blank line, its content to the next
-    CRLF + delimiter; a `Content-Disposition:` head line (any case) whose first `name="..."`
-    is `field`, without `filename=`, names the field."""
+    CRLF + delimiter. A `Content-Disposition:` head line (any case) whose first `name="..."`
+    is `field`, without `filename=`, is the field's text part (the first one's span); one with
+    any `name` parameter whose value is `field`, or any `name*`, counts (the scan stops at 2)."""
+    span, count = None, 0
     start = body.find(delimiter)
     while start != -1:
         head_start = start + len(delimiter)
         if body.startswith(b"--", head_start):
-            return None  # closing delimiter
+            return span, count  # closing delimiter
         head_end = body.find(b"\r\n\r\n", head_start)
         if head_end == -1:
-            return None
+            return span, count
         next_start = body.find(b"\r\n" + delimiter, head_end + 4)
         if next_start == -1:
-            return None
+            return span, count
         for line in body[head_start:head_end].split(b"\r\n"):
             if line[:20].lower().startswith(b"content-disposition:"):
+                if any(m.group(1) or field in (m.group(2), m.group(3)) for m in _ANY_NAME_RE.finditer(line)):
+                    count += 1
+                    if count == 2:
+                        return span, count
                 name = _NAME_RE.search(line)
-                if name is not None and name.group(1) == field and b"filename=" not in line:
-                    return head_end + 4, next_start
+                if span is None and name is not None and name.group(1) == field and b"filename=" not in line:
+                    span = head_end + 4, next_start
         start = next_start + 2
-    return None
+    return span, count
 
 
 HEAD_LINES = st.sampled_from([
@@ -547,6 +558,10 @@ HEAD_LINES = st.sampled_from([
     b'Content-Disposition: form-data; name="model', b'Content-Disposition:name="model"', b'Content-Type: text/plain',
     b'X-Name: name="model"', b'Content-Disposition: form-data; name="mode"', b'Content-Disposition: form-data; name=""',
     b"", b"\r", b'Content-Disposition: form-data; name="model"\n',
+    b"Content-Disposition: form-data; name=model", b'Content-Disposition: form-data; NAME = "model"; x=1',
+    b"Content-Disposition: form-data; name*=utf-8''model", b'Content-Disposition: form-data; name="x"; name=model;',
+    b'Content-Disposition: form-data; x-name="model"', b'Content-Disposition: form-data; name=name="model"',
+    b"Content-Disposition: form-data; name\t=\tmodel", b'Content-Disposition: form-data; name="model"; name="x"',
 ])
 
 
@@ -594,9 +609,13 @@ def test_a_huge_form_field_is_refused_undecoded():
 @pytest.mark.parametrize("route, body, field, bound", [
     (openai.ROUTES[0], b'{"model":"m","messages":[]}', "max_tokens", None),
     (openai.ROUTES[0], b'{"model":"m","max_completion_tokens":7}', "max_tokens", 7),
+    (openai.ROUTES[0], b'{"model":"m","max_tokens":1,"max_completion_tokens":100000}', "max_tokens", 100000),
+    (openai.ROUTES[0], b'{"model":"m","max_tokens":9,"n_predict":-1,"max_output_tokens":null}', "max_tokens", 9),
+    (openai.ROUTES[1], b'{"model":"m","prompt":"p","n_predict":70}', "max_tokens", 70),  # llama.cpp's
     (openai.ROUTES[2], b'{"model":"m","max_tokens":7}', "max_tokens", None),  # embeddings: no bound read
-    (openai.ROUTES[3], b'{"model":"m","max_tokens":7}', "max_output_tokens", None),  # not the Responses field
+    (openai.ROUTES[3], b'{"model":"m","max_tokens":7}', "max_output_tokens", 7),  # a box may read it there too
     (ollama.ROUTES[8], b'{"model":"m","options":{"num_predict":-1}}', "options.num_predict", None),
+    (ollama.ROUTES[8], b'{"model":"m","options":null,"max_tokens":7}', "options.num_predict", None),
     (ollama.ROUTES[8], b'{"model":"m","options":{"num_predict":9}}', "options.num_predict", 9),
 ])
 def test_the_answers_bound_is_read_from_the_routes_own_fields(route, body, field, bound):
@@ -613,9 +632,140 @@ def test_the_answers_bound_is_read_from_the_routes_own_fields(route, body, field
      b'{"options":{"num_ctx":8192,"num_predict":40},"model":"m"}'),
     (ollama.ROUTES[8], b'{"model":"m","options":null}', b'{"model":"m","options":{"num_predict":40}}'),
     (ollama.ROUTES[8], b'{"model":"m"}', b'{"options":{"num_predict":40},"model":"m"}'),
-    (ollama.ROUTES[8], b'{"model":"m","options":[1]}', b'{"model":"m","options":[1]}'),  # the box's to refuse
+    # every bound field the body holds, whichever a box reads first (issue 36 item 2)
+    (openai.ROUTES[0], b'{"model":"m","max_tokens":1,"max_completion_tokens":100000}',
+     b'{"model":"m","max_tokens":40,"max_completion_tokens":40}'),
+    (openai.ROUTES[1], b'{"n_predict":-1,"model":"m","prompt":"p"}', b'{"max_tokens":40,"n_predict":40,"model":"m","prompt":"p"}'),
+    (openai.ROUTES[3], b'{"model":"m","max_tokens":5,"max_output_tokens":9 }', b'{"model":"m","max_tokens":40,"max_output_tokens":40 }'),
 ])
 def test_with_answer_bound_sets_the_bound_once_and_keeps_every_other_byte(route, body, expected):
     facade = ollama.FACADE if route in ollama.ROUTES else openai.FACADE
     spans = read_call(body, "application/json", route, facade, None, None).spans  # the scan it reuses
     assert with_answer_bound(body, route, spans, 40) == expected
+
+
+def test_a_body_already_saying_the_bound_is_the_same_body():
+    """A call stating the bound it is given, in the route's first field alone, goes as it came:
+    no copy, so no second scan for a stream's usage either (serve/proxy.py)."""
+    body = b'{"model":"m","max_tokens":40}'
+    spans = read_call(body, "application/json", CHAT, openai.FACADE, None, None).spans
+    assert with_answer_bound(body, CHAT, spans, 40) is body
+    assert with_answer_bound(body, CHAT, spans, 39) == b'{"model":"m","max_tokens":39}'
+
+
+@pytest.mark.parametrize("route, member, value", [
+    (openai.ROUTES[0], "max_completion_tokens", b"1e5"),
+    (openai.ROUTES[0], "max_completion_tokens", b'"100000"'),
+    (openai.ROUTES[0], "max_tokens", b"100000.0"),
+    (openai.ROUTES[0], "max_tokens", b"true"),
+    (openai.ROUTES[0], "n_predict", b"2147483648"),  # wraps in llama.cpp's int32
+    (openai.ROUTES[0], "max_tokens", b"-2147483648"),
+    (openai.ROUTES[0], "max_tokens", b"[1]"),
+    (openai.ROUTES[3], "max_output_tokens", b'{"n":1}'),
+    (ollama.ROUTES[8], "options", b'{"num_predict":1.5}'),
+    (ollama.ROUTES[8], "options", b'{"num_predict":"9"}'),
+    (ollama.ROUTES[8], "options", b"[1]"),
+    (ollama.ROUTES[8], "options", b'{"num_predict":9,"num_predict":99999}'),  # a key twice inside
+])
+def test_a_bound_that_is_not_a_whole_number_in_range_is_400(route, member, value):
+    """Issue 36 item 2: boxes read a float, a string or a huge number each their own way
+    (pydantic takes `1e5` and `"100000"` as 100000), so the router takes none of them."""
+    facade = ollama.FACADE if route in ollama.ROUTES else openai.FACADE
+    body = b'{"model":"m","messages":[],"%s":%s}' % (member.encode(), value)
+    with pytest.raises(BadRequest) as exc:
+        read_call(body, "application/json", route, facade, None, None)
+    assert exc.value.status_hint == 400 and member in str(exc.value)
+
+
+# --------------------------------------------------------------------------------------------
+# the answer's bound, whichever field a box reads (issue 36 item 2)
+# --------------------------------------------------------------------------------------------
+
+UNBOUNDED = float("inf")  # a box with no bound it honours: its own default, up to the context
+
+
+def lenient(value) -> float | None:
+    """A bound as the most lenient box reads it (pydantic's lax mode: a bool, a whole float, a
+    number in a string), or None where it reads none."""
+    if isinstance(value, (bool, int)):
+        return int(value)
+    if isinstance(value, float):
+        return math.ceil(value)
+    if isinstance(value, str):
+        try:
+            return math.ceil(float(value))
+        except ValueError:
+            return None
+    return None
+
+
+def box_reads(doc: dict, order: tuple[str, ...], falls_through: bool) -> float:
+    """The answer's tokens a box reading `order` can produce: the first field present (with
+    `falls_through`, the first true one: vLLM's and SGLang's `max_completion_tokens or
+    max_tokens`); 0 and below are llama.cpp's, Ollama's and LM Studio's "no bound"."""
+    for name in order:
+        outer, _, inner = name.partition(".")
+        value = doc.get(outer)
+        value = lenient(value.get(inner) if inner and isinstance(value, dict) else None if inner else value)
+        if value is None or (falls_through and not value):
+            continue
+        return value if value > 0 else UNBOUNDED
+    return UNBOUNDED
+
+
+def read_orders(route) -> list[tuple[tuple[str, ...], bool]]:
+    """Every order a box serving `route` may read its bound fields in: the route's first field
+    (every such box reads it) alone, or after or before any other, falling through or not."""
+    first, others = route.answer_bound[0], route.answer_bound[1:]
+    orders = [(first,)] + [(other, first) for other in others] + [(first, other) for other in others]
+    return [(order, falls) for order in orders for falls in (False, True)]
+
+
+BOUND_ROUTES = [r for r in (*openai.ROUTES, *ollama.ROUTES) if r.answer_bound]
+BOUND_VALUES = st.one_of(
+    st.integers(-(2**40), 2**40).map(lambda n: b"%d" % n), st.integers(1, 5000).map(lambda n: b"%d" % n),
+    st.sampled_from([b"null", b"0", b"-1", b"1e5", b"100000.0", b'"100000"', b"true", b"[1]", b'{"a":1}']),
+)
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(route=st.sampled_from(BOUND_ROUTES), fields=st.lists(st.tuples(
+    st.sampled_from(["max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "num_predict"]),
+    BOUND_VALUES, st.booleans()), max_size=6), room=st.integers(0, 100_000), default=st.integers(1, 4096))
+def test_no_box_answers_more_than_the_call_reserved_whatever_bound_fields_it_sends(route, fields, room, default):
+    """Any mix of bound fields, values and places (top level, or inside Ollama's `options`), for
+    a key with token limits: refused with a 400, or the router reserves a bound and writes it so
+    that a box reading any of them in any order produces at most that many tokens."""
+    facade = ollama.FACADE if route in ollama.ROUTES else openai.FACADE
+    top = [b'"%s":%s' % (name.encode(), value) for name, value, inside in fields if not inside]
+    inner = [b'"%s":%s' % (name.encode(), value) for name, value, inside in fields if inside]
+    options = [b'"options":{%s}' % b",".join(inner)] if inner else []
+    body = b"{" + b",".join([b'"model":"m"', *top, *options, b'"messages":[]']) + b"}"
+    try:
+        inspected = read_call(body, "application/json", route, facade, None, None)
+    except BadRequest as exc:
+        assert exc.status_hint == 400
+        return  # refused: nothing reaches a box
+    tokens, bound = rules.reserve(len(body), inspected.max_tokens, default, room)
+    answer_reserved = tokens - rules.prompt_estimate(len(body))
+    sent = with_answer_bound(body, route, inspected.spans, bound)
+    for pairs in (lambda items: dict(reversed(items)), dict):  # a box keeping the first of a key twice, or the last
+        doc = json.loads(sent, object_pairs_hook=pairs)
+        for order, falls_through in read_orders(route):
+            assert box_reads(doc, order, falls_through) <= answer_reserved, (order, sent)
+    assert {k: v for k, v in orjson.loads(sent).items() if k not in route.bound_members} == {
+        k: v for k, v in orjson.loads(body).items() if k not in route.bound_members}
+
+
+@pytest.mark.parametrize("second", [
+    b'name="model"', b"name=model", b'NAME = "model"', b'name="file"; name="model"', b"name*=utf-8''model",
+    b'name="model"; filename="m.txt"',
+])
+def test_a_form_naming_model_twice_is_400(second):
+    """Issue 36 item 3: a box's parser may keep the last `model` part (Starlette's FormData does),
+    and read its name however it is written: quoted or not, any of a head's `name`s, a file part."""
+    body = multipart([field(b"model", b"vmodel"), FILE_PART, (b"Content-Disposition: form-data; " + second, b"vsecret")])
+    with pytest.raises(BadRequest) as exc:
+        multipart_field(body, CT, b"model")
+    assert "more than once" in str(exc.value)
+    assert multipart_field(multipart([field(b"model", b"vmodel"), FILE_PART]), CT, b"model") == "vmodel"

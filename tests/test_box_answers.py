@@ -5,11 +5,13 @@ break HTTP in the ways a broken or hostile box would, and the router in front of
 from __future__ import annotations
 
 import asyncio
+import json
 
 import openai
 import pytest
 import uvloop
 
+from router.serve.attempt import ERROR_BODY_LIMIT
 from router.sim import SimBox
 from router.upstream.fetch import fetch
 from router.upstream.pool import MAX_HEAD_BYTES, MAX_HEADERS, BadResponse, Deadline, Exchange, Origin, StreamIdle
@@ -231,3 +233,68 @@ def test_the_boxes_server_cookie_via_and_cors_headers_are_not_passed_on(start_fl
     assert "x-powered-by" not in headers  # issue 20 item 13: the box's stack and internals
     assert not [name for name in headers if name.startswith("x-internal-")]
     assert "BoxServer" not in headers.get("server", "")
+
+
+# -- a box's error body reaches the client only as an API's error (issue 36 item 13) -------------
+
+TRACEBACK = (b"Traceback (most recent call last):\n  File \"serve.py\", line 9, in chat\n"
+             b"    connect(DB_PASSWORD=hunter2)\nRuntimeError: the database is down\n")
+
+
+def error_answer(status: bytes, body: bytes, content_type: bytes = b"text/plain"):
+    return answer_with(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type +
+                       b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+@pytest.mark.parametrize("status", [b"500 Internal Server Error", b"503 Service Unavailable"], ids=["500", "503-last"])
+def test_a_box_error_body_that_is_no_api_error_becomes_the_routers_own(start_fleet_in_process, status):
+    router = start_fleet_in_process(RawBox("raw", error_answer(status, TRACEBACK)))
+    code, headers, data = post_chat(router)
+    assert code == int(status[:3]) and b"hunter2" not in data and b"Traceback" not in data
+    error = json.loads(data)["error"]
+    assert error["code"] == "box_error" and "raw" in error["message"] and status[:3].decode() in error["message"]
+    assert headers["x-hugpy-box"] == "raw" and headers["content-type"] == "application/json"
+    logged = [line for line in router.log_text().splitlines() if "no API's error" in line]
+    assert len(logged) == 1 and "Traceback (most recent call last): File" in logged[0]  # one line
+
+
+@pytest.mark.parametrize("body", [
+    b'{"error": {"message": "context too long", "type": "invalid_request_error", "code": 400}}',
+    b'{"error": "model is required"}',
+    b'{"object": "error", "message": "context too long", "type": "BadRequestError", "code": 400}',
+], ids=["openai", "ollama", "vllm-flat"])
+def test_a_box_error_in_an_apis_shape_goes_back_as_sent(start_fleet_in_process, body):
+    router = start_fleet_in_process(RawBox("raw", error_answer(b"400 Bad Request", body, b"application/json")))
+    code, headers, data = post_chat(router)
+    assert (code, data, headers["x-hugpy-box"]) == (400, body, "raw")
+
+
+def test_an_error_body_over_the_limit_is_not_relayed(start_fleet_in_process):
+    big = b"DB_PASSWORD=hunter2 " * (ERROR_BODY_LIMIT // 10)
+    router = start_fleet_in_process(RawBox("raw", error_answer(b"500 Internal Server Error", big)))
+    code, _, data = post_chat(router)
+    assert code == 500 and len(data) < 1000 and json.loads(data)["error"]["code"] == "box_error"
+
+
+def test_a_router_behind_the_router_names_one_box_and_one_call_id(start_fleet_in_process):
+    """reply.py rule 3 (issue 36 item 13): a box that is itself a router sets X-Hugpy-Box and the
+    call id too; the answer carries the outer router's, once each."""
+    import http.client
+
+    body = b'{"choices": []}'
+    inner = RawBox("inner", answer_with(JSON_HEAD + b"X-Hugpy-Box: gpu7\r\nX-Hugpy-Router-Request-Id: inner-1\r\n"
+                                        b"Content-Length: %d\r\n\r\n" % len(body) + body))
+    router = start_fleet_in_process(inner)
+    host, port = router.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny", "messages": MESSAGES}),
+                     {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        answer.read()
+        names = [name.lower() for name, _ in answer.getheaders()]
+        assert answer.status == 200
+        assert names.count("x-hugpy-box") == 1 and answer.getheader("x-hugpy-box") == "inner"
+        assert names.count("x-hugpy-router-request-id") == 1 and answer.getheader("x-hugpy-router-request-id") != "inner-1"
+    finally:
+        conn.close()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from router.core import limits as rules
 from router.core.errors import BadRequest
 from router.core.limits import Limits, Tally, parse_limits, period_bounds
+from router.core.types import BoxKind
 
 from models import KeyLimitsModel
 
@@ -79,36 +80,44 @@ def test_any_interleaving_overshoots_a_budget_by_at_most_one_reservation(budget,
     assert tally.used <= budget + largest
 
 
+def room_of(tally: Tally, limits: Limits) -> int:
+    """What is left of the token limits now, as serve/tenancy.py's `room` reads it."""
+    left = rules.left(tally, limits, T0)
+    return min(n for n in (left.tokens, left.budget) if n is not None)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 5000), st.integers(1, 600), st.lists(st.tuples(
-    st.booleans(), st.integers(0, 400), st.one_of(st.none(), st.integers(1, 600)), st.integers(0, 5000),
-    st.booleans()), max_size=200))
-def test_every_call_stated_bound_or_not_keeps_the_overshoot_to_one_reservation(budget, default_answer, ops):
-    """Rule 4 for the calls as they come: some state an answer's bound, some do not (the router
-    then gives them `default_answer`, and the box is told it). Whatever answer each would give
-    unbounded, and whether its box counts the prompt at the estimate or below, each is charged at
-    most what it reserved, so any interleaving overshoots the budget (and the minute) by at most
-    the largest single reservation, never by the burst."""
+    st.booleans(), st.integers(0, 400), st.one_of(st.none(), st.integers(1, 600), st.integers(1, rules.MAX_ANSWER_TOKENS)),
+    st.integers(0, 5000), st.booleans()), max_size=200))
+def test_every_call_stated_bound_or_not_keeps_the_overshoot_to_one_prompt(budget, default_answer, ops):
+    """Rule 4 for the calls as they come: some state an answer's bound, up to a billion tokens,
+    some do not (the router then gives them `default_answer`); either is capped to what is left
+    of the limits, and the box is told it. Whatever answer each would give unbounded, and whether
+    its box counts the prompt at the estimate or below, each is charged at most what it reserved,
+    so any interleaving overshoots the budget (and the minute) by at most one call's prompt
+    estimate, never by the burst, nor by one call's stated bound (issue 36 item 2)."""
     limits = Limits(budget_tokens=budget, tpm=budget)
-    tally, in_flight, largest = Tally(), [], 0
+    tally, in_flight, largest_prompt = Tally(), [], 0
     for admit_next, body_bytes, stated, unbounded_answer, prompt_below in ops:
         if admit_next or not in_flight:
-            tokens, bound = rules.reserve(body_bytes, stated, default_answer)
-            assert (bound is None) == (stated is not None)
+            room = room_of(tally, limits)
+            tokens, bound = rules.reserve(body_bytes, stated, default_answer, room)
+            assert 1 <= bound <= max(room, 1) and bound <= (default_answer if stated is None else stated)
             if rules.admit(tally, limits, "m", tokens, T0) is None:
-                answer = min(unbounded_answer, stated if bound is None else bound)  # what the box answers
+                answer = min(unbounded_answer, bound)  # what the box answers, told the bound
                 prompt = rules.prompt_estimate(body_bytes) // (2 if prompt_below else 1)
                 in_flight.append((tokens, prompt + answer))
-                largest = max(largest, tokens)
+                largest_prompt = max(largest_prompt, rules.prompt_estimate(body_bytes))
         else:
             reserved, used = in_flight.pop(len(in_flight) // 2)  # settled out of order
             assert used <= reserved
             rules.settle(tally, limits, reserved, used, T0)
-        assert tally.used + tally.reserved <= budget + largest
-        assert tally.tok_drawn <= budget + largest
+        assert tally.used + tally.reserved <= budget + largest_prompt
+        assert tally.tok_drawn <= budget + largest_prompt
     for reserved, used in in_flight:
         rules.settle(tally, limits, reserved, used, T0)
-    assert tally.used <= budget + largest
+    assert tally.used <= budget + largest_prompt
 
 
 @settings(deadline=None)  # a loaded machine must not fail a rule
@@ -221,6 +230,18 @@ def test_models_allow_the_names_as_called():
     assert rules.model_allowed(allowed, "llama3.2:latest") and rules.model_allowed(allowed, "qwen@ctx=8192")
     assert not rules.model_allowed(allowed, "mistral")
     assert rules.model_allowed(None, "anything")
+
+
+def test_a_names_options_and_latest_are_allowed_only_on_the_kinds_that_read_them():
+    """Issue 36 item 7: `qwen3-8b@q8_0` is `qwen3-8b` with options on a hugpy box, and another
+    model on LM Studio or an OpenAI-compatible server; `:latest` is Ollama's."""
+    allowed, every = frozenset({"qwen3-8b", "llama3.2"}), frozenset(BoxKind)
+    assert rules.kinds_allowed(allowed, "qwen3-8b@q8_0", every) == {BoxKind.HUGPY}
+    assert rules.kinds_allowed(allowed, "llama3.2:latest", every) == {BoxKind.OLLAMA}
+    assert rules.kinds_allowed(allowed, "qwen3-8b", every) is every
+    assert rules.kinds_allowed(allowed, "qwen3-8b@q8_0", frozenset({BoxKind.LMSTUDIO})) == frozenset()
+    assert rules.kinds_allowed(None, "anything@x", every) is every
+    assert rules.kinds_allowed(frozenset({"qwen3-8b@q8_0"}), "qwen3-8b@q8_0", every) is every
 
 
 @pytest.mark.parametrize("doc, message", [

@@ -8,6 +8,7 @@ import pytest
 
 from router.core.refusal import (
     RefusalCode,
+    api_error,
     classify_first_frame,
     classify_reply,
     in_band_status,
@@ -389,3 +390,17 @@ def test_first_frame_odd_shapes():
 ])
 def test_in_band_status(refusal, frame, status):
     assert in_band_status(refusal, frame) == status
+
+
+@pytest.mark.parametrize("doc, shown", [
+    ({"error": {"message": "bad", "type": "invalid_request_error"}}, True),  # OpenAI, hugpy, LM Studio
+    ({"error": "model is required"}, True),  # Ollama, LM Studio
+    ({"object": "error", "message": "too long", "code": 400}, True),  # vLLM's and SGLang's older shape
+    ({"error": {"traceback": "DB_PASSWORD=hunter2"}}, False),
+    ({"detail": "DB_PASSWORD=hunter2"}, False),
+    ({"error": None}, False),
+    (["error"], False),
+    (None, False),  # not JSON: a traceback, an HTML page
+])
+def test_only_an_apis_error_shape_goes_back_as_the_box_sent_it(doc, shown):
+    assert api_error(doc) is shown

@@ -68,3 +68,70 @@ def test_a_call_that_comes_back_through_a_proxy_gets_508_at_once(start_fleet_in_
     assert sent.headers["via"] == f"1.1 edge-proxy, 1.1 {hops.PSEUDONYM}"
     assert request(router, "POST", "/v1/chat/completions", CHAT,
                    {"Via": f"1.0 a, 1.1 {hops.PSEUDONYM}"})[0] == 508
+
+
+class ViaDropper(RawBox):
+    """An `openai`-kind box that is a proxy to `target_port` dropping every `Via` line of each
+    request head (as a proxy hiding the path does) and passing the rest on as it came."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, answer=None)
+        self.target_port = 0
+        self.heads: list[bytes] = []
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.target_port:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def requests() -> None:
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"via:")]
+                    self.heads.append(b"\r\n".join(lines))
+                    length = next((int(line.partition(b":")[2]) for line in lines
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    up_writer.write(b"\r\n".join(lines) + await reader.readexactly(length))
+                    await up_writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                pass
+            finally:
+                up_writer.close()
+
+        async def answers() -> None:
+            try:
+                while data := await up_reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(requests(), answers())
+
+
+def test_a_call_that_comes_back_through_a_via_dropping_proxy_gets_508_at_once(start_fleet_in_process):
+    real = SimBox("real", catalog=["tiny"], residents=["tiny"])
+    loop = ViaDropper("loop")
+    router = start_fleet_in_process(real, loop)
+    loop.target_port = int(router.url.rsplit(":", 1)[1])
+    wait_for(lambda: request(router, "GET", "/v1/router/state")[2].count(b'"online":true') == 2, 10)
+    status, _, body = request(router, "POST", "/v1/chat/completions", CHAT, {"X-Router-Box": "loop"})
+    # Came back without Via, but with the router's own mark: ended there, never served by `real`.
+    assert status == 508, body
+    assert json.loads(body)["error"]["code"] == "loop_detected"
+    assert not [c for c in real.calls if c.path == "/v1/chat/completions"]
+    sent = [h for h in loop.heads if h.startswith(b"POST /v1/chat/completions ")]
+    assert len(sent) == 1 and b"via:" not in sent[0].lower()
+    assert f"x-router-hops: {hops.PSEUDONYM}".encode() in sent[0].lower()
+    logged = wait_for(lambda: (r := [x for x in rows(router) if x["route"] == "/v1/chat/completions"])
+                      and len(r) == 2 and r, 3)
+    assert sorted((r["http_status"], r["error"]) for r in logged) == [(508, "http_508"), (508, "loop_detected")]
+    # Another router's mark is kept and this router's appended after it.
+    assert request(router, "POST", "/v1/chat/completions", CHAT, {"X-Router-Hops": "hugpy-router-0"})[0] == 200
+    sent = [c for c in real.calls if c.path == "/v1/chat/completions"][-1]
+    assert sent.headers["x-router-hops"] == f"hugpy-router-0, {hops.PSEUDONYM}"
+    assert sent.headers["via"] == f"1.1 {hops.PSEUDONYM}"

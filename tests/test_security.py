@@ -15,6 +15,8 @@ import http.client
 import http.server
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -586,3 +588,12 @@ def test_the_admin_edits_refuse_every_caller_but_an_admin(start_fleet_in_process
     assert call(router.url, method, path, body, key=use_key, **via(OUT))[0] == 403
     if path != "/v1/router/events":  # a stream: served, it would not end
         assert call(router.url, method, path, body, key=ADMIN_KEY, **via(OUT))[0] in (200, 201)
+
+
+@pytest.mark.parametrize("instance", ["r1\nX-Forged: 1", "r1\x1b[2J", "r 1", "", "x" * 65, ".r1"])
+def test_an_instance_name_outside_its_charset_is_refused_with_one_line(instance):
+    """Issue 36 item 13: --instance goes into log lines, rows and the shared server's keys."""
+    done = subprocess.run([sys.executable, "-m", "router", "serve", "--port", "auto", "--instance", instance],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 2 and "is not an instance name" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

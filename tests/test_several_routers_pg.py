@@ -128,3 +128,26 @@ def test_routers_starting_together_on_a_new_database_migrate_it_once(tmp_path, p
     finally:
         for router in started:
             router.stop()
+
+
+def test_a_box_naming_a_peer_router_is_refused_and_never_freezes_the_registry(routers, fleet, pg_url):
+    """Issue 36 item 4 (listeners.py rules 4-5, fleet.py rule 4, pg_registry.py rule 5): a box
+    that is another router on the database is refused by any router; one written behind their
+    backs, or bad on this machine only, is skipped and said, and the rest of the registry applies."""
+    a, b = routers
+    status, doc = admin(a, "POST", "/v1/boxes", {"name": "loop", "url": b.url, "kind": "ollama"})
+    assert (status, doc["error"]["code"]) == (400, "invalid_box"), doc
+    assert "router r1's listener" in doc["error"]["message"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # psql, or a router that did not know r1 yet
+        conn.execute("INSERT INTO boxes (name, position, doc) VALUES ('loop', 0, %s), ('bad', 1, %s)",
+                     (json.dumps({"name": "loop", "url": b.url, "kind": "ollama"}),
+                      json.dumps({"name": "bad", "url": "http://127.0.0.1:99999"})))
+    assert admin(a, "POST", "/v1/boxes", {"name": "o", "url": fleet.url, "kind": "ollama"})[0] == 201
+    live_within(lambda: "o" in box_names(b))  # the rest applies on r1, where `loop` is its own listener
+    assert "loop" not in box_names(b) and set(box_names(a)) == {"loop", "o"}
+    skipped = sorted(get_json(b, "/v1/router/state")["registry"]["skipped"], key=lambda line: "box bad" in line)
+    assert "box loop: url" in skipped[0] and "box bad: url port must be 1-65535" in skipped[1]
+    assert "boxes registry in postgresql://" in skipped[1]  # the URL as it is, never `postgresql:/`
+    text = b.log_text()
+    assert "box loop: url" in text and "skipped, the rest applies" in text
+    assert text.count("box bad: url port") == 1  # said once while it stays

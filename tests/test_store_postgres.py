@@ -18,7 +18,7 @@ from router.core.types import BoxKind
 from router.store import engines
 from router.store.pg import conn as pg
 from router.boxes.pg_registry import PgRegistry
-from router.store.route_log import Row, row_values
+from router.store.route_log import Row, row_values, usage_by_day
 
 from conftest import wait_for
 
@@ -34,7 +34,7 @@ def test_migrations_racing_at_start_apply_each_step_once(pg_url):
     latest = pg.migrations()[-1][0]
     assert versions == [latest] * 6
     with psycopg.connect(pg_url) as conn:
-        applied = conn.execute("SELECT version, count(*) FROM schema_migrations GROUP BY version").fetchall()
+        applied = conn.execute("SELECT version, count(*) FROM schema_migrations GROUP BY version ORDER BY version").fetchall()
     assert applied == [(v, 1) for v in range(1, latest + 1)]
 
 
@@ -243,3 +243,39 @@ def test_export_and_import_round_trip_through_the_cli(pg_url, tmp_path, monkeypa
     back = engines.keys(second / "router.sqlite3", None)
     assert back.scope_of(key, time.time(), None) == "use" and back.limits_of(key_id).rpm == 7
     back.close()
+
+
+def test_key_usage_increments_go_in_one_order_whatever_the_batch_order():
+    """route_log.py rule 13: by key id then day, so two writers lock key_usage rows alike."""
+    rows = [_row(1, key_id="k2", responded_at=3 * 86_400.0), _row(2, key_id="k1", responded_at=5 * 86_400.0),
+            _row(3, key_id="k2", responded_at=2 * 86_400.0), _row(4, key_id="k1", responded_at=1 * 86_400.0)]
+    assert [(key, day) for key, day, *_ in usage_by_day(rows)] == [("k1", 1), ("k1", 5), ("k2", 2), ("k2", 3)]
+
+
+def test_a_batch_that_loses_a_deadlock_is_written_again_not_parked(pg_url, tmp_path, caplog):
+    """pg/route_log.py rule 2: a deadlock is tried again, never said as the database down."""
+    import threading
+
+    engines.open_database(pg_url)
+    writer = engines.route_log(tmp_path / "r1.sqlite3", pg_url, instance="r1")
+    writer._open()
+    other = psycopg.connect(pg_url)  # another writer, in a transaction of its own
+    try:
+        writer._write([(time.monotonic(), _row(i, key_id=key)) for i, key in enumerate(("k1", "k2"))])
+        other.execute("SET deadlock_timeout = '30s'")  # this writer's check (1 s) finds the cycle
+        other.execute("UPDATE key_usage SET requests = requests + 10 WHERE key_id = 'k2'")
+        batch = [(time.monotonic(), _row(i, key_id=key)) for i, key in ((2, "k1"), (3, "k2"))]
+        writing = threading.Thread(target=writer._write, args=(batch,))
+        writing.start()  # locks k1, then waits for k2
+        assert wait_for(lambda: other.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'").fetchone()[0], 5)
+        other.execute("UPDATE key_usage SET requests = requests + 10 WHERE key_id = 'k1'")  # the cycle
+        other.commit()
+        writing.join(10)
+        assert (writer.written, writer.parked) == (4, 0)
+        assert "unreachable" not in caplog.text
+        with psycopg.connect(pg_url) as conn:
+            assert _table(conn, "SELECT key_id, requests FROM key_usage ORDER BY key_id") == [("k1", 12), ("k2", 12)]
+    finally:
+        other.close()
+        writer._close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import http.client
 import json
 import re
 import time
@@ -101,10 +102,12 @@ def test_calls_without_max_tokens_get_the_routers_bound_so_a_burst_overshoots_by
     results = burst(12, lambda: call(router, headers=bearer(key)))  # none states max_tokens
     served = [body for status, _, body in results if status == 200]
     assert len(served) >= 2 and all(status in (200, 429) for status, _, _ in results)
-    assert all(b["choices"][0]["finish_reason"] == "length" and b["usage"]["completion_tokens"] == 40 for b in served)
+    # the router's bound, or less where less is left of the budget (the last calls' bound is capped)
+    assert all(b["choices"][0]["finish_reason"] == "length" and b["usage"]["completion_tokens"] <= 40 for b in served)
+    assert max(b["usage"]["completion_tokens"] for b in served) == 40
     body_bytes = len(json.dumps({"model": "tiny", "messages": MESSAGES}))
-    reservation = -(-body_bytes // 4) + 40  # its prompt by size and the router's bound
-    assert sum(b["usage"]["total_tokens"] for b in served) <= 300 + reservation  # unbounded: 409 a call
+    prompt = -(-body_bytes // 4)  # its prompt by size: what one call may take past the budget
+    assert sum(b["usage"]["total_tokens"] for b in served) <= 300 + prompt  # unbounded: 409 a call
 
     _, key = new_key(router, tpm=100_000)  # the bound on every API: a stream, Ollama's own, a stated one
     client = openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0)
@@ -146,6 +149,87 @@ def test_a_box_that_ignores_the_bound_is_charged_what_it_reports(start_fleet_in_
     assert (row["prompt_tokens"], row["completion_tokens"], row["tokens_estimated"]) == (PROMPT, 300, 0)
 
 
+class ReadsLikeVllm(SimOllama):
+    """A box reading the answer's bound on `/v1` as vLLM and SGLang do (`max_completion_tokens
+    or max_tokens`), or, with `first="n_predict"`, as llama.cpp does (`n_predict`, then
+    `max_tokens`): what the router writes must hold whichever field a box reads."""
+
+    first = "max_completion_tokens"
+    seen: list  # (that field, max_tokens) per call, as the box read them
+
+    def _length(self, body, openai):
+        if openai:
+            self.seen.append((body.get(self.first), body.get("max_tokens")))
+            body = {**body, "max_tokens": body.get(self.first) or body.get("max_tokens")}
+        return super()._length(body, openai)
+
+
+@pytest.mark.parametrize("first", ["max_completion_tokens", "n_predict"])
+def test_no_bound_field_spends_more_than_the_keys_budget(start_fleet_in_process, first):
+    """Issue 36 item 2: a call stepping around the bound (a small `max_tokens` and a huge other
+    field a box reads first, or a huge one alone) is bounded by what is left of its key's budget
+    in every field; 40 such calls at once are charged the budget plus one call's prompt at most;
+    a bound written as a float or a string is a 400 that reaches no box."""
+    box = ReadsLikeVllm("o", tags=["tiny"], loaded=["tiny"], chunks=5000)  # 5000 tokens unless bounded
+    box.first, box.seen = first, []
+    router = start_fleet_in_process(box)
+    key_id, key = new_key(router, budget_tokens=300)
+    status, _, body = call(router, headers=bearer(key), max_tokens=1, **{first: 100_000})
+    assert status == 200 and body["usage"]["completion_tokens"] <= 300, body["usage"]
+    (read,) = box.seen
+    assert read[0] == read[1] <= 300, read
+
+    _, key = new_key(router, budget_tokens=5000)
+    prompt = -(-len(json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 10**9})) // 4)
+    results = burst(40, lambda: call(router, headers=bearer(key), max_tokens=10**9))
+    served = [b for status, _, b in results if status == 200]
+    assert served and all(status in (200, 429) for status, _, _ in results)
+    assert sum(b["usage"]["total_tokens"] for b in served) <= 5000 + prompt
+
+    calls = len(box.calls)
+    for value in ("1e5", '"100000"', "100000.0", "2147483648"):
+        raw = b'{"model":"tiny","messages":[],"%s":%s}' % (first.encode(), value.encode())
+        status, _, answer = request_raw(router, "/v1/chat/completions", raw, bearer(key))
+        assert status == 400 and json.loads(answer)["error"]["code"] == "invalid_answer_bound", answer
+    assert len(box.calls) == calls
+
+
+def test_a_form_naming_its_model_twice_is_400_before_any_box(start_fleet_in_process):
+    """Issue 36 item 3: a box's form parser may keep the last `model` part (Starlette's does), so
+    a form naming it twice, in any spelling a parser reads, would run a model the key may not
+    call where the router checked and routed the first."""
+    box = SimBox("h", residents=["vmodel", "vsecret"])
+    router = start_fleet_in_process(box)
+    _, key = new_key(router, models=["vmodel"])
+    boundary = "b0undary"
+
+    def form(*parts: tuple[str, str]) -> tuple[int, dict, bytes]:
+        raw = "".join(f"--{boundary}\r\nContent-Disposition: form-data; {head}\r\n\r\n{value}\r\n"
+                      for head, value in parts) + f"--{boundary}--\r\n"
+        return request_raw(router, "/v1/audio/transcriptions", raw.encode(),
+                           {**bearer(key), "Content-Type": f"multipart/form-data; boundary={boundary}"})
+
+    audio = ('name="file"; filename="a.wav"', "RIFF")
+    for second in ('name="model"', "name=model", 'name="file"; name = "model"', 'name="model"; filename="m"'):
+        status, _, answer = form(('name="model"', "vmodel"), audio, (second, "vsecret"))
+        assert status == 400 and "more than once" in json.loads(answer)["error"]["message"], answer
+    assert box.calls == []
+    assert form(('name="model"', "vsecret"), audio)[0] == 403
+    assert form(('name="model"', "vmodel"), audio)[0] == 200
+
+
+def request_raw(router, path: str, raw: bytes, headers: dict) -> tuple[int, dict, bytes]:
+    """`request` with the body's bytes as given (a number JSON writes only one way otherwise)."""
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json", **headers})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
 def test_max_parallel_is_never_exceeded_at_the_box_and_every_call_is_served(start_fleet_in_process):
     box = SimBox("a", residents=["tiny"])
     box.script("tiny", *[Behavior.hang(0.15)] * 8)
@@ -183,6 +267,28 @@ def test_models_outside_the_list_are_403_in_each_facades_shape(start_fleet_in_pr
     assert status == 403 and json.loads(raw) == {"error": "this key may not call this model"}
     status, _, _ = request(router, "POST", "/api/chat", {"model": "tiny", "messages": MESSAGES, "stream": False},
                            headers=bearer(key))
+    assert status == 200
+
+
+def test_a_keys_model_with_options_reaches_hugpy_boxes_only(start_fleet_in_process):
+    """Issue 36 item 7: a key allowed `qwen3-8b` may call `qwen3-8b@ctx-low` on a hugpy box (the
+    same model, with options), never the LM Studio model of that exact id."""
+    hugpy = SimBox("h", catalog=["qwen3-8b"])
+    lms = SimLMStudio("l", models=["qwen3-8b@ctx-low"], loaded=["qwen3-8b@ctx-low"])
+    router = start_fleet_in_process(hugpy, lms)
+    _, key = new_key(router, models=["qwen3-8b"])
+    for _ in range(3):
+        status, headers, body = call(router, headers=bearer(key), model="qwen3-8b@ctx-low")
+        assert (status, headers["x-hugpy-box"]) == (200, "h"), body
+    status, _, body = call(router, headers={**bearer(key), "X-Router-Box": "l"}, model="qwen3-8b@ctx-low")
+    assert status == 503 and body["error"]["reasons"]["l"].startswith("kind_not_served"), body
+    status, _, raw = request(router, "POST", "/api/v0/chat/completions",
+                             {"model": "qwen3-8b@ctx-low", "messages": MESSAGES}, headers=bearer(key))
+    assert status == 403 and json.loads(raw)["error"]["code"] == "model_not_allowed"
+    assert lms.calls == []
+    _, other = new_key(router, models=["qwen3-8b@ctx-low"])  # the LM Studio model by its own name
+    status, _, _ = request(router, "POST", "/api/v0/chat/completions",
+                           {"model": "qwen3-8b@ctx-low", "messages": MESSAGES}, headers=bearer(other))
     assert status == 200
 
 

@@ -7,8 +7,9 @@ Rules:
    raises ConfigError with its one line, and nothing is written.
 2. `served_by` names the boxes whose inventory advertises a model under their kind's name rule
    (the decision's gate, without the call's pool or pin): the admin API refuses an alias that
-   would shadow a served model. The CLI edits the file without the fleet's inventories, so it
-   cannot see a shadow; the running router's listings flag one (`shadowed_by`).
+   would shadow a served model (409). The CLI has no inventories: it asks the running router's
+   admin API where it can (router.cli.aliases), else writes unchecked; the running router's
+   listings flag a shadow (`shadowed_by`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ Rules:
 8. Where the boxes and aliases live is a `Registry`: `load`, `edit` (rule 5's one edit), and a
    `stamp` that changes when they changed. `FileRegistry` is this file; several routers keep
    the same contents in PostgreSQL (router.boxes.pg_registry), parsed and validated by this
-   module's `parse`, so every rule here holds there too. `registry_for` picks one.
+   module's `parse`, so every rule here holds there too, except that its `load` skips a bad
+   entry (`skipped`, its line) where the file's refuses the file (router.boxes.fleet rule 4).
+   `peers` are the routers whose listeners no box may name (router.boxes.listeners rule 4:
+   none for the file, whose router checks its own). `registry_for` picks one.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class BoxesFile:
     path: Path
     boxes: list[BoxConfig] = field(default_factory=list)
     aliases: dict[str, Alias] = field(default_factory=dict)  # rule 7, in the file's order
+    skipped: list[str] = field(default_factory=list)  # entries left out, each its one line (rule 8)
 
     def find(self, name: str) -> BoxConfig | None:
         return next((box for box in self.boxes if box.name == name), None)
@@ -247,29 +251,35 @@ def check_store_file(store: str, *, must_exist: bool) -> None:
         raise ConfigError(f"store {store} is not a hugpy-wrapper store (no {', '.join(missing)} table)")
 
 
-def parse(doc: object, path: Path) -> BoxesFile:
+def parse(doc: object, path: Path, where: str | None = None, skip_bad: bool = False) -> BoxesFile:
     """The boxes in `doc`, every entry validated (rule 3). Raises ConfigError with one line:
-    the file, the entry (its position from 1 and its name) and why."""
+    `where` (default: the file at `path`), the entry (its position from 1 and its name) and why.
+    `skip_bad` (a registry that several routers share, rule 8): a bad entry is left out and its
+    line kept in `skipped` instead."""
+    where = where or f"boxes file {path}"
     if not isinstance(doc, dict) or not isinstance(doc.get("boxes", []), list):
-        raise ConfigError(f"boxes file {path}: expected an object with a 'boxes' list")
+        raise ConfigError(f"{where}: expected an object with a 'boxes' list")
     boxes: list[BoxConfig] = []
+    skipped: list[str] = []
     for number, entry in enumerate(doc.get("boxes", []), 1):
         try:
             boxes.append(_entry(entry, boxes))
         except ConfigError as exc:
-            raise ConfigError(f"boxes file {path}, entry {number}: {exc}") from None
-    return BoxesFile(path, boxes, parse_aliases(doc.get("aliases", {}), path))
+            if not skip_bad:
+                raise ConfigError(f"{where}, entry {number}: {exc}") from None
+            skipped.append(f"{where}, entry {number}: {exc}")
+    return BoxesFile(path, boxes, parse_aliases(doc.get("aliases", {}), where), skipped)
 
 
-def parse_aliases(doc: object, path: Path) -> dict[str, Alias]:
+def parse_aliases(doc: object, where: str) -> dict[str, Alias]:
     """The file's aliases (rule 7). Raises ConfigError naming the first bad one."""
     if not isinstance(doc, dict):
-        raise ConfigError(f"boxes file {path}: 'aliases' must be an object of name: [model, ...]")
+        raise ConfigError(f"{where}: 'aliases' must be an object of name: [model, ...]")
     aliases: dict[str, Alias] = {}
     for name, chain in doc.items():
         wrong = check_alias(name, chain, doc, lambda model: False)
         if wrong is not None:
-            raise ConfigError(f"boxes file {path}: {wrong}")
+            raise ConfigError(f"{where}: {wrong}")
         aliases[name] = Alias(name, tuple(chain))
     return aliases
 
@@ -377,6 +387,15 @@ class Registry(Protocol):
     def stamp(self) -> object:
         """Changes when the contents changed (None: there are none)."""
 
+    def peers(self) -> list:
+        """The routers sharing this registry (router.boxes.listeners.Peer). Raises OSError."""
+
+    def announce(self, peer) -> None:
+        """Tells the other routers this one's listeners (a Peer). Raises OSError."""
+
+    def withdraw(self, instance: str) -> None:
+        """Takes back what `announce` told. Raises OSError."""
+
 
 class FileRegistry:
     """The boxes file as the Registry (rules 1-7)."""
@@ -397,6 +416,15 @@ class FileRegistry:
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def peers(self) -> list:
+        return []  # one router per file: its own listeners are its `Listening`
+
+    def announce(self, peer) -> None:
+        pass  # the record beside the file is the CLI's (router.boxes.listeners rule 2)
+
+    def withdraw(self, instance: str) -> None:
+        pass
 
 
 def registry_for(path: Path, database_url: str | None) -> Registry:

@@ -8,12 +8,17 @@ Rules:
    newest file. The file's aliases (`aliases`) are replaced whole with its boxes.
 2. A box keeps its reservation-table index for the life of the process, even across removal
    and re-adding, so a late release can never land on another box.
-3. A file is applied whole or not at all. At start, a file with a bad entry (config rule 3, or
-   a box that is this router: listeners.py) stops the start with one line naming the file, the
-   entry and why. At a reload it is not applied: that same line is logged once, the last good
-   fleet keeps serving, and the watch goes on, so the next good version applies. A deleted file
-   is not an empty fleet: the last fleet keeps serving, with a warning (an operator who wants no
-   boxes writes a file with none). Nothing a reload meets stops the watch.
+3. A file is applied whole or not at all. At start, a file with a bad entry (config rule 3)
+   stops the start with one line naming the file, the entry and why. At a reload it is not
+   applied: that same line is logged once, the last good fleet keeps serving, and the watch
+   goes on, so the next good version applies. A deleted file is not an empty fleet: the last
+   fleet keeps serving, with a warning (an operator who wants no boxes writes a file with none).
+   Nothing a reload meets stops the watch.
+4. One entry never stops the rest from applying where it is bad only here: a box that is this
+   router (listeners.py rule 5), in any registry, and any bad entry of the database's registry
+   (shared by routers that may see it otherwise: pg_registry.py rule 5). It is skipped, the rest
+   applies, and it is said: a WARNING line naming the registry, the entry, the box and why, once
+   while it stays (`skipped`: the state's `registry.skipped`, the dashboard's).
 """
 
 from __future__ import annotations
@@ -74,20 +79,26 @@ class Fleet:
         self.aliases: dict[str, Alias] = {}  # the boxes file's (router.core.aliases)
         self.listening: Listening | None = None  # this router's listeners, once it knows them
         self.verdicts = Verdicts()  # first decisions' memory (router.core.decide), per fleet shape
+        self.skipped: list[str] = []  # the entries left out of the fleet and why (rule 4)
 
     def read(self) -> boxes_config.BoxesFile:
-        """The boxes file, its boxes checked whole (rule 3). Raises ConfigError with one line."""
+        """The boxes file, its boxes checked (rules 3-4): a box that is this router is left out
+        and said. Raises ConfigError with one line."""
         loaded = self.registry.load()
-        self.check(loaded.boxes)
-        return loaded
-
-    def check(self, configs: list[BoxConfig]) -> None:
-        """Raises ConfigError when a box is this router itself (listeners.py rule 1)."""
+        skipped = list(loaded.skipped)
         if self.listening is not None:
-            try:
-                self.listening.check(configs)
-            except NamesThisRouter as exc:
-                raise ConfigError(f"{self.registry.where}, entry {exc.number}: {exc}") from None
+            kept = []
+            for number, box in enumerate(loaded.boxes, 1):
+                if self.listening.named_by(box):
+                    skipped.append(f"{self.registry.where}, entry {number}: {NamesThisRouter(number, box)}")
+                else:
+                    kept.append(box)
+            loaded.boxes = kept
+        for line in skipped:
+            if line not in self.skipped:
+                log.warning("%s: skipped, the rest applies", line)
+        self.skipped = skipped
+        return loaded
 
     def _file_stamp(self) -> object:
         return self.registry.stamp()

@@ -2,18 +2,60 @@
 
 Every change is one `router.boxes.config.edit` (locked, atomic), the code path of the admin
 API's `PUT|DELETE /v1/aliases/<name>`; a running router applies it within a second (the fleet
-watches the file). The command line has no view of the boxes' inventories, so it cannot refuse
-an alias that shadows a served model: the admin API does, and `GET /v1/aliases` flags one.
+watches the file). The command line has no view of the boxes' inventories, so `set` goes through
+the running router's admin API where the boxes file's listeners record names one
+(router.boxes.listeners rule 2; `$HUGPY_ROUTER_KEY` the bearer where it is set): an alias named
+like a model a box serves now is refused there (409), and the command exits 2 with its line.
+Where no router answers, the file is edited directly, said on stderr: `GET /v1/aliases` flags a
+shadow, and a key's `models` still bound every model the alias reaches (serve/chain.py rule 6).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 from router.boxes import aliases as box_aliases
+from router.boxes import listeners
+from router.boxes.config import FileRegistry, default_path
 from router.cli.store import add_database_option, registry_of
+from router.core.errors import ConfigError
+
+API_TIMEOUT_S = 15.0
+
+
+def _set_through_router(args: argparse.Namespace) -> bool | None:
+    """`set` through the running router's admin API: whether the alias is new, or None when no
+    router serving this boxes file answers. Raises ConfigError with the router's refusal."""
+    running = listeners.read_record(args.boxes_file or default_path())
+    if running is None or running.main is None:
+        return None
+    host = "127.0.0.1" if running.host in ("", "0.0.0.0", "::") else running.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{running.main}/v1/aliases/{quote(args.name, safe='')}"
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("HUGPY_ROUTER_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['HUGPY_ROUTER_KEY']}"
+    request = urllib.request.Request(url, json.dumps({"chain": args.models}).encode(), headers, method="PUT")
+    try:
+        with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as resp:
+            return resp.status == 201
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = exc.reason
+        raise ConfigError(f"the router at {url.partition('/v1/')[0]} refused alias {args.name} ({exc.code}): "
+                          f"{message}") from None
+    except OSError as exc:
+        print(f"no router answered at {url.partition('/v1/')[0]} ({exc}): the alias is written unchecked "
+              "against the boxes' models", file=sys.stderr)
+        return None
 
 
 def add_aliases_parser(sub) -> None:
@@ -37,7 +79,9 @@ def aliases_command(args: argparse.Namespace) -> int:
             print(f"{alias.name}\t{' -> '.join(alias.chain)}")
         return 0
     if args.aliases_command == "set":
-        added = registry.edit(lambda boxes: box_aliases.set_alias(boxes, args.name, args.models))
+        added = _set_through_router(args) if isinstance(registry, FileRegistry) else None
+        if added is None:
+            added = registry.edit(lambda boxes: box_aliases.set_alias(boxes, args.name, args.models))
         print(f"alias {args.name} {'added' if added else 'replaced'}: {' -> '.join(args.models)}")
         return 0
     try:

@@ -12,8 +12,8 @@ Rules:
    the admin API's `PUT /v1/boxes/<name>` does. An empty value (`--pool ''`, `--agent ''`,
    `--store ''`, `--max-inflight none`) clears the field.
 4. A field that does not validate (router.core.box_fields), or a URL that names the listeners
-   of the router serving this boxes file (router.boxes.listeners rule 2), exits 2 with one
-   line; nothing is written. An unknown box exits 1.
+   of the router serving this boxes file (router.boxes.listeners rule 2) or of any router on
+   the database (its rule 4), exits 2 with one line; nothing is written. An unknown box exits 1.
 """
 
 from __future__ import annotations
@@ -79,12 +79,14 @@ def _key(args: argparse.Namespace) -> str | None:
     return boxes_config.read_key_file(args.key_file) if args.key_file else args.key
 
 
-def _not_this_router(args: argparse.Namespace, boxes: boxes_config.BoxesFile) -> None:
-    """Rule 4: raises ConfigError when a box names the listeners of the router serving the boxes
-    file (the router of this machine, with a database)."""
+def _not_this_router(args: argparse.Namespace, peers: list, box: boxes_config.BoxConfig) -> None:
+    """Rule 4: raises ConfigError when the box names the listeners of the router serving the
+    boxes file (the router of this machine, with a database), or of any of `peers`, the routers
+    on the database (router.boxes.listeners rule 4)."""
     running = listeners.read_record(args.boxes_file or boxes_config.default_path())
     if running is not None:
-        running.check(boxes.boxes)
+        running.check([box])
+    listeners.check_peers([box], peers)
 
 
 def boxes_command(args: argparse.Namespace) -> int:
@@ -125,10 +127,12 @@ def _add(args: argparse.Namespace, registry: boxes_config.Registry, path: str) -
         store=args.store, pool=args.pool or None, agent=args.agent, max_inflight=args.max_inflight,
     )
 
+    peers = registry.peers()
+
     def change(boxes: boxes_config.BoxesFile) -> boxes_config.BoxConfig | None:
         old = boxes.find(new.name)
         boxes.put(new, replace=args.replace)
-        _not_this_router(args, boxes)
+        _not_this_router(args, peers, new)
         return old
 
     old = registry.edit(change)
@@ -155,9 +159,10 @@ def _set(args: argparse.Namespace, registry: boxes_config.Registry) -> int:
         print("router: boxes set: name at least one field to change (see --help)", file=sys.stderr)
         return 2
 
+    peers = registry.peers()
+
     def change(boxes: boxes_config.BoxesFile) -> None:
-        boxes.update(args.name, **fields)
-        _not_this_router(args, boxes)
+        _not_this_router(args, peers, boxes.update(args.name, **fields))
 
     registry.edit(change)
     shown = ", ".join(f"{k}={'(set)' if k == 'key' else (v if v is not None else 'none')}" for k, v in fields.items())

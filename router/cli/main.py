@@ -135,6 +135,19 @@ _conns = _in_range(bounds.non_negative_int, "count", high=1 << 20)
 _streams = _in_range(bounds.positive_int, "count", high=MAX_EVENT_STREAMS)
 
 
+# An instance name goes into log lines, the route log, the state and the shared server's keys:
+# letters, digits and `._:-` (the default, host:port, is one), at most 64, never a control character.
+INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+def _instance(value: str) -> str:
+    if not INSTANCE_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value[:64]!r} is not an instance name: 1-64 letters, digits, '.', '_', ':' or '-', "
+            "starting with a letter or digit")
+    return value
+
+
 def _share(value: str) -> float:
     number = float(value)
     if not 0 <= number < float("inf"):
@@ -266,7 +279,7 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         f"(default {DEFAULT_SLACK.relative:g}; both 0: off)")
     parser.add_argument("--affinity-memory", type=_size, default=DEFAULT_MEMORY_BYTES,
                         help=f"memory for bindings and the prefix index, LRU (default {DEFAULT_MEMORY_BYTES >> 20}m)")
-    parser.add_argument("--instance", default=None,
+    parser.add_argument("--instance", type=_instance, default=None,
                         help="this router's name among several (route log `router` column, "
                         "/v1/router/state); default host:port")
     parser.add_argument("--database-url", default=os.environ.get("HUGPY_ROUTER_DATABASE_URL", "").strip() or None,

@@ -70,6 +70,13 @@ Access (`decide_access`), in this order:
 13. "Inside" is the default private nets plus `HUGPY_ROUTER_TRUSTED_NETS`: the setting widens
     the defaults (hugpy's own setting replaces them; the router's issue says widen).
     `HUGPY_ROUTER_TRUSTED_PROXIES` defaults to none.
+
+A balancer not listed (`SoleCaller`):
+14. With no trusted proxy, a balancer or proxy in front makes every caller its own address: on
+    a LAN address every Internet caller is inside, and all of them are one caller for the queue
+    share, `--default-rpm` and affinity. So when the first SOLE_CALLER_CALLS judged calls all
+    come from one inside, non-loopback address, that is said once; a call from any other
+    address (or an unknown one) ends the watch. Loopback alone is a workstation's normal case.
 """
 
 from __future__ import annotations
@@ -491,6 +498,41 @@ def origin_allowed(origin: str | None, host: str | None, allowed: frozenset[str]
 def is_json(content_type: str | None) -> bool:
     """True when a `Content-Type` is `application/json`, parameters ignored (rule 11)."""
     return content_type is not None and content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+# --- a balancer not listed (rule 14) ----------------------------------------------------------
+
+# Enough calls that one client trying the router is not taken for a balancer.
+SOLE_CALLER_CALLS = 200
+
+
+class SoleCaller:
+    """Watches the first calls' addresses (rule 14). `see` returns True once, on the call that
+    makes SOLE_CALLER_CALLS from one inside, non-loopback address; `over` is True once the watch
+    has ended either way, and the caller may drop it."""
+
+    __slots__ = ("addr", "calls", "over")
+
+    def __init__(self) -> None:
+        self.addr: str | None = None
+        self.calls = 0
+        self.over = False
+
+    def see(self, addr: str | None, inside: bool) -> bool:
+        """One judged call from `addr` (`inside`: it lies in the inside nets)."""
+        if self.calls == 0:
+            if not inside or is_loopback(addr):
+                self.over = True
+                return False
+            self.addr = addr
+        elif addr != self.addr:
+            self.over = True
+            return False
+        self.calls += 1
+        if self.calls < SOLE_CALLER_CALLS:
+            return False
+        self.over = True
+        return True
 
 
 # --- the verdict ------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ Rules:
    - REFUSED: every owner it may try refused before the first byte (its decision, with those
      boxes excluded, ranks none; or it tried `max_boxes` boxes; or its pinned box refused);
    - FULL: every owner is full (its decision only waits for room) and a later model has room;
-   - CONTEXT_LENGTH: the box said the prompt is too long for the model's context (rule 5).
+   - CONTEXT_LENGTH: the box said the prompt is too long for the model's context (rule 5);
+   - NOT_ALLOWED: the caller's key's `models` do not name it (the serve layer leaves it before
+     the call's first decision: an alias never reaches a model its caller may not call).
    The serve layer keeps the models left for good (`left`: REFUSED, CONTEXT_LENGTH); a full
    model is never left for good: when every model in reach is full, the step returns one
    decision that waits for the boxes of all of them, so the call takes whichever frees first,
@@ -54,6 +56,7 @@ class Move(str, Enum):
     REFUSED = "refused"
     FULL = "full"
     CONTEXT_LENGTH = "context_length"
+    NOT_ALLOWED = "not_allowed"  # the caller's key may not call it: left before the first decision, never counted
 
 
 class Alias(NamedTuple):

@@ -13,18 +13,20 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    limit/60 a second (OpenAI's semantics: the reset is the time until the bucket is empty again,
    so a quiet key takes a burst of the whole limit at once). A tally keeps what is drawn from
    each bucket, so a limit changed live keeps what was used.
-3. `admit` checks, in this order: `models` (403 model_not_allowed), the budget (429
-   budget_exceeded), `rpm`, `tpm` (429 rate_limited); all or nothing: a refused call takes
-   nothing. An admitted call takes one request from `rpm` and reserves its token estimate
-   from `tpm` and the budget.
+3. `admit` checks, in this order: `models` (403 model_not_allowed: allowed on some kind of
+   box, `model_allowed`; the call then reaches only the kinds that allow its name,
+   `kinds_allowed`), the budget (429 budget_exceeded), `rpm`, `tpm` (429 rate_limited); all
+   or nothing: a refused call takes nothing. An admitted call takes one request from `rpm` and
+   reserves its token estimate from `tpm` and the budget.
 4. A token limit admits a call while any of it is left (tpm: drawn < tpm; budget: used +
    reserved < budget), and the call's reservation may then take it past the limit. So however
    calls interleave, they overshoot a token limit by at most one call's reservation: when each
    call settles at most what it reserved, the tokens charged in a period never exceed the budget
    plus the largest reservation (tests/test_core_limits.py states it over any interleaving).
    A reservation (`reserve`) is the prompt's estimate plus the answer's bound: the one the call
-   states, else one the router gives it and tells the box (serve/tenancy.py rule 2), so no
-   call's answer is longer than what it reserved.
+   states, else the router's default, either capped to what is left of the key's tpm and budget,
+   and the router tells the box (serve/tenancy.py rule 2), so no call's answer is longer than
+   what it reserved, and no one call's reservation passes a limit by more than its prompt.
 5. `settle` replaces the reservation by the tokens the box reported: `tpm` gets back what was
    reserved and draws what was used, the budget's reserved falls by the reservation and its used
    grows by the tokens. A call refused before any box served it settles with 0 tokens; its
@@ -52,10 +54,10 @@ import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from router.core.errors import BadRequest
-from router.core.types import new_tuple
+from router.core.types import BoxKind, new_tuple
 
 PERIODS = ("day", "week", "month")
 FIELDS = ("rpm", "tpm", "max_parallel", "budget_tokens", "budget_period", "models")
@@ -68,6 +70,9 @@ MAX_MODEL_CHARS = 256
 # or the facade's equivalent): the router tells the box, and the call reserves it (rule 4;
 # `--default-max-tokens`). What a chat answer of a few paragraphs takes.
 DEFAULT_ANSWER_TOKENS = 512
+# The largest answer's bound a call may state: llama.cpp reads `n_predict` into an int32, where a
+# larger number wraps, maybe to a negative one (no bound). A larger one is the caller's typo.
+MAX_ANSWER_TOKENS = 2**31 - 1
 # The stated estimates when a box reports no usage (README "Tenancy"): a prompt of ~4 bytes a
 # token (English in JSON: the body's own syntax makes it an overestimate); a whole answer the
 # same; a stream one token per STREAM_BYTES_PER_TOKEN bytes relayed (an OpenAI chunk frame or an
@@ -216,17 +221,35 @@ class Refused(NamedTuple):
     message: str
 
 
-def model_allowed(models: frozenset[str] | None, model: str) -> bool:
-    """`model` as the call names it is in `models`: exactly, or without a hugpy `@options`
-    suffix, or with Ollama's implicit `:latest` either way."""
+# Besides its exact name, the spelling under which a key's `models` allow a call's model on a box
+# of each kind, by that kind's name rule (router.core.names): hugpy reads `base@options` as the
+# model `base` with options; Ollama adds `:latest` to a name without a tag. LM Studio and
+# OpenAI-compatible servers take the id as sent: there `qwen3-8b@q8_0` is another model.
+def _hugpy_base(model: str) -> str:
+    return model.partition("@")[0]
+
+
+def _ollama_latest(model: str) -> str:
+    return model[: -len(":latest")] if model.endswith(":latest") else model + ":latest"
+
+
+ALSO_ALLOWED_AS: dict[BoxKind, Callable[[str], str]] = {BoxKind.HUGPY: _hugpy_base, BoxKind.OLLAMA: _ollama_latest}
+ALL_KINDS = frozenset(BoxKind)
+
+
+def kinds_allowed(models: frozenset[str] | None, model: str, kinds: frozenset[BoxKind]) -> frozenset[BoxKind]:
+    """The kinds among `kinds` on whose boxes `models` allow `model` as the call names it: all
+    of them when it is named exactly, else those whose name rule makes it an allowed name
+    (ALSO_ALLOWED_AS). The gate then rules out the boxes of the other kinds (serve/tenancy.py)."""
     if models is None or model in models:
-        return True
-    base = model.partition("@")[0]
-    if base in models:
-        return True
-    if base.endswith(":latest"):
-        return base[: -len(":latest")] in models
-    return base + ":latest" in models
+        return kinds
+    return frozenset(kind for kind in kinds if (also := ALSO_ALLOWED_AS.get(kind)) is not None
+                     and also(model) in models)
+
+
+def model_allowed(models: frozenset[str] | None, model: str) -> bool:
+    """`models` allow `model` on some kind of box (rule 3's check, before a box is chosen)."""
+    return bool(kinds_allowed(models, model, ALL_KINDS))
 
 
 def _catch_up(tally: Tally, limits: Limits, now: float) -> None:
@@ -403,14 +426,15 @@ def refund(tally: Tally, limits: Limits, requests: int, tokens: int, now: float)
 # --- estimates -------------------------------------------------------------------------------
 
 
-def reserve(body_bytes: int, stated: int | None, default_answer: int) -> tuple[int, int | None]:
-    """Rule 4: (the tokens a call reserves, the answer's bound the router gives it). The tokens
-    are its prompt by size plus its answer's bound: `stated`, the one it states, else
-    `default_answer`, which is then the bound it is given (None: it states its own)."""
-    prompt = prompt_estimate(body_bytes)
-    if stated is None:
-        return prompt + default_answer, default_answer
-    return prompt + (stated if stated < MAX_COUNT else MAX_COUNT), None
+def reserve(body_bytes: int, stated: int | None, default_answer: int, room: int | None) -> tuple[int, int]:
+    """Rule 4: (the tokens a call reserves, the answer's bound the router gives it). The bound is
+    `stated`, the one the call states, else `default_answer`, capped to `room`, what is left of
+    the key's token limits (None: none is set), and at least 1 (a key with nothing left is
+    refused by `admit`); the tokens are the call's prompt by size plus that bound."""
+    bound = default_answer if stated is None else stated
+    if room is not None and bound > room:
+        bound = room if room > 0 else 1
+    return prompt_estimate(body_bytes) + bound, bound
 
 
 def prompt_estimate(body_bytes: int) -> int:

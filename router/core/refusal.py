@@ -9,7 +9,8 @@ Rules, for an answer that arrives before any byte reached the client:
    model-bearing route (stale inventory), hugpy's "model not found on this box" (typed or not).
 5. LM Studio's "No models loaded" (a failed JIT load) → refusal.
 6. A stream's first frame with a top-level `error`, or `finish_reason: "error"` → refusal.
-Everything else (a 400, a 401, a 499 …) is the client's answer, passed back exactly.
+Everything else (a 400, a 401, a 499 …) is the client's answer, passed back exactly when it is
+an API's error (rule 8).
 The returned code is a short stable string used in logs, the store and 503 bodies.
 
 When no box is left to try, the client gets the status the last refusal stands for, never a
@@ -19,6 +20,12 @@ When no box is left to try, the client gets the status the last refusal stands f
    504: hugpy writes `"code": 503` for a load error), else by the refusal: not found → 404,
    `worker_reserved` → 423, any other placement refusal → 503 (the box is there but cannot
    place the model now), an error we do not know → 502 (the box failed).
+8. A box's error answer that goes to the client (rule 6's "everything else", or the last
+   refusal's) goes as the box sent it only in an API's error shape (`api_error`): OpenAI's
+   `{"error": {"message": "…", …}}` (hugpy's, LM Studio's, llama.cpp's, vLLM's), Ollama's and
+   LM Studio's `{"error": "…"}`, or the older vLLM's and SGLang's `{"object": "error",
+   "message": "…"}`. Any other body (a traceback, an HTML page, a proxy's text) is not an answer
+   the box's API gives: the client gets the router's error naming the box and its status.
 """
 
 from __future__ import annotations
@@ -60,6 +67,19 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str]:
         code if isinstance(code, str) else None,
         message if isinstance(message, str) else "",
     )
+
+
+def api_error(doc: Any) -> bool:
+    """Rule 8: `doc` (a box's error body, parsed; None when it is not JSON) is in an API's error
+    shape."""
+    if not isinstance(doc, dict):
+        return False
+    error = doc.get("error")
+    if isinstance(error, str):
+        return True
+    if isinstance(error, dict):
+        return isinstance(error.get("message"), str)
+    return doc.get("object") == "error" and isinstance(doc.get("message"), str)
 
 
 def classify_reply(kind: BoxKind, status: int, body: Any) -> RefusalCode | None:

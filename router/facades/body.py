@@ -12,6 +12,9 @@ Rules:
    present, must be an object whose `worker` and `pool`, when present, are non-empty strings.
 2. multipart/form-data bodies: the `model` form field (a text part), found by a compiled,
    GIL-free scan of the part heads (router._fastpath.form_field); file parts are never read.
+   More than one part named `model` is a 400, as a routing member twice is in JSON: a box's
+   parser may keep the last (Starlette's FormData does). A part counts however a box may read
+   its name: quoted or not, any of its `name` parameters, a file part too.
 3. The pin, the pool and the class may come as headers (`X-Router-Box`, `X-Router-Pool`,
    `X-Router-Priority`) instead; the body wins. A class is `high`, `normal` or `low`. So may
    the alias opt-out: `alloc.fallback` (true or false) or `X-Router-Fallback` (`on` or `off`).
@@ -23,9 +26,12 @@ Rules:
    `input` or `prompt`, first present: never parsed, only hashed later) and the small key
    fields (`prompt_cache_key`, `user`, `previous_response_id`). They never make a call a 400:
    one that is repeated, too large or not JSON is left out.
-8. The answer's bound a call states is read from its route's fields (`Route.answer_bound`);
-   `with_answer_bound` writes one the router chose into the body, every other byte as the
-   client sent it.
+8. The answer's bound a call states is the largest of its route's fields (`Route.answer_bound`:
+   every field a box serving the route reads as one); each present must be a whole number
+   within ±MAX_ANSWER_TOKENS, or null (a 400 otherwise: boxes read a float or a string each
+   their own way); 0 and below state no bound (llama.cpp's, Ollama's and LM Studio's "no
+   limit"). `with_answer_bound` writes one the router chose into every such field the body
+   holds, and the route's first where it holds none, every other byte as the client sent it.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from router.core.affinity import BODY_KEY_FIELDS
 from router.core.bounds import check_identifier
 from router.core.pairs import call_knobs
 from router.core.errors import BadRequest
+from router.core.limits import MAX_ANSWER_TOKENS
 from router.core.types import Call, new_tuple
 from router.facades.table import Body, Facade, Route
 
@@ -67,18 +74,31 @@ KNOBS_FIELD = ("knobs",)  # a hugpy box's per-call contract (rule 1)
 
 
 def answer_bound(doc: dict, fields: tuple[str, ...]) -> int | None:
-    """The answer's bound in tokens a call states in its route's `fields` (Route.answer_bound,
-    `options.num_predict` a member of `options`), or None (a bad value is the box's to refuse)."""
+    """The answer's bound in tokens a call states: the largest of its route's `fields` present
+    (Route.answer_bound, `options.num_predict` a member of `options`), or None where none states
+    a positive one (rule 8).
+
+    Raises BadRequest on a value that is not a whole number within ±MAX_ANSWER_TOKENS or null,
+    or an `options` that is neither an object nor null."""
+    largest = None
     for name in fields:
         outer, _, inner = name.partition(".")
         value = doc.get(outer)
-        if inner:
-            value = value.get(inner) if isinstance(value, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+        if inner and value is not None:
+            if value.__class__ is not dict:
+                raise BadRequest(f"'{outer}' must be an object", code=INVALID_BOUND)
+            value = value.get(inner)
+        if value is None:
+            continue
+        if value.__class__ is not int or not -MAX_ANSWER_TOKENS <= value <= MAX_ANSWER_TOKENS:
+            raise BadRequest(f"'{name}' must be a whole number of tokens, at most {MAX_ANSWER_TOKENS}",
+                             code=INVALID_BOUND)
+        if value > 0 and (largest is None or value > largest):
+            largest = value
+    return largest
 
 
+INVALID_BOUND = "invalid_answer_bound"  # rule 8's 400
 # What every JSON call is scanned for beside its model: `alloc` (pin, pool, class, fallback), `stream`.
 ROUTING_MEMBERS = ("alloc", "stream")
 _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
@@ -87,8 +107,9 @@ _BOUNDARY_RE = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 MAX_FIELD_VALUE_BYTES = 64 << 10
 # Members whose objects must not repeat a key at any depth: `alloc` routes the call (worker, pool,
 # class), and a box whose parser keeps the first of two `worker`s would run where it was not
-# routed, as with a duplicate `model`.
-UNIQUE_KEYS_INSIDE = frozenset({"alloc"})
+# routed, as with a duplicate `model`; so do Ollama's `options` (its runner settings and its
+# answer's bound) and a hugpy call's `knobs` (its load contract).
+UNIQUE_KEYS_INSIDE = frozenset({"alloc", "options", "knobs"})
 BODY_FORM = Body.FORM  # read per call: a module name is cheaper than the Enum's (core/lifecycle.py)
 
 
@@ -213,13 +234,15 @@ def model_and_pin(doc: dict, model_fields: tuple[str, ...] = ("model",)) -> tupl
 def multipart_field(body: bytes, content_type: bytes, field: bytes) -> str | None:
     """The value of text form field `field` in a multipart body, or None when absent (rule 2).
 
-    Raises BadRequest when the content type has no boundary, or the value is over
-    MAX_FIELD_VALUE_BYTES or not UTF-8.
+    Raises BadRequest when the content type has no boundary, more than one part is named
+    `field`, or the value is over MAX_FIELD_VALUE_BYTES or not UTF-8.
     """
     match = _BOUNDARY_RE.search(content_type)
     if match is None:
         raise BadRequest("multipart body without a boundary")
-    span = form_field(body, b"--" + match.group(1), field)
+    span, parts = form_field(body, b"--" + match.group(1), field)
+    if parts > 1:
+        raise BadRequest(f"form field '{field.decode()}' appears more than once in the body")
     if span is None:
         return None
     start, end = span
@@ -281,7 +304,7 @@ def with_model(body: bytes, content_type: str, route: Route, model: str,
         return b"".join((body[: span[0]], orjson.dumps(model), body[span[1] :]))
     if route.body is BODY_FORM and content_type.startswith("multipart/form-data"):
         match = _BOUNDARY_RE.search(content_type.encode("latin-1"))
-        start, end = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
+        (start, end), _ = form_field(body, b"--" + match.group(1), b"model")  # type: ignore[union-attr,misc]
         return b"".join((body[:start], model.encode(), body[end:]))
     found = model_span(route, json_members(body, _ascii(route.model_fields)))
     return body if found is None else with_model(body, content_type, route, model, found)
@@ -289,23 +312,35 @@ def with_model(body: bytes, content_type: str, route: Route, model: str,
 
 def with_answer_bound(body: bytes, route: Route, spans: tuple, tokens: int) -> bytes:
     """`body` (a JSON object `read_call` read, `spans` its scan) bounding its answer at `tokens`
-    in the route's first bound field (rule 8): the member added after the opening `{` where the
-    body has none, else its value replaced; `options.num_predict` set inside `options` (kept,
-    else added). An `options` that is not an object is left as it is: the box refuses the
-    client's own mistake. No second scan: read_call's found the member, or found it absent."""
+    (rule 8): every bound field of the route it holds set to `tokens`, and the route's first
+    added after the opening `{` where it holds none of them, so a box reads `tokens` whichever
+    of them it reads first; Ollama's `options.num_predict` set inside `options` (kept, else
+    added). The body itself where it already says `tokens` in the first field alone (the usual
+    call that states its bound). No second scan: read_call's found the members, or found them
+    absent; a route's bound fields are all top-level, or `options.num_predict` alone."""
     field = route.answer_bound[0]
-    span = spans[len(route.model_fields) + len(ROUTING_MEMBERS)]  # scan_names' order: the bound's member next
-    if span is None:  # the common case: a call that says nothing of its answer's length
-        return body.replace(b"{", _opened_with_bound(field, tokens), 1)
-    _, _, inner = field.partition(".")
+    first = len(route.model_fields) + len(ROUTING_MEMBERS)  # scan_names' order: the bound's members next
+    found = spans[first : first + len(route.bound_members)]
+    outer, _, inner = field.partition(".")
     if inner:
-        options = orjson.loads(body[span[0]:span[1]])
-        if options is not None and not isinstance(options, dict):
-            return body
-        value = orjson.dumps({**(options or {}), inner: tokens})
-    else:
-        value = b"%d" % tokens
-    return b"".join((body[: span[0]], value, body[span[1] :]))
+        span = found[0]
+        if span is None:
+            return body.replace(b"{", _opened_with_bound(field, tokens), 1)
+        options = orjson.loads(body[span[0]:span[1]])  # an object or null (read_call checked)
+        return b"".join((body[: span[0]], orjson.dumps({**(options or {}), inner: tokens}), body[span[1] :]))
+    value = b"%d" % tokens
+    present = [span for span in found if span is not None]
+    if not present:  # the common case: a call that says nothing of its answer's length
+        return body.replace(b"{", _opened_with_bound(field, tokens), 1)
+    if len(present) == 1 and found[0] is not None and body[found[0][0] : found[0][1]] == value:
+        return body
+    parts, at = [], 0
+    for start, end, _ in sorted(present):
+        parts += (body[at:start], value)
+        at = end
+    parts.append(body[at:])
+    rewritten = b"".join(parts)
+    return rewritten if found[0] is not None else rewritten.replace(b"{", _opened_with_bound(field, tokens), 1)
 
 
 @functools.lru_cache(maxsize=256)

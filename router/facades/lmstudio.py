@@ -24,7 +24,7 @@ from router.core.bounds import clip
 from router.core.aliases import Alias
 from router.core.types import BoxKind
 from router.facades.openai import shape_error
-from router.facades.table import CHAT_BOUND, AliasListing, Body, Facade, Route
+from router.facades.table import CHAT_BOUND, RESPONSES_BOUND, AliasListing, Body, Facade, Route
 
 JSON = b"application/json"
 
@@ -85,10 +85,10 @@ ROUTES = (
     Route("GET", "/api/v0/models", answer=v0_models_answer, aliases=AliasListing("data", v0_alias_row)),
     Route("GET", "/api/v0/models/", answer=v0_model_answer, prefix=True),
     Route("POST", "/api/v0/chat/completions", Body.JSON, asks_usage=True, answer_bound=CHAT_BOUND),
-    Route("POST", "/api/v0/completions", Body.JSON, asks_usage=True, answer_bound=("max_tokens",)),
+    Route("POST", "/api/v0/completions", Body.JSON, asks_usage=True, answer_bound=CHAT_BOUND),
     Route("POST", "/api/v0/embeddings", Body.JSON),
     Route("GET", "/api/v1/models", answer=v1_models_answer, aliases=AliasListing("models", v1_alias_row)),
-    Route("POST", "/api/v1/chat", Body.JSON, answer_bound=("max_output_tokens",)),
+    Route("POST", "/api/v1/chat", Body.JSON, answer_bound=RESPONSES_BOUND),
     Route("POST", "/api/v1/models/load", Body.JSON, scope="admin"),
     Route("POST", "/api/v1/models/unload", Body.JSON, ("instance_id",), scope="admin"),
     Route("POST", "/api/v1/models/download", Body.JSON, scope="admin"),

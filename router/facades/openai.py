@@ -18,7 +18,7 @@ from router import __version__
 from router.core.bounds import clip
 from router.core.aliases import Alias
 from router.core.types import BoxKind
-from router.facades.table import CHAT_BOUND, AliasListing, Body, Facade, Route
+from router.facades.table import CHAT_BOUND, RESPONSES_BOUND, AliasListing, Body, Facade, Route
 
 JSON = b"application/json"
 ERROR_TYPES = {
@@ -112,10 +112,10 @@ def health_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
 
 ROUTES = (
     Route("POST", "/v1/chat/completions", Body.JSON, asks_usage=True, answer_bound=CHAT_BOUND),
-    Route("POST", "/v1/completions", Body.JSON, asks_usage=True, answer_bound=("max_tokens",)),
+    Route("POST", "/v1/completions", Body.JSON, asks_usage=True, answer_bound=CHAT_BOUND),
     Route("POST", "/v1/embeddings", Body.JSON),
-    Route("POST", "/v1/responses", Body.JSON, answer_bound=("max_output_tokens",)),
-    Route("POST", "/v1/messages", Body.JSON, answer_bound=("max_tokens",)),
+    Route("POST", "/v1/responses", Body.JSON, answer_bound=RESPONSES_BOUND),
+    Route("POST", "/v1/messages", Body.JSON, answer_bound=CHAT_BOUND),
     Route("POST", "/v1/audio/transcriptions", Body.FORM),
     Route("POST", "/v1/audio/translations", Body.FORM),
     Route("POST", "/v1/audio/speech", Body.JSON),

@@ -57,9 +57,10 @@ class Route:
     aliases: AliasListing | None = None  # a model list: the aliases are listed too
     # an OpenAI-shaped stream whose usage the box gives only when asked (facades/usage.py rule 2)
     asks_usage: bool = False
-    # where a call bounds its answer's tokens, in the route's own words (`options.num_predict`: a
-    # member of `options`); the first is what the router writes when it bounds an answer itself
-    # (serve/tenancy.py rule 2)
+    # every field where a box serving the route reads the answer's bound in tokens
+    # (`options.num_predict`: a member of `options`); the first is the one every such box reads,
+    # which the router adds when it bounds an answer the body states no bound for (serve/tenancy.py
+    # rule 2)
     answer_bound: tuple[str, ...] = ()
     # the top-level members `answer_bound` lives in, for the body's one scan
     bound_members: tuple[str, ...] = field(init=False, default=())
@@ -69,9 +70,23 @@ class Route:
         object.__setattr__(self, "bound_members", members)
 
 
-# OpenAI's chat bounds its answer with `max_tokens`, which every OpenAI-compatible box reads
-# (vLLM, llama.cpp, Ollama, LM Studio), or its newer name `max_completion_tokens`.
-CHAT_BOUND = ("max_tokens", "max_completion_tokens")
+# Every top-level field an OpenAI-shaped box reads as its answer's bound, whatever the route: the
+# router reads them all (the largest counts) and, bounding an answer, writes them all (serve/tenancy.py
+# rule 2), so no box's order of reading them matters. `max_tokens` (every box); its newer name
+# `max_completion_tokens` (vLLM and SGLang read `max_completion_tokens or max_tokens`, hugpy both);
+# `max_output_tokens` (the Responses API, LM Studio's /api/v1/chat); llama.cpp's `n_predict`, which it
+# reads before `max_tokens` on every route.
+OPENAI_BOUND_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
+
+
+def openai_bound(written: str) -> tuple[str, ...]:
+    """A route's `answer_bound`: OPENAI_BOUND_FIELDS with `written` first, the field every box
+    serving the route reads, which the router adds to a body stating none."""
+    return (written,) + tuple(name for name in OPENAI_BOUND_FIELDS if name != written)
+
+
+CHAT_BOUND = openai_bound("max_tokens")  # chat, completions and Messages
+RESPONSES_BOUND = openai_bound("max_output_tokens")  # the Responses API, LM Studio's /api/v1/chat
 
 
 def _no_settings(doc: dict) -> str | None:

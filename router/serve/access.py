@@ -8,6 +8,7 @@ task refreshes off the event loop.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -20,6 +21,8 @@ from router.core.types import new_tuple
 from router.serve.edge import Edge
 from router.store.keys import KeyStore
 
+
+log = logging.getLogger("router.serve")
 
 # Distinct client addresses (and Host values) whose verdict is remembered: parsing an address
 # and walking the nets costs a few µs per call, a dict lookup well under one.
@@ -45,6 +48,8 @@ class AccessGate:
         # may be served under that Host (rule 8c)
         self.inside = Memo(lambda addr, nets=self.inside_nets: access.is_inside(addr, nets), INSIDE_CACHE_SIZE)
         self.host_served = Memo(lambda host, names=self.use_hosts: access.serves_host(host, names), INSIDE_CACHE_SIZE)
+        # A balancer in front that is not a trusted proxy (rule 14): watched until it is ruled out.
+        self.sole_caller = None if self.proxies else access.SoleCaller()
 
     def describe(self) -> str:
         """The start-up line: the key mode in force, the trusted nets and proxies."""
@@ -77,6 +82,8 @@ class AccessGate:
             return access.ALLOW
         addr, via_proxy = self.caller(edge)
         edge.caller = addr
+        if self.sole_caller is not None:
+            self._watch_sole_caller(addr)
         token = access.bearer_token(edge.header("authorization"))
         held = self.keys.holder(token, time.time(), self.admin_key) if token else None
         key_scope = None
@@ -101,3 +108,17 @@ class AccessGate:
         if verdict.ok and admin and json_body and not access.is_json(edge.header("content-type")):
             return access.NOT_JSON
         return verdict
+
+    def _watch_sole_caller(self, addr: str | None) -> None:
+        """Says once that every call so far came from one private address (rule 14)."""
+        watch = self.sole_caller
+        if watch.see(addr, self.inside[addr]):
+            log.warning(
+                "every call so far (%d) came from %s, a private address, and HUGPY_ROUTER_TRUSTED_PROXIES "
+                "is empty: if a balancer or proxy stands in front of this router, each caller behind it "
+                "counts as that one address (inside, so keyless under HUGPY_ROUTER_REQUIRE_KEY=outside; "
+                "one caller for the queue share, --default-rpm and affinity). Run it in HTTP mode with "
+                "X-Forwarded-For, list it in HUGPY_ROUTER_TRUSTED_PROXIES and set "
+                "HUGPY_ROUTER_REQUIRE_KEY=always (docs/several-routers.md)", watch.calls, addr)
+        if watch.over:
+            self.sole_caller = None

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from router.boxes import config as boxes_config
 from router.boxes.fleet import Fleet
+from router.boxes.listeners import check_peers
 from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.kinds import Capability, can
@@ -301,20 +302,28 @@ async def boxes(app: AdminApp, edge: Edge) -> None:
 async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int = 200,
                       note: dict | None = None) -> None:
     """One boxes-file edit (router.boxes.config.edit: locked, atomic, the CLI's code path),
-    off the loop; a box that is this router itself is refused before anything is written. The
+    off the loop; a box that is this router itself, or another router on its database
+    (router.boxes.listeners rule 4), is refused before anything is written. The
     fleet applies the edit, and a new or re-linked box has been read once (bounded), before the
     answer, which shows the box (never its key) and `note`, which `change` may fill in."""
     shared = app.shared
     fleet = shared.fleet
 
-    def checked(boxes: boxes_config.BoxesFile):
-        result = change(boxes)
-        if fleet.listening is not None:
-            fleet.listening.check(boxes.boxes)
-        return result
+    def checked_edit():
+        peers = fleet.registry.peers()  # any router on the database; read before the edit's lock
+
+        def checked(boxes: boxes_config.BoxesFile):
+            result = change(boxes)
+            edited = [box] if (box := boxes.find(name)) is not None else []
+            if fleet.listening is not None:
+                fleet.listening.check(edited)
+            check_peers(edited, peers)
+            return result
+
+        return fleet.registry.edit(checked)
 
     try:
-        result = await asyncio.get_running_loop().run_in_executor(None, fleet.registry.edit, checked)
+        result = await asyncio.get_running_loop().run_in_executor(None, checked_edit)
     except boxes_config.UnknownBox as exc:
         await _error(app, edge, 404, "unknown_box", str(exc))
         return

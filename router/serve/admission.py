@@ -182,7 +182,8 @@ class Seat:
     __slots__ = ("admission", "fleet", "reply", "life", "load", "decide_now", "charge", "waiter", "turn", "queued_s")
 
     def __init__(self, admission: Admission, reply: Reply, life: Lifecycle, load: Load,
-                 decide_now: Callable[[list[BoxFacts]], Decision], charge: CallerSlot | None = None) -> None:
+                 decide_now: Callable[[list[BoxFacts]], Decision], charge: CallerSlot | None = None,
+                 since: float | None = None) -> None:
         self.admission = admission
         self.fleet = admission.fleet
         self.reply = reply
@@ -192,7 +193,9 @@ class Seat:
         self.charge = charge  # its key's account: max_parallel (rule 5)
         self.waiter: Waiter | None = None
         self.turn: asyncio.Future | None = None  # resolved with its Decision, or None: no box
-        self.queued_s = 0.0  # loop time when it joined
+        # loop time when the call first joined: a call that waits again (its key's slot taken
+        # elsewhere as it was handed out) keeps its first arrival, so the timeout bounds its whole wait
+        self.queued_s = since
 
     @property
     def call(self) -> Call | None:
@@ -216,7 +219,8 @@ class Seat:
         self.waiter = joined
         loop = asyncio.get_running_loop()
         self.turn = loop.create_future()
-        self.queued_s = loop.time()
+        if self.queued_s is None:
+            self.queued_s = loop.time()
         self.life.fire(Event.QUEUED)
         return True
 
@@ -265,4 +269,4 @@ class Seat:
 
     def overdue(self, now_s: float) -> bool:
         """The wait has passed the queue's timeout (rule 3)."""
-        return now_s - self.queued_s > self.admission.timeout_s
+        return self.queued_s is not None and now_s - self.queued_s > self.admission.timeout_s

@@ -5,8 +5,9 @@ Rules:
 1. Every change is one registry edit (the boxes file's router.boxes.config.edit, or the
    database's: locked, atomic, the CLI's code path), off the loop; the fleet applies it before the answer, so the next call sees it.
 2. `PUT` takes `{"chain": [model, ...]}` (201 added, 200 replaced); a definition that
-   router.core.aliases.check_alias refuses, or one that would shadow a model a box serves now,
-   is a 400 with its one line and changes nothing. `DELETE` of an unknown alias is a 404.
+   router.core.aliases.check_alias refuses is a 400 with its one line, one named like a model a
+   box serves now a 409 `alias_shadows_model` (a key allowed that model must never be sent
+   elsewhere by its name); either changes nothing. `DELETE` of an unknown alias is a 404.
 3. A listed alias shows its chain, the first model in it that some box could serve now
    (`first_available`, null when none: the decision over every box kind, without pin or pool),
    and the boxes that serve a model of the alias's own name (`shadowed_by`: set by a box added
@@ -76,8 +77,11 @@ async def edit(fleet: Fleet, name: str, doc: dict | None) -> tuple[int, dict]:
     chain = doc.get("chain")
     if set(doc) != {"chain"} or not isinstance(chain, list):
         raise AliasRefused(400, "invalid_alias", 'the body must be {"chain": [model, ...]}')
-    shadowed = frozenset([name] if box_aliases.served_by(fleet.ordered(), name) else [])  # read on the loop
-    added = await _edit(fleet, lambda file: box_aliases.set_alias(file, name, chain, shadowed.__contains__))
+    serving = box_aliases.served_by(fleet.ordered(), name)  # read on the loop
+    if serving:
+        raise AliasRefused(409, "alias_shadows_model", f"alias {name}: box {', '.join(serving)} serves a model of "
+                           "that name; an alias may not shadow it")
+    added = await _edit(fleet, lambda file: box_aliases.set_alias(file, name, chain))
     alias = fleet.aliases[name]
     return (201 if added else 200), {"name": name, "chain": list(alias.chain),
                                      "first_available": first_available(fleet, alias.chain)}

@@ -5,10 +5,11 @@ or the first bytes held so far), `Refusal` (the box refused before the first byt
 fails over), or `LEFT` (the client left meanwhile: the box connection is closed).
 
 Rules:
-1. A non-2xx head is read whole (it is small, up to ERROR_BODY_LIMIT) and classified
-   (router.core.refusal); a refusal keeps the box's answer, to go back as sent when no box is left.
-   A non-2xx that is not a refusal is the client's own error and goes back as sent, except a
-   context-length 400 where an alias's chain has another model to try (`context_moves_on`).
+1. A non-2xx head is read whole (it is small, up to ERROR_BODY_LIMIT; a larger one is left unread)
+   and classified (router.core.refusal); a refusal keeps the box's answer, to go back when no box
+   is left. A non-2xx that is not a refusal is the client's own error and goes back, except a
+   context-length 400 where an alias's chain has another model to try (`context_moves_on`); either
+   goes back as sent only in an API's error shape (reply.py rule 5).
 2. A stream (SSE or NDJSON) is held until its first data frame has arrived and been judged; a
    first event larger than the hold limit cannot be judged cheaply and goes through unjudged (a
    refusal frame is small).
@@ -36,7 +37,7 @@ from router.core.refusal import RefusalCode, classify_first_frame, classify_repl
 from router.core.kinds import Capability, can, kinds_that
 from router.core.types import new_tuple
 from router.serve.edge import Edge
-from router.serve.hops import via_line
+from router.serve.hops import hop_lines
 from router.upstream.fetch import fetch
 from router.upstream.pool import (
     ConnectFailed,
@@ -127,10 +128,10 @@ class Attempt:
         self.context_moves_on = False  # a context-length 400 is a refusal (an alias's next model)
 
     def request(self, edge: Edge, length: int) -> bytes:
-        """The client's request line as the box gets it: the box's auth, this router's hop
+        """The client's request line as the box gets it: the box's auth, this router's hop marks
         (hops.py), hugpy's parent id, and only the PASSED_HEADERS of the client's."""
         box = self.box
-        lines = [box.auth_header, via_line(edge)]
+        lines = [box.auth_header, hop_lines(edge)]
         if box.config.kind in CALL_ID_KINDS:
             lines.append(b"X-Hugpy-Parent-Request-Id: %s\r\n" % self.call_id.encode())
         for name in PASSED_HEADERS:
@@ -202,8 +203,9 @@ class Attempt:
         status = exchange.status
         length = exchange.header(b"content-length")
         sized = length is not None and length.isdigit()
-        if status >= 400 and not (sized and int(length) > ERROR_BODY_LIMIT):  # rule 1
-            data = await exchange.read_all(ERROR_BODY_LIMIT)
+        if status >= 400:  # rule 1
+            # one larger than the limit is no API's error: left unread (reply.py rule 5)
+            data = b"" if sized and int(length) > ERROR_BODY_LIMIT else await exchange.read_all(ERROR_BODY_LIMIT)
             doc = _json(data)
             refusal = classify_reply(self.box.config.kind, status, doc)
             if refusal is None and self.context_moves_on and context_exceeded(status, doc):

@@ -19,6 +19,12 @@ decisions and carries out its answer:
 5. The answer names the model that served (`X-Router-Model`) and its place in the chain
    (`X-Router-Fallback`, 0 for the first); every move to another model counts once per model
    passed over in `router_fallbacks_total{alias,from,to,reason}`.
+6. A caller's key with `models` reaches only the chain's models those name (each member as a
+   call of its own name: router.core.limits `kinds_allowed`, on the kinds of box that allow it);
+   the others are left before the first decision (Move.NOT_ALLOWED, never counted). The alias's
+   own name in `models` grants none of its chain: a key allowed `tiny-llama` never reaches
+   `secret-model` through an alias named `tiny-llama`. A chain with no model the key may call
+   in reach (`start` None) is the key's 403 model_not_allowed (proxy.py).
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ import time
 from typing import Protocol
 
 from router.core.affinity import Steer
-from router.core.aliases import Alias, Move, resolve
+from router.core.aliases import Alias, Move, reach, resolve
 from router.core.decide import decide
 from router.core.kinds import KINDS
+from router.core.limits import kinds_allowed
 from router.core.refusal import RefusalCode
 from router.core.types import BoxFacts, Call, Decision, Path
 from router.boxes.state import BoxState
@@ -78,26 +85,32 @@ class ChainCall:
     """One call's walk along one alias's chain. It keeps no reference to its ProxyCall (which
     holds it): an ended call is freed by reference counting (tests/test_no_cycles.py)."""
 
-    __slots__ = ("alias", "asked", "first", "current", "left", "fallback", "scanned")
+    __slots__ = ("alias", "asked", "kinds", "start", "denied", "first", "current", "left", "fallback", "scanned")
 
     def __init__(self, proxy: OnTheChain, alias: Alias, asked: Call, fallback: bool, spans: tuple | None) -> None:
         self.alias = alias
         self.asked = asked  # the call as the client made it, for the alias's name
-        self.first = model_call(alias.chain[0], asked.kinds, asked.settings, asked.pin, asked.pool, asked.knobs)
-        self.current = 0
-        self.left: dict[int, Move] = {}  # places passed over for good (rule 2)
+        key_id = proxy.edge.key_id
+        models = None if key_id is None else proxy.app.tenancy.keys.limits_of(key_id).models  # type: ignore[attr-defined]
+        # per place, the kinds of box the call may reach with that model (rule 6; empty: none)
+        self.kinds = tuple(asked.kinds if models is None else kinds_allowed(models, model, asked.kinds)
+                           for model in alias.chain)
+        self.left: dict[int, Move] = {p: Move.NOT_ALLOWED for p, kinds in enumerate(self.kinds) if not kinds}
+        self.denied = len(self.left)
         self.fallback = fallback
+        self.start = next((p for p in range(reach(alias.chain, fallback)) if p not in self.left), None)
+        self.current = start = self.start or 0
+        self.first = self.call_at(start)
         # the body as read and where its model is (read_call's scan, `spans`): a body that is still
         # that one gets its model without a second scan (rule 3)
         self.scanned = (proxy.body, model_span(proxy.route, spans))
-        proxy.record.aliased(alias.name, 0, self.first)
-        proxy.reply.model_headers = model_headers(alias.chain[0], 0)
+        proxy.record.aliased(alias.name, start, self.first)
+        proxy.reply.model_headers = model_headers(alias.chain[start], start)
 
     def call_at(self, position: int) -> Call:
-        if position == 0:
-            return self.first
         asked = self.asked
-        return model_call(self.alias.chain[position], asked.kinds, asked.settings, asked.pin, asked.pool, asked.knobs)
+        return model_call(self.alias.chain[position], self.kinds[position], asked.settings, asked.pin, asked.pool,
+                          asked.knobs)
 
     # -- rule 1 --------------------------------------------------------------------------------
     def decide(self, proxy: OnTheChain, facts: list[BoxFacts]) -> Decision:
@@ -105,7 +118,7 @@ class ChainCall:
         if t_sent and time.perf_counter() - t_sent >= proxy.app.first_byte_timeout_s:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
-        if current == 0 and not tried and not self.left:  # the common case: the first model
+        if current == self.start and not tried and len(self.left) == self.denied:  # the common case: the first model
             decision = decide(self.first, facts, tried, eligible, proxy.steer, proxy.app.fleet.verdicts)
             if decision.boxes:
                 return decision  # resolve's answer too: the first model in reach ranks a box

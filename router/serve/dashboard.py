@@ -138,6 +138,7 @@ def state_doc(shared) -> dict:
         "contracts": contracts,
         "models": [models[key] for key in sorted(models)],
         "aliases": alias_views(shared.fleet),
+        "registry": {"where": shared.fleet.registry.where, "skipped": shared.fleet.skipped},  # fleet.py rule 4
         "queue": shared.admission.snapshot(),
         "affinity": shared.affinity.view(),
         "database": _database_view(shared),

@@ -3,7 +3,7 @@
 Rules:
 1. Commit happens once per call (router.core.lifecycle: JUDGED → RELAYING): the row's status and
    state are set, and the box remembers it took the call with these settings (not for the
-   client's own error, which goes back as sent).
+   client's own error, which goes back as sent when it is an API's error: reply.py rule 5).
 2. An answer read whole goes out in one piece; any other is relayed as it arrives
    (router._fastpath.Relay), its head first.
 3. After the head nothing is rerouted: a box failing mid-stream ends the stream with an in-band
@@ -78,8 +78,10 @@ class Delivery:
             await self.whole_into_stream(judged, attempt)
             return
         if judged.body is not None:
-            if judged.failure is None:
-                record.kept_tail((judged.body,))
+            if judged.failure is not None:  # the client's own error: an API's error, or the router's
+                await reply.box_error(box.name, judged.status, judged.headers, judged.body)
+                return
+            record.kept_tail((judged.body,))
             await reply.respond(judged.status, headers, judged.body)
             return
         await reply.start(judged.status, headers)

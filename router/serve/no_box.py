@@ -4,7 +4,8 @@
    reason and the call's id), which hugpy-core reads. Two cases say what is wrong instead: a
    pin to a box that is not in the fleet is a 404 `unknown_box` naming it and the fleet's
    boxes, and an empty fleet says so and names the boxes file read.
-2. Every box tried refused: the last box's own answer as it was sent; a stream refused by its
+2. Every box tried refused: the last box's own answer as it was sent when it is an API's error
+   (reply.py rule 5, else the router's `box_error`); a stream refused by its
    first frame gets the status that refusal stands for (router.core.refusal rule 7), with the
    box's error object (`type`, `code` and its other fields kept), never a 200 that carries an
    error; a transport failure (unreachable, lost, timeout) is a 502 that lists the attempts.
@@ -63,7 +64,7 @@ async def give_up(reply: Reply, last: Refusal | None) -> None:
     box_name = record.box.name  # type: ignore[union-attr]
     if last.status >= 400:
         record.answered(last.status, last.code)
-        await reply.respond(last.status, reply.box_headers(box_name, list(last.headers)), last.body)
+        await reply.box_error(box_name, last.status, list(last.headers), last.body)
         return
     status = in_band_status(last.code, last.frame)
     error = last.frame.get("error") if isinstance(last.frame, dict) else None

@@ -50,7 +50,7 @@ from router.core.affinity import Key, Steer
 from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
-from router.core.limits import Refused
+from router.core.limits import MODEL_NOT_ALLOWED, Refused
 from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import read_call, with_answer_bound
 from router.facades.table import Facade, Route
@@ -125,7 +125,7 @@ class ProxyCall:
         "app", "edge", "facade", "route", "call_id", "life", "record", "reply", "load", "body",
         "attempt", "delivery", "tried", "eligible", "started_s", "watch", "seat", "asked_priority",
         "affinity_key", "steer",
-        "charge", "admitting", "usage_body", "chain",
+        "charge", "admitting", "usage_body", "chain", "queued_since",
     )
     max_boxes = MAX_BOXES_PER_CALL
 
@@ -155,6 +155,7 @@ class ProxyCall:
         self.admitting: tuple[Awaitable[Charge | Refused], tuple | None] | None = None
         self.usage_body: bytes | None = None  # the body asking the box for a stream's usage
         self.chain: ChainCall | None = None  # a call for an alias: where it is on the chain
+        self.queued_since: float | None = None  # loop time it first joined the wait queue
 
     @property
     def gone(self) -> bool:
@@ -216,9 +217,19 @@ class ProxyCall:
         except BadRequest as exc:
             await reply.error(exc.status_hint, exc.code, str(exc))
             return False
+        allowed = self.app.tenancy.allowed(edge, call)  # its key's `models`, by box kind
+        if allowed is not call:
+            if allowed.__class__ is Refused:
+                await self.turned_away(allowed)  # type: ignore[arg-type]
+                return False
+            call = allowed  # type: ignore[assignment]
+            self.record.asked(call)
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(call.model)) is not None:
             self.chain = ChainCall(self, alias, call, fallback, inspected.spans)
+            if self.chain.start is None:  # its key may call none of the chain's models (chain.py rule 6)
+                await self.turned_away(Refused(MODEL_NOT_ALLOWED, 0, "this key may not call any model of this alias"))
+                return False
         if stream and self.route.asks_usage:
             self.usage_body = ask_usage(self.body)
         affinity = self.app.affinity
@@ -248,9 +259,11 @@ class ProxyCall:
         self.charge = charge
         self.record.limited(charge.headers)
         if charge.bound is not None:
-            self.body = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore[arg-type]
-            if self.usage_body is not None:
-                self.usage_body = ask_usage(self.body)
+            bounded = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore[arg-type]
+            if bounded is not self.body:  # (most calls stating their bound already say it)
+                self.body = bounded
+                if self.usage_body is not None:
+                    self.usage_body = ask_usage(bounded)
         return True
 
     async def turned_away(self, refused: Refused) -> None:
@@ -405,10 +418,12 @@ class ProxyCall:
     async def wait_turn(self, decision: Decision) -> Decision | None:
         """Every owner left is full or cooling: wait for a slot (None: answered instead)."""
         caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
-        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now, self.charge)
+        seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now, self.charge,
+                                since=self.queued_since)
         try:
             if not await seat.join(decision, caller, priority):
                 return None
+            self.queued_since = seat.queued_s  # a wait again is bounded from the first (admission.py rule 3)
             if self.watch is None:  # a client that leaves the queue must leave it at once
                 self.watch = self.edge.watch_disconnect(self.client_left)
             return await seat.wait(decision)

@@ -15,15 +15,22 @@ Rules:
    (`Facade.whole_as_stream`: one data frame and the stream's end). One the stream cannot carry
    (not JSON) ends the stream with an error frame that says so, and the row is `failed`
    (`answer_not_a_stream`): never `done` for an answer the client did not get (issue 20 item 9).
+5. A box's error answer goes to the client as the box sent it only in an API's error shape
+   (router.core.refusal rule 8); any other body (a traceback that may hold the box's secrets, an
+   HTML page) becomes the router's `box_error` in the facade's shape, with the box's status and
+   naming the box, and the log gets the box body's first LOGGED_BODY_CHARS, on one line
+   (`box_error`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Callable
 
 import orjson
 
+from router.core.refusal import api_error
 from router.facades.table import Facade
 from router.serve.affinity import HEADER as AFFINITY_HEADER
 from router.serve.edge import ClientLeft, Edge
@@ -53,6 +60,9 @@ HOP_HEADERS = frozenset(
         b"x-powered-by",
         b"x-router-model",
         b"x-router-fallback",
+        # set by this router on every box answer: a router box's own would come out twice
+        b"x-hugpy-box",
+        b"x-hugpy-router-request-id",
     }
 )
 # Dropped by prefix (one startswith a header): the CORS headers above, and the headers a box
@@ -63,6 +73,10 @@ NOT_A_STREAM = "answer_not_a_stream"
 NOT_A_STREAM_FRAME = (b'data: {"error": {"message": "the box answered whole, in a form the stream cannot carry", '
                       b'"type": "upstream_error", "code": "answer_not_a_stream"}}\n\n')
 JSON = b"application/json"
+BOX_ERROR = "box_error"
+LOGGED_BODY_CHARS = 200  # of a box's error body that is no API's error (rule 5)
+
+log = logging.getLogger("router.proxy")
 
 
 def in_band_frame(status: int, body: bytes) -> bytes:
@@ -124,6 +138,22 @@ class Reply:
             return
         self.record.sent(len(body))
         await self.edge.respond(status, headers, body)
+
+    async def box_error(self, box_name: str, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Rule 5: a box's error answer (`status` >= 400), committed."""
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None
+        if api_error(doc):
+            await self.respond(status, self.box_headers(box_name, headers), body)
+            return
+        log.warning("call %s: box %s answered %d with a body that is no API's error: %s", self.record.call_id,
+                    box_name, status, " ".join(body[:LOGGED_BODY_CHARS].decode("utf-8", "replace").split()))
+        shaped = self.facade.shape_error(
+            status, BOX_ERROR, f"box {box_name} answered {status} with a body that is not an API error (it is in "
+            "the router's log)", {"box": box_name, "status": status})
+        await self.respond(status, self.box_headers(box_name, [(b"content-type", JSON)]), shaped)
 
     def in_stream(self, status: int, body: bytes) -> bytes:
         """A whole answer as the end of a stream whose head went out (rules 1 and 4)."""

@@ -322,8 +322,10 @@ class Running:
             server = SharedServer(config.shared_url)  # type: ignore[arg-type]
         except ImportError:
             raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
-        leases = SlotLeases(server, self.instance, self.fleet, config.shared_down)  # type: ignore[arg-type]
-        shared.tenancy.counters = shared.tenancy.shared = SharedCounters(server, config.shared_down == "closed")
+        counters = SharedCounters(server, config.shared_down == "closed")
+        leases = SlotLeases(server, self.instance, self.fleet, config.shared_down,  # type: ignore[arg-type]
+                            upkeep=counters.upkeep)
+        shared.tenancy.counters = shared.tenancy.shared = counters
         if shared.affinity.on:
             shared.affinity.shared = SharedBindings(server)
         leases.admission = shared.admission
@@ -383,6 +385,13 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
         limit=max_conns, working_ports=lambda: port_numbers(shared.working_ports),
     )
     loop = asyncio.get_running_loop()
+    registry = running.fleet.registry  # several routers: this one's listeners, for the others (listeners.py rule 4)
+    try:
+        await loop.run_in_executor(None, lambda: registry.announce(
+            own_listeners.this_peer(running.instance, config.host, ports)))
+    except OSError as exc:
+        log.warning("%s: this router's listeners not announced (%s): the others cannot refuse a box "
+                    "that names them", registry.where, exc)
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
     stopping = shared.stopping
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -415,6 +424,8 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     conn_cap_task.cancel()
     await running.stop()
     own_listeners.remove_record(config.boxes_path)
+    with contextlib.suppress(OSError):  # a database down: the row stays until this instance starts again
+        await loop.run_in_executor(None, registry.withdraw, running.instance)
     return 0
 
 

@@ -153,8 +153,10 @@ def slots_key(box: str) -> str:
 class SlotLeases:
     """This router's side of the shared slots (rules 1-6, 9) and its heartbeat (rule 7)."""
 
-    def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str) -> None:
+    def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str,
+                 upkeep: Callable[[], None] = lambda: None) -> None:
         self.server = server
+        self.upkeep = upkeep  # run by each sync before its round trip: the keys' holds renewed there
         self.instance = instance
         self.fleet = fleet
         self.down_mode = down_mode
@@ -419,6 +421,7 @@ class SlotLeases:
         """One round trip: the idle parked leases given back (rule 9), every limited box's leases
         renewed and counted, the heartbeat."""
         self.give_idle()  # first: their GIVEs go out ahead of the renewals, in the same round trip
+        self.upkeep()  # the keys' holds renewed, their parked settles written (store/shared_counters.py)
         server = self.server
         boxes = [box for box in self.fleet.ordered() if box.limit is not None]
         futures = [server.call(self.renew_script, 1, slots_key(box.name), LEASE_TTL_MS, *self.held.get(box.name, ()))

@@ -6,14 +6,18 @@ This room:
    validated, `edge.key_id`), or, for a caller without one, `--default-rpm/--default-tpm` per
    resolved address. Nothing to count (no limits): no work beyond two lookups. A refusal is
    429 `rate_limited` / 429 `budget_exceeded` with Retry-After, or 403 `model_not_allowed`, in
-   the facade's shape, counted in `router_key_limited_total`.
+   the facade's shape, counted in `router_key_limited_total`. First, `allowed` keeps the call to
+   the kinds of box on whose name rule its key's `models` allow its name (router.core.limits
+   rule 3: `m@options` is `m` on a hugpy box only).
 2. An admitted call carries a `Charge`: the tokens it reserved and the OpenAI `x-ratelimit-*`
    headers of its limits (what is left after it), which its answer's head carries. A call
-   counted against token limits reserves its prompt's estimate and its answer's bound: the one
-   it states, else the router's (`--default-max-tokens`, `Charge.bound`), which the proxy writes
-   into the body in the route's own field (Route.answer_bound: `max_tokens`,
-   `max_output_tokens`, Ollama's `options.num_predict`), so the box ends the answer there
-   (`finish_reason` "length") and no call is charged past what it reserved (router.core.limits
+   counted against token limits reserves its prompt's estimate and its answer's bound: the
+   largest it states in any field a box reads as one, else the router's (`--default-max-tokens`),
+   capped to what is left of the key's tpm and budget (`room`), which the proxy writes into
+   every such field of the body and the route's own where it has none (`Charge.bound`;
+   Route.answer_bound: `max_tokens`, `max_completion_tokens`, `max_output_tokens`, `n_predict`,
+   Ollama's `options.num_predict`), so the box ends the answer there (`finish_reason` "length")
+   whichever field it reads, and no call is charged past what it reserved (router.core.limits
    rule 4). A route with no such field (embeddings, speech, images) reserves the default and
    its body is left as it is; so is every body of a key without token limits.
 3. `max_parallel`: the call takes its key's slot when it is dispatched (`Charge.take_slot`);
@@ -110,7 +114,7 @@ class Charge:
         self.name = name  # the tally's name: `key:<id>` or `addr:<address>`
         self.limits = limits
         self.reserved = reserved
-        self.bound = bound  # the answer's bound the router gives the call (None: it states one, or none is due)
+        self.bound = bound  # the answer's bound the router writes into the call (None: none is due, rule 2)
         self.slot = False  # holds one of its key's max_parallel slots (a key without one has none)
         self.headers = headers
 
@@ -181,12 +185,42 @@ class Tenancy:
             if limits is NO_LIMITS:
                 return None
             name = "addr:" + (edge.caller or "unknown")
-        tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens) if limits.counts_tokens else (0, None)
+        now = self.clock()
+        if limits.counts_tokens:
+            tokens, bound = rules.reserve(body_bytes, stated, self.default_max_tokens, self.room(name, limits, now))
+        else:
+            tokens, bound = 0, None
         bound = bound if bound_fields else None
-        admitted = self.counters.admit(name, limits, call.model, tokens, self.clock())
+        admitted = self.counters.admit(name, limits, call.model, tokens, now)
         if not isinstance(admitted, tuple):  # several routers: a round trip, the caller awaits it (rule 7)
             return self.charged_later(admitted, key_id, name, account, tokens, bound)  # type: ignore[return-value]
         return self.charged(admitted, key_id, name, account, tokens, bound)  # type: ignore[arg-type]
+
+    def allowed(self, edge: Edge, call: Call) -> Call | Refused:
+        """Rule 1's `models`, by box kind (router.core.limits rule 3): the call as it may go, to
+        the kinds of box on which its key's `models` allow its name (a hugpy box reads
+        `qwen3-8b@q8_0` as `qwen3-8b`, an LM Studio box as another model), or the 403 when its
+        facade serves none of them."""
+        key_id = edge.key_id
+        if key_id is None:  # an address's limits name no models
+            return call
+        models = self.keys.limits_of(key_id).models
+        if models is None or call.model in models:
+            return call
+        kinds = rules.kinds_allowed(models, call.model, call.kinds)
+        if kinds:
+            return call if kinds == call.kinds else call._replace(kinds=kinds)
+        self.limited[(key_id, rules.MODEL_NOT_ALLOWED)] += 1
+        return Refused(rules.MODEL_NOT_ALLOWED, 0, "this key may not call this model")
+
+    def room(self, name: str, limits: Limits, now: float) -> int:
+        """Rule 2: what is left now of the token limits of `limits` (one is set) on tally `name`:
+        an answer's bound is capped to it. Several routers: as this router last saw the tally."""
+        left = self.counters.left(name, limits, now)
+        tokens, budget = left.tokens, left.budget
+        if tokens is None:
+            return budget  # type: ignore[return-value]
+        return tokens if budget is None or tokens < budget else budget
 
     def account(self, key_id: str, limits: Limits) -> Account:
         """A key's Account, made for its limits now (its first call, or its limits changed)."""

@@ -41,6 +41,9 @@ Rules:
 13. Tenancy: the rows of a batch that name a key add their calls and tokens to `key_usage`
    (per key and UTC day of the call's end) in the same transaction, so the usage a key shows
    is exactly its rows'; retention prunes the days wholly before the cut-off with the rows.
+   The increments go in one fixed order, by key id then day, whatever the batch's order: two
+   writers (two routers on one database) then lock the same rows in the same order, and never
+   deadlock each other.
 14. The `router` column names the router that served the call (`--instance`, default
    host:port): the writer fills it in, off the loop, for a row that does not name one.
 15. The engine is a few methods (`_open`, `_commit`, `_prune`, `_close`, `read`): this class is
@@ -151,7 +154,8 @@ ADD_USAGE = (
 
 
 def usage_by_day(rows: list[Row]) -> list[tuple]:
-    """The `key_usage` increments of `rows` (rule 13): one tuple per (key, day)."""
+    """The `key_usage` increments of `rows` (rule 13): one tuple per (key, day), ordered by key
+    id then day."""
     sums: dict[tuple[str, int], list[int]] = {}
     for row in rows:
         if row.key_id is None:
@@ -165,7 +169,7 @@ def usage_by_day(rows: list[Row]) -> list[tuple]:
         total[2] += row.completion_tokens or 0
         total[3] += row.cached_tokens or 0
         total[4] += row.tokens_estimated or 0
-    return [(key, day, *total) for (key, day), total in sums.items()]
+    return [(key, day, *total) for (key, day), total in sorted(sums.items())]
 
 
 @functools.cache

@@ -19,14 +19,33 @@ Rules:
 2. A refusal is written too (the buckets caught up to now): a refusal read from a stale copy
    would be wrong, and the write is what proves the copy current.
 3. The server down (store/shared.py rule 3): `open` steps on `local`, a LocalCounters of this
-   router alone; `closed` raises SharedDown to the caller (503 `shared_store_down`). A settle
-   (or a seed) that finds the server down is dropped and counted (`lost_steps`): its admission
-   was made on the server, the local tally never held its reservation.
+   router alone, each tally starting (at its first step of the outage) from the copy this router
+   last saw on the server, so N routers alone admit at most N times a limit in any window, what
+   the server admitted before included; `closed` raises SharedDown to the caller (503
+   `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
+   server down, or its round trip lost) is parked and written again once the server answers
+   (`upkeep`), in order, never dropped; a settle while the server is down frees its call's count
+   on `local` too (each side never below 0: where the call was admitted is not known). A step
+   parked for an earlier run of the server is not written to a new one (that run holds nothing
+   of it: counted in `lost_steps`). Past MAX_PARKED parked steps the oldest is dropped and
+   counted too. Either way what it would have freed is freed from this router's holds (rule 5),
+   so a step not written never keeps a hold alive.
 4. `has_room` and `left` read the copy last seen (no round trip): `has_room` is the queue's
    advice only, and says yes for a copy older than STALE_S, so a waiter whose key's slot was
    given back on another router is tried within STALE_S; `take_parallel` then decides, atomically.
 5. A key's tally lives KEY_TALLY_TTL_S after its last write (a month's budget and then some); an
-   address's (`addr:`) ADDRESS_TALLY_TTL_S: its minute is all it has.
+   address's (`addr:`) ADDRESS_TALLY_TTL_S: its minute is all it has. What is held for calls in
+   flight (their `max_parallel` slots and their reserved tokens, a credit's draw among them) is not
+   a count in the tally but a hold per router (`h`: tag -> [calls, tokens, expiry]) that expires
+   HOLD_S after that router last wrote it, on the server's clock, as a box's lease does
+   (serve/shared.py rule 3). Each router keeps its own holds in `holding` and writes them with
+   every compare-and-set of the tally; the sync renews those it has not written for RENEW_AFTER_S
+   (one round trip for all, an expiry moved without a new version when nothing else changed). The
+   CAS drops expired holds and answers the tally again, so a router that dies (`kill -9`) or
+   pauses past HOLD_S stops holding its key's slots and tokens within HOLD_S, and a settle lost
+   with it never locks the key: the tally's `parallel` and `reserved` are the sum of the live
+   holds, recomputed at every write. A router that comes back writes its holds again with its
+   next write (its calls still run).
 6. The budget period rolls over inside the rules (limits rule 6) at the first step after the
    boundary, on whichever router takes it; the CAS makes that one step, so no lease is needed.
 7. A settle that gives back no `max_parallel` slot is in no hurry: it rides the next round trip
@@ -64,10 +83,13 @@ import asyncio
 import functools
 import math
 import operator
+import os
 import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+import orjson
 
 from router.core import limits as rules
 from router.core.limits import Left, Limits, Refused, Tally, Windows
@@ -79,19 +101,71 @@ CREDIT_S = 0.1  # rule 8
 CREDIT_FIRST_CALLS = 4
 CREDIT_MAX_CALLS = 1024  # a key at ~10k calls a second on one router: a round trip per credit, not per call
 STALE_S = 1.0
+HOLD_S = 5.0  # rule 5: as a box's lease lives (serve/shared.py LEASE_TTL_S)
+HOLD_MS = int(HOLD_S * 1000)
+RENEW_AFTER_S = 1.0  # rule 5: a hold not written for this long is renewed at the next sync (once a second)
+MAX_PARKED = 65_536  # rule 3
 KEY_TALLY_TTL_S = 40 * 86400
 ADDRESS_TALLY_TTL_S = 120
 MAX_SEEN = 65_536  # tallies whose copy is kept; past it the copies are dropped (read again)
 
-# KEYS[1] the tally; ARGV: version read, packed tally, ttl (ms) -> {1, version} | {0, version, packed}
+# KEYS[1] the tally; ARGV: version read, packed tally, ttl (ms), this router's tag, its calls and
+# tokens held, a hold's life (ms) -> {1, version} | {0, version, packed, holds}. Expired holds go
+# first (rule 5), as a new version: a router's copy that still counts them is answered afresh. A
+# write that changes nothing but this router's hold's expiry keeps the version (a renewal costs
+# the other routers no second try).
 CAS = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local v = redis.call('HGET', KEYS[1], 'v') or '0'
-if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 'd') or ''} end
+local raw = redis.call('HGET', KEYS[1], 'h')
+local holds = {}
+if raw then holds = cjson.decode(raw) end
+local expired = false
+for tag, hold in pairs(holds) do
+  if hold[3] <= now then holds[tag] = nil expired = true end
+end
+if expired then
+  v = tostring(tonumber(v) + 1)
+  redis.call('HSET', KEYS[1], 'v', v, 'h', cjson.encode(holds))
+end
+local d = redis.call('HGET', KEYS[1], 'd') or ''
+if v ~= ARGV[1] then return {0, v, d, cjson.encode(holds)} end
+local calls, tokens = tonumber(ARGV[5]), tonumber(ARGV[6])
+local mine = holds[ARGV[4]]
+local same = mine and mine[1] == calls and mine[2] == tokens and d == ARGV[2]
+if calls > 0 or tokens > 0 then
+  holds[ARGV[4]] = {calls, tokens, now + tonumber(ARGV[7])}
+else
+  holds[ARGV[4]] = nil
+end
+if same then
+  redis.call('HSET', KEYS[1], 'h', cjson.encode(holds))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, v}
+end
 local next = tostring(tonumber(v) + 1)
-redis.call('HSET', KEYS[1], 'v', next, 'd', ARGV[2])
+redis.call('HSET', KEYS[1], 'v', next, 'd', ARGV[2], 'h', cjson.encode(holds))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, next}
 """
+NO_HOLDS = (0, 0)  # (calls, tokens) the other routers hold on a tally
+
+
+def held_by_others(holds: bytes, tag: str) -> tuple[int, int]:
+    """The calls and tokens the routers other than `tag` hold on a tally (rule 5), from the CAS's
+    answer (`h`, live holds only)."""
+    calls = tokens = 0
+    for holder, hold in orjson.loads(holds or b"{}").items():
+        if holder != tag:
+            calls += int(hold[0])
+            tokens += int(hold[1])
+    return calls, tokens
+
+
+def _renewal(tally: Tally) -> None:
+    """The step of a renewal (rule 5): the write carries this router's holds, and nothing else."""
+
 
 Result = TypeVar("Result")
 
@@ -156,7 +230,13 @@ class SharedCounters:
         self.closed = closed
         self.cas = server.script(CAS)
         self.local = LocalCounters()  # rule 3, open
-        self.seen: dict[str, tuple[Tally, bytes, float]] = {}  # name -> (copy, version, monotonic read)
+        # name -> (copy, version, monotonic read, what the other routers hold on it: rule 5)
+        self.seen: dict[str, tuple[Tally, bytes, float, tuple[int, int]]] = {}
+        self.tag = os.urandom(6).hex()  # this router's holds (rule 5): unique across routers and restarts
+        self.holding: dict[str, list] = {}  # name -> [calls, tokens, monotonic written] this router holds
+        # rule 3: (name, step, what it frees, the server's run it was asked of)
+        self.parked: list[tuple[str, Callable[[Tally], None], tuple[int, int], int]] = []
+        self.alone_from_seen: set[str] = set()  # rule 3: the tallies counted alone since the server was last up
         self.lost_steps = 0
         self.queued: dict[str, list] = {}  # name -> the steps waiting for its next write
         self.ready: list[str] = []  # tallies with steps and no write out: written at the next flush
@@ -171,10 +251,11 @@ class SharedCounters:
         if self.server.up:
             return self._queue(name, apply, alone=alone)
         future = asyncio.get_running_loop().create_future()
-        self._failed_step(future, alone, SharedDown(self.server.why_down))
+        self._failed_step(name, future, alone, SharedDown(self.server.why_down))
         return future
 
-    def _failed_step(self, future: asyncio.Future, alone: Callable[[], Result] | None, failure: SharedDown) -> None:
+    def _failed_step(self, name: str, future: asyncio.Future, alone: Callable[[], Result] | None,
+                     failure: SharedDown) -> None:
         """A step whose write failed (rule 3): a waited-for step counts alone when the server is
         down and the mode open; else it fails, with SharedDown (contended past CAS_TRIES while
         the server is up: said, never counted alone in silence)."""
@@ -182,18 +263,22 @@ class SharedCounters:
             return
         if alone is not None and not self.server.up:
             if not self.closed:
+                if name not in self.alone_from_seen:
+                    self._count_alone_from_seen(name)
                 future.set_result(alone())
                 return
             failure = SharedDown(self.server.why_down)
         future.set_exception(failure)
 
     def _queue(self, name: str, apply: Callable[[Tally], Result], urgent: bool = True,
-               alone: Callable[[], Result] | None = None, waited: bool = True) -> asyncio.Future | None:
+               alone: Callable[[], Result] | None = None, waited: bool = True,
+               frees: tuple[int, int] | None = None) -> asyncio.Future | None:
         """`apply` joins the next write of `name`'s tally (rule 1): one write at a time per tally
         from this router, carrying every step asked until its round trip is packed. A step in no
         hurry (rule 7) rides the next round trip anyone sends. A step someone waits for gets a
         future, and `alone`, its count on this router alone (`_failed_step`); one nobody waits
-        for is counted in `lost_steps` when it fails."""
+        for is parked when it fails (rule 3), with `frees`, the calls and tokens of this router's
+        holds it gives back (None: a renewal, asked again by the next sync instead)."""
         future = asyncio.get_running_loop().create_future() if waited else None
         steps = self.queued.get(name)
         if steps is None:
@@ -202,7 +287,7 @@ class SharedCounters:
                 self.ready.append(name)
                 if len(self.ready) == 1:
                     self.server.prepare(self._write_ready)
-        steps.append((apply, future, alone))
+        steps.append((apply, future, alone, frees, self.server.epoch))
         if urgent:
             self.server.soon()
         return future
@@ -217,45 +302,119 @@ class SharedCounters:
         """The steps of `batch`, in order, on one copy of the tally, written with one CAS (rule 1);
         `_written` takes the answer."""
         seen = self.seen.get(name)
-        tally, version = (seen[0], seen[1]) if seen is not None else (Tally(), b"0")
+        tally, version, others = (seen[0], seen[1], seen[3]) if seen is not None else (Tally(), b"0", NO_HOLDS)
         ttl_ms = (ADDRESS_TALLY_TTL_S if name.startswith("addr:") else KEY_TALLY_TTL_S) * 1000
-        work = copy(tally)
+        mine = self.holding.get(name)
+        calls, tokens = (mine[0], mine[1]) if mine is not None else NO_HOLDS
+        work = copy(tally)  # its calls and tokens in flight: the live holds (rule 5)
+        work.parallel, work.reserved = others[0] + calls, others[1] + tokens
         results = [step[0](work) for step in batch]
+        # what this router holds after the steps: theirs is the others' (a step never frees a hold
+        # of another router's, nor makes this router's negative)
+        held_calls, held_tokens = max(0, work.parallel - others[0]), max(0, work.reserved - others[1])
         self.writing.add(name)
-        self.server.send(functools.partial(self._written, name, batch, work, results, tries), self.cas, 1,
-                         PREFIX + "tally:" + name, version, pack(work), ttl_ms)
+        self.server.send(functools.partial(self._written, name, batch, work, results, tries, others,
+                                           (held_calls - calls, held_tokens - tokens)),
+                         self.cas, 1, PREFIX + "tally:" + name, version, pack(work), ttl_ms, self.tag,
+                         held_calls, held_tokens, HOLD_MS)
 
-    def _written(self, name: str, batch: list, work: Tally, results: list, tries: int,
-                 reply: list | SharedDown) -> None:
+    def _written(self, name: str, batch: list, work: Tally, results: list, tries: int, others: tuple[int, int],
+                 moved: tuple[int, int], reply: list | SharedDown) -> None:
         self.writing.discard(name)
         failure = reply if reply.__class__ is SharedDown else None
         if failure is None:
             if reply[0] == 1:  # type: ignore[index]
-                self._saw(name, work, reply[1])  # type: ignore[index]
+                self._saw(name, work, reply[1], others)  # type: ignore[index]
+                self._hold(name, moved)
                 for step, result in zip(batch, results):
                     future = step[1]
                     if future is not None and not future.done():
                         future.set_result(result)
-            else:  # another router wrote since: the steps again, on the server's copy
-                self._saw(name, unpack(reply[2]), reply[1])  # type: ignore[index]
+            else:  # another router wrote since (or a hold expired): the steps again, on the server's copy
+                self._saw(name, unpack(reply[2]), reply[1], held_by_others(reply[3], self.tag))  # type: ignore[index]
                 if tries > 1:
                     self._write(name, batch, tries - 1)
                     return
                 failure = SharedDown(f"the tally of {name} changed {CAS_TRIES} times in a row")
         if failure is not None:
-            for _, future, alone in batch:
-                if future is None:
-                    self.lost_steps += 1
-                else:
-                    self._failed_step(future, alone, failure)
+            for apply, future, alone, frees, epoch in batch:
+                if future is not None:
+                    self._failed_step(name, future, alone, failure)
+                elif frees is not None:
+                    self._park(name, apply, frees, epoch)
         steps = self.queued.pop(name, None)
         if steps is not None:  # asked while this write was out: theirs goes now
             self._write(name, steps, CAS_TRIES)
 
-    def _saw(self, name: str, tally: Tally, version: bytes) -> None:
+    def _count_alone_from_seen(self, name: str) -> None:
+        """Rule 3: the first step of `name` counted alone in an outage starts from the windows
+        and the budget's use this router last saw on the server, not from its own count of an
+        earlier outage: so each router alone admits at most what was left then, and N routers
+        at most N times a limit in any window, the calls admitted before the outage included
+        (docs/several-routers.md). Calls and tokens in flight start at 0 there: those admitted on
+        the server settle on the server (parked until it answers)."""
+        self.alone_from_seen.add(name)
+        seen = self.seen.get(name)
+        if seen is None:
+            return
+        tally = copy(seen[0])
+        tally.parallel = tally.reserved = 0
+        self.local.tallies[name] = tally
+
+    def _saw(self, name: str, tally: Tally, version: bytes, others: tuple[int, int]) -> None:
         if len(self.seen) >= MAX_SEEN and name not in self.seen:
             self.seen.clear()
-        self.seen[name] = (tally, version, time.monotonic())
+        self.seen[name] = (tally, version, time.monotonic(), others)
+
+    # -- this router's holds (rules 3, 5) ------------------------------------------------------
+    def _hold(self, name: str, moved: tuple[int, int]) -> None:
+        """A write of `name` landed: this router's holds there moved by `moved` (calls, tokens), and
+        were renewed now."""
+        held = self.holding.get(name)
+        if held is None:
+            if moved == NO_HOLDS:
+                return
+            held = self.holding[name] = [0, 0, 0.0]
+        held[0], held[1], held[2] = max(0, held[0] + moved[0]), max(0, held[1] + moved[1]), time.monotonic()
+        if not (held[0] or held[1]):
+            del self.holding[name]
+
+    def _free(self, name: str, frees: tuple[int, int]) -> None:
+        """What a step that will never be written would have freed, freed from this router's holds
+        (rule 3); the server learns it with the next write."""
+        held = self.holding.get(name)
+        if held is not None:
+            held[0], held[1], held[2] = max(0, held[0] - frees[0]), max(0, held[1] - frees[1]), 0.0
+
+    def _park(self, name: str, apply: Callable[[Tally], None], frees: tuple[int, int], epoch: int) -> None:
+        """Rule 3: a step nobody waits for, asked of the server's run `epoch`, written again once
+        the server answers."""
+        self.parked.append((name, apply, frees, epoch))
+        if len(self.parked) > MAX_PARKED:
+            self._lost(*self.parked.pop(0)[::2])
+
+    def _lost(self, name: str, frees: tuple[int, int]) -> None:
+        self.lost_steps += 1
+        self._free(name, frees)
+
+    def upkeep(self) -> None:
+        """At each sync, before its round trip is packed (so what it asks shares it): the parked
+        steps written again (rule 3; those asked of an earlier run of the server are lost with
+        what it held: the store's count seeds the new run), and the holds not written for
+        RENEW_AFTER_S renewed (rule 5)."""
+        if not self.server.up:
+            return
+        self.alone_from_seen.clear()
+        parked, self.parked = self.parked, []
+        for name, apply, frees, epoch in parked:
+            if epoch != self.server.epoch:
+                self._lost(name, frees)
+            else:
+                self._queue(name, apply, urgent=False, waited=False, frees=frees)
+        stale = time.monotonic() - RENEW_AFTER_S
+        for name, held in self.holding.items():
+            if held[2] <= stale and name not in self.queued:
+                self._queue(name, _renewal, urgent=False, waited=False)
 
     # -- the Counters steps --------------------------------------------------------------------
     def admit(self, key: str, limits: Limits, model: str, tokens: int,
@@ -344,8 +503,9 @@ class SharedCounters:
 
     def _refund(self, key: str, credit: Credit, urgent: bool = False) -> None:
         """What the credit did not spend goes back (rule 8), with the next round trip, where the
-        server still holds what it drew; the credit is done either way. Not given back (the
-        server down, or a new run of it): counted in `lost_steps`, as a settle lost is (rule 3)."""
+        server still holds what it drew; the credit is done either way. The server down: parked
+        (rule 3). A new run of the server holds nothing of the draw: counted in `lost_steps`, and
+        its tokens freed from this router's holds (rule 5)."""
         requests, tokens, limits = credit.requests, credit.tokens, credit.limits
         credit.requests = credit.tokens = 0
         if credit.expiry is not None:
@@ -353,18 +513,24 @@ class SharedCounters:
             credit.expiry = None
         if not (requests or tokens):
             return
-        if credit.epoch != self.server.epoch or not self.server.up:
-            self.lost_steps += 1
-            return
         now = time.time()
-        self._queue(key, lambda tally: rules.refund(tally, limits, requests, tokens, now), urgent=urgent,
-                    waited=False)
+
+        def apply(tally: Tally) -> None:
+            rules.refund(tally, limits, requests, tokens, now)
+
+        if credit.epoch != self.server.epoch:  # a new run of the server: it holds nothing of the draw
+            self._lost(key, (0, tokens))
+        elif not self.server.up:
+            self._park(key, apply, (0, tokens), credit.epoch)
+        else:
+            self._queue(key, apply, urgent=urgent, waited=False, frees=(0, tokens))
 
     async def give_back(self) -> None:
         """The router stops: every credit's rest goes back (rule 8), and what is still to be
         written (settles riding the next round trip) is written, within two round trips' deadline."""
         for key, credit in self.credits.items():
             self._refund(key, credit, urgent=True)
+        self.upkeep()  # the parked steps too
         if self.ready or self.queued:
             self.server.soon()
         deadline = time.monotonic() + 2 * ROUND_TRIP_TIMEOUT_S
@@ -375,10 +541,17 @@ class SharedCounters:
         def apply(tally: Tally) -> None:
             rules.settle(tally, limits, reserved, used, now, slot)
 
+        frees = (1 if slot else 0, reserved)
         if not self.server.up:
-            self.lost_steps += 1  # rule 3
+            # rule 3: where it was admitted is not known here, so both sides free what they hold
+            # of it (never below 0): the local count (the calls admitted alone run on it), and
+            # the server's, parked
+            alone = self.local.tallies.get(key)
+            if alone is not None:
+                self.local.settle(key, limits, min(reserved, max(alone.reserved, 0)), used, now, slot)
+            self._park(key, apply, frees, self.server.epoch)
             return
-        self._queue(key, apply, urgent=slot, waited=False)  # rule 7
+        self._queue(key, apply, urgent=slot, waited=False, frees=frees)  # rule 7
 
     def take_parallel(self, key: str, limits: Limits) -> Awaitable[bool]:
         return self._step(key, lambda tally: rules.take_parallel(tally, limits),
@@ -406,10 +579,11 @@ class SharedCounters:
 
         self.local.seed(key, used, period)
         if self.server.up:
-            self._queue(key, apply, waited=False)
+            self._queue(key, apply, waited=False, frees=NO_HOLDS)
 
     def view(self) -> dict:
         return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.writing),
+                "holding": len(self.holding), "parked_steps": len(self.parked),
                 "credits": sum(1 for credit in self.credits.values() if credit.requests),
                 "credited_calls": self.credited}
 

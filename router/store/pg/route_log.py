@@ -10,7 +10,10 @@ Rules:
    client's text may: it becomes U+FFFD here, so the row is kept, as SQLite keeps it.
 2. Down is a connection error or a timeout (psycopg.OperationalError, InterfaceError): the
    batch is parked, not dropped. A refused row (a duplicate, a bad value) is dropped and
-   counted, as on SQLite.
+   counted, as on SQLite. A transaction that another one's locks rolled back (a deadlock, a
+   serialization failure: OperationalErrors too) is no outage: it is tried again at once, up
+   to CONFLICT_TRIES times, a short growing pause between; only a batch that keeps losing is
+   parked, and said as a conflict, not as the database down.
 3. Parked rows, encoded, wait in memory up to MAX_HELD_ROWS, then go to the spill file (JSON
    lines, beside the local SQLite store) up to SPILL_MAX_BYTES; past both, a row is dropped and
    counted in `outage_dropped` (and `dropped`). Nothing below the bounds is lost.
@@ -47,6 +50,11 @@ SPILL_MAX_BYTES = 256 << 20
 SPILL_FILE = "route_log.spill.jsonl"
 # How often a writer with parked rows asks whether the database is back.
 RETRY_S = 1.0
+# A batch rolled back by another writer's locks (rule 2): tries, and the pause before the next
+# one (times the tries so far). Two writers' batches lock key_usage rows in one order
+# (route_log.py rule 13), so a conflict is rare and the second try wins.
+CONFLICT_TRIES = 5
+CONFLICT_PAUSE_S = 0.02
 
 
 COPY_SQL = f"COPY route_log ({', '.join(base.COLUMNS)}) FROM STDIN"
@@ -74,6 +82,7 @@ class PgRouteLogWriter(base.RouteLogWriter):
         self.url = url
         self.row_errors = (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError, TypeError)
         self._down_errors = (psycopg.OperationalError, psycopg.InterfaceError)
+        self._conflicts = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)  # rule 2
         self._conn = None
         self._reader = None
         self._read_lock = threading.Lock()
@@ -116,17 +125,26 @@ class PgRouteLogWriter(base.RouteLogWriter):
         return conn
 
     def _commit(self, rows: list[list], usage: list[tuple] = ()) -> None:  # type: ignore[assignment]
-        conn = self._live()
-        with conn.transaction(), conn.cursor() as cursor:
-            with cursor.copy(COPY_SQL) as copy:
-                for row in rows:
-                    for index in base.TEXT_COLUMNS:  # PostgreSQL's text holds no NUL (rule 1)
-                        value = row[index]
-                        if value.__class__ is str and "\x00" in value:
-                            row[index] = value.replace("\x00", "\ufffd")
-                    copy.write_row(row)
-            if usage:
-                cursor.executemany(ADD_USAGE, usage)
+        for index in base.TEXT_COLUMNS:  # PostgreSQL's text holds no NUL (rule 1)
+            for row in rows:
+                value = row[index]
+                if value.__class__ is str and "\x00" in value:
+                    row[index] = value.replace("\x00", "\ufffd")
+        for tries in range(1, CONFLICT_TRIES + 1):
+            conn = self._live()
+            try:
+                with conn.transaction(), conn.cursor() as cursor:
+                    with cursor.copy(COPY_SQL) as copy:
+                        for row in rows:
+                            copy.write_row(row)
+                    if usage:
+                        cursor.executemany(ADD_USAGE, usage)
+                return
+            except self._conflicts as exc:  # rolled back by another writer's locks (rule 2)
+                if tries == CONFLICT_TRIES:
+                    raise
+                log.info("route_log: batch rolled back by another writer (%s), tried again", type(exc).__name__)
+                time.sleep(CONFLICT_PAUSE_S * tries)
 
     def _prune(self, before: float) -> bool:
         try:
@@ -187,8 +205,12 @@ class PgRouteLogWriter(base.RouteLogWriter):
         self._retry_at = time.monotonic() + RETRY_S
         if self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("route_log: database %s unreachable (%s); rows are held until it is back",
-                        pg.shown(self.url), type(exc).__name__)
+            if isinstance(exc, self._conflicts):
+                log.warning("route_log: a batch kept conflicting with other writers (%s, %d tries); "
+                            "its rows are held and tried again", type(exc).__name__, CONFLICT_TRIES)
+            else:
+                log.warning("route_log: database %s unreachable (%s); rows are held until it is back",
+                            pg.shown(self.url), type(exc).__name__)
 
     def _park(self, batch: list[tuple[float, Row]]) -> None:
         """Holds `batch`'s rows in memory, then in the spill file, then drops them (rule 3)."""
