@@ -5,7 +5,7 @@ router.upstream.pool: the body read, one keep-alive request to the box, the answ
 (whole when sized, else chunk by chunk), and nothing else: no access check, decision,
 reservation, first-frame hold, route-log row or metrics. The router's CPU above this floor is
 what the router itself costs; the floor above a direct call is the stack's own price
-(contracts/stack-notes.md §2 measured the same on an httptools proxy).
+(the project's stack notes §2, not in this repository, measured the same on an httptools proxy).
 
     PYTHONPATH=. .venv/bin/python bench/floor_proxy.py --interface asgi|rsgi --box http://127.0.0.1:PORT
 

@@ -1,15 +1,18 @@
 """Locust scenario for bench/run.py --locust: time to first token of streamed chat calls.
+Alone, against a router already running that serves tiny-llama (README.md, "How fast"):
+`locust -f bench/locustfile.py --headless -u 64 -r 64 -t 30s --host http://127.0.0.1:8080`.
 
 Not a test (pytest collects only tests/), and never imported by the router: `import locust`
-monkey-patches the process with gevent (contracts/stack-notes.md §6).
+monkey-patches the process with gevent (locust/__init__.py calls `gevent.monkey.patch_all()`).
 
 Each user, in a closed loop (no wait), POSTs one streamed tiny-llama call and times:
   * TTFT: until the first content frame with a non-empty token has arrived. The sim box sends
     its role frame (empty content) at once and then one token per cadence, so TTFT measures
     the first *token*, not the first byte;
   * stream total: until the connection's message ended, checked to hold `data: [DONE]`.
-geventhttpclient's `iter_content(n)` blocks until n bytes or the end (stack-notes §6), so the
-head of the stream is read in SMALL_READ pieces until the token shows, the rest in big reads.
+geventhttpclient's `iter_content(n)` blocks until n bytes or the end (measured: a first read of
+64 KiB made the TTFT the whole stream's time), so the head of the stream is read in SMALL_READ
+pieces until the token shows, the rest in big reads.
 
 Both are fired as locust request events (so `--csv` has them, in locust's whole-ms rounding),
 and the exact TTFTs are written as JSON to $BENCH_TTFT_OUT when the test stops.

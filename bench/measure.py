@@ -35,9 +35,10 @@ START_TIMEOUT_S = 20.0  # sim fleet / router start: both take ~1-3 s; a broken t
 STOP_GRACE_S = 5.0  # SIGTERM → SIGKILL; the router's own grace is for calls in flight, none at stop
 RUN_MARGIN_S = 30.0  # a load run is killed this long after its nominal duration
 
-# Quiet gate (contracts/stack-notes.md §0): other tenants share the 2 cores. Wait until they use
-# under QUIET_PCT (of 200 %), but never longer than GATE_MAX_S; a run during which they used over
-# NOISY_PCT is flagged (and retried once if the gate had found the machine quiet before it).
+# Quiet gate (the project's stack notes §0, not in this repository): other tenants share the 2
+# cores. Wait until they use under QUIET_PCT (of 200 %), but never longer than GATE_MAX_S; a run
+# during which they used over NOISY_PCT is flagged (and retried once if the gate had found the
+# machine quiet before it).
 QUIET_PCT = 20.0
 NOISY_PCT = 35.0
 GATE_MAX_S = 20.0

@@ -68,7 +68,7 @@ router run and one direct run back to back, so a pair shares the machine's condi
 Repeats interleave the interfaces (asgi, rsgi, asgi, ...) so drift hits both alike. Everything
 runs on loopback, unpinned, on this 2-core machine: wrk, the fleet and the router share both
 cores, so ratios compare "router + box + wrk" with "box + wrk"; CPU per call is the portable
-number (contracts/stack-notes.md §2.2).
+number (the project's stack notes §2.2, not in this repository).
 
 Other tenants: before each pair the runner waits until other processes use under 20 % of a
 core (at most 20 s), and it records their CPU during every run (machine busy time from

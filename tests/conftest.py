@@ -45,8 +45,8 @@ class RouterProcess:
                 resource.RLIMIT_NOFILE, (nofile, nofile)
             ),
         )
-        self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio
-        listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port"))
+        self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio, health
+        listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port", "--health-port"))
         for _ in range(listeners):
             line = self.proc.stdout.readline()
             match = LISTENING_RE.search(line)

@@ -3,8 +3,8 @@ packages (scripts/setup installs them). Each lives in a temp folder and is stopp
 
 PostgreSQL refuses to run as root, so as root the cluster is made and run by the `postgres`
 user (its folder is handed to that user); as anyone else it runs as the current user. Both
-listen on 127.0.0.1 only, on a free port, with trust auth: nothing outside this machine reaches
-them and they hold only test data.
+listen on 127.0.0.1 only, on a free port, with trust auth (or the `password` given: the wrong
+password tests): nothing outside this machine reaches them and they hold only test data.
 """
 
 from __future__ import annotations
@@ -51,15 +51,16 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10
 
 class RedisServer:
     """redis-server on a free loopback port, no persistence; `stop` and `start` again on the
-    same port (the outage tests)."""
+    same port (the outage tests). With `password`, it requires it (`url` carries it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/setup installs it)")
         self.binary = binary
         self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        self.url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.port}/0"
         self.socket = Path(tempfile.mkdtemp(prefix="router-redis-")) / "redis.sock"
         self.proc: subprocess.Popen | None = None
         self.start()
@@ -68,7 +69,8 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning",
-             "--unixsocket", str(self.socket), "--unixsocketperm", "700"],
+             "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+             *(("--requirepass", self.password) if self.password else ())],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         _wait_port(self.port, self.proc, "redis-server")
@@ -87,26 +89,35 @@ def _pg_bin(name: str) -> str:
 
 class PostgresServer:
     """A cluster of its own in a temp folder; `database(name)` makes a fresh database and returns
-    its URL. `stop` and `start` again keep the data (the outage tests)."""
+    its URL. `stop` and `start` again keep the data (the outage tests). With `password`, every
+    connection needs it (scram-sha-256; the URLs carry it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="router-pg-"))
         self.data = self.folder / "data"
         self.port = _free_port()
+        self.password = password
         self.as_root = os.geteuid() == 0
         if self.as_root:
             shutil.chown(self.folder, "postgres", "postgres")
             os.chmod(self.folder, 0o700)
-        self._run(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                  "--no-sync", "-E", "UTF8")
+        auth = ["-A", "trust"]
+        if password:
+            (self.folder / "password").write_text(password)
+            auth = ["-A", "scram-sha-256", "--pwfile", str(self.folder / "password")]
+        self._run(_pg_bin("initdb"), "-D", str(self.data), *auth, "-U", "postgres", "--no-sync", "-E", "UTF8")
         self.proc: subprocess.Popen | None = None
         self.start()
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.url = self._url("postgres")
+
+    def _url(self, database: str) -> str:
+        return f"postgresql://postgres{f':{self.password}' if self.password else ''}@127.0.0.1:{self.port}/{database}"
 
     def _as(self) -> dict:
         """Popen's arguments that run a program as `postgres` when we are root (so the process we
-        hold, and signal, is postgres itself)."""
-        return {"user": "postgres", "group": "postgres", "extra_groups": []} if self.as_root else {}
+        hold, and signal, is postgres itself), psql's password in its environment."""
+        env = {"env": {**os.environ, "PGPASSWORD": self.password}} if self.password else {}
+        return {"user": "postgres", "group": "postgres", "extra_groups": [], **env} if self.as_root else env
 
     def _run(self, *argv: str) -> None:
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **self._as())
@@ -134,7 +145,7 @@ class PostgresServer:
     def database(self, name: str) -> str:
         self._run(_pg_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
                   "-c", f'create database "{name}"')
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+        return self._url(name)
 
     def stop(self, sig: int = signal.SIGINT) -> None:
         """SIGINT: PostgreSQL's fast shutdown."""

@@ -84,8 +84,8 @@ class InProcessRouter:
         self._router_logger.setLevel(level)
         logging.getLogger().addHandler(self._records)
 
-        listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port"))
-        self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio
+        listeners = 1 + sum(1 for arg in extra if arg in ("--ollama-port", "--lmstudio-port", "--health-port"))
+        self.urls: dict[str, str] = {}  # listener name -> url: router, ollama, lmstudio, health
         self.returncode: int | None = None
         self._failure: BaseException | None = None
         self._up = threading.Event()

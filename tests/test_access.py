@@ -41,6 +41,7 @@ from router.core.access import (
     origin_allowed,
     parse_key,
     peer_address,
+    presents_key,
     proxy_nets,
     require_key_mode,
     serves_host,
@@ -99,13 +100,29 @@ def test_parse_key_table(bearer, expected):
         ("Bearer hpk_a_b", "hpk_a_b"),
         ("bearer hpk_a_b", "hpk_a_b"),
         ("BEARER  hpk_a_b ", "hpk_a_b"),
-        ("Basic abc", None),
-        ("Bearer ", None),
+        ("Basic abc", None),  # another scheme (a proxy's own login) is no key (rule 1a)
+        ("Bearer ", ""),  # an empty key variable: presented, and malformed
+        ("Bearer", ""),  # the same, its trailing space trimmed on the way
+        ("Bearerhpk_a_b", None),
         (None, None),
     ],
 )
 def test_bearer_token(header, expected):
     assert bearer_token(header) == expected
+
+
+@pytest.mark.parametrize(
+    "bearer, presented",
+    [
+        ("hpk_ab12_secret", True), ("hpk_revoked_or_mistyped", True), ("hpk_ab12", True),  # malformed
+        ("", True),  # an empty Bearer
+        ("x", False), ("ollama", False), ("lm-studio", False), ("sk-no-key-required", False),  # placeholders
+        ("HPK_ab12_secret", False), (None, False),
+    ],
+)
+def test_presents_key(bearer, presented):
+    """Rule 1a: what is judged in every mode; a placeholder the openai client must send is not."""
+    assert presents_key(bearer) is presented
 
 
 # --- the caller (rules 3-6) -------------------------------------------------------------------
@@ -342,12 +359,16 @@ LOOP, LAN, OUT, UNKNOWN = "127.0.0.1", "192.168.1.9", "203.0.113.5", None
 @pytest.mark.parametrize(
     "mode, addr, key_scope, presented, verdict",
     [
-        # never: open to all, key ignored.
+        # never: open to all without a key; a presented bad key is refused (rule 8b).
         ("never", OUT, None, False, ALLOW),
-        ("never", UNKNOWN, None, True, ALLOW),
-        # outside: inside callers pass without the key being looked at (a bad key passes).
+        ("never", UNKNOWN, None, True, KEY_INVALID),
+        ("never", LOOP, None, True, KEY_INVALID),
+        ("never", OUT, "use", True, ALLOW),
+        # outside: inside callers pass without a key, but a presented one is judged (rule 8b).
         ("outside", LOOP, None, False, ALLOW),
-        ("outside", LAN, None, True, ALLOW),
+        ("outside", LOOP, None, True, KEY_INVALID),
+        ("outside", LAN, None, True, KEY_INVALID),
+        ("outside", LAN, "use", True, ALLOW),
         ("outside", OUT, None, False, KEY_REQUIRED),
         ("outside", OUT, None, True, KEY_INVALID),
         ("outside", OUT, "use", True, ALLOW),
@@ -372,7 +393,8 @@ def test_use_routes(mode, addr, key_scope, presented, verdict):
     "addr, key_scope, presented, verdict",
     [
         (LOOP, None, False, ALLOW),  # loopback manages without a key, even under always
-        ("::1", None, True, ALLOW),
+        ("::1", None, True, KEY_INVALID),  # ... but a presented bad key is refused (rule 9b)
+        (LOOP, "use", True, ALLOW),  # a valid use key is no bad key: loopback still manages
         (LAN, None, False, KEY_REQUIRED),  # trusted nets never apply to admin routes
         (LAN, None, True, KEY_INVALID),
         (LAN, "use", True, SCOPE_TOO_NARROW),
@@ -449,7 +471,7 @@ def test_a_cross_site_origin_is_refused_on_use_routes_whatever_the_key(mode, add
         ("outside", LOOP, None, False, USE_HOST_REFUSED),
         ("outside", LAN, None, False, USE_HOST_REFUSED),
         ("never", OUT, None, False, USE_HOST_REFUSED),
-        ("outside", LOOP, None, True, USE_HOST_REFUSED),  # an invalid key is no key
+        ("outside", LOOP, None, True, KEY_INVALID),  # a presented bad key is refused first (rule 8b)
         # ... which a valid key does not.
         ("outside", LOOP, "use", True, ALLOW),
         ("never", OUT, "admin", True, ALLOW),

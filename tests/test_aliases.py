@@ -343,7 +343,7 @@ def test_aliases_are_listed_marked_as_aliases(fleet):
     router, a, b = fleet()
     doc = json.loads(request(router, "GET", "/v1/aliases")[2])
     assert doc == {"aliases": [{"name": "coder", "chain": ["big", "small"], "first_available": "big",
-                                "shadowed_by": []}]}
+                                "shadowed_by": [], "unlisted": []}]}
     models = openai.OpenAI(base_url=router.url + "/v1", api_key="x").models.list().data
     row = next(m for m in models if m.id == "coder")
     assert row.model_extra["alias"] is True and row.model_extra["chain"] == ["big", "small"]
@@ -394,6 +394,25 @@ def test_the_cli_sets_lists_and_removes_aliases(tmp_path):
     assert cli("remove", "nothing").returncode == 1
     assert cli("remove", "coder").returncode == 0
     assert cli("list").stdout == ""
+
+
+def test_a_chain_model_no_box_lists_is_warned_of_listed_and_marked(start_fleet_in_process):
+    router = start_fleet_in_process(SimBox("a", residents=["big"]), SimOllama("o", tags=["small:latest"]))
+    boxes = router.boxes_path
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "router", "aliases", "--boxes-file", str(boxes), *args],
+                              capture_output=True, text=True, timeout=30)
+
+    done = cli("set", "coder", "big", "bgi", "small")  # asks the running router (the listeners record)
+    assert done.returncode == 0 and done.stdout == "alias coder added: big -> bgi -> small\n", done.stderr
+    assert "warning: no box lists bgi now" in done.stderr and "small" not in done.stderr, done.stderr
+    assert cli("list").stdout == "coder\tbig -> bgi (no box lists it) -> small\n"
+    (view,) = json.loads(request(router, "GET", "/v1/aliases")[2])["aliases"]
+    assert view["unlisted"] == ["bgi"]
+    assert put_alias(router, "coder", "big", "small")[1]["unlisted"] == []
+    assert cli("set", "coder", "big").stderr == ""
+    assert call(router)[0] == 200  # the call path is the same
 
 
 # --------------------------------------------------------------------------------------------

@@ -314,7 +314,7 @@ def test_a_large_body_is_inspected_off_the_loop_alike(door, route):
                 assert status == 200, (status, data[:200])
             else:
                 refused_in_shape(route.facade, status, headers, data)
-                assert status in (502, 503)
+                assert status in (404, 502, 503)  # Ollama's 404 for a model no box lists
         for bad in (b'{"model": "' + route.model.encode() + b'", "pad": "' + pad.encode() + b'\xff"}',
                     b'{"model": "' + route.model.encode() + b'", "pad": "' + pad.encode() + b'", "mod\\u0065l": "x"}',
                     b'{"model": "' + route.model.encode() + b'", "pad": [' + b"1," * (300 << 10) + b"]}"):

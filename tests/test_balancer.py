@@ -15,7 +15,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -58,14 +57,14 @@ class HAProxy:
         if binary is None:
             raise RuntimeError("haproxy is not installed (scripts/setup installs it)")
         self.port, self.proxied_port = free_port(), free_port()
-        config = re.sub(r"^(\s*)bind \S+", rf"\1bind 127.0.0.1:{self.port}\n\1bind 127.0.0.1:{self.proxied_port} accept-proxy",
-                        config, flags=re.M)
+        binds = rf"\1bind 127.0.0.1:{self.port}\n\1bind 127.0.0.1:{self.proxied_port} accept-proxy"
+        config = re.sub(r"^(\s*)bind \S+", binds, config, flags=re.M)
         config = re.sub(r"^(\s*server \S+) \S+", rf"\1 127.0.0.1:{router_port}", config, flags=re.M)
         path = workdir / "haproxy.cfg"
         path.write_text("global\n    maxconn 256\n" + config)
         self.log = workdir / "haproxy.log"
-        self.proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=open(self.log, "w"),
-                                     stderr=subprocess.STDOUT)
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=out, stderr=subprocess.STDOUT)
         up = wait_for(lambda: self.proc.poll() is None and self._accepts(), 10, 0.05)
         if not up:
             self.stop()

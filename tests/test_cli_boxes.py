@@ -86,3 +86,14 @@ def test_version_is_single_sourced():
         out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
         assert out.split() == [prog, router.__version__]
     assert importlib.metadata.version("hugpy-router") == router.__version__
+
+
+def test_add_over_a_taken_name_suggests_another_name_first(tmp_path):
+    """Issue 38: a second box given a name already in the file is most often another box, so
+    the refusal offers another --name before the edits of the box already there."""
+    assert run(tmp_path, "add", "--name", "gpu1", "--url", "http://127.0.0.1:1").returncode == 0
+    taken = run(tmp_path, "add", "--name", "gpu1", "--url", "http://127.0.0.1:2")
+    assert taken.returncode == 1
+    hint = taken.stderr
+    assert "router boxes add --name gpu1-2 " in hint
+    assert hint.index("another --name") < hint.index("router boxes set gpu1") < hint.index("--replace")

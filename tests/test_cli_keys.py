@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from router.boxes import listeners
 from router.cli.keys import NOTE, add_keys_parser, keys_command
 from router.core.access import hash_secret, parse_key
 from router.store.keys import KeyStore
@@ -87,6 +88,20 @@ def test_limits_are_set_at_creation_changed_and_shown(run, tmp_path):
     code, out, _ = run("usage", key_id)
     assert code == 0 and f"{key_id}\tteam\tweek from " in out
     assert run("limits", "0123456789", "--rpm", "5")[0] == 1
+
+
+def test_usage_on_the_store_file_says_why_left_is_empty_and_how_to_get_it(run, tmp_path, monkeypatch):
+    boxes = tmp_path / "boxes.json"
+    monkeypatch.setenv("HUGPY_ROUTER_BOXES", str(boxes))
+    key_id = parse_key(run("create", "--name", "team", "--rpm", "60")[1].strip())[0]
+    code, out, err = run("usage")
+    assert code == 0 and "\t-\trpm=60" in out  # left: nothing, on the store file
+    assert "`left` is empty" in err and "router keys --router-port PORT usage" in err, err
+    listeners.write_record(boxes, "127.0.0.1", [8123, 11434])  # a router serving that boxes file (this pid)
+    err = run("usage", "--json")[2]
+    assert "a router runs on port 8123: router keys --router-port 8123 usage" in err, err
+    run("limits", key_id, "--rpm", "0")
+    assert run("usage")[2] == ""  # no limits: nothing is missing
 
 
 @pytest.mark.parametrize("argv, reason", [

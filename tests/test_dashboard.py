@@ -12,10 +12,10 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from router.boxes.link import HEALTH_TTL_S
-from router.sim import SimBox
+from router.sim import SimBox, SimFleet, SimOllama
 from router.sim.prefix_cache import prompt_tokens
 
-from conftest import ROOT
+from conftest import ROOT, RouterProcess, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package: no browser downloads here (scripts/setup)
 CHROMIUM_FLAGS = [
@@ -100,6 +100,13 @@ def test_the_page_shows_every_box_residents_and_a_new_call_live(start_fleet, bro
     assert call(router.url, "tiny")[0] == 200
     expect(page.locator("#affinity-summary")).to_contain_text("on: slack")
     expect(page.locator('#affinity tr[data-box="a"][data-model="tiny"]')).to_contain_text("0 / 0 / 2", timeout=SEEN_WITHIN_MS)
+    # each call's affinity has a column of its own, a title, and a legend entry
+    expect(row.locator("td.affinity")).to_have_text("none")
+    expect(row.locator("td.affinity")).to_have_attribute("title", "affinity: no key")
+    legend = page.locator("#calls-legend")
+    legend.locator("summary").click()
+    expect(legend.locator("dt", has_text="affinity")).to_be_visible()
+    expect(legend).to_contain_text("hit:<kind>: the call went to the box its affinity key pointed to")
     assert "CANARY-prompt" not in page.content()
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -237,13 +244,17 @@ def test_the_queue_and_each_boxs_limit_show_live(start_fleet, browser):
         row = page.locator("#queue tbody tr")
         expect(row).to_have_count(1, timeout=SEEN_WITHIN_MS)
         expect(row).to_contain_text("normal")
-        expect(page.locator("#queue-summary")).to_contain_text("1 waiting of 1024")
+        expect(page.locator("#queue-summary")).to_contain_text("1 waiting (room for 1024")
         assert first.result()[0] == 200 and waiting.result()[0] == 200
     expect(page.locator("#queue tbody tr")).to_have_count(0, timeout=SEEN_WITHIN_MS)
+    # an empty queue still has a Retry-After: the summary says what it is
+    summary = page.locator("#queue-summary")
+    expect(summary).to_contain_text("Nobody waiting")
+    expect(summary).to_contain_text("A call turned away now would be told Retry-After:")
     assert errors == []
 
 
-def test_the_page_shows_aliases_and_their_first_available_model(start_fleet_in_process, browser):
+def test_the_page_shows_aliases_their_first_available_model_and_unlisted_ones(start_fleet_in_process, browser):
     a = SimBox("a", residents=["big"])
     router = start_fleet_in_process(a)
     host, port = router.url.removeprefix("http://").split(":")
@@ -254,7 +265,9 @@ def test_the_page_shows_aliases_and_their_first_available_model(start_fleet_in_p
     conn.close()
     page, errors = browser(router.url)
     row = page.locator('#aliases tr[data-alias="coder"]')
-    expect(row).to_contain_text("ghost → big", timeout=SEEN_WITHIN_MS)
+    # no box lists ghost: it is tagged
+    expect(row.locator("td").nth(1)).to_have_text("ghost unlisted → big", timeout=SEEN_WITHIN_MS)
+    expect(row.locator("td").nth(1).locator(".tag")).to_have_count(1)
     expect(row.locator("td").nth(2)).to_have_text("big")
     assert errors == []
 
@@ -277,4 +290,85 @@ def test_one_router_shows_no_routers_section(start_fleet, browser):
     page, errors = browser(router.url)
     expect(page.locator('#boxes tr[data-box="a"]')).to_have_count(1, timeout=SEEN_WITHIN_MS)
     expect(page.locator("#routers")).to_be_hidden()
+    status, call_id = call(router.url, "tiny")
+    assert status == 200
+    expect(page.locator(f'#calls tr[data-call-id="{call_id}"]')).to_be_visible(timeout=SEEN_WITHIN_MS)
+    expect(page.locator("#calls th.router")).to_be_hidden()  # one router: no router column
+    assert errors == []
+
+
+def test_at_1400_px_the_keys_fit_and_the_routers_sit_by_the_boxes(start_fleet, browser, redis_server):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(a, extra_args=("--shared-url", redis_server.url, "--instance", "front-1"))
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    limits = {"rpm": 600, "tpm": 200000, "budget_tokens": 5000000, "max_parallel": 8,
+              "models": ["tiny", "qwen3-8b", "llama3.2:3b"]}
+    conn.request("POST", "/v1/keys", json.dumps({"name": "team-research", "limits": limits}),
+                 {"Content-Type": "application/json"})
+    created = json.loads(conn.getresponse().read())
+    conn.close()
+    for _ in range(3):
+        assert call(router.url, "tiny", {"Authorization": f"Bearer {created['key']}"})[0] == 200
+    page, errors = browser(router.url)
+    expect(page.locator(f'#keys tr[data-key="{created["id"]}"]')).to_contain_text("team-research", timeout=8000)
+    expect(page.locator('#routers tr[data-router="front-1"]')).to_have_count(1, timeout=SEEN_WITHIN_MS)
+    widths = page.evaluate("""() => ({
+        keys: [document.querySelector("#keys").scrollWidth, document.querySelector("#keys").clientWidth],
+        page: [document.documentElement.scrollWidth, document.documentElement.clientWidth]})""")
+    assert widths["keys"][0] <= widths["keys"][1] and widths["page"][0] <= widths["page"][1], widths
+    top = lambda selector: page.locator(selector).bounding_box()["y"]  # noqa: E731
+    boxes = page.locator("#boxes").bounding_box()
+    assert top("#routers") < top("#series") < top("#calls")  # above the plots and the recent calls
+    assert top("#routers") - (boxes["y"] + boxes["height"]) < 100  # right under the boxes (and their legend)
+    assert errors == []
+
+
+def test_with_several_routers_on_one_route_log_each_call_names_its_router(tmp_path, pg_url, browser):
+    box = SimOllama("o", tags=["tiny"], loaded=["tiny"])
+    sims = SimFleet([box])
+    sims.start()
+    routers = []
+    try:
+        for n in (1, 2):
+            folder = tmp_path / f"front-{n}"
+            folder.mkdir()
+            (folder / "boxes.json").write_text('{"boxes": []}')  # not read: the boxes live in the database
+            routers.append(RouterProcess(folder / "boxes.json", "--database-url", pg_url, "--instance", f"front-{n}"))
+        front_1, front_2 = routers
+        host, port = front_1.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST", "/v1/boxes", json.dumps({"name": "o", "url": box.url, "kind": "ollama"}),
+                     {"Content-Type": "application/json"})
+        assert conn.getresponse().status == 201
+        conn.close()
+        assert wait_for(lambda: call(front_2.url, "tiny")[0] == 200, timeout=10)  # front-2 knows the box
+        page, errors = browser(front_1.url)
+        served = {call(r.url, "tiny")[1]: name for r, name in ((front_1, "front-1"), (front_2, "front-2"))}
+        for call_id, name in served.items():
+            cell = page.locator(f'#calls tr[data-call-id="{call_id}"] td.router')
+            expect(cell).to_have_text(name, timeout=SEEN_WITHIN_MS)
+            expect(cell).to_be_visible()
+        expect(page.locator("#calls th.router")).to_be_visible()
+        assert errors == []
+    finally:
+        for router in routers:
+            router.stop()
+        sims.stop()
+
+
+def test_an_ollama_boxs_name_and_another_boxs_that_ollama_reads_alike_are_one_model(start_fleet_in_process, browser):
+    hugpy = SimBox("h", catalog=["tiny-llama", "qwen3-8b"], residents=["tiny-llama"])
+    ollama = SimOllama("o", tags=["tiny-llama", "qwen3:8b"], loaded=["tiny-llama"])  # listed as tiny-llama:latest
+    router = start_fleet_in_process(hugpy, ollama)
+    page, errors = browser(router.url)
+    row = page.locator('#models tr[data-model="tiny-llama"]')
+    expect(row).to_contain_text("also tiny-llama:latest", timeout=SEEN_WITHIN_MS)
+    expect(row.locator("td").nth(1)).to_have_text("h, o")  # resident on both
+    expect(row.locator("td").nth(2)).to_have_text("h, o")
+    expect(page.locator('#models tr[data-model="tiny-llama:latest"]')).to_have_count(0)
+    # `qwen3-8b` is `qwen3-8b:latest` to Ollama, not `qwen3:8b`: two models
+    expect(page.locator("#models tbody tr")).to_have_count(3)
+    expect(page.locator('#models tr[data-model="qwen3-8b"] td').nth(2)).to_have_text("h")
+    expect(page.locator('#models tr[data-model="qwen3:8b"] td').nth(2)).to_have_text("o")
     assert errors == []

@@ -65,3 +65,50 @@ def test_the_link_check_sees_a_dead_link(tmp_path):
     page.write_text("[design](DESIGN.md) [web](https://example.com) [here](#top)\n```\n[x](nope.md)\n```\n"
                     "as DESIGN2.md's layout says; `latest.md` is written by the bench\n")
     assert relative_links(page) == ["DESIGN.md", "DESIGN2.md"]
+
+
+def test_the_readme_lists_every_command_and_flag_the_parser_has():
+    """README.md's "Every command and flag" is router.cli.flags' rendering of the parser."""
+    from router.cli.flags import between_markers, readme_block
+
+    readme = (ROOT / "README.md").read_text()
+    assert between_markers(readme) == readme_block(), \
+        "README.md's command list differs from the parser: python -m router.cli.flags --write README.md"
+
+
+def test_the_flag_list_renders_every_subcommand_and_flag():
+    """Each parser's own entry names each of its flags (router.cli.flags rule 1)."""
+    import argparse
+
+    from router.cli.flags import render
+    from router.cli.main import build_parser
+
+    def parsers(parser: argparse.ArgumentParser, name: str):
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, subparser in action.choices.items():
+                    yield from parsers(subparser, f"{name} {command}")
+
+    missing = []
+    for name, parser in parsers(build_parser(), "router"):
+        entry = render(parser, name).split("\nrouter ")[0]  # its own, before its subcommands'
+        missing += [f"{name} {action.option_strings[-1]}" for action in parser._actions
+                    if action.option_strings and not isinstance(action, argparse._HelpAction)
+                    and not re.search(rf"{re.escape(action.option_strings[-1])}(?![\w-])", entry)]
+    assert missing == []
+    rendered = render(build_parser())
+    for command in ("router store export --to URL", "router store import --from URL", "[--shared-down open|closed]",
+                    "[--instance INSTANCE]", "[--first-byte-timeout SECONDS]", "[--boxes-file FILE]"):
+        assert command in rendered
+
+
+def test_no_page_or_script_cites_the_contract_notes_by_a_path_the_repository_lacks():
+    """The project's contract notes are not shipped: the pages, scripts and bench say so (or name
+    the public package), never a `contracts/...md` path a reader cannot open."""
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "scripts").iterdir(),
+             *(ROOT / "bench").glob("*.py")]
+    cited = [f"{path.relative_to(ROOT)}: {match}" for path in files if path.is_file()
+             for match in re.findall(r"contracts/[\w.-]+\.md", path.read_text(errors="replace"))
+             if not (ROOT / match).exists()]
+    assert cited == []

@@ -15,7 +15,9 @@ import http.client
 import ipaddress
 import json
 import resource
+import selectors
 import socket
+import threading
 import time
 import urllib.request
 from urllib.parse import urlsplit
@@ -191,6 +193,107 @@ def test_near_the_limit_idle_connections_make_room_for_probes_and_working_client
         finally:
             for sock in socks:
                 sock.close()
+
+
+def reopening_flood(target: tuple[str, int], sources: list[str], per_source: int, stop: threading.Event,
+                    *, seconds: float, max_opens: int) -> int:
+    """`per_source` idle sockets from each of `sources`, each one the router closes opened again
+    at once from the same address: a flood that takes back the permits the drain frees. Runs
+    until `stop` is set, `seconds` have passed or `max_opens` sockets were opened again; closes
+    every socket it opened. Returns how many it opened again."""
+    sel = selectors.DefaultSelector()
+
+    def open_one(source: str) -> None:
+        sock = socket.socket()
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        sock.connect_ex(target)
+        sel.register(sock, selectors.EVENT_READ, source)  # readable: closed by the router (or refused)
+
+    reopened = 0
+    deadline = time.monotonic() + seconds
+    try:
+        for source in sources:
+            for _ in range(per_source):
+                open_one(source)
+        while not stop.is_set() and time.monotonic() < deadline and reopened < max_opens:
+            for key, _ in sel.select(0.05):
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                open_one(key.data)
+                reopened += 1
+    finally:
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+        sel.close()
+    return reopened
+
+
+def probe(url: str, timeout: float) -> float | None:
+    """GET `url`/health: the seconds it took to answer 200, None when it did not within `timeout`."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as response:
+            return time.monotonic() - started if response.status == 200 else None
+    except OSError:  # urllib's URLError and the socket's timeout are OSErrors
+        return None
+
+
+def test_the_health_port_answers_probes_while_a_reopening_flood_holds_the_main_port(start_fleet):
+    """Issue 36 item 13: 8 addresses x 200 idle sockets, each under the per-client cap, opened
+    again as fast as the drain closes them, against 256 accept permits and a backlog of 1,024:
+    the main port's accept queue stays full, so a probe there waits behind the flood or its SYN
+    is dropped. The health listener (loopback, permits of its own) answers each probe at once."""
+    box = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(box, extra_args=("--idle-timeout", "60", "--health-port", "auto"), nofile=1536)
+    sources = [f"127.0.0.{40 + i}" for i in range(8)]
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        flood = pool.submit(reopening_flood, address(router), sources, 200, stop, seconds=60, max_opens=50_000)
+        try:
+            assert wait_for(lambda: sum(held_from(router, s) for s in sources) >= 200, timeout=15, interval=0.25)
+            main, health_port = [], []
+            for _ in range(7):
+                main.append(probe(router.url, timeout=1.0))
+                health_port.append(probe(router.urls["health"], timeout=5.0))
+            print(f"/health under a reopening flood, s (None: no answer in 1 s): main port {main}, "
+                  f"health port {health_port}")
+            # The flood works: on the main port most probes wait out their second...
+            assert sum(took is None for took in main) >= 4, main
+            # ...while every probe of the health port answers at once (real time: a dropped SYN
+            # is sent again after 1 s, so under a second is a probe the flood did not hold up).
+            assert all(took is not None and took < 1.0 for took in health_port), health_port
+        finally:
+            stop.set()
+            reopened = flood.result()
+    assert reopened > 0  # the drain closed flood sockets and the flood took their places again
+
+
+def test_the_health_port_serves_health_only_on_loopback(start_fleet_in_process):
+    """The health listener is no way around the main port: every other path is a 404 there,
+    inference and the admin API included; it binds loopback whatever --host is."""
+    box = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet_in_process(box, extra_args=("--host", "127.0.0.2", "--health-port", "auto"))
+    health_url = urlsplit(router.urls["health"])
+    assert urlsplit(router.url).hostname == "127.0.0.2" and health_url.hostname == "127.0.0.1"
+    assert f"health listening on {router.urls['health']} (asgi, up to 64 connections)" in router.log_text()
+    chat = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    conn = http.client.HTTPConnection(health_url.hostname, health_url.port, timeout=10)
+    try:
+        for method, path, status in [("GET", "/health", 200), ("HEAD", "/health", 200),
+                                     ("POST", "/v1/chat/completions", 404), ("POST", "/chat/completions", 404),
+                                     ("GET", "/v1/keys", 404), ("POST", "/v1/keys", 404),
+                                     ("GET", "/v1/models", 404), ("GET", "/metrics", 404),
+                                     ("GET", "/v1/router/state", 404), ("POST", "/api/chat", 404),
+                                     ("GET", "/", 404)]:
+            conn.request(method, path, body=chat if method == "POST" else None,
+                         headers={"content-type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            assert answer.status == status, (method, path)
+    finally:
+        conn.close()
+    assert not [call for call in box.calls if call.path == "/v1/chat/completions"]  # none reached the box
 
 
 def test_idle_and_slow_connections_are_closed_after_the_idle_timeout(start_fleet):

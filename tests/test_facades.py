@@ -60,15 +60,16 @@ def test_llama3_reaches_a_box_that_lists_llama3_latest_and_the_root_answers(star
 
 
 def test_empty_owner_set_is_a_local_502_and_no_box_sees_a_request(start_fleet_in_process):
+    # its only owner blocked (a model no box lists is Ollama's 404: test_refusals_point_the_way.py)
     a = SimOllama("a", tags=["llama3:latest"])
-    router = start_fleet_in_process(a)
+    router = start_fleet_in_process(a, boxes_extra={"a": {"blocked": True}})
     with pytest.raises(ollama.ResponseError) as info:
-        ollama.Client(host=router.url).chat(model="nope", messages=[{"role": "user", "content": "x"}])
+        ollama.Client(host=router.url).chat(model="llama3", messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 502
-    status, _, body = http(router.url + "/api/chat", "POST", {"model": "nope", "messages": []})
+    status, _, body = http(router.url + "/api/chat", "POST", {"model": "llama3", "messages": []})
     assert status == 502
     error = json.loads(body)
-    assert isinstance(error["error"], str) and error["reasons"]["a"].startswith("no_model")
+    assert isinstance(error["error"], str) and error["reasons"]["a"].startswith("blocked")
     assert not calls(a)
 
 

@@ -93,6 +93,26 @@ def test_user_dry_run_prints_the_whole_plan_and_changes_nothing(tmp_path):
     assert tree(home) == before
 
 
+def test_user_install_carries_the_shells_store_and_boxes_file(tmp_path):
+    """Issue 38: a key made in a shell with $HUGPY_ROUTER_HOME (a box added with
+    $HUGPY_ROUTER_BOXES) lands where the service installed from that shell reads."""
+    store, boxes = tmp_path / "my-store", tmp_path / "my-boxes.json"
+    env = home_env(tmp_path, HUGPY_ROUTER_HOME=str(store), HUGPY_ROUTER_BOXES=str(boxes))
+    made = subprocess.run([str(EXE), "keys", "create", "--name", "laptop"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    added = subprocess.run([str(EXE), "boxes", "add", "--name", "a", "--url", "http://127.0.0.1:1"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    assert (store / "router.sqlite3").is_file() and boxes.is_file()
+    done = subprocess.run([str(EXE), "install", "--user", "--port", "18432", "--no-local-box", "--dry-run"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"HUGPY_ROUTER_HOME={store}" in lines and f"HUGPY_ROUTER_BOXES={boxes}" in lines
+    assert f"store {store})" in done.stdout
+
+
 def test_system_dry_run_lists_0_0_4s_files(tmp_path):
     done = subprocess.run([str(EXE), "install", "--system", "--port", "auto", "--dry-run", "--package", "hugpy-router==9.9"],
                           env=home_env(tmp_path), capture_output=True, text=True, timeout=60)

@@ -119,6 +119,7 @@ def test_serve_help_says_loopback_manages_without_a_key():
 
 def test_sim_starts_boxes_of_each_kind_and_prints_lines_that_build_a_working_fleet(tmp_path):
     from conftest import RouterProcess
+    import re
     import socket
 
     with socket.socket() as probe:  # a free port for the Ollama box, as an operator would pick one
@@ -131,7 +132,8 @@ def test_sim_starts_boxes_of_each_kind_and_prints_lines_that_build_a_working_fle
     try:
         assert sim.stdout.readline().startswith("sim fleet ready: 3 boxes")
         lines = [sim.stdout.readline().strip() for _ in range(3)]
-        assert lines[0] == f"router boxes add --name sim-ollama-1 --url http://127.0.0.1:{port} --kind ollama"
+        assert re.fullmatch(rf"router boxes add --name sim-ollama-1-[0-9a-f]{{4}} --url http://127.0.0.1:{port} "
+                            "--kind ollama", lines[0])
         assert " --kind hugpy --key hpk_box_" in lines[1] and lines[2].endswith("--kind lmstudio")
         boxes = tmp_path / "boxes.json"
         for line in lines:  # pasted as they are, with this checkout's `router`
@@ -139,7 +141,8 @@ def test_sim_starts_boxes_of_each_kind_and_prints_lines_that_build_a_working_fle
             done = _router_cli("--boxes", str(boxes), *argv, home=tmp_path / "home")
             assert done.returncode == 0, done.stderr
         router = RouterProcess(boxes)
-        pins = ["sim-ollama-1", "sim-hugpy-2", "sim-lmstudio-3"]
+        pins = [line.split()[4] for line in lines]  # each box's --name
+        assert [pin.rsplit("-", 1)[0] for pin in pins] == ["sim-ollama-1", "sim-hugpy-2", "sim-lmstudio-3"]
         for pin in pins:
             status, _ = request(router.url, "POST", "/v1/chat/completions",
                                 json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}],

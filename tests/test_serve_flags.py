@@ -65,6 +65,24 @@ def test_the_command_says_one_line_and_no_traceback():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("argv, flag, command", [
+    (["--port", "8080", "serve"], "--port", "serve"),
+    (["--port=8080", "serve", "--host", "0.0.0.0"], "--port", "serve"),
+    (["--boxes", "b.json", "--ollama-port", "11434", "serve", "--port", "8080"], "--ollama-port", "serve"),
+    (["--port", "8080"], "--port", "serve"),  # no subcommand: serve's flag all the same
+    (["--router-port", "8080", "keys", "list"], "--router-port", "keys"),
+])
+def test_a_subcommands_flag_before_it_says_flags_go_after_the_subcommand(argv, flag, command, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    prog = err.partition(":")[0]  # `router`, as the test runner's argv[0] makes it
+    assert err == (f"{prog}: error: {flag} is an option of `{prog} {command}`: flags go after the subcommand "
+                   f"({prog} {command} {flag} ...)\n"), err
+    assert "8080" not in err  # the option only, never its value (Parser rule 2)
+
+
 def test_state_answers_at_every_accepted_extreme(start_fleet_in_process):
     """The largest value of each flag is accepted and `/v1/router/state` still answers 200 (with
     `--queue-timeout inf` it answered 500: orjson refused the Retry-After it made)."""

@@ -406,6 +406,26 @@ def test_the_official_openai_client_sees_429_with_retry_after(start_fleet_in_pro
     assert caught.value.code == "rate_limited"
 
 
+def test_a_429_carries_the_x_ratelimit_headers_of_the_callers_limits(start_fleet_in_process):
+    box = SimOllama("o", tags=["tiny"], loaded=["tiny"])
+    router = start_fleet_in_process(box, extra_args=("--default-rpm", "1"))
+    _, key = new_key(router, rpm=1, tpm=100_000)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0)
+    client.chat.completions.create(model="tiny", messages=MESSAGES)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="tiny", messages=MESSAGES)
+    headers = caught.value.response.headers
+    assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"]) == ("1", "0")
+    assert headers["x-ratelimit-limit-tokens"] == "100000"
+    assert 0 < int(headers["x-ratelimit-remaining-tokens"]) <= 100_000  # (the minute refills as it goes)
+    assert re.fullmatch(r"[\d.]+(ms|s)|\d+m\d+s", headers["x-ratelimit-reset-requests"]), headers
+    assert "x-ratelimit-reset-tokens" in headers
+    # a caller without a key: its address's limits (rpm only)
+    assert call(router, source="127.0.0.2")[0] == 200
+    status, headers, _ = call(router, source="127.0.0.2")
+    assert status == 429 and headers["x-ratelimit-limit-requests"] == "1" and "x-ratelimit-limit-tokens" not in headers
+
+
 def test_callers_without_a_key_get_the_default_limits_per_address(start_fleet_in_process):
     box = SimOllama("o", tags=["tiny"], loaded=["tiny"])
     router = start_fleet_in_process(box, extra_args=("--default-rpm", "2"))

@@ -5,7 +5,10 @@ API's `PUT|DELETE /v1/aliases/<name>`; a running router applies it within a seco
 watches the file). The command line has no view of the boxes' inventories, so `set` goes through
 the running router's admin API where the boxes file's listeners record names one
 (router.boxes.listeners rule 2; `$HUGPY_ROUTER_KEY` the bearer where it is set): an alias named
-like a model a box serves now is refused there (409), and the command exits 2 with its line.
+like a model a box serves now is refused there (409), and the command exits 2 with its line; a
+model of the chain that no box lists now is said on stderr (the alias is kept: calls pass over
+that model until a box lists it). `list` asks that router too, marking such a model, and reads
+the file where none answers.
 Where no router answers, the file is edited directly, said on stderr: `GET /v1/aliases` flags a
 shadow, and a key's `models` still bound every model the alias reaches (serve/chain.py rule 6).
 """
@@ -28,33 +31,59 @@ from router.cli.store import add_database_option, registry_of
 from router.core.errors import ConfigError
 
 API_TIMEOUT_S = 15.0
+UNLISTED_MARK = " (no box lists it)"  # `list`: a model of a chain that no box lists now
 
 
-def _set_through_router(args: argparse.Namespace) -> bool | None:
-    """`set` through the running router's admin API: whether the alias is new, or None when no
-    router serving this boxes file answers. Raises ConfigError with the router's refusal."""
+def _router_url(args: argparse.Namespace) -> str | None:
+    """The admin API of the running router serving this boxes file, or None when none is known."""
     running = listeners.read_record(args.boxes_file or default_path())
     if running is None or running.main is None:
         return None
     host = "127.0.0.1" if running.host in ("", "0.0.0.0", "::") else running.host
-    url = f"http://{f'[{host}]' if ':' in host else host}:{running.main}/v1/aliases/{quote(args.name, safe='')}"
+    return f"http://{f'[{host}]' if ':' in host else host}:{running.main}"
+
+
+def _ask(url: str, method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
+    """(status, answer) of one admin API request. Raises urllib.error.HTTPError, OSError."""
     headers = {"Content-Type": "application/json"}
     if os.environ.get("HUGPY_ROUTER_KEY"):
         headers["Authorization"] = f"Bearer {os.environ['HUGPY_ROUTER_KEY']}"
-    request = urllib.request.Request(url, json.dumps({"chain": args.models}).encode(), headers, method="PUT")
+    data = None if doc is None else json.dumps(doc).encode()
+    request = urllib.request.Request(url + path, data, headers, method=method)
+    with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def _set_through_router(args: argparse.Namespace) -> tuple[bool, list[str]] | None:
+    """`set` through the running router's admin API: whether the alias is new and the models of
+    its chain no box lists now, or None when no router serving this boxes file answers. Raises
+    ConfigError with the router's refusal."""
+    url = _router_url(args)
+    if url is None:
+        return None
     try:
-        with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as resp:
-            return resp.status == 201
+        status, doc = _ask(url, "PUT", f"/v1/aliases/{quote(args.name, safe='')}", {"chain": args.models})
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = exc.reason
-        raise ConfigError(f"the router at {url.partition('/v1/')[0]} refused alias {args.name} ({exc.code}): "
-                          f"{message}") from None
+        raise ConfigError(f"the router at {url} refused alias {args.name} ({exc.code}): {message}") from None
     except OSError as exc:
-        print(f"no router answered at {url.partition('/v1/')[0]} ({exc}): the alias is written unchecked "
-              "against the boxes' models", file=sys.stderr)
+        print(f"no router answered at {url} ({exc}): the alias is written unchecked against the boxes' models",
+              file=sys.stderr)
+        return None
+    return status == 201, doc.get("unlisted") or []
+
+
+def _list_through_router(args: argparse.Namespace) -> list[dict] | None:
+    """`GET /v1/aliases` of the running router serving this boxes file; None when none answers."""
+    url = _router_url(args)
+    if url is None:
+        return None
+    try:
+        return _ask(url, "GET", "/v1/aliases")[1]["aliases"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -75,14 +104,24 @@ def aliases_command(args: argparse.Namespace) -> int:
     """Raises ConfigError for a definition the rules refuse (the CLI prints its one line)."""
     registry, path = registry_of(args)
     if args.aliases_command == "list":
-        for alias in registry.load().aliases.values():
-            print(f"{alias.name}\t{' -> '.join(alias.chain)}")
+        views = _list_through_router(args) if isinstance(registry, FileRegistry) else None
+        if views is None:  # no router to ask what the boxes list: the file as it is
+            views = [{"name": alias.name, "chain": alias.chain} for alias in registry.load().aliases.values()]
+        for view in views:
+            unlisted = view.get("unlisted") or ()
+            chain = (model + UNLISTED_MARK if model in unlisted else model for model in view["chain"])
+            print(f"{view['name']}\t{' -> '.join(chain)}")
         return 0
     if args.aliases_command == "set":
-        added = _set_through_router(args) if isinstance(registry, FileRegistry) else None
-        if added is None:
-            added = registry.edit(lambda boxes: box_aliases.set_alias(boxes, args.name, args.models))
+        through_router = _set_through_router(args) if isinstance(registry, FileRegistry) else None
+        if through_router is None:
+            added, unlisted = registry.edit(lambda boxes: box_aliases.set_alias(boxes, args.name, args.models)), []
+        else:
+            added, unlisted = through_router
         print(f"alias {args.name} {'added' if added else 'replaced'}: {' -> '.join(args.models)}")
+        if unlisted:
+            print(f"warning: no box lists {', '.join(unlisted)} now: calls for {args.name} pass over it until a box "
+                  "does (a typo, or a model not pulled yet?)", file=sys.stderr)
         return 0
     try:
         registry.edit(lambda boxes: box_aliases.remove_alias(boxes, args.name))

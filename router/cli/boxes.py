@@ -114,8 +114,10 @@ def boxes_command(args: argparse.Namespace) -> int:
         print(f"router: no box named {args.name} in {path}", file=sys.stderr)
         return 1
     except boxes_config.BoxExists as exc:
-        print(f"router: box {exc.name} is already in {path}: `router boxes set {exc.name} ...` changes "
-              "some of its fields, `router boxes add --replace ...` replaces it whole", file=sys.stderr)
+        # A new box first: one that takes a taken name is most often another box, not this one.
+        print(f"router: box {exc.name} is already in {path}: for another box, give it another --name "
+              f"(`router boxes add --name {exc.name}-2 ...`); for this one, `router boxes set {exc.name} ...` "
+              "changes some of its fields, `router boxes add --replace ...` replaces it whole", file=sys.stderr)
         return 1
     print(f"box {args.name}: {args.boxes_command} done")
     return 0

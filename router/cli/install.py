@@ -9,7 +9,9 @@ layout, with the files hugpy-router 0.0.4's installer writes (so each can repair
             /etc/systemd/system/hugpy-router.service (root, once)
   --user    this account's service on this environment's interpreter:
             <XDG config>/hugpy/router.env, the boxes file <hugpy config>/router/boxes.json,
-            store <hugpy data>/router, unit <XDG config>/systemd/user/hugpy-router.service
+            store <hugpy data>/router, unit <XDG config>/systemd/user/hugpy-router.service;
+            `$HUGPY_ROUTER_HOME` and `$HUGPY_ROUTER_BOXES`, when the shell sets them, name the
+            store and the boxes file instead, as they do for `router` in that shell
   both      <conf>/router.endpoint.json (no secret), as 0.0.4
 
 Rules:
@@ -115,9 +117,11 @@ def layout(mode: str) -> Layout:
         return Layout("system", venv / "bin" / "python", venv, SYS_CONF, SYS_STATE,
                       SYS_CONF / "router.boxes.json", SYS_UNIT_DIR / f"{SERVICE}.service", SERVICE)
     xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return Layout("user", Path(sys.executable), None, xdg / "hugpy", paths.data_dir() / paths.SUBDIR,
-                  paths.config_dir() / paths.SUBDIR / paths.BOXES_FILE,
-                  xdg / "systemd" / "user" / f"{SERVICE}.service", None)
+    # The store and boxes file this shell's `router` uses ($HUGPY_ROUTER_HOME, $HUGPY_ROUTER_BOXES
+    # included), so the keys and boxes made here are the service's; STATE_DIRECTORY is a unit's own.
+    shell = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+    return Layout("user", Path(sys.executable), None, xdg / "hugpy", paths.store_dir(shell),
+                  paths.boxes_path(shell), xdg / "systemd" / "user" / f"{SERVICE}.service", None)
 
 
 # --- files -----------------------------------------------------------------------------------

@@ -17,7 +17,10 @@ Rules:
 5. Limits (docs/tenancy.md): `create --rpm N --tpm N --max-parallel N --budget-tokens N
    --budget-period day|week|month --models a,b`, changed by `limits ID` with the same flags (0 or
    an empty `--models ''` removes one). `usage [ID] [--json]` prints each key's usage in its
-   current and previous period; through a running router also what is left of each limit.
+   current and previous period; through a running router also what is left of each limit. On
+   the store file, where a key has limits, stderr says why `left` is empty (a running router
+   counts it, in memory) and how to ask one (the port of the router serving the boxes file,
+   when its listeners record names one: router.boxes.listeners rule 2).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any
 
+from router.boxes import listeners
+from router.boxes.config import default_path
 from router.cli.store import add_database_option, database_of
 from router.core.errors import BadRequest
 from router.core.limits import PERIODS
@@ -116,6 +121,17 @@ class ApiKeys:
 
     def close(self) -> None:
         pass
+
+
+def _why_no_left(args: argparse.Namespace) -> str:
+    """Rule 5: why the store file's usage has no `left`, and the command that has it."""
+    running = listeners.read_record(getattr(args, "boxes_top", None) or default_path())
+    if running is not None and running.main is not None:
+        how = f"a router runs on port {running.main}: router keys --router-port {running.main} usage"
+    else:
+        how = "with the router running: router keys --router-port PORT usage (or $HUGPY_ROUTER_PORT set)"
+    return ("`left` is empty: what is left of each limit is counted by a running router, in memory, not in "
+            f"the store; {how}")
 
 
 def _when(epoch: float | None) -> str:
@@ -258,6 +274,8 @@ def _usage(store: KeyStore | ApiKeys, args: argparse.Namespace) -> int:
     if args.id and not docs:
         print(f"router keys: no key with id {args.id}", file=sys.stderr)
         return 1
+    if isinstance(store, KeyStore) and any(v is not None for doc in docs for v in doc["limits"].values()):
+        print(f"router keys: {_why_no_left(args)}", file=sys.stderr)
     if args.json:
         print(json.dumps({"keys": docs}, indent=1))
         return 0

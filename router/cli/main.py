@@ -65,6 +65,9 @@ class Parser(argparse.ArgumentParser):
     5. An error is one line on stderr and exit status 2 (`router serve: error: argument
        --queue-size: invalid value '-1': must be ...`): a unit's journal shows the cause, not a
        page of usage.
+    6. A subcommand's option given before the subcommand (`router --port 8080 serve`, which
+       argparse reads as the command `8080`) is said so, naming the option only (rule 2):
+       `flag_before_command`, which `main` asks first.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -88,6 +91,27 @@ class Parser(argparse.ArgumentParser):
                     and name not in self._option_string_actions:
                 found.append(name)
         return found
+
+    def flag_before_command(self, argv: list[str]) -> None:
+        """Rule 6: exits 2 with one line when an option of the subcommand given (else of `serve`)
+        comes before the subcommand's name."""
+        commands = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
+        command = next((token for token in argv if token in commands), None)
+        meant = command or "serve"
+        skip_value = False
+        for token in argv:
+            if token == command or token == "--":
+                return
+            name = token.partition("=")[0]
+            if skip_value or not token.startswith("-"):
+                skip_value = False
+                continue
+            own = self._option_string_actions.get(name)
+            if own is not None:  # the top parser's (`--boxes FILE`): its value is no command
+                skip_value = own.nargs != 0 and "=" not in token
+            elif name in commands[meant]._option_string_actions:
+                self.exit(2, f"{self.prog}: error: {name} is an option of `{self.prog} {meant}`: flags go after "
+                          f"the subcommand ({self.prog} {meant} {name} ...)\n")
 
     def error(self, message: str):
         message = _TYPE_NAME_RE.sub("invalid value", message)
@@ -211,6 +235,11 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
                         help="also listen here as an Ollama server (every path is Ollama's; 'auto' picks one)")
     parser.add_argument("--lmstudio-port", type=_port, default=None,
                         help="also listen here as an LM Studio server (every path is LM Studio's)")
+    parser.add_argument("--health-port", type=_port, default=None,
+                        help="also listen here for local health probes (systemd, a container healthcheck, "
+                        "a balancer on this machine): GET|HEAD /health and nothing else, bound to loopback "
+                        "(127.0.0.1, or ::1 with an IPv6 --host) whatever --host is, with connections of its "
+                        "own that a flood on the other ports cannot take ('auto' picks one; docs/connections.md)")
     parser.add_argument("--queue-size", type=_count, default=1024,
                         help="calls that may wait for a full box, in all (default 1024; more get 429)")
     parser.add_argument("--queue-per-caller", type=_positive, default=None,
@@ -289,9 +318,13 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port_required: bool) -
     parser.add_argument("--shared-url", default=os.environ.get("HUGPY_ROUTER_SHARED_URL", "").strip() or None,
                         help="redis://... : count box slots and key limits on a Redis-protocol server, "
                         "exact across several routers (default $HUGPY_ROUTER_SHARED_URL)")
-    parser.add_argument("--shared-down", choices=["open", "closed"], default="open",
+    # None: not given (open), which `router serve` tells from a given open: a server that refuses
+    # the router at start (a wrong password) stops the start unless open was asked for
+    parser.add_argument("--shared-down", choices=["open", "closed"], default=None,
                         help="when the shared server is unreachable: open (default) counts per router, "
-                        "loudly; closed refuses calls that need a shared count with 503 shared_store_down")
+                        "loudly; closed refuses calls that need a shared count with 503 shared_store_down. "
+                        "A server that refuses the router at start (a wrong password, an unknown database) "
+                        "stops the start (exit 2) unless open is given")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -323,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.flag_before_command(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if hasattr(args, "boxes_file") and args.boxes_file is None:
         args.boxes_file = args.boxes_top
     logging.basicConfig(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,6 +42,7 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
         grace_s=args.grace,
         ollama_port=args.ollama_port,
         lmstudio_port=args.lmstudio_port,
+        health_port=args.health_port,
         queue_size=args.queue_size,
         queue_timeout_s=args.queue_timeout,
         queue_per_caller=args.queue_per_caller,
@@ -74,6 +78,21 @@ def run_serve(args: argparse.Namespace) -> int:
     return uvloop.run(serve(config, ready=_announce))
 
 
+def demo_commands(url: str) -> list[str]:
+    """The commands `router demo` prints to try the router at `url`, each whole on its own line,
+    so that it runs as printed in a fresh shell: curl, and an `openai` call on this interpreter
+    (named by its path: a bare `python` may lack the package) when it has the package."""
+    chat = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]})
+    commands = [f"curl -s {url}/v1/models",
+                f"curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{chat}'"]
+    if importlib.util.find_spec("openai") is not None:
+        call = ('import openai; print(openai.OpenAI().chat.completions.create(model="tiny-llama", '
+                'messages=[{"role": "user", "content": "hi"}]).choices[0].message.content)')
+        commands.append(f"OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=unused {shlex.quote(sys.executable)} "
+                        f"-c {shlex.quote(call)}")
+    return commands
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Starts simulated hugpy boxes in a child process, then the router in front of them.
     The demo touches none of the user's files: its boxes file (with the sim keys) and its
@@ -102,14 +121,9 @@ def _demo(args: argparse.Namespace, workdir: Path) -> int:
 
         def announce(name: str, url: str) -> None:
             _announce(name, url)
-            if name != "router":
-                return
-            print(
-                f"try: curl -s {url}/v1/models  |  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=x "
-                "python -c \"import openai; print(openai.OpenAI().chat.completions.create("
-                "model='tiny-llama', messages=[{'role':'user','content':'hi'}]).choices[0].message.content)\"",
-                flush=True,
-            )
+            if name == "router":
+                print("try it, each line in a shell:", *(f"    {line}" for line in demo_commands(url)),
+                      sep="\n", flush=True)
 
         # A router process, as `serve` runs one: its start-up's objects frozen out of the collector.
         config = dataclasses.replace(_config(args, boxes_path, workdir / "store" / store_paths.DB_FILE), freeze_gc=True)

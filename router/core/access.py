@@ -9,6 +9,13 @@ reads the environment, the clock or the store.
 Keys:
 1. A key is `hpk_<id>_<secret>`. It splits on the first `_` after the prefix, so the id holds
    no `_` and the secret may. An empty id or secret is not a key.
+1a. A key is read only from `Authorization: Bearer` (any other scheme, such as the `Basic` of a
+   proxy in front, and any other header, such as `x-api-key`, is no key). A bearer value in the
+   key's form (`hpk_…`, valid or not) or an empty one (a key variable left empty) is a presented
+   key (`presents_key`), judged in every mode (rule 10). Any other value is a client's
+   placeholder, since the `openai` client cannot send no key and local tools send `x`, `ollama`
+   or `lm-studio`: it counts as no key, so it gets nothing a keyless call does not.
+   `HUGPY_ROUTER_KEY`, whatever its form, is valid as sent.
 2. Only `sha256(secret_utf8)` is stored (no salt, no pepper, as hugpy), and hashes are compared
    in constant time (`hmac.compare_digest`) by the key store.
 
@@ -40,9 +47,11 @@ Access (`decide_access`), in this order:
 8. Use routes (inference, listings, metrics):
    a. a browser's `Origin` must be the router's own or allowed, as rule 9a, whatever the key:
       a cross-site page may not post to a box through the router (issue 20 item 1).
-   b. mode `never` lets everyone in; `outside` (the default) lets inside callers in without
-      looking at the key at all, so a bad key from inside passes (as hugpy); `always`, and an
-      outside caller under `outside`, need a valid key of either scope.
+   b. a presented key that is not valid is refused in every mode, from every caller (rule 10;
+      hugpy lets a bad key from inside pass): a key revoked on one router is refused by every
+      router, and a mistyped one fails on the laptop as it would from outside. Then mode
+      `never` lets everyone in; `outside` (the default) lets inside callers in without a key;
+      `always`, and an outside caller under `outside`, need a valid key of either scope.
    c. a call served without a valid key needs a `Host` that a rebound page cannot send
       (`serves_host`): none, an IP literal, a loopback name, a name that public DNS never
       answers (a single label such as `gpu-box`, which only the hosts file or a local search
@@ -53,16 +62,19 @@ Access (`decide_access`), in this order:
    a. a browser's `Origin` must be the router's own (its host and port are the request's
       `Host`) or one of `HUGPY_ROUTER_ALLOWED_ORIGINS`; no `Origin` is a client that is not a
       browser. Otherwise 403 `origin_not_allowed`, whatever the key.
-   b. an admin key is served, whatever the Host;
+   b. an admin key is served, whatever the Host; a presented key that is not valid is refused,
+      loopback included (rule 10);
    c. a direct loopback caller (or one equal to the connection's own local address) manages
       without a key in every mode, `always` included (hugpy's quirk), but only when `Host`
       names the router: `localhost`, a loopback address, or one of
       `HUGPY_ROUTER_ALLOWED_HOSTS`. Otherwise a keyless one gets 403 `host_not_allowed`: a
       page whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name as Host.
    d. anyone else needs an admin key. The trusted nets never apply to admin routes.
-10. A missing key is 401 `invalid_api_key` ("required from here"); an invalid, expired or
-    revoked key is 401 `invalid_api_key`; a valid use key on an admin route is 403
-    `insufficient_scope`.
+10. A missing key (or a placeholder, rule 1a) where one is needed is 401 `invalid_api_key`
+    ("required from here"); a presented key that is unknown, expired, revoked or malformed is
+    401 `invalid_api_key` on every route but the public ones (the probes, the dashboard page),
+    whatever the mode and the caller; a valid use key on an admin route is 403
+    `insufficient_scope` where loopback does not manage (rule 9c).
 11. An admin route that takes a JSON body refuses any other `Content-Type` with 415 (a form or
     `text/plain` POST is what a browser may send cross-site without asking first).
 12. `require_key_mode`: unset or empty is `outside`; any unknown value is `always` (a typo
@@ -188,12 +200,22 @@ def hash_secret(secret: str) -> str:
 
 
 def bearer_token(authorization: str | None) -> str | None:
-    """Returns the key in an `Authorization: Bearer <key>` value (prefix case-insensitive, as
-    hugpy auth.py:93-95), or None when there is none."""
-    if authorization is None or authorization[:7].lower() != "bearer ":
+    """Returns the value in an `Authorization: Bearer <key>` header (scheme case-insensitive, as
+    hugpy auth.py:93-95): "" for a `Bearer` without one (the server may have trimmed the space),
+    None for no header or another scheme (rule 1a)."""
+    if authorization is None:
         return None
-    token = authorization[7:].strip()
-    return token or None
+    value = authorization.strip()
+    if value[:6].lower() != "bearer" or value[6:7] not in ("", " "):
+        return None
+    return value[6:].strip()
+
+
+def presents_key(bearer: str | None) -> bool:
+    """True when a bearer value (`bearer_token`'s) is a presented key, judged in every mode
+    (rule 1a): one in the key's form, valid or not, or an empty one. False for none and for a
+    client's placeholder (`x`, `ollama`, `lm-studio`)."""
+    return bearer is not None and (not bearer or bearer.startswith(KEY_PREFIX))
 
 
 # --- settings ---------------------------------------------------------------------------------
@@ -555,33 +577,36 @@ def decide_access(
     """Returns the verdict for one request (rules 7-10).
 
     `addr` and `via_proxy` are `client_address(...)`'s; `key_scope` is what the key store said
-    of the presented key (None when missing or invalid); `key_presented` tells a missing key
-    from an invalid one. `origin_ok` (`origin_allowed`) matters for use and admin routes,
+    of the bearer value (None when missing or invalid); `key_presented` is `presents_key`'s: a
+    presented key that is not valid is refused first (rule 10). `origin_ok` (`origin_allowed`) matters for use and admin routes,
     `router_host` (`names_router`) for admin routes, `host_served` (`serves_host`) for use
     routes. Passing a `route_scope` or `mode` outside their literals is a bug.
     """
     if route_scope == "public":
         return ALLOW
+    bad_key = key_presented and key_scope is None
     if route_scope == "admin":
         if not origin_ok:
             return ORIGIN_REFUSED
         if key_scope == "admin":
             return ALLOW
+        if bad_key:
+            return KEY_INVALID  # loopback included (rule 9b)
         local = not via_proxy and is_loopback(addr, local_addr)
         if local and router_host:
             return ALLOW
         if key_scope == "use":
             return SCOPE_TOO_NARROW
-        if key_presented:
-            return KEY_INVALID
         return HOST_REFUSED if local else KEY_REQUIRED
     if not origin_ok:
         return USE_ORIGIN_REFUSED
+    if bad_key:
+        return KEY_INVALID  # in every mode, inside callers included (rule 8b)
     keyless = mode == "never" or (mode == "outside" and is_inside(addr, trusted_nets))
     if keyless and host_served:
-        return ALLOW  # the key is not looked at (rule 8b)
+        return ALLOW
     if key_scope is not None:
         return ALLOW
     if keyless:
         return USE_HOST_REFUSED
-    return KEY_INVALID if key_presented else KEY_REQUIRED
+    return KEY_REQUIRED

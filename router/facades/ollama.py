@@ -15,7 +15,9 @@ Rules:
    the router refuses them rather than guess (send them to a box directly).
 5. Engine management (`pull`, `push`, `delete`, `copy`, `create`, blobs) is admin scope: it
    changes what a box stores, so a `use` key is refused before any box is contacted.
-6. Errors take Ollama's shape `{"error": "..."}`; an empty owner set is a local 502.
+6. Errors take Ollama's shape `{"error": "..."}`; an empty owner set is a local 502, except a
+   model no ollama box lists: Ollama's own 404 (`model 'x' not found`; embed and embeddings add
+   "try pulling it first", contracts/ollama-lmstudio.md §1.5), every box's reason kept beside it.
 """
 
 from __future__ import annotations
@@ -109,6 +111,21 @@ def root_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     return 200, b"text/plain; charset=utf-8", b"Ollama is running"
 
 
+def model_not_found(model: str) -> str:
+    """Rule 6: what Ollama's generate, chat, show and delete say."""
+    return f"model '{model}' not found"
+
+
+def model_not_pulled(model: str) -> str:
+    """Rule 6: what Ollama's embed and embeddings say (Go's `%q` quotes the name)."""
+    return f"model {orjson.dumps(model).decode()} not found, try pulling it first"
+
+
+def source_not_found(model: str) -> str:
+    """Rule 6: what Ollama's copy says of its source."""
+    return f"model {orjson.dumps(model).decode()} not found"
+
+
 def blobs_answer(boxes: Sequence, path: str) -> tuple[int, bytes, bytes]:
     message = "blob uploads need one box for the blob and the create after it: send them to the box directly"
     return 501, JSON, shape_error(501, "not_supported", message)
@@ -122,15 +139,15 @@ ROUTES = (
     Route("GET", "/api/tags", answer=tags_answer, aliases=AliasListing("models", alias_row)),
     Route("HEAD", "/api/tags", answer=tags_answer),
     Route("GET", "/api/ps", answer=ps_answer),
-    Route("POST", "/api/generate", Body.JSON, answer_bound=("options.num_predict",)),
-    Route("POST", "/api/chat", Body.JSON, answer_bound=("options.num_predict",)),
-    Route("POST", "/api/embed", Body.JSON),
-    Route("POST", "/api/embeddings", Body.JSON),
-    Route("POST", "/api/show", Body.JSON, ("model", "name")),
+    Route("POST", "/api/generate", Body.JSON, answer_bound=("options.num_predict",), model_not_found=model_not_found),
+    Route("POST", "/api/chat", Body.JSON, answer_bound=("options.num_predict",), model_not_found=model_not_found),
+    Route("POST", "/api/embed", Body.JSON, model_not_found=model_not_pulled),
+    Route("POST", "/api/embeddings", Body.JSON, model_not_found=model_not_pulled),
+    Route("POST", "/api/show", Body.JSON, ("model", "name"), model_not_found=model_not_found),
     Route("POST", "/api/pull", Body.JSON, ("model", "name"), scope="admin"),
     Route("POST", "/api/push", Body.JSON, ("model", "name"), scope="admin"),
-    Route("DELETE", "/api/delete", Body.JSON, ("model", "name"), scope="admin"),
-    Route("POST", "/api/copy", Body.JSON, ("source",), scope="admin"),
+    Route("DELETE", "/api/delete", Body.JSON, ("model", "name"), scope="admin", model_not_found=model_not_found),
+    Route("POST", "/api/copy", Body.JSON, ("source",), scope="admin", model_not_found=source_not_found),
     Route("POST", "/api/create", Body.JSON, ("from", "model"), scope="admin"),
     Route("POST", "/api/blobs/", answer=blobs_answer, prefix=True, scope="admin"),
     Route("HEAD", "/api/blobs/", answer=blobs_answer, prefix=True, scope="admin"),

@@ -62,6 +62,9 @@ class Route:
     # which the router adds when it bounds an answer the body states no bound for (serve/tenancy.py
     # rule 2)
     answer_bound: tuple[str, ...] = ()
+    # a model no box of the facade's kinds lists: the engine's own words for it, which go out as
+    # a 404 (serve/no_box.py rule 1); None: the facade's no-box answer
+    model_not_found: Callable[[str], str] | None = None
     # the top-level members `answer_bound` lives in, for the body's one scan
     bound_members: tuple[str, ...] = field(init=False, default=())
 
@@ -140,3 +143,9 @@ class Facade:
         reads_knobs = self.reads_knobs and any(can(kind, Capability.PAIR_SETTINGS) for kind in kinds)
         return Facade(name, kinds, self.routes, no_box_status, self.shape_error, self.settings,
                       self.settings_fields, self.unknown, self.sse_keepalive, self.whole_as_stream, reads_knobs)
+
+    def keeping(self, paths: frozenset[str], name: str) -> "Facade":
+        """Only the routes of `paths`, every other path a 404 in the facade's shape (the health
+        listener: a listener that must be no way around the others)."""
+        routes = tuple(route for route in self.routes if route.path in paths)
+        return Facade(name, self.kinds, routes, self.no_box_status, self.shape_error)

@@ -10,8 +10,10 @@ Rules:
    elsewhere by its name); either changes nothing. `DELETE` of an unknown alias is a 404.
 3. A listed alias shows its chain, the first model in it that some box could serve now
    (`first_available`, null when none: the decision over every box kind, without pin or pool),
-   and the boxes that serve a model of the alias's own name (`shadowed_by`: set by a box added
-   after the alias).
+   the boxes that serve a model of the alias's own name (`shadowed_by`: set by a box added
+   after the alias), and the models of its chain that no box lists now (`unlisted`: a typo, or
+   a model not pulled yet). A `PUT`'s answer says `unlisted` too; the definition is kept all
+   the same (a box may list the model later).
 """
 
 from __future__ import annotations
@@ -46,10 +48,15 @@ def first_available(fleet: Fleet, chain: tuple[str, ...]) -> str | None:
     return None
 
 
+def unlisted(boxes: list, chain: tuple[str, ...]) -> list[str]:
+    """Rule 3: the models of `chain` that none of `boxes` lists now."""
+    return [model for model in chain if not box_aliases.served_by(boxes, model)]
+
+
 def alias_views(fleet: Fleet) -> list[dict]:
     boxes = fleet.ordered()
     return [{"name": alias.name, "chain": list(alias.chain), "first_available": first_available(fleet, alias.chain),
-             "shadowed_by": box_aliases.served_by(boxes, alias.name)}
+             "shadowed_by": box_aliases.served_by(boxes, alias.name), "unlisted": unlisted(boxes, alias.chain)}
             for alias in fleet.aliases.values()]
 
 
@@ -84,4 +91,5 @@ async def edit(fleet: Fleet, name: str, doc: dict | None) -> tuple[int, dict]:
     added = await _edit(fleet, lambda file: box_aliases.set_alias(file, name, chain))
     alias = fleet.aliases[name]
     return (201 if added else 200), {"name": name, "chain": list(alias.chain),
-                                     "first_available": first_available(fleet, alias.chain)}
+                                     "first_available": first_available(fleet, alias.chain),
+                                     "unlisted": unlisted(fleet.ordered(), alias.chain)}

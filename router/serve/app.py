@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from router.core.access import Verdict
 from router.core.bounds import clip
 from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.core.memo import Memo
-from router.facades import mounts
+from router.facades import mounts, ollama
 from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route, with_aliases
 from router.serve import admin
@@ -41,6 +42,9 @@ from router.telemetry.scheduler import Scheduler
 log = logging.getLogger("router.serve")
 
 JSON = b"application/json"
+# A Host header a refusal may repeat (`RouterApp.url_of`): a host name or an address, and a
+# port; nothing else a client could slip into the answer.
+HOST_RE = re.compile(r"(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253})(?::[0-9]{1,5})?")
 BODY_JSON = Body.JSON  # read per call: a module name is cheaper than the Enum's (core/lifecycle.py)
 
 
@@ -103,6 +107,10 @@ class Shared:
         # cap never closes those connections (serve/conn_cap.py rule 2)
         self.working_ports: dict[str | int, int] = {}
         self.leases = None  # several routers: serve/shared.py's SlotLeases, set by the server
+        # listener name ("router", "ollama", "lmstudio") -> its port, and their scheme, set by the
+        # server: a refusal that points a client at another listener names it (`RouterApp.unknown`)
+        self.ports: dict[str, int] = {}
+        self.scheme = "http"
         self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
@@ -205,6 +213,19 @@ class RouterApp:
         shared.metrics.observe(record)
 
     async def unknown(self, edge: Edge, facade: Facade, known: bool) -> None:
+        """A path no route of the listener serves: a 404 that says where the client meant to go
+        when the path says it (mounts.py: an Ollama client, a base URL without its `/v1`), else
+        the facade's answer to an unknown route (404, 405, or the engine's own)."""
+        if mounts.ollama_call(facade, edge.method, edge.path):
+            # in Ollama's shape whatever the facade: the Ollama client then raises its ResponseError
+            body = ollama.shape_error(404, "unknown_route", self.ollama_hint(edge), None)
+            await edge.respond(404, [(b"content-type", JSON)], body)
+            return
+        if not known and (meant := mounts.meant_under_v1(self.mount, edge.path)) is not None:
+            message = (f"{edge.method} {clip(edge.path)} is not a route of this router: did you mean {meant}? "
+                       "(the OpenAI API is under /v1: a client's base URL ends in /v1)")
+            await edge.respond(404, [(b"content-type", JSON)], facade.shape_error(404, "unknown_route", message, None))
+            return
         if facade.unknown is not None:
             status, body = facade.unknown(edge.method, edge.path)
         else:
@@ -212,6 +233,24 @@ class RouterApp:
             message = f"{edge.method} {clip(edge.path)} is not a route of this router"
             body = facade.shape_error(status, code, message, None)
         await edge.respond(status, [(b"content-type", JSON)], body)
+
+    def ollama_hint(self, edge: Edge) -> str:
+        """Where an Ollama client goes: the router's Ollama listener, else its main port (which
+        serves Ollama's `/api/*` too) and the flag that adds a listener of Ollama's own."""
+        ports = self.shared.ports
+        said = f"{edge.method} {clip(edge.path)} is not a route here: it is Ollama's API"
+        if "ollama" in ports:
+            listener = self.url_of(edge, ports["ollama"])
+            return f"{said}; point the Ollama client at {listener} (the router's Ollama listener)"
+        main = f" {self.url_of(edge, ports['router'])}" if "router" in ports else ""
+        return (f"{said}; point the Ollama client at the router's main port{main} (its /api/*, not under /v1), "
+                "or start the router with --ollama-port 11434 for a listener of Ollama's own")
+
+    def url_of(self, edge: Edge, port: int) -> str:
+        """This router's listener on `port` as the client reached the router: the host of its
+        `Host` header when that is a plain host name or address, else this machine's loopback."""
+        found = HOST_RE.fullmatch(edge.header("host") or "")
+        return f"{self.shared.scheme}://{found.group(1) if found else '127.0.0.1'}:{port}"
 
     async def answer(self, edge: Edge, facade: Facade, route: Route) -> None:
         boxes = [

@@ -29,6 +29,8 @@ from typing import Callable
 
 import orjson
 
+from router.core.names import ollama_key
+from router.core.types import BoxKind
 from router.serve import fleet_views
 from router.serve.alias_admin import alias_views
 
@@ -95,16 +97,12 @@ def box_view(box) -> dict:
 def state_doc(shared) -> dict:
     """The fleet as the operator sees it (`GET /v1/router/state`, the dashboard's `state`): every
     box with 0.0.4's fields, its load, limits and back-offs, its residents with the settings this
-    router last sent; the union of models with where each is resident; the aliases with their
-    first available model; the wait queue."""
+    router last sent; the models, one row per model a caller can name (`model_rows`), with
+    where each is resident; the aliases with their first available model; the wait queue."""
     now = asyncio.get_running_loop().time()
-    boxes, models, contracts = [], {}, []
+    boxes, contracts = [], []
     for box in shared.fleet.ordered():
         cfg = box.config
-        for key in box.catalog:
-            models.setdefault(key, {"model": key, "resident_on": [], "available_on": []})["available_on"].append(cfg.name)
-        for key in box.residents:
-            models.setdefault(key, {"model": key, "resident_on": [], "available_on": []})["resident_on"].append(cfg.name)
         link = shared.fleet.links.get(cfg.name)
         boxes.append({
             **box_view(box),
@@ -136,7 +134,7 @@ def state_doc(shared) -> dict:
         "generation": shared.scheduler.generation,
         "boxes": boxes,
         "contracts": contracts,
-        "models": [models[key] for key in sorted(models)],
+        "models": model_rows(shared.fleet.ordered()),
         "aliases": alias_views(shared.fleet),
         "registry": {"where": shared.fleet.registry.where, "skipped": shared.fleet.skipped},  # fleet.py rule 4
         "queue": shared.admission.snapshot(),
@@ -146,6 +144,34 @@ def state_doc(shared) -> dict:
     if shared.leases is not None:  # several routers: the shared server, the routers seen
         doc["shared"] = {**shared.leases.view(), "tallies": shared.tenancy.shared.view()}
     return doc
+
+
+def model_rows(boxes) -> list[dict]:
+    """One row per model a caller can name, with the boxes it is resident on and can load on.
+    An Ollama box keys its names by Ollama's rule (router.core.names rule 2: `tiny-llama` is
+    `tiny-llama:latest`), the other kinds as written; another kind's name joins an Ollama key's
+    row when that rule reads it as that key, since a call naming it reaches both. A row is
+    called by the other kind's spelling (the one that reaches every box in it) and lists every
+    spelling in `names`."""
+    ollama_keys = {key for box in boxes if box.config.kind is BoxKind.OLLAMA for key in (*box.catalog, *box.residents)}
+    rows: dict[str, dict] = {}  # an Ollama key, or another kind's name no Ollama box has
+    for box in boxes:
+        ollama = box.config.kind is BoxKind.OLLAMA
+        for keys, where in ((box.catalog, "available_on"), (box.residents, "resident_on")):
+            for key in keys:
+                folded = key if ollama else ollama_key(key)
+                row_id = folded if folded in ollama_keys else key
+                row = rows.setdefault(row_id, {"model": None, "names": [], "resident_on": [], "available_on": []})
+                if not ollama and row["model"] is None:
+                    row["model"] = key
+                if key not in row["names"]:
+                    row["names"].append(key)
+                if box.config.name not in row[where]:
+                    row[where].append(box.config.name)
+    for row_id, row in rows.items():
+        row["model"] = row["model"] or row_id
+        row["names"].sort()
+    return sorted(rows.values(), key=lambda row: row["model"])
 
 
 def _database_view(shared) -> dict:

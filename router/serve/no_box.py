@@ -1,9 +1,12 @@
 """The answers when no box takes a call (router/serve/proxy.py rule 2), in the facade's shape.
 
 1. No box can serve the call at all: the facade's no-box status with 0.0.4's fields (every box's
-   reason and the call's id), which hugpy-core reads. Two cases say what is wrong instead: a
+   reason and the call's id), which hugpy-core reads. Three cases say what is wrong instead: a
    pin to a box that is not in the fleet is a 404 `unknown_box` naming it and the fleet's
-   boxes, and an empty fleet says so and names the boxes file read.
+   boxes; an empty fleet says so and names the boxes file read; and where the route has its
+   engine's words for a model that engine lacks (Route.model_not_found: Ollama's), a model no
+   box of the call's kinds lists is a 404 `model_not_found` in those words, the reasons kept
+   beside them (an alias or a pin keeps the no-box answer: the name is the router's own).
 2. Every box tried refused: the last box's own answer as it was sent when it is an API's error
    (reply.py rule 5, else the router's `box_error`); a stream refused by its
    first frame gets the status that refusal stands for (router.core.refusal rule 7), with the
@@ -14,8 +17,9 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
+from router.boxes.aliases import served_by
+from router.boxes.fleet import Fleet
 from router.core.bounds import ECHO_CHARS, clip
 from router.core.refusal import in_band_status
 from router.core.types import Call, Decision, ReasonCode
@@ -25,15 +29,22 @@ from router.serve.reply import JSON, Reply
 log = logging.getLogger("router.proxy")
 
 
-async def refuse(reply: Reply, call: Call, decision: Decision, boxes_path: Path) -> None:
+async def refuse(reply: Reply, call: Call, decision: Decision, fleet: Fleet) -> None:
     """Rule 1."""
     call_id, alias = reply.record.call_id, reply.record.alias
+    not_found = reply.record.route.model_not_found
+    if not_found is not None and alias is None and call.pin is None and decision.ruled_out and not served_by(
+            (box for box in fleet.ordered() if box.config.kind in call.kinds), call.model):
+        await reply.error(404, "model_not_found", not_found(clip(call.model, ECHO_CHARS)),
+                          {"type": "model_not_found", "reasons": decision.reasons_text(), "request_id": call_id},
+                          turned_away=True)
+        return
     named = f"model {call.model!r}" if alias is None else f"alias {alias!r} (nor any model of its chain)"
     pinned = decision.ruled_out.get(call.pin) if call.pin is not None else None
     if pinned is not None and pinned.code is ReasonCode.UNKNOWN_BOX:
-        fleet = ", ".join(box for box in decision.ruled_out if box != call.pin) or "none"
+        others = ", ".join(box for box in decision.ruled_out if box != call.pin) or "none"
         await reply.error(
-            404, "unknown_box", f"no box named {clip(call.pin, ECHO_CHARS)!r} in the fleet (its boxes: {fleet})",
+            404, "unknown_box", f"no box named {clip(call.pin, ECHO_CHARS)!r} in the fleet (its boxes: {others})",
             {"type": "unknown_box", "reasons": decision.reasons_text(), "request_id": call_id}, turned_away=True,
         )
         return
@@ -42,7 +53,7 @@ async def refuse(reply: Reply, call: Call, decision: Decision, boxes_path: Path)
     else:
         message = f"no box can serve {named}"
     if not decision.ruled_out:
-        message += f": the fleet is empty (no boxes in {boxes_path})"
+        message += f": the fleet is empty (no boxes in {fleet.path})"
     await reply.error(
         reply.facade.no_box_status,
         "no_box",

@@ -267,9 +267,12 @@ class ProxyCall:
         return True
 
     async def turned_away(self, refused: Refused) -> None:
-        """Answers a call its key refused: 429 or 403 in the facade's shape, with Retry-After."""
-        await self.reply.error(STATUS[refused.reason], refused.reason, refused.message, turned_away=True,
-                               retry_after_s=refused.retry_after_s or None)
+        """Answers a call its key refused: 429 or 403 in the facade's shape, with Retry-After; a
+        429 also with its limits' `x-ratelimit-*` (serve/tenancy.py rule 1)."""
+        status = STATUS[refused.reason]
+        await self.reply.error(status, refused.reason, refused.message, turned_away=True,
+                               retry_after_s=refused.retry_after_s or None,
+                               more_headers=self.app.tenancy.refusal_headers(self.edge) if status == 429 else ())
 
     async def admission_answered(self, decision: Decision) -> bool:
         """Several routers: the admission's answer from the shared server (serve/tenancy.py rule
@@ -300,7 +303,7 @@ class ProxyCall:
             return  # turned away: its row shows no decision, as with one router
         record.decided(decision)
         if decision.path is Path.REFUSED and not decision.waits_for:
-            await no_box.refuse(self.reply, self.record.call, decision, fleet.path)  # type: ignore[arg-type]
+            await no_box.refuse(self.reply, self.record.call, decision, fleet)  # type: ignore[arg-type]
             return
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])

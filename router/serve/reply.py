@@ -112,7 +112,7 @@ class Reply:
 
     async def error(
         self, status: int, code: str, message: str, extra: dict | None = None, turned_away: bool = False,
-        retry_after_s: int | None = None,
+        retry_after_s: int | None = None, more_headers: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
         """The router's own answer, in the facade's shape; `turned_away` when it says that no box
         would take the call (the row's state `refused`)."""
@@ -120,6 +120,7 @@ class Reply:
         headers = [(b"content-type", JSON), self.id_header()]
         if retry_after_s is not None:
             headers.append((b"retry-after", b"%d" % retry_after_s))
+        headers += more_headers
         self.record.answered(status, code, turned_away=turned_away)
         await self.respond(status, headers, body)
 

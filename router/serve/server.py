@@ -21,6 +21,12 @@ Connections (issue 11 item 1):
 3. No address holds more than `max_conns_per_client` idle connections, and a listener near its
    permits closes its longest-idle connections: router.serve.conn_cap.
 4. TLS (`ssl_certfile`/`ssl_keyfile`) is Granian's (rustls) on every listener, HTTP/1.1 only.
+5. The health listener (`--health-port`) serves `GET|HEAD /health` only, on loopback whatever
+   `--host` is, with HEALTH_CONNS permits of its own: Granian takes connections in the kernel's
+   order and hears none before its request head, so no listener can keep permits for probes
+   while a flood reopens idle sockets as fast as the drain closes them (docs/connections.md); a
+   port of their own can. It is out of the cap and the drain (rule 3): only this machine reaches
+   it, and a probe holds a connection for milliseconds.
 
 Stop (SIGTERM or SIGINT): stop accepting, let calls in flight finish for up to the grace period,
 then stop the links and exit 0. Reload (SIGHUP, a unit's ExecReload): re-read the boxes file and
@@ -42,6 +48,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from granian.constants import HTTPModes, Interfaces, SSLProtocols
 from granian.http import HTTP1Settings
@@ -68,7 +75,7 @@ from router.serve.tenancy import Tenancy
 from router.store import engines
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
-from router.store.shared import SharedServer
+from router.store.shared import SharedDown, SharedServer, shown_url
 from router.store.shared_counters import SharedCounters
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
@@ -86,6 +93,9 @@ FD_RESERVE = 1024
 # connections one IPv4 address can open to one port.
 MIN_CONNS_PER_LISTENER = 256
 MAX_CONNS_PER_LISTENER = 65536
+# The health listener's connections (rule 5), whatever the budget: a probe holds one for
+# milliseconds and opens no box connection, so one descriptor each.
+HEALTH_CONNS = 64
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class ServeConfig:
     grace_s: float = 30.0
     ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
     lmstudio_port: int | None = None  # a dedicated LM Studio listener
+    health_port: int | None = None  # the loopback health listener (rule 5)
     queue_size: int = 1024  # calls waiting for a full box, in all
     queue_timeout_s: float = 120.0
     queue_per_caller: int | None = None  # None: router.core.admission.fair_share(queue_size)
@@ -127,7 +138,9 @@ class ServeConfig:
     instance: str | None = None  # this router's name among several; None: host:port
     database_url: str | None = None  # postgresql://...; None: the SQLite store
     shared_url: str | None = None  # redis://...; None: counts in this process
-    shared_down: str = "open"  # open | closed: what a call meets while the shared server is down
+    # open | closed: what a call meets while the shared server is down. None: not given, which is
+    # open, except that a server refusing this router at start ends the start (`reach_shared`)
+    shared_down: str | None = None
 
 
 def free_port(host: str) -> int:
@@ -149,25 +162,26 @@ def raise_fd_limit() -> int:
     return soft
 
 
-def conns_per_listener(fd_limit: int, listeners: int) -> int:
-    """Granian's `backpressure` per listener: an equal share of the descriptor budget (rule 1)."""
-    share = (fd_limit - FD_RESERVE) // (2 * listeners)
+def conns_per_listener(fd_limit: int, listeners: int, *, reserved: int = 0) -> int:
+    """Granian's `backpressure` per listener: an equal share of the descriptor budget (rule 1),
+    less `reserved` descriptors (the health listener's, rule 5)."""
+    share = (fd_limit - FD_RESERVE - reserved) // (2 * listeners)
     return max(MIN_CONNS_PER_LISTENER, min(MAX_CONNS_PER_LISTENER, share))
 
 
-def check_listeners(host: str, ports: list[tuple[str, int]]) -> None:
-    """Binds every (flag, port) once, all at the same time, and releases them.
+def check_listeners(ports: list[tuple[str, str, int]]) -> None:
+    """Binds every (flag, host, port) once, all at the same time, and releases them.
 
     Raises ConfigError with one line when one cannot be bound. Granian binds with SO_REUSEPORT,
     so a second router on the same port (or the same port given twice) would bind too and split
     the traffic without a word; these probes bind without it, so they fail on both.
     """
-    try:
-        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:
-        raise ConfigError(f"--host must be an IP address, not {host!r}") from None
     with contextlib.ExitStack() as probes:
-        for flag, port in ports:
+        for flag, host, port in ports:
+            try:
+                family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+            except ValueError:
+                raise ConfigError(f"--host must be an IP address, not {host!r}") from None
             sock = probes.enter_context(socket.socket(family, socket.SOCK_STREAM))
             # A previous run's connections in TIME_WAIT are no conflict.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -213,18 +227,33 @@ def check_tls(config: ServeConfig) -> None:
     )
 
 
-def bound_listeners(config: ServeConfig) -> list[tuple[str, str, int, Mount]]:
-    """(name, flag, port, mount) of every listener, `auto` ports chosen. Raises ConfigError when
-    one cannot be bound or the TLS certificate cannot be used: before anything starts."""
-    listeners = [("router", "--port", config.port, mounts.main)]
+class Listener(NamedTuple):
+    name: str  # "router" (the main port, first), "ollama", "lmstudio", "health"
+    flag: str
+    host: str
+    port: int
+    mount: Mount
+
+
+def health_host(host: str) -> str:
+    """The health listener's address (rule 5): this machine's loopback, in `host`'s family."""
+    return "::1" if ":" in host else "127.0.0.1"
+
+
+def bound_listeners(config: ServeConfig) -> list[Listener]:
+    """Every listener, `auto` ports chosen. Raises ConfigError when one cannot be bound or the
+    TLS certificate cannot be used: before anything starts."""
+    host = config.host
+    listeners = [Listener("router", "--port", host, config.port, mounts.main)]
     if config.ollama_port is not None:
-        listeners.append(("ollama", "--ollama-port", config.ollama_port, mounts.ollama_port))
+        listeners.append(Listener("ollama", "--ollama-port", host, config.ollama_port, mounts.ollama_port))
     if config.lmstudio_port is not None:
-        listeners.append(("lmstudio", "--lmstudio-port", config.lmstudio_port, mounts.lmstudio_port))
-    listeners = [
-        (name, flag, port or free_port(config.host), mount) for name, flag, port, mount in listeners
-    ]
-    check_listeners(config.host, [(flag, port) for _, flag, port, _ in listeners])
+        listeners.append(Listener("lmstudio", "--lmstudio-port", host, config.lmstudio_port, mounts.lmstudio_port))
+    if config.health_port is not None:
+        listeners.append(Listener("health", "--health-port", health_host(host), config.health_port,
+                                  mounts.health_port))
+    listeners = [listener._replace(port=listener.port or free_port(listener.host)) for listener in listeners]
+    check_listeners([(flag, host, port) for _, flag, host, port, _ in listeners])
     check_tls(config)
     return listeners
 
@@ -246,12 +275,15 @@ class Running:
         self.store_path = config.store_path or store_paths.db_path()
         self.instance = config.instance  # serve() names it host:port when the config does not
         self.tasks: list[asyncio.Task] = []
+        self.shared_server: SharedServer | None = None  # --shared-url: `reach_shared`
 
     async def start(self, tracer) -> Shared:
         config, fleet, url = self.config, self.fleet, self.database_url
         loop = asyncio.get_running_loop()
         if url is not None:
             await loop.run_in_executor(None, engines.open_database, url)
+        if config.shared_url:
+            self.shared_server = await self.reach_shared(config.shared_url)
         await fleet.start()
         # After the listeners' check: a start that fails says one line and nothing else.
         log.info("%s: %d boxes; store %s", fleet.registry.where, len(fleet.ordered()),
@@ -295,8 +327,8 @@ class Running:
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
-        if config.shared_url:
-            await self.share(shared)
+        if self.shared_server is not None:
+            await self.share(shared, self.shared_server)
         shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
@@ -313,18 +345,36 @@ class Running:
         shared.clock.start()
         return shared
 
-    async def share(self, shared: Shared) -> None:
+    async def reach_shared(self, url: str) -> SharedServer:
+        """The shared server, asked once before anything starts. A URL that cannot be used, or a
+        server that refuses this router (a wrong password, an unknown database: store/shared.py
+        rule 8), ends the start with one line: waiting would not heal it, and meanwhile the
+        fleet-wide limits would quietly be per router. `--shared-down open`, given, starts
+        anyway (`share` says it at warning level)."""
+        try:
+            server = SharedServer(url)
+        except ImportError:
+            raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
+        except ValueError as exc:  # redis-py's parse_url: a scheme, a port or an option
+            raise ConfigError(f"--shared-url {shown_url(url)}: {exc}") from None
+        try:
+            await server.call(None, "PING")
+        except SharedDown:
+            if server.refused and self.config.shared_down != "open":
+                await server.close()
+                raise ConfigError(f"shared server {server.url}: {server.why_down} (fix --shared-url, or give "
+                                  "--shared-down open to start counting in this router alone)") from None
+        return server
+
+    async def share(self, shared: Shared, server: SharedServer) -> None:
         """Several routers: the boxes' slots as leases and the affinity bindings (serve/shared.py)
         and the keys' tallies (store/shared_counters.py) on the shared server, its first round
         trip before the first call."""
-        config = self.config
-        try:
-            server = SharedServer(config.shared_url)  # type: ignore[arg-type]
-        except ImportError:
-            raise ConfigError("--shared-url needs the shared extra: pip install 'hugpy-router[shared]'") from None
-        counters = SharedCounters(server, config.shared_down == "closed")
-        leases = SlotLeases(server, self.instance, self.fleet, config.shared_down,  # type: ignore[arg-type]
-                            upkeep=counters.upkeep)
+        down_mode = self.config.shared_down or "open"
+        server.meanwhile = ("counting in this router alone" if down_mode == "open"
+                            else "refusing calls that need a shared count (503 shared_store_down)")
+        counters = SharedCounters(server, down_mode == "closed")
+        leases = SlotLeases(server, self.instance, self.fleet, down_mode, upkeep=counters.upkeep)
         shared.tenancy.counters = shared.tenancy.shared = counters
         if shared.affinity.on:
             shared.affinity.shared = SharedBindings(server)
@@ -334,8 +384,10 @@ class Running:
         shared.leases = leases
         shared.scraped.register(leases)
         await leases.sync()
-        log.info("shared server %s: %s, as router %s (--shared-down %s)", leases.server.url,
-                 "up" if leases.server.up else "DOWN", self.instance, config.shared_down)
+        if server.up:
+            log.info("shared server %s: up, as router %s (--shared-down %s)", server.url, self.instance, down_mode)
+        else:  # store/shared.py rule 4: why, and what this router does meanwhile
+            server.say_down()
         leases.start()
 
     async def stop(self) -> None:
@@ -366,22 +418,30 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     Raises ConfigError before anything starts when a listener cannot be bound or the TLS
     certificate cannot be used."""
     listeners = bound_listeners(config)
-    max_conns = conns_per_listener(raise_fd_limit(), len(listeners))
+    # The listeners that take calls; the health listener is none (rule 5): a box naming it loops
+    # nothing, and the cap and the drain leave it alone.
+    calls = [listener for listener in listeners if listener.name != "health"]
+    max_conns = conns_per_listener(raise_fd_limit(), len(calls),
+                                   reserved=HEALTH_CONNS * (len(listeners) - len(calls)))
     tracer = tracing.start(config.otel)  # first: a missing extra stops the start at once
     running = Running(config)
-    ports = [port for _, _, port, _ in listeners]
+    ports = [listener.port for listener in calls]
     running.instance = config.instance or f"{config.host}:{ports[0]}"
     running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
     shared = await running.start(tracer)
+    shared.ports = {listener.name: listener.port for listener in listeners}
+    shared.scheme = "https" if config.ssl_certfile else "http"
     if started is not None:
         started(shared)
     own_listeners.write_record(config.boxes_path, config.host, ports)
+    permits = {listener.name: HEALTH_CONNS if listener.name == "health" else max_conns for listener in listeners}
     servers = [
-        (name, port, granian_server(RouterApp(shared, mount), config, port, max_conns=max_conns))
-        for name, _, port, mount in listeners
+        (listener, granian_server(RouterApp(shared, listener.mount), config, listener.port,
+                                  max_conns=permits[listener.name], host=listener.host))
+        for listener in listeners
     ]
     conn_cap = ConnCap(
-        config.host, [port for _, port, _ in servers], config.max_conns_per_client, shared.access.proxies,
+        config.host, ports, config.max_conns_per_client, shared.access.proxies,
         limit=max_conns, working_ports=lambda: port_numbers(shared.working_ports),
     )
     loop = asyncio.get_running_loop()
@@ -396,14 +456,15 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     stopping = shared.stopping
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    serving = [loop.create_task(server.serve()) for _, _, server in servers]
-    for (name, port, _), task in zip(servers, serving):
-        await wait_listening(config.host, port, task)
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        url = f"{config.scheme}://{host}:{port}"
-        log.info("%s listening on %s (%s, up to %d connections)", name, url, config.interface, max_conns)
+    serving = [loop.create_task(server.serve()) for _, server in servers]
+    for (listener, _), task in zip(servers, serving):
+        await wait_listening(listener.host, listener.port, task)
+        host = f"[{listener.host}]" if ":" in listener.host else listener.host
+        url = f"{config.scheme}://{host}:{listener.port}"
+        log.info("%s listening on %s (%s, up to %d connections)", listener.name, url, config.interface,
+                 permits[listener.name])
         if ready is not None:
-            ready(name, url)
+            ready(listener.name, url)
     loop.add_signal_handler(signal.SIGHUP, _reloader(running.fleet, running.keys))
     if config.freeze_gc:
         settle_collector()
@@ -412,7 +473,7 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     await asyncio.wait({*serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: %d calls in flight, grace %.0f s", shared.in_flight, config.grace_s)
     notify("STOPPING=1")
-    for _, _, server in servers:
+    for _, server in servers:
         server.stop()
     try:  # asyncio.timeout: Python 3.11's wait_for can swallow a cancel (telemetry/scheduler.py)
         async with asyncio.timeout(config.grace_s):
@@ -441,17 +502,17 @@ def _reloader(fleet: Fleet, keys: KeyStore):
     return on_hup
 
 
-def granian_server(app, config: ServeConfig, port: int, *, max_conns: int) -> Server:
+def granian_server(app, config: ServeConfig, port: int, *, max_conns: int, host: str | None = None) -> Server:
     """Granian embedded, as every router listener runs it (bench/floor_proxy.py reuses it).
 
     HTTP/1.1 only, with TLS too. HTTP/2 over ALPN works with Granian 2.8 (tried with curl
     --http2: calls and streams through the router), but the idle timeout (header_read_timeout)
     and the slow-reader bound are HTTP/1.1's here, and one HTTP/2 connection would carry up to
-    200 calls past the per-client connection cap."""
+    200 calls past the per-client connection cap. `host`: the address, if not --host's."""
     tls = config.ssl_certfile is not None
     return Server(
         app,
-        address=config.host,
+        address=host or config.host,
         port=port,
         interface=Interfaces.RSGI if config.interface == "rsgi" else Interfaces.ASGINL,
         http=HTTPModes.http1,

@@ -5,10 +5,11 @@ This room:
 1. Admits a call once its body is read (`admit`): its key's limits (the key the access gate
    validated, `edge.key_id`), or, for a caller without one, `--default-rpm/--default-tpm` per
    resolved address. Nothing to count (no limits): no work beyond two lookups. A refusal is
-   429 `rate_limited` / 429 `budget_exceeded` with Retry-After, or 403 `model_not_allowed`, in
-   the facade's shape, counted in `router_key_limited_total`. First, `allowed` keeps the call to
-   the kinds of box on whose name rule its key's `models` allow its name (router.core.limits
-   rule 3: `m@options` is `m` on a hugpy box only).
+   429 `rate_limited` / 429 `budget_exceeded` with Retry-After and, as OpenAI's 429s, the
+   `x-ratelimit-*` headers of the caller's limits as they stand (`refusal_headers`), or 403
+   `model_not_allowed`, in the facade's shape, counted in `router_key_limited_total`. First,
+   `allowed` keeps the call to the kinds of box on whose name rule its key's `models` allow its
+   name (router.core.limits rule 3: `m@options` is `m` on a hugpy box only).
 2. An admitted call carries a `Charge`: the tokens it reserved and the OpenAI `x-ratelimit-*`
    headers of its limits (what is left after it), which its answer's head carries. A call
    counted against token limits reserves its prompt's estimate and its answer's bound: the
@@ -212,6 +213,18 @@ class Tenancy:
             return call if kinds == call.kinds else call._replace(kinds=kinds)
         self.limited[(key_id, rules.MODEL_NOT_ALLOWED)] += 1
         return Refused(rules.MODEL_NOT_ALLOWED, 0, "this key may not call this model")
+
+    def refusal_headers(self, edge: Edge) -> tuple[tuple[bytes, bytes], ...]:
+        """Rule 1: the `x-ratelimit-*` headers of the limits of the caller `admit` just refused, as
+        they stand now (what is left, when each is whole again): () when it has no rpm or tpm."""
+        key_id = edge.key_id
+        account = self.defaults if key_id is None else self.accounts.get(key_id)
+        if account is None:  # (the accounts were dropped since its admission: MAX_ACCOUNTS)
+            return ()
+        name = account.name or "addr:" + (edge.caller or "unknown")
+        left = self.counters.left(name, account.limits, self.clock())
+        windows = (left.requests or 0, left.requests_reset_s, left.tokens or 0, left.tokens_reset_s)
+        return account.rate_headers(windows)
 
     def room(self, name: str, limits: Limits, now: float) -> int:
         """Rule 2: what is left now of the token limits of `limits` (one is set) on tally `name`:

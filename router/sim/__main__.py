@@ -6,7 +6,9 @@ Two ways to ask for boxes:
   free ports, every box with the whole catalog and the first model resident on sim-1 only.
 - `--kind K [--port P]`, repeated (K: hugpy, ollama, lmstudio, llamacpp): one box of that kind
   per `--kind`, the n-th `--port` going with the n-th `--kind` (no port: a free one). It prints
-  the `router boxes add` line of each box, ready to paste; `--boxes-file` is optional here.
+  the `router boxes add` line of each box, ready to paste; `--boxes-file` is optional here. The
+  names (sim-<kind>-<n>-<run>) carry a tag of this run, so the lines of a second run add boxes
+  beside the first run's instead of meeting a taken name.
 Boxes run in one uvloop loop (this thread). The boxes file, when asked for, is written
 atomically (tmp + os.replace, mode 0600) so a reader never sees half a file. One ready line is
 printed once every box listens; it runs until SIGTERM/SIGINT, then stops the boxes cleanly.
@@ -92,7 +94,8 @@ def make_boxes(args: argparse.Namespace) -> list[tuple[SimServer, int]]:
     if not args.kind:
         return [(_hugpy(f"sim-{i}", models, args, i == 1), 0) for i in range(1, args.boxes + 1)]
     ports = args.port + [0] * (len(args.kind) - len(args.port))
-    return [(KINDS[kind](f"sim-{kind}-{n}", models, args, True), port)
+    run = secrets.token_hex(2)
+    return [(KINDS[kind](f"sim-{kind}-{n}-{run}", models, args, True), port)
             for n, (kind, port) in enumerate(zip(args.kind, ports), 1)]
 
 

@@ -28,9 +28,10 @@ Rules:
    False) and fails every command in it with `SharedDown`. While it is down the call path asks
    nothing (`up` is read first, at no cost); the background sync (once a second,
    serve/shared.py) marks it up again on the first round trip that succeeds.
-4. Going down and coming back are each one log line at warning level, with how long it was down;
-   never one per call.
-5. The URL's password never reaches a log line or the state (`shown_url`).
+4. Going down and coming back are each one log line at warning level, with why and what the
+   router does meanwhile (`meanwhile`: the --shared-down mode's words), then how long it was
+   down; never one per call. A server down at start is such a line too (serve/server.py `share`).
+5. The URL's password never reaches a log line, an error or the state (`shown_url`).
 6. `Wire` connects as redis-py would from the same URL (host and port or a Unix socket, TLS for
    `rediss://`, AUTH with the user and password, SELECT the database): the first round trip on a
    new connection carries AUTH and SELECT, and reads the server's `run_id` (`epoch` counts the
@@ -39,6 +40,10 @@ Rules:
    is read, in the round trip's order, exactly once (the reply, or SharedDown when its round trip
    failed or the router stops). No future, and no loop callback, per command: the call that
    waits makes the one future it awaits. `call` and `later` are the same as futures.
+8. A server that refuses this router (AUTH or SELECT answered with an error: a wrong password,
+   an unknown database; or a TLS certificate that cannot be verified) fails the connection with
+   `SharedRefused` and sets `refused`: waiting does not heal it, so a router starting meets it
+   as a configuration error unless told to start anyway (serve/server.py `reach_shared`).
 """
 
 from __future__ import annotations
@@ -47,9 +52,11 @@ import asyncio
 import functools
 import hashlib
 import logging
+import re
+import ssl
 import time
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from router._fastpath import resp_commands
 
@@ -67,18 +74,34 @@ class SharedDown(Exception):
     """The shared server did not answer (down, unreachable, or past ROUND_TRIP_TIMEOUT_S)."""
 
 
+class SharedRefused(ConnectionRefusedError):
+    """The server answered but refused this router (rule 8): its AUTH or SELECT failed, or its
+    TLS certificate could not be verified."""
+
+
 # What takes a command's reply (rule 7): called with the reply, or with a SharedDown
 Done = Callable[[object], None]
 
 
+# redis-py takes a password in the query too (unix:///run/redis.sock?password=...)
+_QUERY_PASSWORD_RE = re.compile(r"(^|&)(password=)[^&]*")
+
+
 def shown_url(url: str) -> str:
-    """`url` without its password (rule 5)."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """`url` without its password (rule 5). Taken apart by hand, never through `.port`: a URL too
+    broken to use (a port that is not a number) is said in an error, masked too."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket: nothing of it is shown past the scheme
+        return url.partition("://")[0] + "://…"
+    userinfo, at, host = parts.netloc.rpartition("@")
+    query = _QUERY_PASSWORD_RE.sub(r"\1\2***", parts.query)
+    if ":" not in userinfo and query == parts.query:
         return url
-    host = parts.hostname or ""
-    netloc = (f"{parts.username}:***@" if parts.username else ":***@") + host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc = userinfo.partition(":")[0] + (":***" if ":" in userinfo else "") + at + host
+    # by hand: urlunsplit writes `unix:/path` for a scheme it does not know to have a netloc
+    return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+            + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
 class Script:
@@ -118,9 +141,12 @@ class SharedServer:
         # lost what it held, so what a step drew from an earlier run is not there any more
         self.epoch = 0
         self.run_id: str | None = None
-        self.reached = False  # answered once: coming up after that is news (rule 4)
+        self.reached = False  # answered once (a come-back seeds the keys' budgets again)
         self.down_since = time.time()  # epoch seconds; the state shows it
         self.why_down = "not reached yet"
+        self.refused = False  # the last failure was a refusal (rule 8)
+        self.said_down = False  # a DOWN line was logged: its come-back line is owed (rule 4)
+        self.meanwhile = "counting in this router alone"  # rule 4; serve/server.py sets --shared-down's
         self.scripts: list[Script] = []
         # rule 2: (command, what takes its reply) waiting for the next round trip; the round trip out
         self.queued: list[tuple[tuple, Done]] = []
@@ -139,22 +165,31 @@ class SharedServer:
 
     # -- up and down (rules 3-4) ---------------------------------------------------------------
     def went_down(self, exc: BaseException) -> None:
-        why = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {str(exc)[:120]}"
+        if isinstance(exc, SharedRefused):  # its words are the reason
+            self.why_down = str(exc)
+        else:
+            self.why_down = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {str(exc)[:120]}"
+        self.refused = isinstance(exc, SharedRefused)
         if self.up:
             self.up = False
             self.down_since = time.time()
-            log.warning("shared server %s is DOWN (%s): counting in this router alone until it is back",
-                        self.url, why)
-        self.why_down = why
+            self.say_down()
+
+    def say_down(self) -> None:
+        """Rule 4's DOWN line: why, and what the router does until the server is back."""
+        self.said_down = True
+        log.warning("shared server %s is DOWN (%s): %s until it is back", self.url, self.why_down, self.meanwhile)
 
     def came_up(self) -> None:
         if not self.up:
             was_down_s = time.time() - self.down_since
             self.up = True
             self.why_down = ""
-            if self.reached:
+            self.refused = False
+            if self.said_down:
                 log.warning("shared server %s is up (after %.1f s): counting across routers again",
                             self.url, was_down_s)
+                self.said_down = False
             self.reached = True
 
     # -- round trips (rules 2-3) ---------------------------------------------------------------
@@ -291,6 +326,11 @@ class SharedServer:
         try:
             async with asyncio.timeout(SERVER_CONNECT_TIMEOUT_S):
                 await self._connect()
+        except ssl.SSLCertVerificationError as exc:  # before OSError: it is one; no wait heals it
+            batch, self.queued = self.queued, []
+            self.connecting = None
+            self._failed(batch, SharedRefused(f"TLS: the server's certificate is not trusted: {exc.verify_message}"))
+            return
         except (OSError, TimeoutError) as exc:
             batch, self.queued = self.queued, []
             self.connecting = None
@@ -340,10 +380,20 @@ class SharedServer:
             hello.append(("AUTH", *((where["username"],) if where.get("username") else ()), where["password"]))
         if where.get("db"):
             hello.append(("SELECT", where["db"]))
-        replies = await answer(wire, [*hello, ("INFO", "server")])
+        try:
+            replies = await answer(wire, [*hello, ("INFO", "server")])
+        except ConnectionResetError:
+            if self.tls:
+                raise
+            # what a TLS-only port does with a plain hello (not a refusal: a full server does it too)
+            raise ConnectionResetError("the server closed the connection before answering "
+                                       "(a TLS port? then rediss://)") from None
         refused = [r for r in replies if isinstance(r, self.reply_error)]
-        if refused:
-            raise ConnectionRefusedError(f"the server refused the connection: {str(refused[0])[:80]}")
+        if refused:  # rule 8: an AUTH or SELECT that failed; INFO fails only as NOAUTH
+            reason = str(refused[0])[:120]
+            if where.get("password"):  # should a server quote it (rule 5)
+                reason = reason.replace(where["password"], "***")
+            raise SharedRefused(f"the server refused this router: {reason}")
         run_id = next((line.partition(b":")[2].strip() for line in replies[-1].splitlines()
                        if line.startswith(b"run_id:")), b"").decode(errors="replace")
         if run_id != self.run_id:

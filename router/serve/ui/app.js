@@ -17,7 +17,11 @@ const MIN_PLOT_POINTS = 60; // a plot spans at least a minute, so a fresh page d
 const LABEL_POINTS = 10; // the numbers beside a plot: the last ten seconds
 const SVG_NS = "http://www.w3.org/2000/svg";
 
-const view = { points: [], boxes: [], snapshots: [], snapshotTimes: [], lastEventAt: 0, connecting: false };
+const view = {
+  points: [], boxes: [], snapshots: [], snapshotTimes: [], lastEventAt: 0, connecting: false,
+  routersHeard: 0, // routers on the shared server (state.shared), 0 for one router alone
+  routersInCalls: new Set(), // routers named by the calls since the page connected (one PostgreSQL route log)
+};
 
 // --- building the page ---------------------------------------------------------------------
 
@@ -109,9 +113,14 @@ function backoffCell(box) {
 
 function renderQueue(queue) {
   const outcomes = Object.entries(queue.outcomes).map(([name, count]) => `${name} ${count}`).join(", ");
+  // Retry-After is what a call the queue turns away (full, or waited out) is told; with nobody
+  // waiting it is still there, so say what it is rather than show a bare number.
   document.querySelector("#queue-summary").textContent =
-    `${queue.size} waiting of ${queue.capacity}; timeout ${queue.timeout_s} s; Retry-After now ${queue.retry_after_s} s` +
-    (outcomes ? `; so far: ${outcomes}` : "");
+    (queue.size ? `${queue.size} waiting` : "Nobody waiting") +
+    ` (room for ${queue.capacity}, a call waits at most ${queue.timeout_s} s). ` +
+    `A call turned away now would be told Retry-After: ${queue.retry_after_s} s ` +
+    "(the queue's length over its recent drain rate; the wait timeout when nothing has drained lately)." +
+    (outcomes ? ` So far: ${outcomes}.` : "");
   replaceRows(document.querySelector("#queue tbody"), queue.waiting.map((waiter) => el("tr", { "data-call-id": waiter.call_id },
     el("td", { class: "mono" }, waiter.call_id),
     el("td", {}, tag(waiter.class, waiter.class)),
@@ -126,6 +135,8 @@ function renderQueue(queue) {
 function renderRouters(shared) {
   const section = document.querySelector("#routers");
   section.hidden = !shared;
+  view.routersHeard = shared ? shared.routers.length : 0;
+  showRouterColumn();
   if (!shared) return;
   document.querySelector("#routers-summary").textContent =
     `this router: ${shared.instance}; shared server ${shared.url} ${shared.up ? "up" : "DOWN"}` +
@@ -173,15 +184,24 @@ function renderState(state) {
   renderRouters(state.shared);
   renderAffinity(state.affinity);
   replaceRows(document.querySelector("#models tbody"), state.models.map((model) => el("tr", { "data-model": model.model },
-    el("td", { class: "mono" }, model.model),
+    el("td", { class: "mono" }, model.model, ...otherSpellings(model)),
     el("td", {}, model.resident_on.join(", ") || "—"),
     el("td", {}, model.available_on.join(", ") || "—"))));
   replaceRows(document.querySelector("#aliases tbody"), state.aliases.map((alias) => el("tr", { "data-alias": alias.name },
     el("td", { class: "mono" }, alias.name,
       alias.shadowed_by.length ? " " : null, alias.shadowed_by.length ? tag("shadowed", "full") : null),
-    el("td", { class: "mono" }, alias.chain.join(" → ")),
+    // a model no box lists now (a typo, not pulled yet) is marked
+    el("td", { class: "mono" }, ...alias.chain.flatMap((model, i) => [i ? " → " : null, model,
+      ...(alias.unlisted.includes(model) ? [" ", el("span", { class: "tag full", title: "no box lists it now" }, "unlisted")] : [])])),
     el("td", { class: "mono" }, alias.first_available || "none now"))));
   renderSeries();
+}
+
+// One model under several names: an Ollama box's `tiny-llama:latest` is another box's
+// `tiny-llama` (the router's Ollama name rule, GET /v1/router/state's `names`).
+function otherSpellings(model) {
+  const others = model.names.filter((name) => name !== model.model);
+  return others.length ? [el("span", { class: "settings" }, " also " + others.join(", "))] : [];
 }
 
 // --- the keys panel: usage against limits -----------------------------------------------------
@@ -312,24 +332,47 @@ function attemptsCell(row) {
   return cell;
 }
 
+// The router column shows once there are several routers: on the shared server, or in the calls.
+function showRouterColumn() {
+  const several = view.routersHeard > 1 || view.routersInCalls.size > 1;
+  document.querySelector("#calls").classList.toggle("several-routers", several);
+}
+
+const AFFINITY_TITLE = {
+  hit: "affinity: went to the box its key pointed to",
+  miss: "affinity: had a key, went elsewhere (or its key pointed nowhere yet)",
+  none: "affinity: no key",
+};
+
+function affinityCell(affinity) {
+  if (!affinity) return el("td", { class: "muted affinity", title: "affinity off" }, "—");
+  const [outcome, kind] = affinity.split(":");
+  const title = (AFFINITY_TITLE[outcome] || "affinity") + (kind ? ` (key from: ${kind})` : "");
+  return el("td", { class: "muted affinity", title }, affinity);
+}
+
 function addCalls(rows) {
   const tbody = document.querySelector("#calls tbody");
   for (const row of rows) {
+    if (row.router) view.routersInCalls.add(row.router);
     const ok = row.http_status !== null && row.http_status < 400 && row.state === "done";
     const firstByte = row.first_byte_at ? row.first_byte_at - row.received_at : null;
     const total = row.responded_at ? row.responded_at - row.received_at : null;
     tbody.prepend(el("tr", { class: "fresh", "data-call-id": row.request_id },
       el("td", {}, clock(row.received_at)),
       el("td", { class: "mono" }, row.request_id),
+      el("td", { class: "router" }, row.router || "—"),
       el("td", {}, row.facade || "—"),
       el("td", { class: "mono" }, row.model || "—", row.options ? el("span", { class: "settings" }, " @" + row.options) : null),
-      el("td", {}, row.box || "—", row.affinity ? el("span", { class: "muted" }, " " + row.affinity) : null),
+      el("td", {}, row.box || "—"),
+      affinityCell(row.affinity),
       el("td", { class: ok ? "status-ok" : "status-err" }, `${row.http_status ?? "—"} ${row.state}`),
       attemptsCell(row),
       el("td", { class: "num" }, ms(firstByte)),
       el("td", { class: "num" }, ms(total))));
   }
   while (tbody.rows.length > MAX_CALLS) tbody.deleteRow(tbody.rows.length - 1);
+  showRouterColumn();
 }
 
 // --- scheduler snapshots ------------------------------------------------------------------------
@@ -439,6 +482,7 @@ async function follow() {
   document.getElementById("key-form").hidden = true;
   document.getElementById("main").hidden = false;
   view.points = [];
+  view.routersInCalls.clear();
   document.querySelector("#calls tbody").replaceChildren();
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
