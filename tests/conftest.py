@@ -164,3 +164,11 @@ def pg_url(postgres_cluster, request):
     import uuid
 
     return postgres_cluster.database(f"t_{uuid.uuid4().hex[:12]}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """A skipped real tier (tests/real/) is said at the end of the run, not only counted."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "REAL TIER SKIPPED" in str(r.longrepr)]
+    if skipped:
+        reason = str(skipped[0].longrepr[2]).removeprefix("Skipped: ")
+        terminalreporter.write_line(f"{len(skipped)} real-tier tests NOT RUN. {reason}", red=True, bold=True)

@@ -8,6 +8,7 @@ import hashlib
 import ipaddress
 import string
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from router.core.access import (
     USE_HOST_REFUSED,
     USE_ORIGIN_REFUSED,
     Caller,
+    Verdict,
     allowed_hosts,
     allowed_origins,
     bearer_token,
@@ -47,7 +49,9 @@ from router.core.access import (
     serves_host,
 )
 from router.core.errors import ConfigError
+from router.serve.access import AccessGate
 from router.serve.edge import AsgiEdge
+from router.store.keys import KeyStore
 
 URLSAFE = string.ascii_letters + string.digits + "-_"
 NETS = inside_nets(None)
@@ -485,6 +489,58 @@ def test_a_keyless_use_call_under_a_foreign_host_is_refused(mode, addr, key_scop
     """Issue 20 item 2: DNS rebinding on use routes."""
     assert decide_access("use", mode, addr, key_scope, presented, NETS, via_proxy=False, router_host=False,
                          origin_ok=True, host_served=False) == verdict
+
+
+@pytest.mark.parametrize(
+    "scope, mode, addr, verdict",
+    [
+        # Where no key is needed, a placeholder passes as if none were sent ...
+        ("use", "outside", LOOP, ALLOW), ("use", "outside", LAN, ALLOW), ("use", "never", OUT, ALLOW),
+        ("admin", "always", LOOP, ALLOW),
+        # ... and where one is, it is an invalid key.
+        ("use", "outside", OUT, KEY_INVALID), ("use", "always", LOOP, KEY_INVALID),
+        ("admin", "outside", LAN, KEY_INVALID),
+    ],
+)
+def test_a_placeholder_is_refused_only_where_a_key_is_needed(scope, mode, addr, verdict):
+    """Rule 1a: the openai client's required `api_key` (`x`, `unused`) is no key from inside."""
+    assert decide_access(scope, mode, addr, None, True, NETS, placeholder=True, **DIRECT_OK) == verdict
+
+
+def gate_call(gate: AccessGate, scope: str, headers: dict[str, str], address: str = LOOP) -> tuple[Verdict, str | None]:
+    """The gate's verdict on one call from `address` (Host `localhost`), and the key it counts against."""
+    raw = [(b"host", b"localhost:8080")] + [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+    edge = AsgiEdge({"type": "http", "method": "POST", "path": "/x", "query_string": b"", "client": (address, 5),
+                     "headers": raw}, None, None)
+    return gate.check(edge, scope), edge.key_id
+
+
+@pytest.mark.parametrize("mode", ["never", "outside", "always"])
+def test_a_presented_key_is_judged_from_loopback_in_every_mode(tmp_path, mode):
+    """Issue 38 item 2: an unknown, revoked, expired or malformed key, or an empty Bearer, is 401 on
+    use and admin routes from loopback and the trusted nets too. Another scheme or another header
+    is no key, and keeps the mode's rule; a placeholder passes where no key is needed."""
+    keys = KeyStore(tmp_path / "router.sqlite3")
+    revoked_id, revoked = keys.create("gone", "use")
+    keys.revoke(revoked_id)
+    expired = keys.create("old", "use", expires_days=1e-9)[1]  # 86 µs
+    valid_id, valid = keys.create("ok", "use")
+    time.sleep(0.01)
+    gate = AccessGate(keys, environ={"HUGPY_ROUTER_REQUIRE_KEY": mode})
+    for bearer in ("hpk_nobody_secret", revoked, expired, "hpk_malformed", "", valid[:-1] + "?"):
+        for scope in ("use", "admin"):
+            for address in (LOOP, LAN):
+                verdict, key_id = gate_call(gate, scope, {"Authorization": f"Bearer {bearer}"}, address)
+                assert (verdict, key_id) == (KEY_INVALID, None), (bearer, scope, address)
+    assert gate_call(gate, "use", {"Authorization": f"Bearer {valid}"}, LAN) == (ALLOW, valid_id)
+    assert gate_call(gate, "admin", {"Authorization": f"Bearer {valid}"}) == (ALLOW, valid_id)  # loopback manages
+    keyless = KEY_REQUIRED if mode == "always" else ALLOW
+    for no_key in ({}, {"Authorization": "Basic dTpw"}, {"x-api-key": "hpk_nobody_secret"}):
+        assert gate_call(gate, "use", no_key) == (keyless, None), no_key
+        assert gate_call(gate, "admin", no_key) == (ALLOW, None), no_key
+    placeholder = {"Authorization": "Bearer lm-studio"}
+    assert gate_call(gate, "use", placeholder) == (KEY_INVALID if mode == "always" else ALLOW, None)
+    assert gate_call(gate, "admin", placeholder) == (ALLOW, None)
 
 
 @pytest.mark.parametrize(

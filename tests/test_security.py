@@ -22,6 +22,8 @@ import time
 import types
 import urllib.parse
 
+import ollama
+import openai
 import pytest
 import uvloop
 from hypothesis import HealthCheck, given, settings
@@ -505,6 +507,8 @@ ROW_REQUESTS = {
     "dashboard page": ("GET", "/ui", None, 200),
 }
 USE_ROWS = ("inference", "model listing", "metrics")
+BAD_KEY_ROW = "a bad key"  # its cell: what a presented key that is not valid gets on every row it names
+PUBLIC_ROWS = ("probes", "dashboard page")
 CALLERS = {  # README column -> how the test makes that caller
     "loopback": {},
     "private net": via(LAN),
@@ -541,9 +545,21 @@ def expected_in(mode: str, row: str, column: str, cells: list[str]) -> list[str]
 
 def test_the_readme_table_covers_every_row_and_caller():
     table = security_table()
-    assert {row for row, _ in table} == set(ROW_REQUESTS)
+    assert {row for row, _ in table} == set(ROW_REQUESTS) | {BAD_KEY_ROW}
     assert {column for _, column in table} == set(CALLERS)
-    assert all(len(cells) == 3 for cells in table.values())
+    assert all(len(cells) == (1 if row == BAD_KEY_ROW else 3) for (row, _), cells in table.items())
+
+
+def bad_keys(router) -> dict[str, str]:
+    """A presented key of each kind that is not valid (issue 38 item 2)."""
+    revoked = mint(router, "use")
+    assert call(router.url, "POST", f"/v1/keys/{revoked.split('_')[1]}/revoke")[0] == 200
+    status, _, data = call(router.url, "POST", "/v1/keys", {"name": "old", "expires_days": 1e-7})  # 9 ms
+    assert status == 201, data
+    expired = json.loads(data)["key"]
+    time.sleep(0.05)
+    return {"unknown": "hpk_nobody_secret", "revoked": revoked, "expired": expired,
+            "mistyped": mint(router, "admin")[:-1] + "-", "malformed": "hpk_noseparator", "empty": ""}
 
 
 @pytest.mark.parametrize("mode", ["outside", "never", "always"])
@@ -553,14 +569,53 @@ def test_every_cell_of_the_security_table_is_what_the_router_does(start_fleet_in
     router = start_fleet_in_process(a, box, env={"HUGPY_ROUTER_REQUIRE_KEY": mode, "HUGPY_ROUTER_TRUSTED_PROXIES": PROXY,
                                       "HUGPY_ROUTER_KEY": ADMIN_KEY})
     use_key = mint(router, "use")  # loopback manages in every mode
+    bad = bad_keys(router)
     got, want = {}, {}
     for (row, column), cells in security_table().items():
+        if row == BAD_KEY_ROW:
+            for named in set(ROW_REQUESTS) - set(PUBLIC_ROWS):
+                method, path, body, ok_status = ROW_REQUESTS[named]
+                for kind, key in bad.items():
+                    status, _, _ = call(router.url, method, path, body, key=key, **CALLERS[column])
+                    got[(named, column, kind)] = "ok" if status == ok_status else str(status)
+                    want[(named, column, kind)] = cells[0]
+            continue
         method, path, body, ok_status = ROW_REQUESTS[row]
         for key, cell in zip((None, use_key, ADMIN_KEY), expected_in(mode, row, column, cells)):
             status, _, _ = call(router.url, method, path, body, key=key, **CALLERS[column])
             got[(row, column, key)] = "ok" if status == ok_status else str(status)
             want[(row, column, key)] = cell
     assert got == want
+
+
+def test_a_bad_key_from_loopback_is_refused_in_each_facades_shape_and_a_placeholder_is_no_key(
+        start_fleet_in_process, monkeypatch):
+    """Issue 38 item 2, under the default mode from loopback, with the clients' own ways of
+    sending a key: the openai client's `api_key`, the ollama client's `OLLAMA_API_KEY`."""
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    o = SimOllama("o", tags=["llama3:latest"])
+    lm = SimLMStudio("lm", models=[LM_MODEL])
+    router = start_fleet_in_process(a, o, lm)
+    revoked = mint(router, "use")
+    assert call(router.url, "POST", f"/v1/keys/{revoked.split('_')[1]}/revoke")[0] == 200
+    for path in ("/v1/models", "/api/v1/models"):  # OpenAI's shape, and LM Studio's (the same)
+        status, _, data = call(router.url, "GET", path, key=revoked)
+        assert status == 401 and error_code(data) == "invalid_api_key", path
+    status, _, data = call(router.url, "GET", "/api/tags", key=revoked)
+    assert status == 401 and json.loads(data)["error"] == "invalid, expired or revoked API key"  # Ollama's
+    status, _, data = call(router.url, "GET", "/v1/keys", key=revoked)
+    assert status == 401 and error_code(data) == "invalid_api_key"  # admin: loopback does not lift it
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=router.url + "/v1", api_key=revoked, max_retries=0).models.list()
+    monkeypatch.setenv("OLLAMA_API_KEY", revoked)
+    with pytest.raises(ollama.ResponseError) as info:
+        ollama.Client(host=router.url).list()
+    assert info.value.status_code == 401
+    # A placeholder is no key: a keyless local client works as it did.
+    monkeypatch.setenv("OLLAMA_API_KEY", "ollama")
+    assert ollama.Client(host=router.url).list().models
+    assert openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0).models.list().data
+    assert call(router.url, "GET", "/v1/models", headers={"Authorization": "Basic dTpw"})[0] == 200
 
 
 @pytest.mark.parametrize("method, path, body", [

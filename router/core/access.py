@@ -14,8 +14,8 @@ Keys:
    key's form (`hpk_…`, valid or not) or an empty one (a key variable left empty) is a presented
    key (`presents_key`), judged in every mode (rule 10). Any other value is a client's
    placeholder, since the `openai` client cannot send no key and local tools send `x`, `ollama`
-   or `lm-studio`: it counts as no key, so it gets nothing a keyless call does not.
-   `HUGPY_ROUTER_KEY`, whatever its form, is valid as sent.
+   or `lm-studio`: it passes where no key is needed, so it gets nothing a keyless call does not,
+   and is an invalid key where one is. `HUGPY_ROUTER_KEY`, whatever its form, is valid as sent.
 2. Only `sha256(secret_utf8)` is stored (no salt, no pepper, as hugpy), and hashes are compared
    in constant time (`hmac.compare_digest`) by the key store.
 
@@ -70,11 +70,11 @@ Access (`decide_access`), in this order:
       `HUGPY_ROUTER_ALLOWED_HOSTS`. Otherwise a keyless one gets 403 `host_not_allowed`: a
       page whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name as Host.
    d. anyone else needs an admin key. The trusted nets never apply to admin routes.
-10. A missing key (or a placeholder, rule 1a) where one is needed is 401 `invalid_api_key`
-    ("required from here"); a presented key that is unknown, expired, revoked or malformed is
-    401 `invalid_api_key` on every route but the public ones (the probes, the dashboard page),
-    whatever the mode and the caller; a valid use key on an admin route is 403
-    `insufficient_scope` where loopback does not manage (rule 9c).
+10. Where a key is needed, a missing one is 401 `invalid_api_key` ("required from here") and a
+    placeholder (rule 1a) is 401 `invalid_api_key` ("invalid"). A presented key that is unknown,
+    expired, revoked or malformed is 401 `invalid_api_key` on every route but the public ones
+    (the probes, the dashboard page), whatever the mode and the caller. A valid use key on an
+    admin route is 403 `insufficient_scope` where loopback does not manage (rule 9c).
 11. An admin route that takes a JSON body refuses any other `Content-Type` with 415 (a form or
     `text/plain` POST is what a browser may send cross-site without asking first).
 12. `require_key_mode`: unset or empty is `outside`; any unknown value is `always` (a typo
@@ -573,18 +573,21 @@ def decide_access(
     origin_ok: bool,
     host_served: bool = True,
     local_addr: str | None = None,
+    placeholder: bool = False,
 ) -> Verdict:
     """Returns the verdict for one request (rules 7-10).
 
     `addr` and `via_proxy` are `client_address(...)`'s; `key_scope` is what the key store said
-    of the bearer value (None when missing or invalid); `key_presented` is `presents_key`'s: a
-    presented key that is not valid is refused first (rule 10). `origin_ok` (`origin_allowed`) matters for use and admin routes,
-    `router_host` (`names_router`) for admin routes, `host_served` (`serves_host`) for use
-    routes. Passing a `route_scope` or `mode` outside their literals is a bug.
+    of the bearer value (None when missing or invalid); `key_presented` tells a missing value
+    from an invalid one, and `placeholder` (not `presents_key`) an invalid value that is refused
+    only where a key is needed from one refused everywhere (rule 1a). `origin_ok`
+    (`origin_allowed`) matters for use and admin routes, `router_host` (`names_router`) for
+    admin routes, `host_served` (`serves_host`) for use routes. Passing a `route_scope` or
+    `mode` outside their literals is a bug.
     """
     if route_scope == "public":
         return ALLOW
-    bad_key = key_presented and key_scope is None
+    bad_key = key_presented and key_scope is None and not placeholder
     if route_scope == "admin":
         if not origin_ok:
             return ORIGIN_REFUSED
@@ -597,6 +600,8 @@ def decide_access(
             return ALLOW
         if key_scope == "use":
             return SCOPE_TOO_NARROW
+        if key_presented:
+            return KEY_INVALID  # a placeholder where a key is needed
         return HOST_REFUSED if local else KEY_REQUIRED
     if not origin_ok:
         return USE_ORIGIN_REFUSED
@@ -609,4 +614,4 @@ def decide_access(
         return ALLOW
     if keyless:
         return USE_HOST_REFUSED
-    return KEY_REQUIRED
+    return KEY_INVALID if key_presented else KEY_REQUIRED

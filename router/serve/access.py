@@ -89,7 +89,7 @@ class AccessGate:
         key_scope = None
         if held is not None:  # whose limits the call counts against (serve/tenancy.py)
             edge.key_id, key_scope = held
-        presented = access.presents_key(token)  # a placeholder (`x`, `ollama`) is no key (rule 1a)
+        presented = access.presents_key(token)  # not a placeholder (`x`, `ollama`): rule 1a
         host = edge.header("host")
         origin = edge.header("origin")  # None from SDKs and curl, and a browser's same-origin GET
         origin_ok = origin is None or access.origin_allowed(origin, host, self.origins)
@@ -100,11 +100,12 @@ class AccessGate:
             if keyless and origin_ok and host_served and (held is not None or not presented):
                 return access.ALLOW  # (a presented bad key is refused even here: rule 8b)
         verdict = access.decide_access(
-            scope, self.mode, addr, key_scope, presented, self.inside_nets,
+            scope, self.mode, addr, key_scope, token is not None, self.inside_nets,
             via_proxy=via_proxy,
             router_host=admin and access.names_router(host, self.hosts),
             origin_ok=origin_ok,
             host_served=admin or host_served,
+            placeholder=not presented,
         )
         if verdict.ok and admin and json_body and not access.is_json(edge.header("content-type")):
             return access.NOT_JSON
