@@ -105,7 +105,8 @@ def stream_turn(api: openai.OpenAI, messages: list, max_tokens: int) -> dict:
         if chunk.usage:
             usage, timings = chunk.usage, chunk.model_extra.get("timings") or {}
     return {"box": raw.headers["x-hugpy-box"], "ttft_s": ttft, "prompt": usage.prompt_tokens,
-            "cached": timings.get("cache_n", 0), "answer": "".join(text)}
+            "cached": timings.get("cache_n", 0), "prefill_ms": timings.get("prompt_ms", 0.0),
+            "prefilled": timings.get("prompt_n", 0), "answer": "".join(text)}
 
 
 def affinity_run(workdir: Path, meter: CpuMeter, mode: str, args: argparse.Namespace) -> dict:
@@ -140,6 +141,10 @@ def affinity_run(workdir: Path, meter: CpuMeter, mode: str, args: argparse.Names
             "later_ttft_p50_ms": round(pct([t["ttft_s"] for t in later], 0.5) * 1e3, 1),
             "later_ttft_p99_ms": round(pct([t["ttft_s"] for t in later], 0.99) * 1e3, 1),
             "busiest_box_share": round(max(per_box.values()) / len(calls), 3), "per_box": per_box,
+            # the engines' own prefill rate over first turns (nothing cached but the shared system
+            # prompt; their `timings`): what a cached token saves
+            "prefill_us_per_token": round(1e3 * sum(run[0]["prefill_ms"] for run in runs)
+                                          / sum(run[0]["prefilled"] for run in runs), 1),
             "later_home": round(sum(1 for run in runs for i in range(1, len(run))
                                     if run[i]["box"] == run[i - 1]["box"]) / len(later), 3),
             "wall_s": round(spent.wall_s, 1), "background_pct": round(spent.background_pct, 1)}
@@ -171,40 +176,52 @@ def streaming_runs(workdir: Path, meter: CpuMeter, args: argparse.Namespace) -> 
                                                   "--interface", "asgi", "--box", engine], FLOOR_READY)
         floor_url = floor_url.group(1)
         haproxy, haproxy_url = peers.start_haproxy(procs, engine, workdir)
-        for name, proc, url in (("router", router, router_url), ("bare proxy", floor, floor_url),
-                                ("HAProxy", haproxy, haproxy_url), ("direct", None, engine)):
-            stream_load(url, argparse.Namespace(**{**vars(args), "streams": args.concurrency}))  # warm-up
-            meter.peer_pid = proc.pid if proc else None
-            before = meter.snapshot()
-            frames = stream_load(url, args)
-            spent = CpuMeter.delta(before, meter.snapshot())
-            records.append({"figure": "streaming", "target": name, "frames": frames,
-                            "tokens_per_s": round(frames / spent.wall_s, 1),
-                            "cpu_us_per_token": round(spent.peer_s / frames * 1e6, 1) if proc else None,
-                            "wall_s": round(spent.wall_s, 1), "background_pct": round(spent.background_pct, 1)})
+        targets = (("router", router, router_url), ("bare proxy", floor, floor_url),
+                   ("HAProxy", haproxy, haproxy_url), ("direct", None, engine))
+        for _, _, url in targets:  # warm-up
+            stream_load(url, argparse.Namespace(**{**vars(args), "streams": args.concurrency}))
+        for repeat in range(args.repeats):  # rounds, so that drift hits every target alike
+            for name, proc, url in targets:
+                meter.peer_pid = proc.pid if proc else None
+                before = meter.snapshot()
+                frames = stream_load(url, args)
+                spent = CpuMeter.delta(before, meter.snapshot())
+                records.append({"figure": "streaming", "target": name, "repeat": repeat, "frames": frames,
+                                "frames_per_s": round(frames / spent.wall_s, 1),
+                                "cpu_us_per_frame": round(spent.peer_s / frames * 1e6, 1) if proc else None,
+                                "wall_s": round(spent.wall_s, 1), "background_pct": round(spent.background_pct, 1)})
     finally:
         meter.peer_pid = None
         procs.stop_all()
-    router_cost = records[0]["cpu_us_per_token"]
-    for record in records[1:3]:
-        record["router_over_this"] = round(router_cost / record["cpu_us_per_token"], 2)
+    for repeat in range(args.repeats):  # the router's cost over each proxy's, within a round
+        rows = {r["target"]: r for r in records if r["repeat"] == repeat}
+        for name in ("bare proxy", "HAProxy"):
+            rows[name]["router_over_this"] = round(rows["router"]["cpu_us_per_frame"] / rows[name]["cpu_us_per_frame"], 2)
     return records
+
+
+def spread(values: list[float], unit: str = "") -> str:
+    return f"{statistics.median(values):g}{unit} ({min(values):g}-{max(values):g})"
 
 
 def markdown(records: list[dict], machine: str) -> str:
     lines = [f"Real engine figures ({machine}); ratios within one run.", "",
-             "| affinity | calls | cached share, later turns | later-turn TTFT p50 / p99 | busiest box | later turns home | other tenants |",
-             "|---|---|---|---|---|---|---|"]
+             "| affinity | calls | cached share, later turns | later-turn TTFT p50 / p99 | busiest box | later turns home | engines' prefill | engines + other tenants |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in (r for r in records if r["figure"] == "affinity"):
         lines.append(f"| {r['affinity']} | {r['calls']} | {r['cached_share_later']:.0%} | {r['later_ttft_p50_ms']} / "
                      f"{r['later_ttft_p99_ms']} ms | {r['busiest_box_share']:.0%} | {r['later_home']:.0%} | "
-                     f"{r['background_pct']:.0f} % of a core |")
-    lines += ["", "| streaming through | tokens | tokens/s | CPU per relayed token | router ÷ this | other tenants |",
+                     f"{r['prefill_us_per_token']} µs/token | {r['background_pct']:.0f} % of a core |")
+    lines += ["", f"| streaming through (median, min-max of {len({r['repeat'] for r in records if 'repeat' in r})} rounds) "
+              "| content frames a round | frames/s | CPU per relayed frame (a token) | router ÷ this | engine + other tenants |",
               "|---|---|---|---|---|---|"]
-    for r in (r for r in records if r["figure"] == "streaming"):
-        cost = "-" if r["cpu_us_per_token"] is None else f"{r['cpu_us_per_token']} µs"
-        lines.append(f"| {r['target']} | {r['frames']} | {r['tokens_per_s']} | {cost} | "
-                     f"{r.get('router_over_this', '-')} | {r['background_pct']:.0f} % of a core |")
+    for target in ("router", "bare proxy", "HAProxy", "direct"):
+        rows = [r for r in records if r["figure"] == "streaming" and r["target"] == target]
+        cost = "-" if rows[0]["cpu_us_per_frame"] is None else spread([r["cpu_us_per_frame"] for r in rows], " µs")
+        ratio = spread([r["router_over_this"] for r in rows]) if "router_over_this" in rows[0] else "-"
+        lines.append(f"| {target} | {round(statistics.median(r['frames'] for r in rows))} | "
+                     f"{spread([r['frames_per_s'] for r in rows])} | {cost} | {ratio} | "
+                     f"{spread([r['background_pct'] for r in rows], ' %')} of a core |")
     return "\n".join(lines)
 
 
@@ -215,12 +232,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--tokens-per-turn", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--streams", type=int, default=64, help="streams per target and round")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of the streaming targets")
     p.add_argument("--tokens", type=int, default=200)
-    p.add_argument("--quick", action="store_true", help="6 conversations x 4 turns, 12 streams")
+    p.add_argument("--quick", action="store_true", help="6 conversations x 4 turns, 12 streams, 1 round")
     args = p.parse_args(argv)
     if args.quick:
-        args.conversations, args.turns, args.streams = 6, 4, 12
+        args.conversations, args.turns, args.streams, args.repeats = 6, 4, 12, 1
     return args
 
 

@@ -132,7 +132,8 @@ def fake_checkout(tmp_path: Path) -> tuple[Path, dict]:
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     env = {"PATH": f"{stubs}:{FRESH_PATH}", "HOME": str(tmp_path), "SETUP_LOG": str(tmp_path / "log"),
-           "STUB": str(stubs / "python3"), "PYTHON": str(stubs / "python3")}
+           "STUB": str(stubs / "python3"), "PYTHON": str(stubs / "python3"),
+           "HUGPY_ROUTER_SKIP_REAL_ENGINE": "1"}  # no llama-server build from a fake checkout
     return repo, env
 
 
@@ -158,10 +159,12 @@ def test_the_demos_setup_builds_the_routers_environment_only_and_quietly(tmp_pat
     ]
     assert not (repo / ".venv-004").exists() and not (repo / ".venv-wrapper").exists()
     assert "WARNING" not in out  # pip's talk is shown only when it fails
+    assert "real engine" not in out  # the demo never builds, nor skips, the tests' engine
     assert out.splitlines()[-1] == f"    source {repo}/.venv/bin/activate"
     assert set_up(repo, env, "--demo")[1] == []  # set up already: nothing runs again
     # The tests' set-up adds their extras to the demo's venv, and their own venvs beside it.
     out, calls = set_up(repo, env)
+    assert "real engine: skipped (HUGPY_ROUTER_SKIP_REAL_ENGINE=1)" in out
     assert ".venv/bin/python -m pip install -e .[test]" in calls
     assert ".venv-004/bin/python -m pip install hugpy-router==0.0.4" in calls
     assert ".venv-wrapper/bin/python -m pip install hugpy-wrapper==0.1.182" in calls

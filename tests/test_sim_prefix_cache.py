@@ -59,3 +59,14 @@ def test_prefill_costs_per_uncached_token_and_a_load_forgets():
     # real time: the box waits out its prefill on its loop (1,500 uncached tokens × 0.2 ms); a
     # lower bound. The warm call's prefill is counted, not timed: only its two new messages.
     assert cold >= 0.3 and 0 < warm_s < 0.01
+
+
+def test_a_llama_cpp_sim_counts_a_repeated_prompt_as_llama_server_does():
+    """All but one token cached, not all but the last element (tests/real/test_real_sim_llamacpp.py
+    holds the sim to the real engine's count)."""
+    assert SimLlamaCpp("l", alias="tiny").prefix_cache.repeat_costs_one
+    cache = PrefixCache(repeat_costs_one=True)
+    assert cache.take("m", ["a" * 400, "b" * 400]).cached_tokens == 0
+    assert cache.take("m", ["a" * 400, "b" * 400]).cached_tokens == 199
+    assert cache.take("m", ["a" * 400]).cached_tokens == 99  # a prefix of a remembered prompt
+    assert PrefixCache().take("m", ["a" * 400]).cached_tokens == 0

@@ -413,6 +413,15 @@ def grant(tally: Tally, limits: Limits, calls: int, call_tokens: int, now: float
     return calls, tokens
 
 
+def draw(tally: Tally, limits: Limits, requests: float, tokens: float, now: float) -> None:
+    """Rule 2: `requests` and `tokens` drawn from the rpm and tpm buckets as of `now`, with no
+    check: what calls admitted elsewhere drew (several routers: those a router admitted alone
+    while the shared server was down, drawn there once it is back)."""
+    _catch_up(tally, limits, now)
+    tally.req_drawn += requests
+    tally.tok_drawn += tokens
+
+
 def refund(tally: Tally, limits: Limits, requests: int, tokens: int, now: float) -> None:
     """Rule 9: what a credit did not spend, given back."""
     _catch_up(tally, limits, now)

@@ -6,8 +6,12 @@ Rules:
 1. Per box and model, the box remembers the last PROMPTS_PER_MODEL prompts it processed (LRU),
    each as its elements' hashes with their token counts. A prompt's cached tokens are those of
    its longest run of leading elements equal to one remembered prompt's, short of its last
-   element: an engine always evaluates at least the prompt's end (llama.cpp re-evaluates its
-   last token), which the sim rounds up to the last element, so a repeated call costs as before.
+   element: an engine always evaluates at least the prompt's end, which the sim rounds up to the
+   last element, so a repeated call costs as before. With `repeat_costs_one` (the llama.cpp sim)
+   a prompt remembered whole has all its tokens cached but one, as llama-server reports it
+   (`cache_n` = prompt tokens - 1: tests/real/test_real_sim_llamacpp.py). The match is by whole
+   elements, where an engine matches tokens: a prompt that shares only its template's first
+   tokens counts none here.
 2. Tokens: an element counts one token per TOKEN_BYTES bytes of its text (at least one). Only
    this box's own rule: the router never counts tokens this way.
 3. Prefill costs `prefill_s_per_token` per uncached token, waited before the first token.
@@ -22,7 +26,9 @@ import json
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, NamedTuple
 
-PROMPTS_PER_MODEL = 64  # llama.cpp keeps one prompt per slot; vLLM a block pool: a few dozen here
+# llama-server keeps a prompt per slot and older ones in host memory (`--cache-ram`), restored for
+# a later prompt they begin; vLLM a block pool: a few dozen here
+PROMPTS_PER_MODEL = 64
 TOKEN_BYTES = 4  # about what a BPE tokenizer makes of English text
 STRING_BLOCK_BYTES = TOKEN_BYTES * 64
 
@@ -54,9 +60,11 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 
 
 class PrefixCache:
-    def __init__(self, prefill_s_per_token: float = 0.0, prompts_per_model: int = PROMPTS_PER_MODEL) -> None:
+    def __init__(self, prefill_s_per_token: float = 0.0, prompts_per_model: int = PROMPTS_PER_MODEL,
+                 repeat_costs_one: bool = False) -> None:
         self.prefill_s_per_token = prefill_s_per_token
         self.prompts_per_model = prompts_per_model
+        self.repeat_costs_one = repeat_costs_one  # rule 1
         self._prompts: dict[str, OrderedDict[tuple[int, ...], None]] = {}
         # observations, for tests and the bench
         self.prompt_tokens = 0
@@ -81,8 +89,11 @@ class PrefixCache:
         remembered.move_to_end(hashes)
         while len(remembered) > self.prompts_per_model:
             remembered.popitem(last=False)
-        best = min(best, len(hashes) - 1)
-        total, cached = sum(tokens), sum(tokens[:best])
+        total = sum(tokens)
+        if best == len(hashes) and self.repeat_costs_one:
+            cached = total - 1
+        else:
+            cached = sum(tokens[:min(best, len(hashes) - 1)])
         self.prompt_tokens += total
         self.cached_tokens += cached
         return Prefill(total, cached, (total - cached) * self.prefill_s_per_token)

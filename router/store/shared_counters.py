@@ -20,9 +20,11 @@ Rules:
    would be wrong, and the write is what proves the copy current.
 3. The server down (store/shared.py rule 3): `open` steps on `local`, a LocalCounters of this
    router alone, each tally starting (at its first step of the outage) from the copy this router
-   last saw on the server, so N routers alone admit at most N times a limit in any window, what
-   the server admitted before included; `closed` raises SharedDown to the caller (503
-   `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
+   last saw on the server and from this router's own holds; what it admits alone joins its holds
+   and, once the server is back, is drawn from the server's buckets too (`upkeep`). So no router
+   ever holds more than `max_parallel` of a key's calls, and N routers admit at most N times a
+   limit in any window, what the server admitted before and after the outage included; `closed`
+   raises SharedDown to the caller (503 `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
    server down, or its round trip lost) is parked and written again once the server answers
    (`upkeep`), in order, never dropped; a settle while the server is down frees its call's count
    on `local` too (each side never below 0: where the call was admitted is not known). A step
@@ -237,6 +239,7 @@ class SharedCounters:
         # rule 3: (name, step, what it frees, the server's run it was asked of)
         self.parked: list[tuple[str, Callable[[Tally], None], tuple[int, int], int]] = []
         self.alone_from_seen: set[str] = set()  # rule 3: the tallies counted alone since the server was last up
+        self.drawn_alone: dict[str, tuple[Tally, Limits]] = {}  # rule 3: what admissions alone drew, as a bucket
         self.lost_steps = 0
         self.queued: dict[str, list] = {}  # name -> the steps waiting for its next write
         self.ready: list[str] = []  # tallies with steps and no write out: written at the next flush
@@ -349,17 +352,45 @@ class SharedCounters:
     def _count_alone_from_seen(self, name: str) -> None:
         """Rule 3: the first step of `name` counted alone in an outage starts from the windows
         and the budget's use this router last saw on the server, not from its own count of an
-        earlier outage: so each router alone admits at most what was left then, and N routers
-        at most N times a limit in any window, the calls admitted before the outage included
-        (docs/several-routers.md). Calls and tokens in flight start at 0 there: those admitted on
-        the server settle on the server (parked until it answers)."""
+        earlier outage, and from this router's own calls and tokens in flight (its holds): so
+        each router alone admits at most what was left then and holds at most `max_parallel`
+        calls, and N routers at most N times a limit (docs/several-routers.md)."""
         self.alone_from_seen.add(name)
         seen = self.seen.get(name)
         if seen is None:
             return
         tally = copy(seen[0])
-        tally.parallel = tally.reserved = 0
+        held = self.holding.get(name)
+        tally.parallel, tally.reserved = (held[0], held[1]) if held is not None else NO_HOLDS
         self.local.tallies[name] = tally
+
+    def _admit_alone(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Refused | Windows:
+        """Rule 3: an admission counted alone. What it drew is drawn on the server once it is
+        back (`upkeep`: the minute's buckets there count it too), and its tokens join this
+        router's holds (written with the next write, freed by its settle), as on the server."""
+        admitted = self.local.admit(key, limits, model, tokens, now)
+        if admitted.__class__ is not Refused:
+            drawn = self.drawn_alone.get(key)
+            if drawn is None:
+                drawn = self.drawn_alone[key] = (Tally(), limits)
+            rules.draw(drawn[0], limits, 1.0, tokens, now)
+            self._hold_more(key, 0, tokens)
+        return admitted
+
+    def _take_alone(self, key: str, limits: Limits) -> bool:
+        """Rule 3: a max_parallel slot taken alone joins this router's holds too."""
+        taken = self.local.take_parallel(key, limits)
+        if taken:
+            self._hold_more(key, 1, 0)
+        return taken
+
+    def _hold_more(self, name: str, calls: int, tokens: int) -> None:
+        held = self.holding.get(name)
+        if held is None:
+            held = self.holding[name] = [0, 0, 0.0]
+        held[0] += calls
+        held[1] += tokens
+        held[2] = 0.0  # written at the next sync
 
     def _saw(self, name: str, tally: Tally, version: bytes, others: tuple[int, int]) -> None:
         if len(self.seen) >= MAX_SEEN and name not in self.seen:
@@ -405,6 +436,13 @@ class SharedCounters:
         if not self.server.up:
             return
         self.alone_from_seen.clear()
+        drawn, self.drawn_alone = self.drawn_alone, {}
+        now = time.time()
+        for name, (alone, limits) in drawn.items():
+            rules.draw(alone, limits, 0.0, 0.0, now)  # drained to now, as the server's buckets are
+            self._queue(name, functools.partial(rules.draw, limits=limits, requests=alone.req_drawn,
+                                                tokens=alone.tok_drawn, now=now), urgent=False, waited=False,
+                        frees=NO_HOLDS)
         parked, self.parked = self.parked, []
         for name, apply, frees, epoch in parked:
             if epoch != self.server.epoch:
@@ -441,7 +479,7 @@ class SharedCounters:
             refused = rules.admit(tally, limits, model, tokens, now)
             return refused if refused is not None else rules.windows_after(tally, limits)
 
-        admitted = self._step(key, apply, lambda: self.local.admit(key, limits, model, tokens, now))
+        admitted = self._step(key, apply, lambda: self._admit_alone(key, limits, model, tokens, now))
         if self.server.up and not self.closed:
             self._ask_credit(key, credit, limits, tokens, now)
         return admitted
@@ -555,7 +593,7 @@ class SharedCounters:
 
     def take_parallel(self, key: str, limits: Limits) -> Awaitable[bool]:
         return self._step(key, lambda tally: rules.take_parallel(tally, limits),
-                                lambda: self.local.take_parallel(key, limits))
+                                lambda: self._take_alone(key, limits))
 
     def has_room(self, key: str, limits: Limits) -> bool:
         """Rule 4: the queue's advice, from the copy last seen."""

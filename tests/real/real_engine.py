@@ -135,8 +135,6 @@ class LlamaServer(Engine):
     """`llama-server -m tiny-llama-F16.gguf --alias tiny-llama` on a free port: `parallel` slots
     sharing a `ctx`-token context, one thread (two engines to a core on a 2-core machine)."""
 
-    kind = "openai"
-
     def __init__(self, workdir: Path, name: str, *, parallel: int = 2, ctx: int = 8192,
                  extra: tuple[str, ...] = ()) -> None:
         self.name = name
@@ -166,8 +164,6 @@ class WrapperBox(Engine):
     """A hugpy-wrapper 0.1.182 box (worker `name`, key `key`) whose catalog holds the model as
     `tiny-llama` and as `flaky-llama`, the latter a truncated copy (its load fails: `load_error`)
     when `broken`; it runs them with the tier's llama-server. Its store file is `store_file`."""
-
-    kind = "hugpy"
 
     def __init__(self, workdir: Path, name: str, *, key: str, broken: bool = False) -> None:
         self.name, self.key = name, key
@@ -212,9 +208,8 @@ class WrapperBox(Engine):
         self._log.close()
 
 
-def write_boxes(path: Path, engines: list, **per_box: dict) -> Path:
-    entries = [{"name": e.name, "url": e.url, "kind": e.kind, **({"key": e.key} if getattr(e, "key", None) else {}),
-                **per_box.get(e.name, {})} for e in engines]
-    path.write_text(json.dumps({"boxes": entries}))
+def write_boxes(path: Path, engines: list[LlamaServer]) -> Path:
+    """A boxes file naming these llama-servers (OpenAI kind, no key)."""
+    path.write_text(json.dumps({"boxes": [{"name": e.name, "url": e.url, "kind": "openai"} for e in engines]}))
     os.chmod(path, 0o600)
     return path

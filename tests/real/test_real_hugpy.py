@@ -1,17 +1,19 @@
 """The real tier, hugpy kind: a `router serve` process in front of two real hugpy-wrapper 0.1.182
 boxes (tests/real/real_engine.py) that run the model through a real llama-server, each followed
-through its real store file (`store` in the boxes file: the store watch). Box `a` holds a
+through its real store file (added with `router boxes add --store`: the store watch). Box `a` holds a
 truncated copy of `flaky-llama`, box `b` a whole one."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from conftest import RouterProcess
-from real_engine import ALIAS, FLAKY, WrapperBox, get, post, real_tier, route_rows, wait_until, write_boxes
+from real_engine import ALIAS, FLAKY, WrapperBox, get, post, real_tier, route_rows, wait_until
 
 pytestmark = [*real_tier, pytest.mark.timeout(240)]
 
@@ -30,8 +32,12 @@ def hugpy_fleet(tmp_path_factory):
             started.append(WrapperBox(workdir, name, key=f"hpk_box_{name}secret0123456789", broken=name == "a"))
         boxes = {box.name: box for box in started}
         assert wait_until(lambda: all(any(b.store_dir.rglob("fitevict.sqlite3")) for b in boxes.values()), 30)
-        path = write_boxes(workdir / "boxes.json", list(boxes.values()),
-                           **{name: {"store": str(box.store_file)} for name, box in boxes.items()})
+        path = workdir / "boxes.json"
+        for box in boxes.values():  # as an operator adds them: the CLI checks each store file is a wrapper's
+            added = subprocess.run([sys.executable, "-m", "router", "boxes", "--boxes-file", str(path), "add",
+                                    "--name", box.name, "--url", box.url, "--key", box.key,
+                                    "--store", str(box.store_file)], capture_output=True, text=True, timeout=60)
+            assert added.returncode == 0, added.stderr
         router = RouterProcess(path)
         started.insert(0, router)
 
@@ -80,8 +86,6 @@ def test_a_cold_load_then_warm_calls_where_it_is_resident_charged_and_logged_by_
     assert status == 200, body
     home = head["x-hugpy-box"]
     assert json.loads(body)["usage"]["completion_tokens"] == 6
-    (cold,) = route_rows(router, head["x-hugpy-router-request-id"])
-    assert cold["decision"]["why"], cold  # a load tier call: no box had it resident
     # the store watch shows the seat; every later call with the same settings is served there
     assert wait_until(lambda: resident_on(router, ALIAS) == {home}, 15), get(router.url, "/v1/router/state")[1]
     status, asked_head, asked = chat(router, ALIAS, stream=True, stream_options={"include_usage": True})
@@ -96,12 +100,17 @@ def test_a_cold_load_then_warm_calls_where_it_is_resident_charged_and_logged_by_
     assert [plain_usage["usage"][k] for k in ("prompt_tokens", "completion_tokens")] == [
         usage_frame["usage"][k] for k in ("prompt_tokens", "completion_tokens")] and b"data: [DONE]" in plain
 
+    # each call charged as the box reported it: the whole answer's usage, each stream's usage frame
     ids = [h["x-hugpy-router-request-id"] for h in (head, asked_head, plain_head)]
     rows = route_rows(router, *ids)
-    usage = usage_frame["usage"]
-    assert [(r["box"], r["prompt_tokens"], r["completion_tokens"], r["tokens_estimated"]) for r in rows] == [
-        (home, usage["prompt_tokens"], 6, 0)] * 3
-    assert rows[1]["cached_tokens"] == usage_frame.get("timings", {}).get("cache_n", rows[1]["cached_tokens"])
+    reports = [(doc["usage"]["prompt_tokens"], doc["usage"]["completion_tokens"], doc["timings"]["cache_n"])
+               for doc in (json.loads(body), usage_frame, plain_usage)]
+    assert [(r["box"], r["prompt_tokens"], r["completion_tokens"], r["cached_tokens"], r["tokens_estimated"])
+            for r in rows] == [(home, *report, 0) for report in reports]
+    assert reports[2][2] > 0  # a warm call's prompt came from the engine's cache
+    other = ({"a", "b"} - {home}).pop()
+    assert [r["decision"]["why"] for r in rows] == [{home: "load", other: "load"}] + [
+        {home: "serving", other: "load"}] * 2  # the warm calls: the serving tier first
 
     # the box's own call log names each call by the router's id (X-Hugpy-Parent-Request-Id)
     with sqlite3.connect(f"file:{boxes[home].store_file}?mode=ro", uri=True) as conn:

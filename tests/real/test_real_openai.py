@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import time
 
 import httpx
 import openai
@@ -145,10 +144,12 @@ def test_an_engine_killed_before_the_first_byte_and_mid_stream_fails_over(real_f
 
 
 # A later turn's share of its prompt that the engine prefilled from a slot's cache (its own
-# `timings.cache_n` / `prompt_tokens`), over 6 conversations x 4 turns on 3 engines of 2 slots.
-# Measured: 0.95-0.97 (a turn adds ~15 tokens to a ~150-token history and the engine re-evaluates
-# its last token); with affinity off the same run gave ~0.4. The floor sits between the two.
-CACHED_SHARE_FLOOR = 0.8
+# `timings.cache_n` / `usage.prompt_tokens`), over 6 conversations x 4 turns on 3 engines of 2
+# slots. Measured on a loaded 2-core machine: 0.957 twice (not 1: the engine re-evaluates a
+# prompt's last token, and an answer sent back as text can tokenize apart from how it was
+# generated); the same run with `--affinity off` gave 0.66 and 0.70 (only the shared system prompt
+# is cached on a box a conversation was not on before). The floor sits between the two.
+CACHED_SHARE_FLOOR = 0.85
 
 
 def test_cache_aware_routing_prefills_later_turns_from_the_engines_cache(real_fleet):
@@ -156,7 +157,7 @@ def test_cache_aware_routing_prefills_later_turns_from_the_engines_cache(real_fl
     api = client(router)
 
     def converse(n: int) -> list[tuple[str, int, int]]:
-        messages = [SYSTEM, {"role": "user", "content": f"conversation {n}: here is my document. " * 4}]
+        messages = [SYSTEM, {"role": "user", "content": f"conversation {n}: here is my document. " * 30}]
         turns = []
         for t in range(4):
             box, answer, _ = turn(api, messages)
