@@ -17,7 +17,9 @@ The faults, one at a time, each at a random moment (a gap of GAP_S), in a shuffl
 short run meets each kind: a router `kill -9` and restarted; a router SIGSTOPped past a hold's
 life (HOLD_S + 2 s), then SIGCONTinued; redis-server restarted; redis-server SIGSTOPped 3 s;
 PostgreSQL restarted; a box that dies mid-stream (its next streams cut after 2 frames); a box
-that stops answering for 3 s (its loop held, as a SIGSTOP would).
+that stops answering for 3 s (its loop held, as a SIGSTOP would). A router killed or paused gets
+no new calls after BALANCER_CHECK_S, as behind a balancer's health check; the calls already sent
+to it wait, as its clients would.
 
 `--mutant NAME` runs the routers with one rule broken (bench/fault_mutants.py), to show the
 checker catches it: `no_lease` (a box's lease is never asked), `drop_settle` (a key's settles
@@ -61,6 +63,7 @@ MAX_INFLIGHT = 3
 MAX_TOKENS = 16  # every call's answer bound: a reservation is its prompt's estimate and this
 GAP_S = (3.0, 8.0)
 QUEUE_TIMEOUT_S = 15
+BALANCER_CHECK_S = 1.0  # how soon the clients stop sending to a router killed or paused
 # A quarter of the calls each (and a quarter keyless). "tpm" has one slot: a router killed while
 # it holds it must give it back within a hold's life, or the key locks.
 KEYS = {
@@ -130,6 +133,7 @@ class Run:
         self.records: list[dict] = []
         self.stopping = threading.Event()
         self.offset = time.time() - time.monotonic()  # the boxes' monotonic times as epoch seconds
+        self.unhealthy: dict[str, float] = {}  # router name -> since when it is killed or paused
 
     def record(self, doc: dict) -> None:
         with self.lock:
@@ -183,7 +187,11 @@ class Run:
     def client(self, number: int) -> None:
         rng = random.Random(self.args.seed * 1000 + number)  # its choices; the moments are the machine's
         while not self.stopping.is_set():
-            router = rng.choice(self.routers)
+            # as a balancer's health check would: a router killed or paused for BALANCER_CHECK_S
+            # gets no new calls (those already sent to it wait, as its clients would)
+            now = time.time()
+            healthy = [r for r in self.routers if now - self.unhealthy.get(r.name, now) < BALANCER_CHECK_S]
+            router = rng.choice(healthy or self.routers)
             key = rng.choice([None, *self.keys])
             stream = rng.random() < 0.5
             self.record(self.one_call(router, key, stream))
@@ -243,17 +251,21 @@ class Run:
     def router_kill(self, target: int, event: dict) -> None:
         router = self.routers[target]
         event["router"] = router.name
+        self.unhealthy[router.name] = time.time()
         router.proc.kill()  # kill -9: nothing flushed, nothing given back
         router.proc.wait()
         time.sleep(1.5)
         router.start()
+        del self.unhealthy[router.name]
 
     def router_pause(self, target: int, event: dict) -> None:
         router = self.routers[target]
         event["router"] = router.name
+        self.unhealthy[router.name] = time.time()
         router.proc.send_signal(signal.SIGSTOP)
         time.sleep(HOLD_S + 2)  # past a hold's (and a lease's) life: its holds expire meanwhile
         router.proc.send_signal(signal.SIGCONT)
+        del self.unhealthy[router.name]
 
     def redis_restart(self, target: int, event: dict) -> None:
         self.redis.stop()
@@ -403,7 +415,11 @@ def plot(history: list[dict], path: Path) -> None:
              f'font-size="11"><rect width="100%" height="100%" fill="white"/>']
     for fault in (r for r in history if r["type"] == "fault"):
         a, b = x(fault["start"] - start), x(fault["end"] - start)
-        parts.append(f'<rect x="{a:.1f}" y="20" width="{max(b - a, 1):.1f}" height="{height - 50}" fill="#eee"/>'
+        if fault["kind"] == "shared_down":  # a router's own view of an outage: shaded, not named
+            parts.append(f'<rect x="{a:.1f}" y="20" width="{max(b - a, 1):.1f}" height="{height - 50}" '
+                         f'fill="#f6f0e0"/>')
+            continue
+        parts.append(f'<rect x="{a:.1f}" y="20" width="{max(b - a, 1):.1f}" height="{height - 50}" fill="#e4e4e4"/>'
                      f'<text x="{a:.1f}" y="15">{fault["kind"]}</text>')
     for (name, counts), color in zip(sorted(per.items()), colors):
         points = " ".join(f"{x(s + 0.5):.1f},{y(n):.1f}" for s, n in enumerate(counts))

@@ -92,6 +92,15 @@ def check(history: list[dict], rows: list[dict]) -> dict:
     def worst(name: str, seen: float, bound: float) -> None:
         figures["worst"][name] = max(figures["worst"].get(name, 0.0), round(seen / bound, 3))
 
+    def at_once(invariant: str, name: str, spans: list[tuple[float, float]], limit: int) -> None:
+        """Calls at once within `limit`, N times it in a shared fault (invariants 3 and 4)."""
+        for moment, level in _most_at_once(spans):
+            bound = limit * (routers if _inside(moment, shared) else 1)
+            worst(f"{invariant}.{name}", level, bound)
+            if level > bound:
+                findings.append(f"{invariant}: {name} had {level} calls at once at {moment:.3f} (bound {bound})")
+                return
+
     # 1-3. keys
     key_rows: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -130,24 +139,14 @@ def check(history: list[dict], rows: list[dict]) -> dict:
         if limits.get("max_parallel") is not None:  # its calls as the boxes saw them: inside its slots
             spans = [(b["start"], b["end"]) for b in box_calls
                      if b.get("call_id") in rows_by_id and rows_by_id[b["call_id"]].get("key_id") == key["id"]]
-            for moment, level in _most_at_once(spans):
-                bound = limits["max_parallel"] * (routers if _inside(moment, shared) else 1)
-                worst(f"{name}.parallel", level, bound)
-                if level > bound:
-                    findings.append(f"parallel: {name} had {level} calls at once at {moment:.3f} (bound {bound})")
-                    break
+            at_once("parallel", name, spans, limits["max_parallel"])
 
     # 4. boxes
     by_box: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for record in box_calls:
         by_box[record["box"]].append((record["start"], record["end"]))
     for box, spans in sorted(by_box.items()):
-        for moment, level in _most_at_once(spans):
-            bound = settings["max_inflight"] * (routers if _inside(moment, shared) else 1)
-            worst(f"box.{box}", level, bound)
-            if level > bound:
-                findings.append(f"boxes: {box} had {level} calls at once at {moment:.3f} (bound {bound})")
-                break
+        at_once("boxes", box, spans, settings["max_inflight"])
 
     def killed_near(call: dict, after: float) -> bool:
         """Its router was killed while it ran, or within `after` of its answer."""

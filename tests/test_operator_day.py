@@ -7,9 +7,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-from router.sim import Behavior, SimBox
+from router.sim import SimBox
 
 from conftest import ROOT, wait_for
 from test_operator import CANARY, chat_body, request

@@ -20,7 +20,7 @@ from router.sim import SimFleet, SimLMStudio, SimOllama
 from router.sim.hugpy import Behavior, SimBox
 from router.sim.prefix_cache import prompt_tokens
 
-from conftest import wait_for, write_boxes
+from conftest import write_boxes
 from inproc import InProcessRouter
 from test_admission import call, max_concurrency, request
 

@@ -19,8 +19,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from conftest import wait_for
 
 import psutil
 import pytest
@@ -84,23 +85,13 @@ def post(url: str, path: str, doc: object | bytes, headers: dict | None = None,
         conn.close()
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
-
-
 def route_rows(router, *request_ids: str) -> list[dict]:
     """The router's route-log rows of these calls (their `x-hugpy-router-request-id`), in this
     order, once its writer has flushed them all."""
     def rows():
         got = {r["request_id"]: r for r in get(router.url, "/v1/telemetry?tail=200")[1]["rows"]}
         return [got[i] for i in request_ids] if all(i in got for i in request_ids) else None
-    found = wait_until(rows, 5)
+    found = wait_for(rows, 5)
     assert found, f"no route-log rows for {request_ids}"
     return found
 
@@ -147,7 +138,7 @@ class LlamaServer(Engine):
              "-c", str(ctx), "--parallel", str(parallel), "--alias", ALIAS, "-t", "1", *extra],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         # /health is 503 while the model loads, 200 once it serves
-        if not wait_until(lambda: self.proc.poll() is None and get(self.url, "/health")[0] == 200,
+        if not wait_for(lambda: self.proc.poll() is None and get(self.url, "/health")[0] == 200,
                           START_TIMEOUT_S, 0.1):
             self.stop()
             raise RuntimeError(f"llama-server {name} did not start:\n{self.log_tail()}")
@@ -190,7 +181,7 @@ class WrapperBox(Engine):
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(FITEVICT_SERVE), "--host", "127.0.0.1", "--port", str(self.port)],
                                      env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if not wait_until(lambda: self.proc.poll() is None and get(self.url, "/health")[0] == 200,
+        if not wait_for(lambda: self.proc.poll() is None and get(self.url, "/health")[0] == 200,
                           START_TIMEOUT_S, 0.1):
             self.stop()
             raise RuntimeError(f"hugpy-wrapper {name} did not start:\n{self.log_tail()}")

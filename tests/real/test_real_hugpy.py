@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from conftest import RouterProcess
-from real_engine import ALIAS, FLAKY, WrapperBox, get, post, real_tier, route_rows, wait_until
+from conftest import RouterProcess, wait_for
+from real_engine import ALIAS, FLAKY, WrapperBox, get, post, real_tier, route_rows
 
 pytestmark = [*real_tier, pytest.mark.timeout(240)]
 
@@ -31,7 +31,7 @@ def hugpy_fleet(tmp_path_factory):
         for name in "ab":
             started.append(WrapperBox(workdir, name, key=f"hpk_box_{name}secret0123456789", broken=name == "a"))
         boxes = {box.name: box for box in started}
-        assert wait_until(lambda: all(any(b.store_dir.rglob("fitevict.sqlite3")) for b in boxes.values()), 30)
+        assert wait_for(lambda: all(any(b.store_dir.rglob("fitevict.sqlite3")) for b in boxes.values()), 30)
         path = workdir / "boxes.json"
         for box in boxes.values():  # as an operator adds them: the CLI checks each store file is a wrapper's
             added = subprocess.run([sys.executable, "-m", "router", "boxes", "--boxes-file", str(path), "add",
@@ -45,7 +45,7 @@ def hugpy_fleet(tmp_path_factory):
             state = get(router.url, "/v1/router/state")[1]["boxes"]
             return all(b["online"] and b["link"] == "store watch" and b["models"] >= 2
                        and set(b["verdicts"]["fits"].values()) == {"ram"} for b in state)
-        assert wait_until(ready, 30), get(router.url, "/v1/router/state")[1]
+        assert wait_for(ready, 30), get(router.url, "/v1/router/state")[1]
         yield router, boxes
     finally:
         for proc in started:
@@ -87,7 +87,7 @@ def test_a_cold_load_then_warm_calls_where_it_is_resident_charged_and_logged_by_
     home = head["x-hugpy-box"]
     assert json.loads(body)["usage"]["completion_tokens"] == 6
     # the store watch shows the seat; every later call with the same settings is served there
-    assert wait_until(lambda: resident_on(router, ALIAS) == {home}, 15), get(router.url, "/v1/router/state")[1]
+    assert wait_for(lambda: resident_on(router, ALIAS) == {home}, 15), get(router.url, "/v1/router/state")[1]
     status, asked_head, asked = chat(router, ALIAS, stream=True, stream_options={"include_usage": True})
     assert status == 200 and asked_head["x-hugpy-box"] == home
     (usage_frame,) = [f for f in frames(asked) if f.get("usage")]

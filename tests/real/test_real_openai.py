@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from conftest import RouterProcess
-from real_engine import ALIAS, LlamaServer, get, post, real_tier, route_rows, wait_until, write_boxes
+from conftest import RouterProcess, wait_for
+from real_engine import ALIAS, LlamaServer, get, post, real_tier, route_rows, write_boxes
 
 pytestmark = [*real_tier, pytest.mark.timeout(240)]
 
@@ -34,7 +34,7 @@ def real_fleet(tmp_path):
         router = RouterProcess(write_boxes(tmp_path / "boxes.json", engines), *router_args)
         started.insert(0, router)
         online = lambda: [b for b in get(router.url, "/v1/router/state")[1]["boxes"] if b["online"] and b["models"]]  # noqa: E731
-        assert wait_until(lambda: len(online()) == n, 30), get(router.url, "/v1/router/state")[1]
+        assert wait_for(lambda: len(online()) == n, 30), get(router.url, "/v1/router/state")[1]
         return router, engines
 
     yield start
@@ -98,7 +98,7 @@ def test_streams_and_non_streams_are_charged_exactly_as_the_engine_reports(real_
     assert [(r["key_id"], r["stream"]) for r in rows] == [(key_id, 0), (key_id, 1), (key_id, 1)]
     assert [(r["prompt_tokens"], r["completion_tokens"], r["cached_tokens"], r["tokens_estimated"])
             for r in rows] == [(*report, 0) for report in reports]
-    usage = wait_until(lambda: get(router.url, f"/v1/keys/{key_id}/usage")[1]["current"], 5)
+    usage = wait_for(lambda: get(router.url, f"/v1/keys/{key_id}/usage")[1]["current"], 5)
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["cached_tokens"]) == (
         sum(r[0] for r in reports), 24, sum(r[2] for r in reports))
     assert sum(r[2] for r in reports) > 0  # later calls of the same prompt came from a slot's cache
