@@ -257,6 +257,34 @@ class Run:
         time.sleep(1.5)
         router.start()
         del self.unhealthy[router.name]
+        time.sleep(HOLD_S + 2)  # past the dead run's holds' life (and a renewal of every live router's)
+        self.record_holds(event)
+
+    def record_holds(self, after: dict) -> None:
+        """Who holds something on each key's tally now, by the server's clock (live holds only),
+        against the routers running (each names its holds' tag in its state): the checker's proof
+        that a dead router's holds expired."""
+        import redis
+
+        alive = set()
+        for router in self.routers:
+            try:
+                alive.add(json.loads(request(router.url, "GET", "/v1/router/state")[2])["shared"]["tallies"]["tag"])
+            except (OSError, KeyError, ValueError):
+                return  # a router not answering: not this time, the next kill samples again
+        client = redis.Redis.from_url(self.redis.url)
+        try:
+            seconds, micros = client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            for name, key in self.keys.items():
+                holds = json.loads(client.hget(f"hugpy-router:tally:key:{key['id']}", "h") or b"{}")
+                dead = [tag for tag, hold in holds.items() if hold[2] > now_ms and tag not in alive]
+                self.record({"type": "holds", "key": name, "at": time.time(), "after": after["kind"],
+                             "dead_holders": len(dead)})
+        except redis.RedisError:
+            pass
+        finally:
+            client.close()
 
     def router_pause(self, target: int, event: dict) -> None:
         router = self.routers[target]

@@ -26,7 +26,9 @@ The invariants, each with the bound the docs state (N routers):
    cut by a kill of their router (the client sees a reset).
 8. liveness: after each fault ends, a call is served within LIVENESS_S; no call waits out the
    queue's timeout but in a fault (a slot or a settle lost locks a key, and its calls then
-   time out); no key with calls sent is served nothing for KEY_STALL_S while it has budget.
+   time out); no key with calls sent is served nothing for KEY_STALL_S while it has budget; a
+   hold's life after a router's kill, no router but those running holds anything on a key's
+   tally (the run samples the server's live holds and the routers' tags then).
 """
 
 from __future__ import annotations
@@ -195,6 +197,10 @@ def check(history: list[dict], rows: list[dict]) -> dict:
         else:
             recoveries.append(round(after - fault["end"], 3))
     figures["recovery_s_max"] = max(recoveries, default=0.0)
+    stale = [h for h in history if h["type"] == "holds" and h["dead_holders"]]
+    if stale:
+        findings.append(f"liveness: a dead router's holds outlived their life ({len(stale)} samples, the first on key "
+                        f"{stale[0]['key']})")
     any_fault = _windows(faults, tuple({f["kind"] for f in faults}), settings["hold_s"] + 2.0)
     timed_out = [c for c in calls if c.get("error") == "queue_timeout"
                  and not any(start - settings["queue_timeout_s"] <= c["sent"] <= end for start, end in any_fault)]

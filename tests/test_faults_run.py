@@ -19,7 +19,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import faults_check  # noqa: E402
 
-SEED = 15  # its schedule: a router killed, PostgreSQL restarted, a box stalled, a router paused, ...
+# its schedule: a router killed, redis-server stalled, PostgreSQL restarted, redis-server
+# restarted, a box cut mid-stream, a router paused (as the machine's pace allows in a minute)
+SEED = 90
 
 
 @pytest.mark.timeout(400)
@@ -30,7 +32,8 @@ def test_a_minute_of_faults_keeps_every_invariant(tmp_path):
     verdict = json.loads((out / "verdict.json").read_text())
     assert done.returncode == 0 and verdict["ok"], (verdict["findings"], done.stdout[-3000:], done.stderr[-3000:])
     assert verdict["figures"]["calls"] > 1000
-    assert sum(verdict["figures"]["faults"].values()) >= 5
+    injected = set(verdict["figures"]["faults"]) - {"shared_down"}
+    assert {"router_kill", "redis_stall", "pg_restart"} <= injected and len(injected) >= 4, injected
     assert (out / "calls.svg").read_text().startswith("<svg")
 
 

@@ -620,7 +620,8 @@ class SharedCounters:
             self._queue(key, apply, waited=False, frees=NO_HOLDS)
 
     def view(self) -> dict:
-        return {"tallies_seen": len(self.seen), "lost_steps": self.lost_steps, "writing": len(self.writing),
+        return {"tag": self.tag, "tallies_seen": len(self.seen), "lost_steps": self.lost_steps,
+                "writing": len(self.writing),
                 "holding": len(self.holding), "parked_steps": len(self.parked),
                 "credits": sum(1 for credit in self.credits.values() if credit.requests),
                 "credited_calls": self.credited}
