@@ -13,7 +13,7 @@ The invariants, each with the bound the docs state (N routers):
    most one call's reservation. Within a shared fault (the shared server restarted or stalled, a
    router paused past a hold's life) and the minute after it, N times that.
 2. budget: the tokens charged to a budget key never pass the budget by more than one call's
-   reservation per router; N times what was left, where it ran out in a shared fault.
+   reservation per router; N times it where a shared fault came before it ran out.
 3. parallel: a key's calls at the boxes at once (as the boxes saw them, which is inside the
    key's slots) never pass max_parallel (N times it in a shared fault, the paused router's holds
    having expired while its calls ran).
@@ -26,7 +26,8 @@ The invariants, each with the bound the docs state (N routers):
    cut by a kill of their router (the client sees a reset).
 8. liveness: after each fault ends, a call is served within LIVENESS_S; no call waits out the
    queue's timeout but in a fault (a slot or a settle lost locks a key, and its calls then
-   time out); no key with calls sent is served nothing for KEY_STALL_S while it has budget; a
+   time out); no key with calls sent is answered nothing (served, or refused by its limits) for
+   KEY_STALL_S while it has budget; a
    hold's life after a router's kill, no router but those running holds anything on a key's
    tally (the run samples the server's live holds and the routers' tags then).
 """
@@ -133,7 +134,7 @@ def check(history: list[dict], rows: list[dict]) -> dict:
             spent = sum(tokens for _, tokens in charged)
             ran_out = next((r["received_at"] for r in mine if r.get("error") == "budget_exceeded"), None)
             bound = limits["budget_tokens"] + routers * reservation
-            if ran_out is not None and _inside(ran_out, shared):
+            if any(start <= (ran_out or settings["end"]) for start, _ in shared):  # spent alone, in part
                 bound = routers * limits["budget_tokens"]
             worst(f"{name}.budget", spent, bound)
             if spent > bound:
@@ -214,7 +215,7 @@ def check(history: list[dict], rows: list[dict]) -> dict:
         for call in mine:
             if call["sent"] >= out_of_budget:
                 break
-            if call.get("status") == 200:
+            if call.get("status") in (200, *LIMITED):  # answered: served, or refused at once by its limits
                 last = call["answered"]
             elif call["sent"] - last > KEY_STALL_S:
                 findings.append(f"liveness: key {name} served nothing from {last:.3f} to {call['sent']:.3f}")

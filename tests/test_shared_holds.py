@@ -172,3 +172,25 @@ def test_routers_counting_alone_in_a_stall_admit_at_most_n_times_a_limit(fleet, 
     assert set(before + during) <= {200, 429}
     assert before.count(200) >= rpm - 1
     assert served <= 2 * rpm + drained + 2, (before.count(200), during.count(200), drained)
+
+
+def test_a_call_that_ends_in_an_outage_frees_its_slot_for_the_calls_counted_alone(redis_server):
+    """Rule 3: counting alone starts from this router's holds less the settles parked (their calls
+    have ended), and a settle parked once the key counts alone frees its slot there at once: a
+    key with one slot is not locked on this router for the outage's length by a call it ended."""
+    limits = Limits(max_parallel=1, budget_tokens=1000)
+
+    async def scenario(server: SharedServer):
+        await server.call(None, "DEL", PREFIX + "tally:key:ended")
+        server.came_up()
+        counters = SharedCounters(server, closed=False)
+        assert (await counters.admit("key:ended", limits, "m", 100, time.time())).__class__ is tuple
+        assert await counters.take_parallel("key:ended", limits)
+        server.went_down(ConnectionError("the test's outage"))
+        counters.settle("key:ended", limits, 100, 50, time.time(), True)  # ends before any step alone
+        first = await counters.take_parallel("key:ended", limits)  # the outage's first step: its seed
+        counters.settle("key:ended", limits, 100, 50, time.time(), True)  # ends while counted alone
+        second = await counters.take_parallel("key:ended", limits)
+        return first, second
+
+    assert run(scenario, redis_server) == (True, True)

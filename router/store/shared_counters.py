@@ -28,6 +28,9 @@ Rules:
    server down, or its round trip lost) is parked and written again once the server answers
    (`upkeep`), in order, never dropped; a settle while the server is down frees its call's count
    on `local` too (each side never below 0: where the call was admitted is not known). A step
+   whose round trip failed after the server had run it (a stall past the deadline) is so
+   written twice: its `used` and bucket changes count twice; holds are written whole, so they
+   do not (docs/several-routers.md). A step
    parked for an earlier run of the server is not written to a new one (that run holds nothing
    of it: counted in `lost_steps`). Past MAX_PARKED parked steps the oldest is dropped and
    counted too. Either way what it would have freed is freed from this router's holds (rule 5),
@@ -329,6 +332,7 @@ class SharedCounters:
             if reply[0] == 1:  # type: ignore[index]
                 self._saw(name, work, reply[1], others)  # type: ignore[index]
                 self._hold(name, moved)
+                self.alone_from_seen.discard(name)  # a next outage starts from this copy
                 for step, result in zip(batch, results):
                     future = step[1]
                     if future is not None and not future.done():
@@ -357,11 +361,14 @@ class SharedCounters:
         calls, and N routers at most N times a limit (docs/several-routers.md)."""
         self.alone_from_seen.add(name)
         seen = self.seen.get(name)
-        if seen is None:
-            return
-        tally = copy(seen[0])
+        base = seen[0] if seen is not None else self.local.tallies.get(name)  # (the store's seed, at least)
+        tally = copy(base) if base is not None else Tally()
         held = self.holding.get(name)
-        tally.parallel, tally.reserved = (held[0], held[1]) if held is not None else NO_HOLDS
+        calls, tokens = (held[0], held[1]) if held is not None else NO_HOLDS
+        for parked, _, frees, _ in self.parked:  # settled, not yet written: their calls have ended
+            if parked == name:
+                calls, tokens = calls - frees[0], tokens - frees[1]
+        tally.parallel, tally.reserved = max(0, calls), max(0, tokens)
         self.local.tallies[name] = tally
 
     def _admit_alone(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Refused | Windows:
@@ -417,9 +424,15 @@ class SharedCounters:
         if held is not None:
             held[0], held[1], held[2] = max(0, held[0] - frees[0]), max(0, held[1] - frees[1]), 0.0
 
-    def _park(self, name: str, apply: Callable[[Tally], None], frees: tuple[int, int], epoch: int) -> None:
+    def _park(self, name: str, apply: Callable[[Tally], None], frees: tuple[int, int], epoch: int,
+              freed_alone: bool = False) -> None:
         """Rule 3: a step nobody waits for, asked of the server's run `epoch`, written again once
-        the server answers."""
+        the server answers. What it frees is freed at once on the tally counted alone, where
+        this outage counts `name` there (unless the caller did: `freed_alone`)."""
+        if not freed_alone and name in self.alone_from_seen:
+            alone = self.local.tallies.get(name)
+            if alone is not None:
+                alone.parallel, alone.reserved = max(0, alone.parallel - frees[0]), max(0, alone.reserved - frees[1])
         self.parked.append((name, apply, frees, epoch))
         if len(self.parked) > MAX_PARKED:
             self._lost(*self.parked.pop(0)[::2])
@@ -582,12 +595,12 @@ class SharedCounters:
         frees = (1 if slot else 0, reserved)
         if not self.server.up:
             # rule 3: where it was admitted is not known here, so both sides free what they hold
-            # of it (never below 0): the local count (the calls admitted alone run on it), and
+            # of it (never below 0): the count alone (the calls admitted alone run on it), and
             # the server's, parked
-            alone = self.local.tallies.get(key)
-            if alone is not None:
+            alone = self.local.tallies.get(key) if key in self.alone_from_seen else None
+            if alone is not None:  # (else the outage's first step counts it: its seed leaves it out)
                 self.local.settle(key, limits, min(reserved, max(alone.reserved, 0)), used, now, slot)
-            self._park(key, apply, frees, self.server.epoch)
+            self._park(key, apply, frees, self.server.epoch, freed_alone=True)
             return
         self._queue(key, apply, urgent=slot, waited=False, frees=frees)  # rule 7
 
