@@ -13,7 +13,9 @@ The invariants, each with the bound the docs state (N routers):
    most one call's reservation. Within a shared fault (the shared server restarted or stalled, a
    router paused past a hold's life) and the minute after it, N times that.
 2. budget: the tokens charged to a budget key never pass the budget by more than one call's
-   reservation per router; N times it where a shared fault came before it ran out.
+   reservation per router, and the tokens of the calls a router killed before then had in
+   flight or answered in its last ROW_LOSS_S (their settles died with it); N times the budget
+   where a shared fault came before it ran out.
 3. parallel: a key's calls at the boxes at once (as the boxes saw them, which is inside the
    key's slots) never pass max_parallel (N times it in a shared fault, the paused router's holds
    having expired while its calls ran).
@@ -136,6 +138,12 @@ def check(history: list[dict], rows: list[dict]) -> dict:
             bound = limits["budget_tokens"] + routers * reservation
             if any(start <= (ran_out or settings["end"]) for start, _ in shared):  # spent alone, in part
                 bound = routers * limits["budget_tokens"]
+            # a router killed before then took its calls' settles with it: their tokens (those
+            # it had in flight, or answered in its last flush) reached no tally
+            bound += sum(call.get("tokens") or reservation for kill in kills
+                         if kill["start"] <= (ran_out or settings["end"])
+                         for call in calls if call.get("key") == name and call["router"] == kill["router"]
+                         and call["sent"] <= kill["start"] <= (call.get("answered") or call["sent"]) + ROW_LOSS_S)
             worst(f"{name}.budget", spent, bound)
             if spent > bound:
                 findings.append(f"budget: {name} charged {spent} tokens (bound {bound})")

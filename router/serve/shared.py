@@ -436,6 +436,10 @@ class SlotLeases:
         if not server.up:
             back = server.reached
             server.came_up()
+            # before any call of this router asks the server again: what it counted alone is
+            # drawn there first, so N routers pass a key's limits at most N times
+            # (store/shared_counters.py rule 3)
+            self.upkeep()
             if back:
                 self.on_back()
         for box, count in zip(boxes, results):

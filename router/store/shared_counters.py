@@ -53,6 +53,8 @@ Rules:
    next write (its calls still run).
 6. The budget period rolls over inside the rules (limits rule 6) at the first step after the
    boundary, on whichever router takes it; the CAS makes that one step, so no lease is needed.
+   A tally the server no longer holds where this router saw one (a restarted server) goes on
+   from the copy this router saw (`_carry_over`) until the store's seed.
 7. A settle that gives back no `max_parallel` slot is in no hurry: it rides the next round trip
    anyone sends (the key's next call, the sync within a second), where it is one write with the
    steps asked meanwhile. Until then the tally holds the call's reservation rather than its
@@ -338,7 +340,10 @@ class SharedCounters:
                     if future is not None and not future.done():
                         future.set_result(result)
             else:  # another router wrote since (or a hold expired): the steps again, on the server's copy
-                self._saw(name, unpack(reply[2]), reply[1], held_by_others(reply[3], self.tag))  # type: ignore[index]
+                fresh = unpack(reply[2])  # type: ignore[index]
+                if not reply[2]:  # type: ignore[index]
+                    self._carry_over(name, fresh)
+                self._saw(name, fresh, reply[1], held_by_others(reply[3], self.tag))  # type: ignore[index]
                 if tries > 1:
                     self._write(name, batch, tries - 1)
                     return
@@ -398,6 +403,18 @@ class SharedCounters:
         held[0] += calls
         held[1] += tokens
         held[2] = 0.0  # written at the next sync
+
+    def _carry_over(self, name: str, fresh: Tally) -> None:
+        """Rule 6: the server holds no tally where this router saw one (a restarted server: its
+        new run lost them all): the budget's use and the windows as this router last saw them go
+        on in the new one, so no call is admitted on an empty tally before the store's seed comes
+        (the key upkeep's, within a second). Never below what it saw: the seed raises it."""
+        seen = self.seen.get(name)
+        if seen is None:
+            return
+        old = seen[0]
+        fresh.req_drawn, fresh.tok_drawn, fresh.stamp = old.req_drawn, old.tok_drawn, old.stamp
+        fresh.period_start, fresh.period_end, fresh.used = old.period_start, old.period_end, old.used
 
     def _saw(self, name: str, tally: Tally, version: bytes, others: tuple[int, int]) -> None:
         if len(self.seen) >= MAX_SEEN and name not in self.seen:
