@@ -21,26 +21,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def no_lease() -> None:
-    from router.serve.shared import SlotLeases
+    from router.core.slots import Slot
+    from router.fleetwide.leases import SlotLeases
 
-    async def take(self, load, box):
+    def take(self, load, box):
         load.count_on(box)
-        return True
+        return Slot.GO
 
     SlotLeases.ask = lambda self, load, box: None
     SlotLeases.take = take
 
 
 def drop_settle() -> None:
-    from router.store.shared_counters import SharedCounters
+    from router.fleetwide.tallies import SharedCounters
 
     SharedCounters.settle = lambda self, *args, **kwargs: None
 
 
 def no_hold_expiry() -> None:
-    from router.store import shared_counters
+    from router.fleetwide import tallies
 
-    shared_counters.HOLD_MS = 10**12
+    tallies.HOLD_MS = 10**12
 
 
 def drop_parked_rows() -> None:

@@ -55,7 +55,7 @@ import faults_check  # noqa: E402
 from router.sim import SimFleet  # noqa: E402
 from router.sim.behavior import Behavior  # noqa: E402
 from router.sim.hugpy import SimBox  # noqa: E402
-from router.store.shared_counters import HOLD_S  # noqa: E402
+from router.fleetwide.tallies import HOLD_S  # noqa: E402
 
 ROUTERS = 3
 BOXES = 4
@@ -388,7 +388,7 @@ DOWN_RE = re.compile(r"^(\S+ \S+) WARNING router.shared: shared server \S+ is (D
 
 
 def shared_down_windows(log: Path) -> list[dict]:
-    """When a router saw the shared server down (its own warning lines, store/shared.py rule 4):
+    """When a router saw the shared server down (its own warning lines, fleetwide/wire.py rule 4):
     an injected fault, or a round trip past its deadline on a loaded machine. Its counts are
     alone then, whatever the cause, so the checker gives those moments the outage's bound."""
     windows, down = [], None

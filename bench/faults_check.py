@@ -11,7 +11,10 @@ The invariants, each with the bound the docs state (N routers):
 1. keys: a key's rpm bucket, replayed over the calls it admitted (route-log rows not answered 429
    or 403), never holds more than rpm + 1; tpm likewise over the tokens charged, past tpm by at
    most one call's reservation. Within a shared fault (the shared server restarted or stalled, a
-   router paused past a hold's life) and the minute after it, N times that.
+   router paused past a hold's life) and the minute after it, N times that. A restart of the
+   shared server empties the replayed buckets: its new run starts the windows from the copy the
+   first router to write there saw (docs: what it forgets), at worst empty, and the
+   routers' draws from then on are all it counts.
 2. budget: the tokens charged to a budget key never pass the budget by more than one call's
    reservation per router, and the tokens of the calls a router killed before then had in
    flight or answered in its last ROW_LOSS_S (their settles died with it); N times the budget
@@ -89,6 +92,7 @@ def check(history: list[dict], rows: list[dict]) -> dict:
     shared = _windows(faults, SHARED_FAULTS, settings["hold_s"] + 1.0)
     shared_minute = _windows(faults, SHARED_FAULTS, AFTER_SHARED_FAULT_S)
     kills = [f for f in faults if f["kind"] == "router_kill"]
+    restarted = sorted(f["start"] for f in faults if f["kind"] == "redis_restart")
     findings: list[str] = []
     figures: dict = {"calls": len(calls), "faults": Counter(f["kind"] for f in faults), "worst": {}}
     rows_by_id = {row["request_id"]: row for row in rows}
@@ -121,7 +125,11 @@ def check(history: list[dict], rows: list[dict]) -> dict:
             if limits.get(limit) is None:
                 continue
             rate, level, last = limits[limit], 0.0, None
+            restarts = iter(restarted)
+            forget = next(restarts, None)
             for moment, amount in amounts:
+                while forget is not None and forget <= moment:  # the server's new run forgot them
+                    level, forget = 0.0, next(restarts, None)
                 if last is not None:
                     level = max(0.0, level - (moment - last) * rate / WINDOW_S)
                 level, last = level + amount, moment

@@ -47,7 +47,7 @@ loop runs ~50 times slower than the server answers, so more calls share each rou
 they would (the legs report round trips a call): the count is the per-command work, and the
 per-round-trip work less than its share.
 
-`--round-trips` times the client alone (store/shared.py's SharedServer, no router): the loop
+`--round-trips` times the client alone (fleetwide/wire.py's SharedServer, no router): the loop
 CPU and wall time of one command at a time, and of 8 callers asking at once (their commands
 share round trips), against a throw-away redis-server.
 """
@@ -241,7 +241,7 @@ async def round_trips(calls: int = 5000) -> dict:
     """The client's own cost a command: one at a time (a round trip each), and 8 at a time."""
     from engines import RedisServer
 
-    from router.store.shared import SharedServer
+    from router.fleetwide.wire import SharedServer
 
     redis = RedisServer()
     server = SharedServer(redis.url)

@@ -1,6 +1,6 @@
 # Included by router/_fastpath.pyx (the one compiled module).
 #
-# RESP for the shared server's round trips (router/store/shared.py's Wire). Rules:
+# RESP for the shared server's round trips (router/fleetwide/wire.py's Wire). Rules:
 # 1. `resp_commands(commands)` writes a round trip's commands (a list) as one buffer: each
 #    command (a tuple of arguments) an array of bulk strings. An argument is bytes (as is), str
 #    (UTF-8), or int or float (its `str`); anything else is a TypeError, raised before anything

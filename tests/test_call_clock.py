@@ -12,6 +12,7 @@ import uvloop
 
 from router.facades.openai import FACADE
 from router.core.lifecycle import Event
+from router.fleetwide.seam import ONE_ROUTER_SLOTS
 from router.serve import body, proxy
 from router.serve.clock import CallClock
 from router.serve.edge import AsgiEdge
@@ -42,8 +43,9 @@ class StubClient:
 
 
 def stub_app(clock: CallClock, observed: list) -> types.SimpleNamespace:
-    return types.SimpleNamespace(clock=clock, max_body_bytes=1 << 20, observe=observed.append,
-                                 reservations=None, scheduler=None, admission=None, leases=None,
+    return types.SimpleNamespace(clock=clock, config=types.SimpleNamespace(max_body_bytes=1 << 20),
+                                 observe=observed.append,
+                                 reservations=None, scheduler=None, admission=None, slots=ONE_ROUTER_SLOTS,
                                  tenancy=types.SimpleNamespace(ended=lambda record, charge: None))
 
 

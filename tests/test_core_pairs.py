@@ -140,6 +140,22 @@ def test_option_over_pair_settings_as_the_box_merges_them():
     assert pairs.contract(view, "other", None) is None
 
 
+def test_a_views_contracts_are_remembered_by_the_view_and_bounded():
+    """The memo belongs to the view (no module-level memo keyed on id()): a view with equal
+    settings starts empty, an absent contract is remembered too, and a full memo starts over."""
+    rows = [{"worker": "w", "model_key": "m", "settings": {"kv_cache_type": "q8_0"}}]
+    view = pairs.pair_view(rows, "w")
+    first = pairs.contract(view, "m", "ram-only")
+    assert pairs.contract(view, "other", None) is None
+    assert view.contracts == {("m", "ram-only", None): first, ("other", None, None): None}
+    assert pairs.contract(view, "m", "ram-only") is first  # looked up, not worked out again
+    equal = pairs.pair_view(rows, "w")
+    assert equal == view and equal.contracts == {}  # the memo is no part of the view's value
+    for n in range(pairs.CONTRACT_MEMO):
+        pairs.contract(view, f"m{n}", None)
+    assert 0 < len(view.contracts) <= pairs.CONTRACT_MEMO
+
+
 def test_option_tokens_become_the_boxs_knobs():
     assert pairs.option_knobs("ctx-low+fa+kv-q4_0+no-moe") == {
         "ctx_preset": "low", "flash_attn": True, "kv_cache_type": "q4_0", "moe": False}

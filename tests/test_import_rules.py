@@ -9,13 +9,18 @@ The rules, per room, as the rooms of the project it may import (its own room alw
   or facades;
 - facades are tables of routes plus small functions: core, the compiled field scanner
   `_fastpath`, and the package's `__version__`; never the I/O rooms or serve;
+- fleetwide (several routers on one shared server: its wire, the keys' tallies, the boxes' leases,
+  the affinity bindings) stands on core, _fastpath, store and boxes; serve uses it, never the
+  other way;
 - serve may import every room but the CLI and the simulated boxes;
 - sim shares no rule with the router: a stand-in must not import what it tests;
 - cli is the entry point: every room (it starts the simulated fleet as a child process).
 
-Inside serve, no module imports one that imports it back, even for a type only: where two
-pieces talk both ways, one side names what it needs as a protocol (proxy.CallHost,
-admin.AdminApp, load.SlotFreed).
+Anywhere in router/, within a room or across rooms, no module imports one that imports it back
+(directly or through others), even for a type only or inside a function: where two pieces talk
+both ways, one side names what it needs as a protocol (serve's proxy.CallHost, admin.AdminApp,
+load.SlotFreed; sim's connection.Box), or the piece both need moves below them
+(boxes/registry.py picks the registry above the file and the tables).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 import pytest
 
 ROUTER = Path(__file__).resolve().parents[1] / "router"
-ROOMS = ("core", "_fastpath", "boxes", "telemetry", "upstream", "facades", "serve", "store", "sim", "cli")
+ROOMS = ("core", "_fastpath", "boxes", "telemetry", "upstream", "facades", "fleetwide", "serve", "store", "sim",
+         "cli")
 PACKAGE = "router"  # router/__init__.py: the version only; importing any room runs it anyway
 
 ALLOWED: dict[str, frozenset[str]] = {
@@ -39,6 +45,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "boxes": frozenset({"core", "_fastpath", "upstream", "store"}),
     "telemetry": frozenset({"core", "_fastpath", "boxes", "upstream", "store"}),
     "facades": frozenset({"core", "_fastpath", PACKAGE}),
+    "fleetwide": frozenset({"core", "_fastpath", "boxes", "store"}),
     "serve": frozenset(ROOMS) - {"cli", "sim"} | {PACKAGE},
     "sim": frozenset(),
     "cli": frozenset(ROOMS) | {PACKAGE},
@@ -128,16 +135,19 @@ def test_the_reader_sees_relative_function_level_and_from_package_imports(tmp_pa
     ]
 
 
-def module_graph(room: str) -> dict[str, set[str]]:
-    """module -> the modules of the same room it imports, TYPE_CHECKING blocks included."""
+def module_graph() -> dict[str, set[str]]:
+    """module -> the modules of router/ it imports, in its room or another, module-level and
+    function-level alike, TYPE_CHECKING blocks included. A package named itself (`from
+    router.sim import X`) is its `__init__`."""
+    paths = [*sorted(ROUTER.glob("*.py")), *(path for room in ROOMS for path in modules(room))]
+    names = {dotted(path) for path in paths}
     graph: dict[str, set[str]] = {}
-    names = {dotted(path) for path in modules(room)}
-    for path in modules(room):
+    for path in paths:
         reached = set()
         for _, target in imported(path):
             while target and target not in names:
                 target = target.rpartition(".")[0]  # `from router.serve.x import Y` reaches x
-            if target and target != f"router.{room}":
+            if target:
                 reached.add(target)
         graph[dotted(path)] = reached - {dotted(path)}
     return graph
@@ -175,8 +185,20 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_serve_has_no_import_circle():
-    assert circles(module_graph("serve")) == []
+def test_router_has_no_import_circle():
+    assert circles(module_graph()) == []
+
+
+def test_the_graph_sees_a_circle_across_rooms_through_a_function_level_import(tmp_path, monkeypatch):
+    for room, text in (("boxes", "from router.store.engines import pick\n"),
+                       ("store", "def pick():\n    from router.boxes import fleet\n")):
+        (tmp_path / "router" / room).mkdir(parents=True)
+        (tmp_path / "router" / room / "__init__.py").write_text("")
+        (tmp_path / "router" / room / ("fleet.py" if room == "boxes" else "engines.py")).write_text(text)
+    (tmp_path / "router" / "__init__.py").write_text("")
+    (tmp_path / "router" / "_fastpath.pyx").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "ROUTER", tmp_path / "router")
+    assert circles(module_graph()) == [["router.boxes.fleet", "router.store.engines"]]
 
 
 def test_the_circle_finder_sees_a_type_only_circle():

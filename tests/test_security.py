@@ -432,8 +432,9 @@ def test_admin_uploads_have_the_proxied_routes_body_timeout(handler, path):
              "headers": [(b"content-type", b"application/json"), (b"content-length", b"10")]}
     hugpy = types.SimpleNamespace(config=types.SimpleNamespace(kind=BoxKind.HUGPY))
     clock = CallClock()  # it keeps every body's deadline, the admin's too; never started: ticked here
+    settings = types.SimpleNamespace(max_body_bytes=1 << 20)
     app = types.SimpleNamespace(shared=types.SimpleNamespace(fleet=types.SimpleNamespace(get=lambda name: hugpy),
-                                                             keys=None, max_body_bytes=1 << 20, clock=clock))
+                                                             keys=None, config=settings, clock=clock))
     client = SilentUpload()
 
     async def main() -> None:

@@ -1,4 +1,4 @@
-"""Affinity bindings shared across routers (serve/shared.py rule 8): a session that reached one
+"""Affinity bindings shared across routers (fleetwide/bindings.py): a session that reached one
 router goes to the same box when its next call reaches another, through the redis-server; the
 server down, each router keeps its own."""
 

@@ -1,5 +1,5 @@
 """What a router holds on the shared server for a key's calls expires unless that router renews it
-(store/shared_counters.py rules 3 and 5): a router killed mid-call, a server that stalls while
+(fleetwide/tallies.py rules 3 and 5): a router killed mid-call, a server that stalls while
 calls end, a budget reservation lost across a period's reset, and a queued call's wait, each
 bounded. Real time: the holds expire on redis-server's own clock (HOLD_S), and the routers are
 other processes."""
@@ -14,9 +14,10 @@ import time
 import pytest
 
 from router.core.limits import Limits, Refused
+from router.core.slots import Slot
 from router.sim.hugpy import Behavior, SimBox
-from router.store.shared import PREFIX, SharedServer
-from router.store.shared_counters import HOLD_S, SharedCounters, unpack
+from router.fleetwide.wire import PREFIX, SharedServer
+from router.fleetwide.tallies import HOLD_S, SharedCounters, unpack
 
 from conftest import wait_for
 from test_admission import call, chat_calls
@@ -27,7 +28,7 @@ from test_tenancy import bearer, new_key
 
 pytestmark = pytest.mark.timeout(120)
 
-SYNC_S = 1.0  # serve/shared.py: the sync that renews holds and writes parked settles
+SYNC_S = 1.0  # fleetwide/leases.py: the sync that renews holds and writes parked settles
 
 
 def two_routers_with_a_key(fleet, routers, redis_server, tmp_path, box, extra=(), **limits):
@@ -93,15 +94,15 @@ def test_a_lost_reservation_expires_and_never_refuses_once_the_period_resets(red
         dead, live = SharedCounters(server, closed=False), SharedCounters(server, closed=False)
         today = time.time()
         assert (await dead.admit("key:lost", limits, "m", 1000, today)).__class__ is tuple
-        assert await dead.take_parallel("key:lost", limits)
+        assert await dead.take_parallel("key:lost", limits) is Slot.GO
         refused = await live.admit("key:lost", limits, "m", 10, today)
         assert refused.__class__ is Refused and refused.reason == "budget_exceeded"
-        assert not await live.take_parallel("key:lost", limits)
+        assert await live.take_parallel("key:lost", limits) is Slot.WAIT
         await asyncio.sleep(HOLD_S + 0.5)  # real time: the hold expires on the server's clock
         tomorrow = today + 86400
         assert (await live.admit("key:lost", limits, "m", 10, tomorrow)).__class__ is tuple
         assert (await live.admit("key:lost", limits, "m", 10, today)).__class__ is tuple
-        assert await live.take_parallel("key:lost", limits)
+        assert await live.take_parallel("key:lost", limits) is Slot.GO
         tally = unpack(await server.call(None, "HGET", PREFIX + "tally:key:lost", "d"))
         return tally.reserved, tally.parallel
 
@@ -118,16 +119,16 @@ def test_a_live_router_keeps_its_holds_past_their_life_by_renewing_them(redis_se
         await server.call(None, "DEL", PREFIX + "tally:key:long")
         server.came_up()
         holder, other = SharedCounters(server, closed=False), SharedCounters(server, closed=False)
-        assert await holder.take_parallel("key:long", limits)
+        assert await holder.take_parallel("key:long", limits) is Slot.GO
         for _ in range(int(HOLD_S / SYNC_S) + 2):  # the sync's part, once a second
             holder.upkeep()
             await asyncio.sleep(SYNC_S)
-        assert not await other.take_parallel("key:long", limits)
+        assert await other.take_parallel("key:long", limits) is Slot.WAIT
         holder.settle("key:long", limits, 0, 0, time.time(), True)
         await asyncio.sleep(0.05)  # a settle that frees a slot goes at once
         return await other.take_parallel("key:long", limits)
 
-    assert run(scenario, redis_server) is True
+    assert run(scenario, redis_server) is Slot.GO
 
 
 def test_a_queued_call_ends_by_its_timeout_while_its_keys_slot_is_held_elsewhere(fleet, routers, redis_server,
@@ -148,7 +149,7 @@ def test_a_queued_call_ends_by_its_timeout_while_its_keys_slot_is_held_elsewhere
 
 
 def test_routers_counting_alone_in_a_stall_admit_at_most_n_times_a_limit(fleet, routers, redis_server, tmp_path):
-    """store/shared_counters.py rule 3: each router alone starts from the tally it last saw, so
+    """fleetwide/tallies.py rule 3: each router alone starts from the tally it last saw, so
     two routers pass an rpm at most twice over a window that holds a stall, the calls the server
     admitted before it included (each alone from its own count would make it three times)."""
     rpm = 30
@@ -185,7 +186,7 @@ def test_a_call_that_ends_in_an_outage_frees_its_slot_for_the_calls_counted_alon
         server.came_up()
         counters = SharedCounters(server, closed=False)
         assert (await counters.admit("key:ended", limits, "m", 100, time.time())).__class__ is tuple
-        assert await counters.take_parallel("key:ended", limits)
+        assert await counters.take_parallel("key:ended", limits) is Slot.GO
         server.went_down(ConnectionError("the test's outage"))
         counters.settle("key:ended", limits, 100, 50, time.time(), True)  # ends before any step alone
         first = await counters.take_parallel("key:ended", limits)  # the outage's first step: its seed
@@ -193,4 +194,33 @@ def test_a_call_that_ends_in_an_outage_frees_its_slot_for_the_calls_counted_alon
         second = await counters.take_parallel("key:ended", limits)
         return first, second
 
-    assert run(scenario, redis_server) == (True, True)
+    assert run(scenario, redis_server) == (Slot.GO, Slot.GO)
+
+
+def test_what_a_router_admitted_alone_is_drawn_whole_once_the_server_is_back(redis_server):
+    """Rule 3: the calls a router admitted alone are drawn on the server as they were counted, not
+    as a bucket drained meanwhile: the server's bucket drains through the outage by itself, so a
+    second drain would let a saturated key past its rpm by the outage's drain on every outage
+    (the 30-minute fault run: 35 calls a 3 s stall, never paid back)."""
+    rpm = 600  # 10 a second
+    limits = Limits(rpm=rpm)
+
+    async def scenario(server: SharedServer):
+        await server.call(None, "DEL", PREFIX + "tally:key:alone")
+        server.came_up()
+        counters = SharedCounters(server, closed=True)  # no credits: each admission asks the server
+        start = time.time() - 3.0
+        full = [await counters.admit("key:alone", limits, "m", 0, start) for _ in range(rpm + 2)]
+        assert [a.__class__ for a in full].count(Refused) == 2
+        counters.closed = False  # open for the outage: it counts alone
+        server.went_down(ConnectionError("the test's outage"))
+        alone = [await counters.admit("key:alone", limits, "m", 0, start + second)
+                 for second in (1, 2, 3) for _ in range(10)]
+        assert Refused not in [a.__class__ for a in alone]  # each second's drain, admitted alone
+        server.came_up()
+        counters.upkeep()
+        counters.closed = True
+        after = [await counters.admit("key:alone", limits, "m", 0, time.time()) for _ in range(10)]
+        return [a.__class__ for a in after].count(Refused)
+
+    assert run(scenario, redis_server) >= 9  # full again: the 30 alone paid for the 3 s drained

@@ -1,4 +1,4 @@
-"""Several routers on one redis-server (serve/shared.py): a box's `max_inflight` holds across
+"""Several routers on one redis-server (fleetwide/leases.py): a box's `max_inflight` holds across
 routers, a router killed with SIGKILL gives its slots back within the lease bound, a server
 that goes down is a stated mode (`--shared-down open|closed`), never a hang, and a lease parked
 for the next call (rule 9) costs that call no round trip and comes back when it could matter.
@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 import redis
 
-from router.serve.shared import LEASE_TTL_S, SYNC_S, slots_key
+from router.fleetwide.leases import LEASE_TTL_S, SYNC_S, slots_key
 from router.sim import SimFleet
 from router.sim.hugpy import Behavior, SimBox
 
@@ -25,7 +25,7 @@ from test_admission import call, chat_calls, get_json, max_concurrency
 
 pytestmark = pytest.mark.timeout(90)
 
-DEAD_ROUTER_BOUND_S = LEASE_TTL_S + SYNC_S  # serve/shared.py rule 3: 6 s, under the issue's 10 s
+DEAD_ROUTER_BOUND_S = LEASE_TTL_S + SYNC_S  # fleetwide/leases.py rule 3: 6 s, under the issue's 10 s
 IDLE_PARKED_BOUND_S = 2 * SYNC_S  # rule 9: idle through a whole SYNC_S, given back at the next sync
 
 
@@ -303,7 +303,7 @@ def test_one_router_without_a_shared_url_has_no_shared_state(start_fleet_in_proc
 
 
 def test_a_server_that_stops_answering_costs_a_call_at_most_the_round_trip_timeout(fleet, routers, redis_server):
-    from router.store.shared import ROUND_TRIP_TIMEOUT_S
+    from router.fleetwide.wire import ROUND_TRIP_TIMEOUT_S
 
     box = SimBox("a", residents=["tiny"])
     fleet(box)

@@ -2,7 +2,7 @@
 PostgreSQL processes, real `router serve` processes. A shared server that refuses the router (a
 wrong password, an unknown database) or a URL that cannot be used ends the start with exit 2 and
 one line, the password masked, unless `--shared-down open` is given: then it starts, and says
-why at warning level once, with what it does meanwhile (store/shared.py rules 4, 5 and 8). A
+why at warning level once, with what it does meanwhile (fleetwide/wire.py rules 4, 5 and 8). A
 server merely down at start is that warning too, and its coming back another. A PostgreSQL store
 that refuses the router's password ends the start the same way."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from router.store.shared import shown_url
+from router.fleetwide.wire import shown_url
 
 from conftest import ROOT, RouterProcess, wait_for, write_boxes
 

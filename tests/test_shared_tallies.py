@@ -1,4 +1,4 @@
-"""Per-key limits on one redis-server across routers (store/shared_counters.py): `rpm` exact
+"""Per-key limits on one redis-server across routers (fleetwide/tallies.py): `rpm` exact
 (±1), `max_parallel` never exceeded at the box, and the shared server's outage in both modes.
 
 The two routers share one SQLite store (one HUGPY_ROUTER_HOME) so that they know the same keys;
@@ -17,8 +17,8 @@ from hypothesis import given, strategies as st
 
 from router.core.limits import Limits, Tally
 from router.sim.hugpy import Behavior, SimBox
-from router.store.shared import PREFIX, SharedDown, SharedServer
-from router.store.shared_counters import CREDIT_FIRST_CALLS, CREDIT_S, SharedCounters, copy, pack, unpack
+from router.fleetwide.wire import PREFIX, SharedDown, SharedServer
+from router.fleetwide.tallies import CREDIT_FIRST_CALLS, CREDIT_S, SharedCounters, copy, pack, unpack
 
 from conftest import wait_for
 from test_admission import call, chat_calls, max_concurrency, request
@@ -136,7 +136,7 @@ def test_a_restarted_server_gets_the_budgets_back_from_the_store(fleet, routers,
 
 def test_a_keyed_call_to_a_box_with_a_limit_waits_for_one_round_trip(fleet, routers, redis_server, tmp_path):
     """The admission's compare-and-set and the box's lease go out together, the gives and settles
-    ride the next call's round trip (serve/shared.py rule 1, shared_counters rule 7)."""
+    ride the next call's round trip (fleetwide/leases.py rule 1, shared_counters rule 7)."""
     box = SimBox("a", residents=["tiny"])
     fleet(box)
     (router,) = routers([box], 1, ("--shared-url", redis_server.url), {"a": {"max_inflight": 4}},
@@ -234,7 +234,7 @@ def test_a_credit_admits_with_no_round_trip_gives_back_the_rest_and_is_not_spent
         redis_server.stop()
         redis_server.start()  # a new run: what the credit drew is gone
         await asyncio.sleep(0.1)
-        assert not server.up  # the idle connection's close said so (store/shared.py rule 3)
+        assert not server.up  # the idle connection's close said so (fleetwide/wire.py rule 3)
         for _ in range(2):  # what the first connection to the new run carries is failed, not sent
             try:
                 await server.call(None, "PING")

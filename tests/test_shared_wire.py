@@ -1,4 +1,4 @@
-"""The call path's round trips to the shared server (store/shared.py rules 2-3), in this process
+"""The call path's round trips to the shared server (fleetwide/wire.py rules 2-3), in this process
 against a redis-server of the test's own: what is asked in one loop iteration goes out as one
 round trip, in order; a script the server forgot is loaded again; an error reply fails only its
 own command; a server that stops answering fails the round trip at its deadline and is found
@@ -13,7 +13,7 @@ import time
 import pytest
 import uvloop
 
-from router.store.shared import ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
+from router.fleetwide.wire import ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -123,7 +123,7 @@ def test_a_server_that_stops_answering_fails_the_round_trip_at_its_deadline(redi
 
 
 def test_the_server_may_be_named_by_its_unix_socket(redis_server):
-    """store/shared.py rule 6: `unix://PATH?db=N` connects to the socket and selects the database."""
+    """fleetwide/wire.py rule 6: `unix://PATH?db=N` connects to the socket and selects the database."""
     import redis
 
     async def scenario(server: SharedServer):

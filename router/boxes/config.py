@@ -34,7 +34,7 @@ Rules:
    module's `parse`, so every rule here holds there too, except that its `load` skips a bad
    entry (`skipped`, its line) where the file's refuses the file (router.boxes.fleet rule 4).
    `peers` are the routers whose listeners no box may name (router.boxes.listeners rule 4:
-   none for the file, whose router checks its own). `registry_for` picks one.
+   none for the file, whose router checks its own). router.boxes.registry picks one.
 """
 
 from __future__ import annotations
@@ -425,12 +425,3 @@ class FileRegistry:
 
     def withdraw(self, instance: str) -> None:
         pass
-
-
-def registry_for(path: Path, database_url: str | None) -> Registry:
-    """The boxes file at `path`, or the registry in the database at `database_url` (rule 8)."""
-    if database_url is None:
-        return FileRegistry(path)
-    from router.boxes.pg_registry import PgRegistry
-
-    return PgRegistry(database_url)

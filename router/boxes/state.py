@@ -30,7 +30,7 @@ Invariants:
    when more. A call that ended is not pending a moment longer, so calls that follow each other
    follow the ranking exactly; a burst, still running, spreads. The scheduler's snapshot
    `pending` (shown in the state) is that figure at snapshot time.
-   With several routers (serve/shared.py), `others` is what the other routers hold on the box
+   With several routers (fleetwide/leases.py), `others` is what the other routers hold on the box
    as last read from the shared server (0 for one router); it adds to `in_flight` wherever the
    box's fullness and load are read, and a change of it bumps `version`.
 5. Prefix cache epochs (router.core.affinity rule 3c): `cache_epoch(key)` changes whenever what

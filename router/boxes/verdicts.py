@@ -21,15 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from router.boxes.link import Link
+from router.boxes.state import Inventory
 from router.core.pairs import Fit, fits_by_model
-
-if TYPE_CHECKING:
-    from router.boxes.hugpy import HugpyLink
-    from router.boxes.state import Inventory
 
 log = logging.getLogger("router.boxes")
 
@@ -41,7 +39,10 @@ NO_ROW_GRACE_S = 10.0  # §11.1.4: a new model was priced 1.45 s after the catal
 
 
 class VerdictReader:
-    def __init__(self, link: HugpyLink) -> None:
+    """The verdicts of a hugpy link's box, read through the link's `get` (its box key): a Link,
+    not the HugpyLink that holds this reader, so that the two modules do not import each other."""
+
+    def __init__(self, link: Link) -> None:
         self.link = link
         self.wanted = asyncio.Event()
         self.seen: tuple | None = None  # (catalog keys, pair settings) last asked about

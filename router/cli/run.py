@@ -20,7 +20,8 @@ import uvloop
 
 from router.boxes import config as boxes_config
 from router.core.affinity import OFF, Slack
-from router.serve.server import ServeConfig, serve
+from router.serve.server import serve
+from router.serve.settings import SETTINGS, ServeConfig
 from router.store import paths as store_paths
 
 log = logging.getLogger("router.cli")
@@ -30,40 +31,9 @@ def _config(args: argparse.Namespace, boxes_path: Path, store_path: Path | None 
     if args.require_key:
         # The access gate reads its settings from the environment at start; the flag beats it.
         os.environ["HUGPY_ROUTER_REQUIRE_KEY"] = args.require_key
-    return ServeConfig(
-        store_path=store_path,
-        host=args.host,
-        port=args.port,
-        boxes_path=boxes_path,
-        interface=args.interface,
-        max_body_bytes=args.max_body,
-        first_byte_timeout_s=args.first_byte_timeout,
-        stream_idle_timeout_s=args.stream_idle_timeout,
-        grace_s=args.grace,
-        ollama_port=args.ollama_port,
-        lmstudio_port=args.lmstudio_port,
-        health_port=args.health_port,
-        queue_size=args.queue_size,
-        queue_timeout_s=args.queue_timeout,
-        queue_per_caller=args.queue_per_caller,
-        stream_keepalive_s=args.stream_keepalive,
-        max_event_streams=args.max_event_streams,
-        log_retention_days=args.log_retention_days,
-        default_rpm=args.default_rpm or None,
-        default_tpm=args.default_tpm or None,
-        default_max_tokens=args.default_max_tokens,
-        idle_timeout_s=args.idle_timeout,
-        max_conns_per_client=args.max_conns_per_client,
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
-        otel=args.otel,
-        affinity_slack=Slack(args.affinity_slack, args.affinity_slack_share) if args.affinity == "on" else OFF,
-        affinity_memory_bytes=args.affinity_memory,
-        instance=args.instance,
-        database_url=args.database_url,
-        shared_url=args.shared_url,
-        shared_down=args.shared_down,
-    )
+    given = {setting.field: getattr(args, setting.dest) for setting in SETTINGS if setting.field is not None}
+    slack = Slack(args.affinity_slack, args.affinity_slack_share) if args.affinity == "on" else OFF
+    return ServeConfig(**given, boxes_path=boxes_path, store_path=store_path, affinity_slack=slack)
 
 
 def _announce(name: str, url: str) -> None:

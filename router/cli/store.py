@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from router.boxes import config as boxes_config
+from router.boxes.registry import registry_for
 from router.store import engines, paths
 
 
@@ -40,7 +41,7 @@ def registry_of(args: argparse.Namespace) -> tuple[boxes_config.Registry, str]:
     database (rule 1)."""
     path = Path(os.path.realpath(args.boxes_file or boxes_config.default_path()))
     url = database_of(args)
-    registry = boxes_config.registry_for(path, url)
+    registry = registry_for(path, url)
     return registry, str(args.boxes_file or boxes_config.default_path()) if url is None else registry.where
 
 

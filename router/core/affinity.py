@@ -94,18 +94,13 @@ DEFAULT_SLACK = Slack(2.0, 0.5)
 
 class Key(NamedTuple):
     """A call's affinity key: its kind (rule 1) and, for a bound kind, the hash of its scoped
-    parts (scope, model, kind, value) and those parts, whose text (`identity`) several routers
+    parts (scope, model, kind, value) and those parts, whose text (`identity_of`) several routers
     share a binding under (rule 9); for a prefix, the chain (the scope is in its seed)."""
 
     kind: str
     bound: int = 0
     chain: tuple[int, ...] = ()
-    scoped: tuple = ()
-
-    @property
-    def identity(self) -> str:
-        """Worked out only when asked: only routers that share their bindings need it."""
-        return identity_of(*self.scoped)
+    scoped: tuple = ()  # several routers share a binding under these parts' text (`identity_of`)
 
 
 def bound_key(headers: Mapping[str, str], fields: Sequence[object], scope: Hashable,

@@ -39,7 +39,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
 8. Retry-After: rpm, the time until one request fits again; tpm, until the bucket is below its
    limit again; budget, until the period ends; whole seconds, at least 1.
 9. A credit (`grant`) draws requests and tokens ahead of the calls that will spend them (several
-   routers: store/shared_counters.py rule 8): as `admit` draws them, rpm +requests, tpm and the
+   routers: fleetwide/tallies.py rule 8): as `admit` draws them, rpm +requests, tpm and the
    budget's reserved +tokens, so what a credit holds counts as spent. It takes at most
    1/(CREDIT_ROOM + 1) of what is left of each limit, so a key near a limit gets none and each of
    its calls is admitted by `admit` itself. A call served from a credit is the same as one `admit`

@@ -76,6 +76,9 @@ class PairView:
     blanket: Mapping[str, Any] = field(default_factory=dict)
     blanket_blocked: bool = False
     rows: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # `contract`'s memo, (model key, options, knobs) -> contract: it lives and goes with the view
+    contracts: dict[tuple[str, str | None, str | None], str | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
 
 EMPTY = PairView()
@@ -202,12 +205,11 @@ def merge(saved: Mapping[str, Any], call: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # The decision asks for a contract per box per call whenever a box's facts moved (every call's
-# start and end), and a box's view lives until its settings change: each (view, model, options,
-# knobs) is worked out once (~4 µs: a merge and a JSON dump), then looked up. The entry holds
-# its view, so the id in its key cannot be reused while it is there. Bounded: past
-# CONTRACT_MEMO entries the memory starts over.
+# start and end), and a box's view lives until its settings change: each (model, options, knobs)
+# is worked out once per view (~4 µs: a merge and a JSON dump), then looked up in the view's
+# own memo (`PairView.contracts`). Bounded: past CONTRACT_MEMO entries a view's memo starts over.
 CONTRACT_MEMO = 1024
-_contracts: dict[tuple[int, str, str | None, str | None], tuple[PairView, str | None]] = {}
+_UNSEEN = object()
 
 
 def contract(view: PairView, key: str, options: str | None, knobs: str | None = None) -> str | None:
@@ -217,17 +219,17 @@ def contract(view: PairView, key: str, options: str | None, knobs: str | None = 
     as absent, as the box reads it."""
     if view is EMPTY and not options and not knobs:
         return None
-    memo_key = (id(view), key, options, knobs)
-    seen = _contracts.get(memo_key)
-    if seen is not None and seen[0] is view:
-        return seen[1]
+    memo, memo_key = view.contracts, (key, options, knobs)
+    seen = memo.get(memo_key, _UNSEEN)
+    if seen is not _UNSEEN:
+        return seen  # type: ignore[return-value]
     asked = {**json.loads(knobs), **option_knobs(options)} if knobs else option_knobs(options)
     merged = merge(effective(view, key), asked)
     kept = {k: _equal_as_python(v) for k, v in merged.items() if k not in NOT_CONTRACT and v is not None}
     result = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str) if kept else None
-    if len(_contracts) >= CONTRACT_MEMO:
-        _contracts.clear()
-    _contracts[memo_key] = (view, result)
+    if len(memo) >= CONTRACT_MEMO:
+        memo.clear()
+    memo[memo_key] = result
     return result
 
 

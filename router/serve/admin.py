@@ -35,12 +35,14 @@ from router.core import access
 from router.core.errors import BadRequest, ConfigError
 from router.core.kinds import Capability, can
 from router.core.types import BoxKind
+from router.facades.openai import shape_error
 from router.serve import alias_admin, dashboard, event_feed, fleet_views
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
 from router.serve.clock import CallClock
 from router.serve.dashboard import box_view
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
+from router.serve.settings import ServeConfig
 from router.store import route_log
 from router.serve.tenancy import Tenancy
 from router.store.keys import KeyStore
@@ -55,7 +57,7 @@ class AdminState(Protocol):
     keys: KeyStore
     tenancy: Tenancy
     clock: CallClock
-    max_body_bytes: int
+    config: ServeConfig  # the settings (serve/settings.py)
     store_path: Path
     scraped: CollectorRegistry
 
@@ -113,8 +115,6 @@ async def _json(edge, status: int, doc) -> None:
 
 
 async def _error(app: AdminApp, edge: Edge, status: int, code: str, message: str) -> None:
-    from router.facades.openai import shape_error
-
     await edge.respond(status, [(b"content-type", JSON)], shape_error(status, code, message, None))
 
 
@@ -439,7 +439,7 @@ async def relay(app: AdminApp, edge: Edge) -> None:
     if not can(box.config.kind, Capability.RELAY) or target is None:
         await _error(app, edge, 403, "not_relayed", "this is not a relayed management path")
         return
-    body = await _body(app, edge, app.shared.max_body_bytes)
+    body = await _body(app, edge, app.shared.config.max_body_bytes)
     if body is None:
         return
     content_type = edge.header("content-type")

@@ -13,8 +13,9 @@ its events and carries out its hand-outs:
 4. Retry-After is the queue's length over the recent drain rate, within [1 s, the timeout].
 5. A call whose key is at its `max_parallel` waits too, full for its caller (serve/tenancy.py
    rule 3), for any box its decision ranked: it is handed out only while its key has room, and
-   the hand-out takes its key's slot with its box's. A slot its key frees is offered at once
-   (`offer`).
+   the hand-out takes its key's slot with its box's (several routers: asks it of the shared
+   server, and the call reads the answer before it is sent). A slot its key frees is offered at
+   once (`offer`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class CallerSlot(Protocol):
 
     def has_room(self) -> bool: ...
 
-    def take_slot(self) -> bool: ...
+    def take_slot(self) -> object:
+        """router.core.slots' Slot, or the future of one (several routers: the call reads it)."""
 
 
 class Waiting(Protocol):

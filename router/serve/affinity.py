@@ -17,9 +17,10 @@ Rules:
    and the metrics (per box and model, with the engine-cached tokens the answer reports).
 5. A Responses answer's id is bound to its box, so a call that names it as
    `previous_response_id` goes back there.
-6. Several routers (`shared`, serve/shared.py rule 8): a bound key with no binding here is looked
-   up on the shared server before the decision (`steer_shared`), and a binding made or moved here
-   is written there. One router: `shared` is None and nothing of this runs.
+6. Other routers' bindings (`bindings`, fleetwide/seam.py): a bound key with no binding here is
+   looked up there before the decision (`steer` answers a coroutine then: several routers, a
+   round trip to the shared server), and a binding made or moved here is written there. One
+   router: its own index is every binding (ONE_ROUTER_BINDINGS finds none).
 Its cost on a call with a key: the headers' look-up, one chain hash of the prompt at several GB/s,
 a few dict look-ups in the index and one insert per element (bench/callpath_cpu.py `affinity`).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 from collections import defaultdict
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -46,13 +48,13 @@ from router.core.affinity import (
     Slack,
     Steer,
     bound_key,
-    identity_of,
     prefix_key,
     response_key,
 )
 from router.core.kinds import CALL_KEYS
 from router.core.types import new_tuple
 from router.facades.usage import response_id
+from router.fleetwide.seam import ONE_ROUTER_BINDINGS, Bindings
 
 if TYPE_CHECKING:
     from router.boxes.fleet import Fleet
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
     from router.facades.body import Inspected
     from router.serve.edge import Edge
     from router.serve.record import CallRecord
-    from router.serve.shared import SharedBindings
 
 DEFAULT_MEMORY_BYTES = 64 << 20  # ~330k entries: 64 conversations × 256 elements × 20 boxes fit
 _SEED_MASK = (1 << 64) - 1
@@ -73,14 +74,14 @@ class Affinity:
     """One per process (every facade's calls share it)."""
 
     def __init__(self, slack: Slack = DEFAULT_SLACK, memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, bindings: Bindings = ONE_ROUTER_BINDINGS) -> None:
         self.slack = slack
         self.on = not slack.off
         self.index = AffinityIndex(memory_bytes // ENTRY_BYTES, MIN_PULL_DEPTH, BOUND_DEPTH)
         self.fleet = fleet
         self._salt = int.from_bytes(os.urandom(8), "little")  # rule 2
         self._spin = random.getrandbits
-        self.shared: SharedBindings | None = None  # rule 6
+        self.bindings = bindings  # rule 6
         # per (box, model) for the metrics (rule 4)
         self.outcomes: dict[tuple[str, str, str], int] = defaultdict(int)
         self.cached_tokens: dict[tuple[str, str], int] = defaultdict(int)
@@ -97,22 +98,23 @@ class Affinity:
         start, end = prompt
         return prefix_key(prefix_chain(body, start, end, hash((self._salt, scope, model)) & _SEED_MASK))
 
-    def steer(self, key: Key | None) -> Steer | None:
-        """What the decision applies for `key` (None: no key, the seeds' order)."""
-        if key is None:
-            return None
+    def steer(self, key: Key) -> Steer | Awaitable[Steer]:
+        """What the decision applies for `key`; for a bound key with no binding here, the other
+        routers' binding, maybe a round trip away (rule 6)."""
         boxes = self.fleet.boxes if self.fleet is not None else _NO_BOXES  # their cache epochs
-        return new_tuple(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
-
-    async def steer_shared(self, key: Key | None) -> Steer | None:
-        """`steer`, and for a bound key with no binding here, the shared server's (rule 6)."""
-        steer = self.steer(key)
-        if steer is None or steer.pull is not None or key.kind == PREFIX:  # type: ignore[union-attr]
+        steer = new_tuple(Steer, (self.index.pull(key, boxes), True, self.slack, self._spin(32)))
+        if steer.pull is not None or key.kind == PREFIX:
             return steer
-        box = await self.shared.find(key.identity)  # type: ignore[union-attr]
+        found = self.bindings.find(key.scoped)
+        if found is None:
+            return steer
+        return self._bound_elsewhere(key, steer, found)  # type: ignore[arg-type]
+
+    async def _bound_elsewhere(self, key: Key, steer: Steer, finding: Awaitable[str | None]) -> Steer:
+        box = await finding
         if box is None or self.fleet is None or self.fleet.get(box) is None:
             return steer
-        self.index.bind(key.bound, box)  # type: ignore[union-attr]
+        self.index.bind(key.bound, box)  # type: ignore[arg-type]
         return steer._replace(pull=(box, BOUND_DEPTH))
 
     # -- the answer ----------------------------------------------------------------------------
@@ -129,8 +131,8 @@ class Affinity:
         named = CALL_KEYS[(box.config.kind, call.model, call.settings)]  # type: ignore[union-attr]
         if named is not None:
             self.index.learn(key, name, named[0], box.cache_epoch(named[0]), pull[1] if hit else 0)  # type: ignore[union-attr]
-        if self.shared is not None and not hit and key.kind != PREFIX:
-            self.shared.keep(key.identity, name)  # made or moved here (rule 6)
+        if not hit and key.kind != PREFIX:
+            self.bindings.keep(key.scoped, name)  # made or moved here (rule 6)
 
     def observe(self, record: CallRecord, state: str) -> None:
         """A call ended in row state `state`: its outcome and the engine's cached tokens per (box,
@@ -150,8 +152,7 @@ class Affinity:
             if answered is not None:
                 scope = scope_of(record.edge)
                 self.index.bind(response_key(scope, call.model, answered), box.name)
-                if self.shared is not None:
-                    self.shared.keep(identity_of(scope, call.model, RESPONSE, answered), box.name)
+                self.bindings.keep((scope, call.model, RESPONSE, answered), box.name)
 
     # -- the operator's view ------------------------------------------------------------------
     def view(self) -> dict:

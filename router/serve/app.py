@@ -18,11 +18,12 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.core.access import Verdict
 from router.core.bounds import clip
-from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.core.memo import Memo
 from router.facades import mounts, ollama
 from router.facades.mounts import Mount
 from router.facades.table import Body, Facade, Route, with_aliases
+from router.fleetwide.seam import ONE_ROUTER_SLOTS, Slots
+from router.fleetwide.several import SeveralRouters
 from router.serve import admin
 from router.serve.access import AccessGate
 from router.serve.admission import Admission
@@ -34,7 +35,9 @@ from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
 from router.serve.record import CallRecord
+from router.serve.settings import ServeConfig
 from router.serve.tenancy import KeyCollector, Tenancy
+from router.store.counters import LocalCounters
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 from router.telemetry.scheduler import Scheduler
@@ -66,17 +69,14 @@ ROUTING = Memo(_routing, 1024)
 
 class Shared:
     """What every listener of the process shares: the fleet, the reservation table, the
-    scheduler, the store (route log, keys), the access gate, the metrics, the limits, and the
-    clock that keeps the deadlines of the calls in flight (started and stopped by the server)."""
+    scheduler, the store (route log, keys), the access gate, the metrics, the limits, the
+    settings (`config`, serve/settings.py), and the clock that keeps the deadlines of the calls
+    in flight (started and stopped by the server)."""
 
     def __init__(self, fleet: Fleet, reservations: Reservations, scheduler: Scheduler, *,
-                 store_path: Path, route_log: RouteLogWriter, keys: KeyStore,
-                 max_body_bytes: int, first_byte_timeout_s: float, stream_idle_timeout_s: float,
-                 queue_size: int = 1024, queue_timeout_s: float = 120.0, stream_keepalive_s: float = 15.0,
-                 queue_per_caller: int | None = None, max_event_streams: int = 32,
-                 default_rpm: int | None = None, default_tpm: int | None = None,
-                 default_max_tokens: int = DEFAULT_ANSWER_TOKENS,
-                 affinity: Affinity | None = None) -> None:
+                 store_path: Path, route_log: RouteLogWriter, keys: KeyStore, config: ServeConfig,
+                 affinity: Affinity | None = None, several: SeveralRouters | None = None) -> None:
+        self.config = config
         self.fleet = fleet
         self.reservations = reservations
         self.scheduler = scheduler
@@ -85,28 +85,31 @@ class Shared:
         self.keys = keys
         self.access = AccessGate(keys)
         self.metrics = Metrics()
-        self.admission = Admission(fleet, queue_size, queue_timeout_s, queue_per_caller)
-        self.tenancy = Tenancy(keys, default_rpm=default_rpm, default_tpm=default_tpm,
-                               default_max_tokens=default_max_tokens)
-        self.tenancy.admission = self.admission
-        self.events = EventFeed(self, max_event_streams)  # the admin event streams' one producer
+        self.admission = Admission(fleet, config.queue_size, config.queue_timeout_s, config.queue_per_caller)
+        # several routers on one shared server (fleetwide/several.py; None: this router alone): its
+        # engines go to the pieces that meet them, the call never asks which (fleetwide/seam.py)
+        self.several = several
+        # a default limit of 0 is none
+        self.tenancy = Tenancy(keys, LocalCounters() if several is None else several.tallies, self.admission,
+                               default_rpm=config.default_rpm or None, default_tpm=config.default_tpm or None,
+                               default_max_tokens=config.default_max_tokens)
+        # the budgets are seeded again when the shared server is back (a restarted one lost them)
+        self.slots: Slots = (ONE_ROUTER_SLOTS if several is None
+                             else several.slots(self.admission.freed, self.stats, self.tenancy.seeded.clear))
+        self.events = EventFeed(self, config.max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.database = None  # a router.store.pg.listen.Listener while the store is PostgreSQL
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
-        self.affinity = affinity if affinity is not None else Affinity()
-        self.affinity.fleet = fleet
+        self.affinity = affinity if affinity is not None else Affinity(fleet=fleet)
         self.scraped.register(self.affinity)
+        if several is not None:
+            self.scraped.register(self.slots)
         self.scraped.register(KeyCollector(self.tenancy))
         self.clock = CallClock(self.admission.sweep)
-        self.max_body_bytes = max_body_bytes
-        self.first_byte_timeout_s = first_byte_timeout_s
-        self.stream_idle_timeout_s = stream_idle_timeout_s
-        self.stream_keepalive_s = stream_keepalive_s
         self.in_flight = 0
         # client port (as the interface gives it) -> requests in flight from it: the connection
         # cap never closes those connections (serve/conn_cap.py rule 2)
         self.working_ports: dict[str | int, int] = {}
-        self.leases = None  # several routers: serve/shared.py's SlotLeases, set by the server
         # listener name ("router", "ollama", "lmstudio") -> its port, and their scheme, set by the
         # server: a refusal that points a client at another listener names it (`RouterApp.unknown`)
         self.ports: dict[str, int] = {}
@@ -114,6 +117,10 @@ class Shared:
         self.stopping = asyncio.Event()  # set at stop: the admin event streams end
         self.idle = asyncio.Event()
         self.idle.set()
+
+    def stats(self) -> dict:
+        """This router's figures for the other routers (its heartbeat's doc)."""
+        return {"calls": sum(self.metrics.calls.values()), "in_flight": self.in_flight}
 
 
 class RouterApp:
@@ -133,12 +140,9 @@ class RouterApp:
         self.access = shared.access
         self.scheduler = shared.scheduler
         self.affinity = shared.affinity
-        self.max_body_bytes = shared.max_body_bytes
-        self.first_byte_timeout_s = shared.first_byte_timeout_s
+        self.config = shared.config  # the settings (serve/settings.py): `app.config.first_byte_timeout_s`
         self.fallbacks = shared.metrics.fallbacks  # an alias call's moves (serve/chain.py)
-        self.stream_idle_timeout_s = shared.stream_idle_timeout_s
-        self.stream_keepalive_s = shared.stream_keepalive_s
-        self.leases = shared.leases
+        self.slots = shared.slots
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:

@@ -52,7 +52,7 @@ class OnTheChain(Protocol):
     """What a chain reads and moves of its call (proxy.py's `ProxyCall`, which imports this
     module: a protocol, so that this module need not import it back)."""
 
-    app: object  # its CallHost: `first_byte_timeout_s`, `fallbacks`, `fleet`
+    app: object  # its CallHost: `config.first_byte_timeout_s`, `fallbacks`, `fleet`
     edge: Edge
     route: Route
     record: CallRecord
@@ -115,7 +115,7 @@ class ChainCall:
     # -- rule 1 --------------------------------------------------------------------------------
     def decide(self, proxy: OnTheChain, facts: list[BoxFacts]) -> Decision:
         t_sent = proxy.record.t_sent  # (perf_counter) the first attempt's send, once there was one
-        if t_sent and time.perf_counter() - t_sent >= proxy.app.first_byte_timeout_s:
+        if t_sent and time.perf_counter() - t_sent >= proxy.app.config.first_byte_timeout_s:
             return NO_TIME_LEFT  # rule 4
         current, tried, eligible = self.current, proxy.tried, proxy.eligible
         if current == self.start and not tried and len(self.left) == self.denied:  # the common case: the first model

@@ -141,8 +141,8 @@ def state_doc(shared) -> dict:
         "affinity": shared.affinity.view(),
         "database": _database_view(shared),
     }
-    if shared.leases is not None:  # several routers: the shared server, the routers seen
-        doc["shared"] = {**shared.leases.view(), "tallies": shared.tenancy.shared.view()}
+    if shared.several is not None:  # several routers: the shared server, the routers seen
+        doc["shared"] = shared.several.view()
     return doc
 
 

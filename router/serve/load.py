@@ -12,9 +12,9 @@ Rules:
    failover.
 3. `release` is safe to call at any time and more than once: an ended call, and a call that goes
    back to the queue, hold nothing.
-4. Several routers (serve/shared.py): the call's lease on its box's fleet-wide slots (`lease`,
+4. Several routers (fleetwide/leases.py): the call's lease on its box's fleet-wide slots (`lease`,
    taken by `SlotLeases.take`; `asked` while its answer is on its way) goes back (or is parked for
-   this router's next call: serve/shared.py rule 9) with the rest, before the queue is offered the slot, so
+   this router's next call: fleetwide/leases.py rule 9) with the rest, before the queue is offered the slot, so
    the server sees the slot free before a waiter's take. One router: `lease` stays None.
 """
 
@@ -36,7 +36,7 @@ class SlotFreed(Protocol):
 
 
 class LeaseGiver(Protocol):
-    """Gives a fleet-wide slot back (serve/shared.py's `SlotLeases`, rule 4), or a slot asked and
+    """Gives a fleet-wide slot back (fleetwide/leases.py's `SlotLeases`, rule 4), or a slot asked and
     not answered yet once it is."""
 
     def give(self, lease: tuple[BoxState, str]) -> None: ...

@@ -51,8 +51,10 @@ from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
 from router.core.limits import MODEL_NOT_ALLOWED, Refused
+from router.core.slots import Slot
 from router.core.types import BoxFacts, BoxKind, Decision, Path
-from router.facades.body import read_call, with_answer_bound
+from router.facades.body import Inspected, read_call, with_answer_bound
+from router.fleetwide.seam import DOWN, PENDING, Slots
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
 from router.serve import hops, no_box
@@ -68,9 +70,8 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
-from router.serve.shared import SHARED_STORE_DOWN, SlotLeases
-from router.store.shared import SharedDown
-from router.serve.tenancy import STATUS, Charge, Tenancy
+from router.serve.settings import ServeConfig
+from router.serve.tenancy import STATUS, UNCOUNTED, Charge, Tenancy, Uncounted
 from router.telemetry.scheduler import Scheduler
 
 
@@ -86,19 +87,15 @@ class CallHost(Protocol):
     tenancy: Tenancy
     affinity: Affinity
     clock: CallClock
-    max_body_bytes: int
-    first_byte_timeout_s: float
-    stream_idle_timeout_s: float
+    config: ServeConfig  # the settings (serve/settings.py)
     fallbacks: dict  # router_fallbacks_total's counts (serve/metrics.py)
-    stream_keepalive_s: float
-    leases: SlotLeases | None  # several routers: the boxes' fleet-wide slots (serve/shared.py)
+    slots: Slots  # a box's slots: this router's alone, or across routers (fleetwide/seam.py)
 
     def observe(self, record: CallRecord) -> None: ...
 
 log = logging.getLogger("router.proxy")
 
 MAX_BOXES_PER_CALL = 3
-SHARED_DOWN_TEXT = "the shared server that counts this call across routers is down"
 # The client-disconnect watcher (a task) starts only for calls still running after this: most
 # non-stream answers are done by then, and a client that left earlier is seen the moment the
 # watcher starts, so a disconnect is noticed within this delay (plus up to one CallClock tick)
@@ -138,7 +135,7 @@ class ProxyCall:
         self.life = Lifecycle()
         self.record = CallRecord(self.call_id, facade, route, edge, self.life)
         self.reply = Reply(edge, facade, self.record, self.client_left)
-        self.load = Load(app.reservations, app.scheduler, app.admission, app.leases)
+        self.load = Load(app.reservations, app.scheduler, app.admission, app.slots)
         self.body = b""
         self.attempt: Attempt | None = None  # the box it is at, while it is at one
         self.delivery = Delivery(self.reply, self.life)
@@ -150,9 +147,10 @@ class ProxyCall:
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
         self.affinity_key: Key | None = None  # its affinity key (serve/affinity.py), when on
         self.steer: Steer | None = None  # where that key points, for every decision of the call
-        self.charge: Charge | None = None  # its account with its key's limits (serve/tenancy.py)
+        # its account with its key's limits (serve/tenancy.py), once admitted: UNCOUNTED for a caller without any
+        self.charge: Charge | Uncounted | None = None
         # several routers: its admission on its way to the shared server, and the body's spans
-        self.admitting: tuple[Awaitable[Charge | Refused], tuple | None] | None = None
+        self.admitting: tuple[asyncio.Future, tuple | None] | None = None
         self.usage_body: bytes | None = None  # the body asking the box for a stream's usage
         self.chain: ChainCall | None = None  # a call for an alias: where it is on the chain
         self.queued_since: float | None = None  # loop time it first joined the wait queue
@@ -170,7 +168,8 @@ class ProxyCall:
         try:
             if hops.looped(self.edge):
                 await self.reply.error(508, "loop_detected", hops.LOOP_MESSAGE)
-            elif await self.read():
+            elif await self.read() and (inspected := await self.inspect()) is not None and await self.admit(inspected):
+                await self.steer_to()
                 await self.route_call()
         finally:
             clock.calls.discard(self)
@@ -191,9 +190,8 @@ class ProxyCall:
                 self.app.observe(self.record)
 
     async def read(self) -> bool:
-        """The body, then what the call asks for. False when it was answered instead (400,
-        408, 413)."""
-        reply, limit = self.reply, self.app.max_body_bytes
+        """The body. False when it was answered instead (408, 413)."""
+        limit = self.app.config.max_body_bytes
         try:
             self.body = await read_body(self.edge, limit, body_deadline(self.started_s), self.app.clock)
         except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
@@ -201,65 +199,84 @@ class ProxyCall:
                 self.outside(Event.CLIENT_LEFT)
             elif isinstance(exc, BodyTimeout):
                 self.life.fire(Event.DEADLINE)
-            await reply.error(*refusal(exc, limit))
+            await self.reply.error(*refusal(exc, limit))
             return False
         self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
-        edge = self.edge  # model, pin, pool, stream and class: from the body and these headers
+        return True
+
+    async def inspect(self) -> Inspected | None:
+        """What the call asks for, from its body and its headers: model, pin, pool, stream,
+        class, its key's `models`, its alias, its affinity key. None when it was answered
+        instead (400, 403)."""
+        edge = self.edge
         args = (self.body, edge.header("content-type") or "", self.route, self.facade, edge.header("x-router-box"),
                 edge.header("x-router-pool"), edge.header("x-router-priority"), edge.header("x-router-fallback"))
         try:
             # a large body's scan on a worker thread (INLINE_INSPECT_BYTES), a small one here
             inspected = (read_call(*args) if len(self.body) <= INLINE_INSPECT_BYTES
                          else await asyncio.get_running_loop().run_in_executor(None, read_call, *args))
-            call, stream, self.asked_priority, max_tokens, fallback = inspected[:5]
+            call, stream, self.asked_priority, _, fallback = inspected[:5]
             self.record.asked(call)
         except BadRequest as exc:
-            await reply.error(exc.status_hint, exc.code, str(exc))
-            return False
+            await self.reply.error(exc.status_hint, exc.code, str(exc))
+            return None
         allowed = self.app.tenancy.allowed(edge, call)  # its key's `models`, by box kind
+        if allowed.__class__ is Refused:
+            await self.turned_away(allowed)  # type: ignore[arg-type]
+            return None
         if allowed is not call:
-            if allowed.__class__ is Refused:
-                await self.turned_away(allowed)  # type: ignore[arg-type]
-                return False
-            call = allowed  # type: ignore[assignment]
-            self.record.asked(call)
+            self.record.asked(allowed)  # type: ignore[arg-type]
         aliases = self.app.fleet.aliases
-        if aliases and (alias := aliases.get(call.model)) is not None:
-            self.chain = ChainCall(self, alias, call, fallback, inspected.spans)
+        if aliases and (alias := aliases.get(allowed.model)) is not None:  # type: ignore[union-attr]
+            self.chain = ChainCall(self, alias, allowed, fallback, inspected.spans)  # type: ignore[arg-type]
             if self.chain.start is None:  # its key may call none of the chain's models (chain.py rule 6)
                 await self.turned_away(Refused(MODEL_NOT_ALLOWED, 0, "this key may not call any model of this alias"))
-                return False
-        if stream and self.route.asks_usage:
-            self.usage_body = ask_usage(self.body)
+                return None
+        if stream:
+            if self.route.asks_usage:
+                self.usage_body = ask_usage(self.body)
+            if self.facade.sse_keepalive:
+                self.reply.keepalive_s = self.app.config.stream_keepalive_s
         affinity = self.app.affinity
         if affinity.on and call.pin is None:  # its spans are the body's as sent, before any bound
-            self.affinity_key = affinity.key(self.edge, inspected, self.body)
-        # before the affinity look-up, so that several routers' admission shares its round trip
-        charge = self.app.tenancy.admit(self.edge, call, self.record.text_bytes, max_tokens, self.route.answer_bound)
-        if charge is not None:  # None: nothing of its caller's is counted
-            if charge.__class__ is not Charge and charge.__class__ is not Refused:  # several routers: a round trip
-                self.admitting = (charge, inspected.spans)  # answered in route_call (admission_answered)
-            elif not self.charged(charge, inspected.spans):  # type: ignore[arg-type]
-                await self.turned_away(charge)  # type: ignore[arg-type]
-                return False
-        if self.affinity_key is not None:
-            self.steer = (affinity.steer(self.affinity_key) if affinity.shared is None
-                          else await affinity.steer_shared(self.affinity_key))
-        if stream and self.facade.sse_keepalive:
-            reply.keepalive_s = self.app.stream_keepalive_s
-        return True
+            self.affinity_key = affinity.key(edge, inspected, self.body)
+        return inspected
 
-    def charged(self, charge: Charge | Refused, spans: tuple | None) -> bool:
+    async def admit(self, inspected: Inspected) -> bool:
+        """The call against its key's limits (serve/tenancy.py). False when it was turned away
+        (403, 429, 503). An answer a round trip away is read in `route_call`, once the call has
+        asked its first box's slot too: one round trip carries both (fleetwide/leases.py rule
+        1)."""
+        charge = self.app.tenancy.admit(self.edge, self.record.call, self.record.text_bytes, inspected.max_tokens,
+                                        self.route.answer_bound)
+        if charge.__class__ in PENDING:
+            self.admitting = (charge, inspected.spans)  # type: ignore[assignment]
+            return True
+        if self.charged(charge, inspected.spans):  # type: ignore[arg-type]
+            return True
+        await self.turned_away(charge)  # type: ignore[arg-type]
+        return False
+
+    async def steer_to(self) -> None:
+        """Where its affinity key points, for every decision of the call: after the admission,
+        so that several routers' admission and binding share the round trip."""
+        if self.affinity_key is not None:
+            steer = self.app.affinity.steer(self.affinity_key)
+            self.steer = await steer if steer.__class__ in PENDING else steer  # type: ignore[misc]
+
+    def charged(self, charge: Charge | Uncounted | Refused, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
         (serve/tenancy.py rules 1-2); False when refused (`turned_away` answers it). The body
         then bounds its answer where the router gave it a bound."""
-        if isinstance(charge, Refused):
+        if charge.__class__ is Refused:
             return False
-        self.charge = charge
-        self.record.limited(charge.headers)
-        if charge.bound is not None:
-            bounded = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore[arg-type]
+        self.charge = charge  # type: ignore[assignment]
+        if charge is UNCOUNTED:
+            return True
+        self.record.limited(charge.headers)  # type: ignore[union-attr]
+        if charge.bound is not None:  # type: ignore[union-attr]
+            bounded = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore
             if bounded is not self.body:  # (most calls stating their bound already say it)
                 self.body = bounded
                 if self.usage_body is not None:
@@ -267,36 +284,33 @@ class ProxyCall:
         return True
 
     async def turned_away(self, refused: Refused) -> None:
-        """Answers a call its key refused: 429 or 403 in the facade's shape, with Retry-After; a
-        429 also with its limits' `x-ratelimit-*` (serve/tenancy.py rule 1)."""
+        """Answers a call its key refused, in the facade's shape: 429 or 403 with Retry-After, a
+        429 also with its limits' `x-ratelimit-*` (serve/tenancy.py rule 1); or 503
+        `shared_store_down`, the shared server down and --shared-down closed (its one site:
+        fleetwide/seam.py)."""
         status = STATUS[refused.reason]
-        await self.reply.error(status, refused.reason, refused.message, turned_away=True,
+        await self.reply.error(status, refused.reason, refused.message, turned_away=status != 503,
                                retry_after_s=refused.retry_after_s or None,
                                more_headers=self.app.tenancy.refusal_headers(self.edge) if status == 429 else ())
 
     async def admission_answered(self, decision: Decision) -> bool:
-        """Several routers: the admission's answer from the shared server (serve/tenancy.py rule
-        7). The lease of the box the call goes to first is asked now, so that one round trip
-        carries both (serve/shared.py rule 1)."""
-        leases, (admitting, spans) = self.app.leases, self.admitting  # type: ignore[misc]
+        """The admission's answer from the shared server (serve/tenancy.py rule 7), with the
+        slot of the box the call goes to first asked now, in the same round trip."""
+        admitting, spans = self.admitting  # type: ignore[misc]
         self.admitting = None
-        if leases is not None:
-            choice = next_attempt(decision, self.tried, self.record.call.pin, MAX_BOXES_PER_CALL)  # type: ignore[union-attr]
-            if not isinstance(choice, Stop) and (box := self.app.fleet.get(choice)) is not None:
-                leases.ask(self.load, box)
-        try:
-            charge = await admitting
-        except SharedDown:
-            await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
-            return False
+        choice = next_attempt(decision, self.tried, self.record.call.pin, MAX_BOXES_PER_CALL)  # type: ignore[union-attr]
+        if not isinstance(choice, Stop) and (box := self.app.fleet.get(choice)) is not None:
+            self.app.slots.ask(self.load, box)
+        charge = await admitting
         if self.charged(charge, spans):
             return True
-        await self.turned_away(charge)  # type: ignore[arg-type]
+        await self.turned_away(charge)
         return False
 
     async def route_call(self) -> None:
         """Decides, waits for room if it must, then tries the decision's boxes in turn (the
-        failover step: router.core.lifecycle's next_attempt) until one takes the call."""
+        failover step: router.core.lifecycle's next_attempt) until one takes the call, each
+        once its preconditions let it go (`PRECONDITIONS`)."""
         fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
         decision = self.decide_now(fleet.facts())
         if self.admitting is not None and not await self.admission_answered(decision):
@@ -313,57 +327,41 @@ class ProxyCall:
             choice = next_attempt(decision, self.tried, pin, MAX_BOXES_PER_CALL)
             if choice is Stop.WAIT:
                 self.load.release()  # it waits holding no slot, least of all the refusing box's
-                if self.app.leases is not None:  # leases other routers park on a full box come back
-                    self.app.leases.want(decision.waits_for)
+                self.app.slots.want(decision.waits_for)  # leases other routers park on a full box come back
                 decision = await self.wait_turn(decision)
                 if decision is None or self.gone:
                     return
-                if self.eligible is None:
-                    self.eligible = frozenset(decision.boxes)
                 continue
             if isinstance(choice, Stop):
                 break
             box = fleet.get(choice)
             if box is None:  # removed from the boxes file since the decision
                 self.tried.append(choice)
-            elif self.charge is not None and not self.charge.take_slot() and (
-                    taken := await self.take_shared_slot()) is not True:  # full for its caller
-                if taken is None or self.gone:
-                    return
-                self.load.release()  # it waits holding no box's slot
-                decision = await self.wait_turn(decision)
-                if decision is None or self.gone:
-                    return
-                continue
-            elif self.app.leases is not None and (held := await self.app.leases.take(self.load, box)) is not True:
-                if held is None:  # the shared server is down and --shared-down closed
-                    await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
-                    return
-                if self.gone:
-                    return
-                decision = self.decide_now(fleet.facts())  # the box is full fleet-wide: now it says so
-                continue
-            elif (refusal := await self.try_box(box)) is None:
-                return
             else:
-                last = refusal
+                for precondition, on_wait in PRECONDITIONS:
+                    answer = precondition(self, box)
+                    if answer.__class__ in PENDING:
+                        answer = await answer
+                    if answer is not Slot.GO:
+                        break
+                else:
+                    if (refusal := await self.try_box(box)) is None:
+                        return
+                    last = refusal
+                if answer is Slot.DOWN:
+                    await self.turned_away(DOWN)
+                    return
+                if answer is Slot.WAIT and on_wait is WAIT_IN_QUEUE and not self.gone:
+                    self.load.release()  # it waits holding no box's slot
+                    decision = await self.wait_turn(decision)
+                    if decision is None or self.gone:
+                        return
+                    continue
             if self.gone:
                 return
-            decision = self.decide_now(fleet.facts())
+            decision = self.decide_now(fleet.facts())  # a box full fleet-wide now says so
         if not self.gone:
             await no_box.give_up(self.reply, last)
-
-    async def take_shared_slot(self) -> bool | None:
-        """Several routers: the key's `max_parallel` slot on the shared server (serve/tenancy.py
-        rule 7); False when it has none free (one router: always), None when the server is down
-        and --shared-down closed (answered 503)."""
-        if self.app.tenancy.shared is None:
-            return False
-        try:
-            return await self.charge.take_shared_slot()  # type: ignore[union-attr]
-        except SharedDown:
-            await self.reply.error(503, SHARED_STORE_DOWN, SHARED_DOWN_TEXT)
-            return None
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
         """The call's decision over `facts`, never broadening past its first one (failover); an
@@ -380,16 +378,16 @@ class ProxyCall:
         record = self.record
         self.load.reserve(box)
         t_started = record.attempting(box)
-        app, chain = self.app, self.chain
+        config, chain = self.app.config, self.chain
         # A hugpy box reports a stream's usage on its own (its final frame): it is not asked.
         asks_usage = self.usage_body is not None and box.config.kind is not BoxKind.HUGPY
         if chain is None:
             body = self.usage_body if asks_usage else self.body
-            attempt = Attempt(box, self.call_id, self.life, app.first_byte_timeout_s, app.stream_idle_timeout_s)
+            attempt = Attempt(box, self.call_id, self.life, config.first_byte_timeout_s, config.stream_idle_timeout_s)
         else:
             body = chain.body_for(self, box, asks_usage)
-            first_byte_s = chain.first_byte_s(app.first_byte_timeout_s, record.t_sent, t_started)
-            attempt = Attempt(box, self.call_id, self.life, first_byte_s, app.stream_idle_timeout_s)
+            first_byte_s = chain.first_byte_s(config.first_byte_timeout_s, record.t_sent, t_started)
+            attempt = Attempt(box, self.call_id, self.life, first_byte_s, config.stream_idle_timeout_s)
             attempt.context_moves_on = chain.context_moves_on
         self.attempt = attempt
         refusal = None
@@ -479,6 +477,23 @@ class ProxyCall:
         attempt = self.attempt
         if attempt is not None and attempt.abort("client left"):
             attempt.cancel()
+
+
+def key_slot(call: ProxyCall, box: BoxState) -> Slot | asyncio.Future:
+    """Its key's `max_parallel` (serve/tenancy.py rule 3): WAIT, and the call waits in the queue."""
+    return call.charge.take_slot()  # type: ignore[union-attr]
+
+
+def box_slot(call: ProxyCall, box: BoxState) -> Slot | Awaitable[Slot]:
+    """The box's `max_inflight` across routers (fleetwide/leases.py): WAIT, and the call decides
+    again, over the box now full."""
+    return call.app.slots.take(call.load, box)
+
+
+WAIT_IN_QUEUE, DECIDE_AGAIN = "wait in queue", "decide again"
+# What lets a call go to the box it chose, in order (Envoy's filter chain): each answers GO, WAIT
+# or DOWN (router.core.slots), at once or a round trip later; with what the call does on WAIT.
+PRECONDITIONS = ((key_slot, WAIT_IN_QUEUE), (box_slot, DECIDE_AGAIN))
 
 
 DUTIES = {

@@ -46,8 +46,6 @@ import signal
 import socket
 import ssl
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 from granian.constants import HTTPModes, Interfaces, SSLProtocols
@@ -56,27 +54,27 @@ from granian.log import LogLevels
 from granian.server.embed import Server
 
 from router._fastpath import Reservations
-from router.boxes import config as boxes_config
 from router.boxes import listeners as own_listeners
+from router.boxes.registry import registry_for
 from router.boxes.fleet import Fleet
-from router.core.affinity import DEFAULT_SLACK, Slack
 from router.core.errors import ConfigError
-from router.core.limits import DEFAULT_ANSWER_TOKENS
 from router.facades import mounts
 from router.facades.mounts import Mount
 from router.serve import tracing
-from router.serve.affinity import DEFAULT_MEMORY_BYTES, Affinity
+from router.serve.affinity import Affinity
 from router.serve.app import RouterApp, Shared
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
-from router.serve.shared import SharedBindings, SlotLeases
+from router.serve.settings import ServeConfig
+from router.fleetwide.leases import OPEN
+from router.fleetwide.seam import ONE_ROUTER_BINDINGS
+from router.fleetwide.several import SeveralRouters
 from router.serve.tenancy import Tenancy
 from router.store import engines
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
-from router.store.shared import SharedDown, SharedServer, shown_url
-from router.store.shared_counters import SharedCounters
+from router.fleetwide.wire import SharedDown, SharedServer, shown_url
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.local import LocalScanTask, is_loopback_url
@@ -96,51 +94,6 @@ MAX_CONNS_PER_LISTENER = 65536
 # The health listener's connections (rule 5), whatever the budget: a probe holds one for
 # milliseconds and opens no box connection, so one descriptor each.
 HEALTH_CONNS = 64
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    host: str
-    port: int  # 0 = pick a free one
-    boxes_path: Path
-    interface: str = "asgi"
-    max_body_bytes: int = 64 << 20
-    first_byte_timeout_s: float = 900.0
-    stream_idle_timeout_s: float = 300.0
-    grace_s: float = 30.0
-    ollama_port: int | None = None  # a dedicated Ollama listener (0 = pick a free port)
-    lmstudio_port: int | None = None  # a dedicated LM Studio listener
-    health_port: int | None = None  # the loopback health listener (rule 5)
-    queue_size: int = 1024  # calls waiting for a full box, in all
-    queue_timeout_s: float = 120.0
-    queue_per_caller: int | None = None  # None: router.core.admission.fair_share(queue_size)
-    stream_keepalive_s: float = 15.0  # 0: never
-    max_event_streams: int = 32  # admin event streams open at once
-    log_retention_days: float = 30.0  # 0 = keep every route_log row
-    default_rpm: int | None = None  # callers without a key, per resolved address (docs/tenancy.md)
-    default_tpm: int | None = None
-    default_max_tokens: int = DEFAULT_ANSWER_TOKENS  # a limited call's answer bound when it states none
-    store_path: Path | None = None  # None: the store of `router.store.paths` (`router demo` has its own)
-    idle_timeout_s: float = 20.0  # defaults and their reasons: router.cli.main
-    max_conns_per_client: int = 512  # 0 = no cap
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.ssl_certfile else "http"
-    otel: bool = False  # export a span per call (also on with OTEL_EXPORTER_OTLP_ENDPOINT)
-    # Freeze what start-up made once every listener is up (`router serve`; a process that embeds
-    # serve() owns its collector and leaves this off).
-    freeze_gc: bool = False
-    affinity_slack: Slack = DEFAULT_SLACK  # OFF: --affinity off
-    affinity_memory_bytes: int = DEFAULT_MEMORY_BYTES
-    instance: str | None = None  # this router's name among several; None: host:port
-    database_url: str | None = None  # postgresql://...; None: the SQLite store
-    shared_url: str | None = None  # redis://...; None: counts in this process
-    # open | closed: what a call meets while the shared server is down. None: not given, which is
-    # open, except that a server refusing this router at start ends the start (`reach_shared`)
-    shared_down: str | None = None
 
 
 def free_port(host: str) -> int:
@@ -269,7 +222,7 @@ class Running:
         self.reservations = Reservations()
         self.database_url = engines.database_url(config.database_url)
         self.fleet = Fleet(config.boxes_path, self.reservations,
-                           boxes_config.registry_for(config.boxes_path, self.database_url))
+                           registry_for(config.boxes_path, self.database_url))
         self.telemetry = TelemetryCache()
         self.agents = AgentLinks(self.fleet, self.telemetry)
         self.store_path = config.store_path or store_paths.db_path()
@@ -305,6 +258,8 @@ class Running:
         self.route_log = engines.route_log(self.store_path, url, config.log_retention_days * 86400 or None,
                                            self.instance)
         self.route_log.start()
+        several = (None if self.shared_server is None  # the boxes' slots, keys' tallies, bindings across routers
+                   else SeveralRouters(self.shared_server, self.instance, fleet, config.shared_down or OPEN))
         self.shared = shared = Shared(
             fleet,
             self.reservations,
@@ -312,23 +267,15 @@ class Running:
             store_path=self.store_path,
             route_log=self.route_log,
             keys=self.keys,
-            max_body_bytes=config.max_body_bytes,
-            first_byte_timeout_s=config.first_byte_timeout_s,
-            stream_idle_timeout_s=config.stream_idle_timeout_s,
-            queue_size=config.queue_size,
-            queue_timeout_s=config.queue_timeout_s,
-            queue_per_caller=config.queue_per_caller,
-            stream_keepalive_s=config.stream_keepalive_s,
-            max_event_streams=config.max_event_streams,
-            default_rpm=config.default_rpm,
-            default_tpm=config.default_tpm,
-            default_max_tokens=config.default_max_tokens,
-            affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes),
+            config=config,
+            affinity=Affinity(config.affinity_slack, config.affinity_memory_bytes, fleet,
+                              ONE_ROUTER_BINDINGS if several is None else several.bindings),
+            several=several,
         )
         shared.tracer = tracer
         log.info("%s", shared.access.describe())
-        if self.shared_server is not None:
-            await self.share(shared, self.shared_server)
+        if several is not None:
+            await several.start()
         shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
         self.tasks = [
             loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
@@ -347,7 +294,7 @@ class Running:
 
     async def reach_shared(self, url: str) -> SharedServer:
         """The shared server, asked once before anything starts. A URL that cannot be used, or a
-        server that refuses this router (a wrong password, an unknown database: store/shared.py
+        server that refuses this router (a wrong password, an unknown database: fleetwide/wire.py
         rule 8), ends the start with one line: waiting would not heal it, and meanwhile the
         fleet-wide limits would quietly be per router. `--shared-down open`, given, starts
         anyway (`share` says it at warning level)."""
@@ -366,37 +313,11 @@ class Running:
                                   "--shared-down open to start counting in this router alone)") from None
         return server
 
-    async def share(self, shared: Shared, server: SharedServer) -> None:
-        """Several routers: the boxes' slots as leases and the affinity bindings (serve/shared.py)
-        and the keys' tallies (store/shared_counters.py) on the shared server, its first round
-        trip before the first call."""
-        down_mode = self.config.shared_down or "open"
-        server.meanwhile = ("counting in this router alone" if down_mode == "open"
-                            else "refusing calls that need a shared count (503 shared_store_down)")
-        counters = SharedCounters(server, down_mode == "closed")
-        leases = SlotLeases(server, self.instance, self.fleet, down_mode, upkeep=counters.upkeep)
-        shared.tenancy.counters = shared.tenancy.shared = counters
-        if shared.affinity.on:
-            shared.affinity.shared = SharedBindings(server)
-        leases.admission = shared.admission
-        leases.stats = lambda: {"calls": sum(shared.metrics.calls.values()), "in_flight": shared.in_flight}
-        leases.on_back = shared.tenancy.seeded.clear  # the key upkeep seeds every budget again
-        shared.leases = leases
-        shared.scraped.register(leases)
-        await leases.sync()
-        if server.up:
-            log.info("shared server %s: up, as router %s (--shared-down %s)", server.url, self.instance, down_mode)
-        else:  # store/shared.py rule 4: why, and what this router does meanwhile
-            server.say_down()
-        leases.start()
-
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
         await self.shared.clock.stop()
-        if self.shared.leases is not None:
-            if self.shared.tenancy.shared is not None:  # credits back, settles written, while it is up
-                await self.shared.tenancy.shared.give_back()
-            await self.shared.leases.stop()
+        if self.shared.several is not None:
+            await self.shared.several.stop()
         for task in self.tasks:
             task.cancel()
         await loop.run_in_executor(None, self.route_log.stop)  # flushes every row

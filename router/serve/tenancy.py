@@ -21,10 +21,10 @@ This room:
    whichever field it reads, and no call is charged past what it reserved (router.core.limits
    rule 4). A route with no such field (embeddings, speech, images) reserves the default and
    its body is left as it is; so is every body of a key without token limits.
-3. `max_parallel`: the call takes its key's slot when it is dispatched (`Charge.take_slot`);
-   without one it waits in the queue, full for its caller, and the queue hands it the slot with
-   its box (serve/admission.py). The slot goes back when the call ends, and the queue is offered
-   it at once.
+3. `max_parallel`: the call takes its key's slot when it is dispatched (`Charge.take_slot`:
+   router.core.slots' GO, WAIT or DOWN); without one it waits in the queue, full for its caller,
+   and the queue hands it the slot with its box (serve/admission.py). The slot goes back when
+   the call ends, and the queue is offered it at once.
 4. `settle` at the end: the call's tokens (its record's `tokens()`, reported or estimated) replace
    its reservation; a call no box served settles 0 tokens. Every keyed call's tokens go to
    `router_key_tokens_total`.
@@ -32,21 +32,23 @@ This room:
    current period's usage is read from `key_usage` off the loop (`seeds`) and installed (`seed`).
 6. Metric labels: a key's id (`admin` for HUGPY_ROUTER_KEY, `none` for every caller without a
    key), never a secret or an address: the label sets are bounded by the keys in the store.
-7. Several routers (--shared-url): the tallies are on the shared server (store/shared_counters.py),
-   so `admit` returns an awaitable (one round trip, asked at once: the call asks its box's lease
-   before it waits, and both share the round trip; a call that ends before reading the answer
-   settles what it was charged, `unread`), or the Charge at once when the key's credit on this
-   router covers the call (store/shared_counters.py rule 8), and a `max_parallel` slot is taken with one
-   (`take_shared_slot`) when the call is about to go to its box; the queue's hand-out does not
-   take it. Server down: `--shared-down open` counts in this router alone, `closed` raises
-   SharedDown (503 `shared_store_down`). One router: every step is the synchronous one above.
+7. Several routers (--shared-url): the tallies are on the shared server (fleetwide/tallies.py),
+   behind the same `Counters` (fleetwide/seam.py), chosen when the process state is built. So
+   `admit` may answer with a future of the Charge or the Refused (one round trip, asked at once:
+   the call asks its box's lease before it waits, and both share the round trip; a call that
+   ends before reading the answer settles what it was charged, `unread`), or the Charge at once
+   when the key's credit on this router covers the call (fleetwide/tallies.py rule 8); and a
+   `max_parallel` slot may be a round trip too (the queue's hand-out asks it, the call's
+   dispatch reads that answer). Server down: `--shared-down open` counts in this router alone,
+   `closed` answers fleetwide/seam.py's DOWN (a Refused, 503 `shared_store_down`)
+   or Slot.DOWN. One router: every step answers at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Awaitable
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -56,10 +58,10 @@ from router.core import limits as rules
 from router.core.limits import (
     DEFAULT_ANSWER_TOKENS, NO_LIMITS, Limits, Refused, Windows, reset_header,
 )
+from router.core.slots import Slot
 from router.core.types import Call
-from router.store.counters import Counters, LocalCounters
-from router.store.shared import SharedDown
-from router.store.shared_counters import SharedCounters
+from router.fleetwide.seam import DOWN, PENDING
+from router.store.counters import Counters
 from router.store.keys import KeyStore
 
 if TYPE_CHECKING:
@@ -71,7 +73,7 @@ NO_KEY = "none"  # the metric label of every caller without a key (rule 6)
 # Keys' Accounts kept at once: past it they are all dropped and made again as calls come (a key
 # deleted since is never called again, so this bounds what deleted keys leave).
 MAX_ACCOUNTS = 65_536
-STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_ALLOWED: 403}
+STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_ALLOWED: 403, DOWN.reason: 503}
 TOKEN_KINDS = ("prompt", "completion", "cached")
 
 
@@ -107,7 +109,7 @@ class Account:
 class Charge:
     """One admitted call's account with its key (rules 2-4)."""
 
-    __slots__ = ("tenancy", "name", "limits", "reserved", "bound", "slot", "headers")
+    __slots__ = ("tenancy", "name", "limits", "reserved", "bound", "slot", "taking", "headers")
 
     def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int, bound: int | None,
                  headers: tuple[tuple[bytes, bytes], ...]) -> None:
@@ -117,49 +119,86 @@ class Charge:
         self.reserved = reserved
         self.bound = bound  # the answer's bound the router writes into the call (None: none is due, rule 2)
         self.slot = False  # holds one of its key's max_parallel slots (a key without one has none)
+        self.taking: asyncio.Future | None = None  # its slot asked, the answer a round trip away (rule 7)
         self.headers = headers
 
-    def take_slot(self) -> bool:
-        """Rule 3: the call may go to its box (True): its key has no max_parallel, or it holds
-        one of its slots now; else its key has none free. Several routers (rule 7): False until
-        `take_shared_slot` took it."""
+    def take_slot(self) -> Slot | asyncio.Future:
+        """Rule 3: GO when the call may go to its box (its key has no max_parallel, or it holds
+        one of its slots now), WAIT when its key has none free; several routers (rule 7): the
+        future of that answer (or of DOWN) while the round trip is out, the same one to every
+        asker (the queue's hand-out asks, the dispatch reads)."""
         if self.slot or self.limits.max_parallel is None:
-            return True
-        if self.tenancy.shared is None:
-            self.slot = self.tenancy.counters.take_parallel(self.name, self.limits)
-        return self.slot
+            return Slot.GO
+        if self.taking is not None:
+            return self.taking
+        taken = self.tenancy.counters.take_parallel(self.name, self.limits)
+        if taken.__class__ is Slot:
+            self.slot = taken is Slot.GO
+            return taken  # type: ignore[return-value]
+        self.taking = taken  # type: ignore[assignment]
+        taken.add_done_callback(self._taken)  # type: ignore[union-attr]
+        return taken  # type: ignore[return-value]
 
-    async def take_shared_slot(self) -> bool:
-        """Rule 7: the slot taken on the shared server (one round trip). Raises SharedDown
-        (--shared-down closed, the server down)."""
-        if not self.slot:
-            self.slot = await self.tenancy.shared.take_parallel(self.name, self.limits)  # type: ignore[union-attr]
-        return self.slot
+    def _taken(self, taking: asyncio.Future) -> None:
+        """The slot's round trip answered (before the call reads it: added first): held on GO,
+        given back by `settle` whether or not the call read it."""
+        self.taking = None
+        self.slot = not taking.cancelled() and taking.result() is Slot.GO
 
     def has_room(self) -> bool:
         return self.slot or self.tenancy.counters.has_room(self.name, self.limits)
 
     def settle(self, used: int) -> None:
-        """Rule 4; once, at the call's end, with the tokens it used."""
+        """Rule 4; once, at the call's end, with the tokens it used. A slot whose round trip is
+        still out is given back once it answers."""
         tenancy, slot = self.tenancy, self.slot
+        if self.taking is not None:
+            self.taking.add_done_callback(functools.partial(_settle_taken, self, used))
+            return
         tenancy.counters.settle(self.name, self.limits, self.reserved, used, tenancy.clock(), slot)
         self.slot = False
-        if slot and tenancy.admission is not None:
+        if slot:
             tenancy.admission.offer()
 
 
+def _settle_taken(charge: Charge, used: int, taking: asyncio.Future) -> None:
+    charge.settle(used)
+
+
+class Uncounted:
+    """The charge of a call whose caller has no limits: nothing is counted, nothing is settled."""
+
+    __slots__ = ()
+    bound = None
+    headers: tuple = ()
+
+    @staticmethod
+    def take_slot() -> Slot:
+        return Slot.GO
+
+    @staticmethod
+    def has_room() -> bool:
+        return True
+
+    @staticmethod
+    def settle(used: int) -> None:
+        pass
+
+
+UNCOUNTED = Uncounted()
+
+
 class Tenancy:
-    def __init__(self, keys: KeyStore, counters: Counters | None = None, *,
+    def __init__(self, keys: KeyStore, counters: Counters, admission: Admission, *,
                  default_rpm: int | None = None, default_tpm: int | None = None,
                  default_max_tokens: int = DEFAULT_ANSWER_TOKENS) -> None:
         self.keys = keys
         self.default_max_tokens = default_max_tokens  # rule 2
-        self.counters: Counters = counters if counters is not None else LocalCounters()
+        self.counters = counters  # this router's (store/counters.py) or the routers' (fleetwide/tallies.py)
+        self.admission = admission  # where max_parallel waiters wait: offered a slot as it is freed
         self.defaults = Account(None, Limits(rpm=default_rpm, tpm=default_tpm) if default_rpm or default_tpm
                                 else NO_LIMITS)
         self.accounts: dict[str, Account] = {}  # key id -> its Account, while its limits are the same
-        self.admission: Admission | None = None  # set by Shared: where max_parallel waiters wait
-        self.shared: SharedCounters | None = None  # several routers: `counters` is it (rule 7)
         self.tokens: Counter[tuple[str, str]] = Counter()  # (key label, kind) -> tokens
         self.limited: Counter[tuple[str, str]] = Counter()  # (key label, reason) -> calls
         self.seeded: dict[str, tuple[int, str]] = {}  # key id -> (budget, period) seeded (rule 5)
@@ -167,15 +206,15 @@ class Tenancy:
 
     # -- the call path -------------------------------------------------------------------------
     def admit(self, edge: Edge, call: Call, body_bytes: int, stated: int | None,
-              bound_fields: tuple[str, ...]) -> Charge | Refused | None:
-        """Rule 1: a Charge, a refusal, or None when nothing of the caller's is counted; several
-        routers: an awaitable of the Charge or refusal (rule 7). `stated` is the answer's bound
-        the call states; `bound_fields` its route's (rule 2)."""
+              bound_fields: tuple[str, ...]) -> Charge | Uncounted | Refused | asyncio.Future:
+        """Rule 1: a Charge or a refusal (UNCOUNTED when nothing of the caller's is counted);
+        several routers: maybe the future of either (rule 7). `stated` is the answer's bound the
+        call states; `bound_fields` its route's (rule 2)."""
         key_id = edge.key_id
         if key_id is not None:
             limits = self.keys.limits_of(key_id)
             if limits is NO_LIMITS:
-                return None
+                return UNCOUNTED
             account = self.accounts.get(key_id)
             if account is None or account.limits is not limits:
                 account = self.account(key_id, limits)
@@ -184,7 +223,7 @@ class Tenancy:
             account = self.defaults
             limits = account.limits
             if limits is NO_LIMITS:
-                return None
+                return UNCOUNTED
             name = "addr:" + (edge.caller or "unknown")
         now = self.clock()
         if limits.counts_tokens:
@@ -193,8 +232,11 @@ class Tenancy:
             tokens, bound = 0, None
         bound = bound if bound_fields else None
         admitted = self.counters.admit(name, limits, call.model, tokens, now)
-        if not isinstance(admitted, tuple):  # several routers: a round trip, the caller awaits it (rule 7)
-            return self.charged_later(admitted, key_id, name, account, tokens, bound)  # type: ignore[return-value]
+        if admitted.__class__ in PENDING:  # several routers: a round trip, the caller awaits it (rule 7)
+            charging = asyncio.get_running_loop().create_future()
+            admitted.add_done_callback(  # type: ignore[union-attr]
+                functools.partial(self._charged, charging, key_id, name, account, tokens, bound))
+            return charging
         return self.charged(admitted, key_id, name, account, tokens, bound)  # type: ignore[arg-type]
 
     def allowed(self, edge: Edge, call: Call) -> Call | Refused:
@@ -245,31 +287,28 @@ class Tenancy:
     def charged(self, admitted: Refused | Windows, key_id: str | None, name: str, account: Account,
                 tokens: int, bound: int | None) -> Charge | Refused:
         if admitted.__class__ is Refused:
-            self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
+            if admitted is not DOWN:  # (the shared server's outage is no limit of the key's)
+                self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
             return admitted  # type: ignore[return-value]
         return Charge(self, name, account.limits, tokens, bound, account.rate_headers(admitted))  # type: ignore[arg-type]
 
-    async def charged_later(self, admitting, key_id: str | None, name: str, account: Account,
-                            tokens: int, bound: int | None) -> Charge | Refused:
-        """Rule 7: `charged` once the shared server has answered. Raises SharedDown."""
-        return self.charged(await admitting, key_id, name, account, tokens, bound)
-
-    def unread(self, admitting: Awaitable[Charge | Refused]) -> None:
-        """Rule 7: a call that ended before reading its admission's answer; what that charged goes
-        back once it comes."""
-        asyncio.get_running_loop().create_task(self._settle_unread(admitting))
+    def _charged(self, charging: asyncio.Future, key_id: str | None, name: str, account: Account, tokens: int,
+                 bound: int | None, admitted: asyncio.Future) -> None:
+        """Rule 7: `charged`, once the shared server has answered, into the future the call reads."""
+        if charging.cancelled():
+            return
+        answer = DOWN if admitted.cancelled() or admitted.exception() is not None else admitted.result()
+        charging.set_result(self.charged(answer, key_id, name, account, tokens, bound))
 
     @staticmethod
-    async def _settle_unread(admitting: Awaitable[Charge | Refused]) -> None:
-        try:
-            charge = await admitting
-        except SharedDown:
-            return
-        if isinstance(charge, Charge):
-            charge.settle(0)
+    def unread(charging: asyncio.Future) -> None:
+        """Rule 7: a call that ended before reading its admission's answer; what that charged goes
+        back once it comes."""
+        charging.add_done_callback(_settle_unread)
 
-    def ended(self, record: CallRecord, charge: Charge | None) -> None:
-        """A call ended: its tokens counted, its charge settled (rule 4)."""
+    def ended(self, record: CallRecord, charge: Charge | Uncounted | None) -> None:
+        """A call ended: its tokens counted, its charge settled (rule 4; None: it ended before
+        its admission)."""
         tokens = record.count_tokens()
         used = 0 if tokens is None else tokens.prompt + tokens.completion
         if charge is not None:
@@ -316,6 +355,11 @@ class Tenancy:
             "parallel": left.parallel,
         }
         return doc
+
+
+def _settle_unread(charging: asyncio.Future) -> None:
+    if not charging.cancelled() and charging.result().__class__ is Charge:
+        charging.result().settle(0)
 
 
 class KeyCollector:

@@ -34,14 +34,12 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Protocol
 
 import httptools
 
 from router.sim.wire import CT_JSON, status_line
-
-if TYPE_CHECKING:
-    from router.sim.server import CallRecord, SimServer
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +51,27 @@ _LAST_CHUNK = b"0\r\n\r\n"
 # Behavior.bad_head: the letter O where the status digits belong.
 BAD_HEAD = b"HTTP/1.1 2OO OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One tracked call as the box saw it (router.sim.server rule 2). `finished_at` is when the
+    box stopped working on it (answered, cancelled, or the peer left); `client_closed_at` only
+    when the peer left first."""
+
+    path: str
+    method: str
+    model: str | None
+    stream: bool
+    parent_id: str | None  # X-Hugpy-Parent-Request-Id (hugpy boxes only)
+    headers: dict[str, str]  # lower-cased names, as received
+    body_len: int
+    content_type: str | None
+    started_at: float  # time.monotonic()
+    finished_at: float | None = None
+    client_closed_at: float | None = None
+    status: int | None = None
+    request_id: str = ""  # the box's own id for the call, where it has one (hugpy: fe-…)
 
 
 class Exchange:
@@ -78,10 +97,32 @@ class Exchange:
         self.head_sent = False
 
 
+class Box(Protocol):
+    """What a connection asks of the box it serves (router.sim.server.SimServer, which imports
+    this module: a protocol, so that this module need not import it back)."""
+
+    name: str
+    id_header: bytes
+    server_headers: bytes
+    open_connections: int
+    idle_close_s: float | None
+    idle_close_timer: bool
+    idle_closes: int
+    idle_races: int
+    _conns: set[Connection]
+    _loop: asyncio.AbstractEventLoop | None
+
+    def _dispatch(self, conn: Connection, ex: Exchange) -> Steps | None: ...
+
+    def _finish(self, ex: Exchange) -> bool: ...
+
+    def _crash_body(self, exc: Exception) -> bytes: ...
+
+
 class Connection(asyncio.Protocol):
     """One TCP connection: parses requests, runs their handlers in order, writes answers."""
 
-    def __init__(self, box: SimServer) -> None:
+    def __init__(self, box: Box) -> None:
         # per connection
         self._box = box
         self._loop = box._loop

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs
 
 from router.sim.behavior import Behavior, answer_stalled_body
-from router.sim.connection import Connection, Exchange, Steps
+from router.sim.connection import CallRecord, Connection, Exchange, Steps
 from router.sim.hugpy_inventory import ROUTES as INVENTORY_ROUTES, Inventory
 from router.sim.hugpy_replies import (
     BAD_WAIT,
@@ -75,7 +75,7 @@ from router.sim.hugpy_replies import (
 )
 from router.sim.hugpy_settings import ROUTES as SETTINGS_ROUTES, PairSettings, read_options
 from router.sim.prefix_cache import Prefill, elements_of
-from router.sim.server import CallRecord, PatternRoutes, Routes, SimServer, find_route
+from router.sim.server import PatternRoutes, Routes, SimServer, find_route
 from router.sim.wire import SSE_DONE, json_body as _json
 
 __all__ = ["Behavior", "SimBox"]  # the tests script a box with the behaviours beside it

@@ -8,9 +8,9 @@ Rules:
    header that carries `ex.rid`), `server_headers` (raw header lines on every answer),
    `connection_class`, and `_script_key` (which names share a script queue). Model-bearing
    routes go through the kind's `_model_call(conn, ex, route)` (`model_route`).
-2. Records. Each tracked call gets a `CallRecord` when it starts; the newest CALLS_KEPT
-   survive a trim at twice that, so a benchmark of millions of calls stays bounded while a
-   test never loses one. Times are `time.monotonic()`.
+2. Records. Each tracked call gets a `CallRecord` (router.sim.connection) when it starts; the
+   newest CALLS_KEPT survive a trim at twice that, so a benchmark of millions of calls stays
+   bounded while a test never loses one. Times are `time.monotonic()`.
 3. Scripts. `script(model, *behaviors)` queues behaviours per `_script_key(model)`;
    `_apply_script` takes the next one at the kind's chosen point in the call: it waits out a
    `hang`, hands a stream fault to `_stream`, or answers the rest (`_misbehave`).
@@ -28,11 +28,10 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from router.sim.behavior import STREAM_FAULTS, Behavior, answer_raw
-from router.sim.connection import Connection, Exchange, Steps
+from router.sim.connection import CallRecord, Connection, Exchange, Steps
 from router.sim.prefix_cache import PrefixCache
 from router.sim.wire import CT_JSON_UTF8, compact_json
 
@@ -40,26 +39,6 @@ CALLS_KEPT = 10_000  # rule 2
 LISTEN_BACKLOG = 1024  # the benchmark opens hundreds of connections at once
 
 ANSWERED = object()  # _apply_script's result when a scripted behaviour answered the call
-
-
-@dataclass(slots=True)
-class CallRecord:
-    """One tracked call as the box saw it. `finished_at` is when the box stopped working on it
-    (answered, cancelled, or the peer left); `client_closed_at` only when the peer left first."""
-
-    path: str
-    method: str
-    model: str | None
-    stream: bool
-    parent_id: str | None  # X-Hugpy-Parent-Request-Id (hugpy boxes only)
-    headers: dict[str, str]  # lower-cased names, as received
-    body_len: int
-    content_type: str | None
-    started_at: float  # time.monotonic()
-    finished_at: float | None = None
-    client_closed_at: float | None = None
-    status: int | None = None
-    request_id: str = ""  # the box's own id for the call, where it has one (hugpy: fe-…)
 
 
 Handler = Callable[[Any, Connection, Exchange], "Steps | None"]  # (box, conn, ex)

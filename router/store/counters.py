@@ -5,12 +5,12 @@ a parallel slot, read what is left). An engine only holds tallies and applies a 
 them atomically; it never decides anything itself:
 1. `LocalCounters` (the default) holds them in this process's memory: each step runs on the
    event loop, so it is atomic by construction and costs a dict lookup beyond the rule.
-2. The shared engine (several routers: store/shared_counters.py's `SharedCounters`, on a
+2. The shared engine (several routers: fleetwide/tallies.py's `SharedCounters`, on a
    Redis-protocol server) holds the same `Tally` fields under the key's id and applies the same
    step as one atomic read-modify-write (a compare-and-set of a versioned record), so the counts
    are exact across routers and the rules are still router.core.limits', unchanged. Its `admit`
-   and `take_parallel` are awaited (a round trip: serve/tenancy.py rule 7); losing the server
-   falls back to a `LocalCounters` (`--shared-down open`).
+   and `take_parallel` may answer with a round trip's future (fleetwide/seam.py: the call
+   awaits it); losing the server falls back to a `LocalCounters` (`--shared-down open`).
 3. Tallies of callers without a key (by address) are bounded: past MAX_ADDRESS_TALLIES the ones
    with nothing reserved and nothing in flight are dropped; a dropped address starts afresh.
 4. `seed(key, used, period)` installs what the store says a key's budget period has used so
@@ -20,10 +20,12 @@ them atomically; it never decides anything itself:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 from router.core import limits as rules
 from router.core.limits import Left, Limits, Refused, Tally, Windows
+from router.core.slots import Slot
 
 # Distinct addresses counted at once for `--default-rpm/--default-tpm` (~200 B each: ~13 MB); past
 # it the idle ones are forgotten (rule 3): an address spray could then reset another address's
@@ -34,13 +36,17 @@ MAX_ADDRESS_TALLIES = 65_536
 class Counters(Protocol):
     """One atomic step of router.core.limits on one key's tally (rules 1-2)."""
 
-    def admit(self, key: str, limits: Limits, model: str, tokens: int, now: float) -> Refused | Windows:
-        """`rules.admit`; admitted: `rules.windows_after` (the served call's headers)."""
+    def admit(self, key: str, limits: Limits, model: str, tokens: int,
+              now: float) -> Refused | Windows | Awaitable[Refused | Windows]:
+        """`rules.admit`; admitted: `rules.windows_after` (the served call's headers). Several
+        routers: a round trip (unless a credit covers it), and the server down and closed is
+        the Refused fleetwide/seam.py's DOWN."""
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         """`rules.settle` (giving back the call's max_parallel slot when it held one)."""
 
-    def take_parallel(self, key: str, limits: Limits) -> bool: ...
+    def take_parallel(self, key: str, limits: Limits) -> Slot | Awaitable[Slot]:
+        """`rules.take_parallel`: GO, WAIT; several routers also DOWN (fleetwide/seam.py)."""
 
     def has_room(self, key: str, limits: Limits) -> bool: ...
 
@@ -71,8 +77,8 @@ class LocalCounters:
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         rules.settle(self.tallies.get(key) or self._tally(key), limits, reserved, used, now, slot)
 
-    def take_parallel(self, key: str, limits: Limits) -> bool:
-        return rules.take_parallel(self.tallies.get(key) or self._tally(key), limits)
+    def take_parallel(self, key: str, limits: Limits) -> Slot:
+        return Slot.GO if rules.take_parallel(self.tallies.get(key) or self._tally(key), limits) else Slot.WAIT
 
     def has_room(self, key: str, limits: Limits) -> bool:
         tally = self.tallies.get(key)

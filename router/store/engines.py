@@ -3,7 +3,7 @@ URL is given (`--database-url`, HUGPY_ROUTER_DATABASE_URL).
 
 Rules:
 1. One place picks the engine for each part of the store (the keys, the route log; the boxes
-   registry and aliases: router.boxes.config.registry_for), for the router and for every CLI
+   registry and aliases: router.boxes.registry), for the router and for every CLI
    alike; the parts' code is the same either way (router.store.keys, router.store.route_log),
    behind small engine seams.
 2. Opening PostgreSQL migrates it first (router.store.pg.conn.migrate, under its advisory lock),

@@ -27,7 +27,7 @@ Rules:
    connection closed while idle too: a restarted server closes it), marks the server down (`up`
    False) and fails every command in it with `SharedDown`. While it is down the call path asks
    nothing (`up` is read first, at no cost); the background sync (once a second,
-   serve/shared.py) marks it up again on the first round trip that succeeds.
+   fleetwide/leases.py) marks it up again on the first round trip that succeeds.
 4. Going down and coming back are each one log line at warning level, with why and what the
    router does meanwhile (`meanwhile`: the --shared-down mode's words), then how long it was
    down; never one per call. A server down at start is such a line too (serve/server.py `share`).
@@ -126,7 +126,7 @@ class SharedServer:
         from redis.backoff import NoBackoff
 
         self.url = shown_url(url)
-        self.redis = aioredis.Redis.from_url(  # pub/sub (serve/shared.py)
+        self.redis = aioredis.Redis.from_url(  # pub/sub (fleetwide/leases.py)
             url, socket_timeout=ROUND_TRIP_TIMEOUT_S, socket_connect_timeout=SERVER_CONNECT_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),  # a command is sent once: a take sent twice would hold two slots
         )
@@ -228,7 +228,7 @@ class SharedServer:
     def prepare(self, prepare: Callable[[], None]) -> None:
         """`prepare` runs when the next round trip is packed, and may queue commands into it
         (`later`): a command whose arguments are known only then (a tally's compare-and-set
-        carries every step asked until then: store/shared_counters.py)."""
+        carries every step asked until then: fleetwide/tallies.py)."""
         self.preparing.append(prepare)
 
     def _flush(self) -> None:
@@ -427,6 +427,13 @@ class SharedServer:
             await self.redis.aclose(close_connection_pool=True)
         except Exception:  # closing a connection to a server that is gone
             pass
+
+
+
+def read_out(done: asyncio.Future) -> None:
+    """A reply nobody waits for: its failure is the server's state's business, not the loop's log."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _run(done: Done, reply: object) -> None:

@@ -28,7 +28,7 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
 5. A box's `others` (what the other routers hold on it, as last read: the count less this
    router's own leases) is added to its local in-flight count for fullness and ranking: the
    decision sees the fleet's load, the take in rule 1 is what makes it exact.
-6. The server down (store/shared.py rule 3): `--shared-down open` (the default) counts in this
+6. The server down (fleetwide/wire.py rule 3): `--shared-down open` (the default) counts in this
    router alone (`others` 0, no lease asked), with one loud log line, `router_shared_store_up 0`
    and the state's `shared.counting: "this router alone"`; the leases held then (less the parked
    ones, forgotten: rule 9) are added to the server by the first sync after it is back, and
@@ -39,11 +39,7 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
 7. Heartbeat: each sync writes this router's name and a small doc (calls it ended, calls in
    flight, when it started) to the routers' set, and reads back every router seen within
    ROUTER_SEEN_S: the state's `shared.routers`, the dashboard's routers.
-8. Affinity bindings (router.core.affinity rule 9) are advisory: a bound key this router does not
-   know is looked up (one round trip, before the decision) and a binding made or moved here is
-   written (not waited for), under a digest of the key's identity (never the session id or
-   the caller in the clear), for BINDING_TTL_S after its last move. The server down: each
-   router's own bindings only. The prefix index stays per router.
+8. Affinity bindings: fleetwide/bindings.py.
 9. Parked leases: a call that ends keeps its lease on the server, parked on this router, while the
    box is far from its limit, and this router's next call to the box takes it with no round trip
    (rules 1 and 4 cost a call no wait then). A parked lease is a lease like any other (held,
@@ -69,20 +65,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import itertools
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
-from router.serve.load import Load
-from router.store.shared import PREFIX, SharedDown, SharedServer
+from router.core.slots import Slot
+from router.fleetwide.seam import Holder
+from router.fleetwide.wire import PREFIX, SharedDown, SharedServer, read_out
 
 log = logging.getLogger("router.shared")
 
@@ -90,7 +86,6 @@ LEASE_TTL_S = 5.0  # rule 3
 LEASE_TTL_MS = int(LEASE_TTL_S * 1000)
 SYNC_S = 1.0  # rule 3: renew, poll, heartbeat
 ROUTER_SEEN_S = 5.0  # rule 7: a router not heard from for this long is no longer listed
-BINDING_TTL_S = 3600.0  # rule 8: a conversation idle for an hour may start afresh anywhere
 FREED_CHANNEL = PREFIX + "freed"
 WANTED_CHANNEL = PREFIX + "wanted"  # rule 9: a box's name, when a router's call waits for it
 PARK_SHARE = 0.5  # rule 9: parking stops, and parked leases go back, past this share of the limit
@@ -98,7 +93,6 @@ WANTED_EVERY_S = 0.1  # rule 9: a router asks for a box's parked leases at most 
 ROUTERS_KEY = PREFIX + "routers"
 ROUTER_DOCS_KEY = PREFIX + "router-docs"
 OPEN, CLOSED = "open", "closed"
-SHARED_STORE_DOWN = "shared_store_down"  # rule 6: the 503's code
 
 _NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 # KEYS[1] the box's leases; ARGV: member, limit, ttl (ms) -> {taken 0|1, count}
@@ -153,8 +147,9 @@ def slots_key(box: str) -> str:
 class SlotLeases:
     """This router's side of the shared slots (rules 1-6, 9) and its heartbeat (rule 7)."""
 
-    def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str,
-                 upkeep: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str, *,
+                 upkeep: Callable[[], None], freed: Callable[[BoxState], None], stats: Callable[[], dict],
+                 on_back: Callable[[], None]) -> None:
         self.server = server
         self.upkeep = upkeep  # run by each sync before its round trip: the keys' holds renewed there
         self.instance = instance
@@ -165,9 +160,9 @@ class SlotLeases:
         self.give_script = server.script(GIVE)
         self.renew_script = server.script(RENEW)
         self.heartbeat_script = server.script(HEARTBEAT)
-        self.admission = None  # serve/admission.py's Admission: offered a slot freed elsewhere
-        self.stats: Callable[[], dict] = dict  # this router's figures for its heartbeat doc
-        self.on_back: Callable[[], None] = lambda: None  # the server answers again after an outage
+        self.freed = freed  # the wait queue's: a box with a slot freed elsewhere is offered to its waiters
+        self.stats = stats  # this router's figures for its heartbeat doc
+        self.on_back = on_back  # the server answers again after an outage
         self.held: dict[str, set[str]] = {}  # box name -> this router's leases on it
         self.giving: dict[str, int] = {}  # box name -> its leases given back, not answered yet
         self.counts: dict[str, int] = {}  # box name -> leases on it fleet-wide, as last read
@@ -186,7 +181,7 @@ class SlotLeases:
         fleet.on_change.append(self.fleet_changed)
 
     # -- the call path (rules 1, 2, 4, 6, 9) ---------------------------------------------------
-    def ask(self, load: Load, box: BoxState) -> None:
+    def ask(self, load: Holder, box: BoxState) -> None:
         """Rule 1, asked early: `box`'s lease goes out with the round trip the call is about to
         wait for anyway (its admission's: serve/proxy.py), and `take` waits for its answer. A
         call that goes elsewhere, or ends, gives it back (`unask`). A lease parked on `box` is
@@ -196,7 +191,7 @@ class SlotLeases:
         if not self._reuse(load, box):
             load.asked = (box, *self._ask(load, box))
 
-    def _ask(self, load: Load, box: BoxState) -> tuple[str, asyncio.Future]:
+    def _ask(self, load: Holder, box: BoxState) -> tuple[str, asyncio.Future]:
         load.count_on(box)  # rule 2
         member = self._member()
         reply = asyncio.get_running_loop().create_future()
@@ -225,15 +220,16 @@ class SlotLeases:
         if not reply.done():
             reply.set_result(answer)
 
-    async def take(self, load: Load, box: BoxState) -> bool | None:
-        """Before `box` is sent the call: True when the call holds a lease there (or needs none,
-        or the server is down in open mode), False when every slot is taken fleet-wide, None when
-        the server is down in closed mode (the caller answers 503)."""
+    def take(self, load: Holder, box: BoxState) -> Slot | Awaitable[Slot]:
+        """Before `box` is sent the call (fleetwide/seam.py): GO when the call holds a lease there
+        (or needs none, or the server is down in open mode), WAIT when every slot is taken
+        fleet-wide, DOWN when the server is down in closed mode; a coroutine of that answer when
+        it is a round trip away."""
         if box.limit is None:
-            return True
+            return Slot.GO
         if load.lease is not None:
             if load.lease[0] is box:
-                return True
+                return Slot.GO
             self.give(load.lease)  # failover to another box: the first box's slot goes back
             load.lease = None
         asked, load.asked = load.asked, None
@@ -241,32 +237,36 @@ class SlotLeases:
             self.unask(asked)
             asked = None
         if asked is not None:
-            member, reply = asked[1], asked[2]
-        elif not self.server.up:
-            member, reply = self._member(), None
+            return self._answered(load, box, asked[1], asked[2])
+        if not self.server.up:
             load.count_on(box)
-        elif self._reuse(load, box):
-            return True
-        else:
-            member, reply = self._ask(load, box)
-        if reply is not None:
-            try:
-                taken, _ = await reply  # `_took` has read it
-            except SharedDown:
-                self.alone()  # the server went down: rule 6, below
-            else:
-                if not taken:
-                    load.count_on(None)
-                    return False
-                load.lease = (box, member)
-                return True
+            return self._alone(load, box, self._member())
+        if self._reuse(load, box):
+            return Slot.GO
+        return self._answered(load, box, *self._ask(load, box))
+
+    async def _answered(self, load: Holder, box: BoxState, member: str, reply: asyncio.Future) -> Slot:
+        try:
+            taken, _ = await reply  # `_took` has read it
+        except SharedDown:
+            self.alone()  # the server went down: rule 6, below
+            return self._alone(load, box, member)
+        if not taken:
+            load.count_on(None)
+            return Slot.WAIT
+        load.lease = (box, member)
+        return Slot.GO
+
+    def _alone(self, load: Holder, box: BoxState, member: str) -> Slot:
+        """Rule 6: the server is down. Closed: DOWN; open: the lease is this router's alone,
+        added to the server once it is back."""
         if self.down_mode == CLOSED:
             load.count_on(None)
             self.refused += 1
-            return None
-        self.held.setdefault(box.name, set()).add(member)  # added to the server once it is back
+            return Slot.DOWN
+        self.held.setdefault(box.name, set()).add(member)
         load.lease = (box, member)
-        return True
+        return Slot.GO
 
     def unask(self, asked: tuple[BoxState, str, asyncio.Future]) -> None:
         """A lease asked early for a box the call did not go to: given back once it is answered."""
@@ -277,7 +277,7 @@ class SlotLeases:
         if not done.cancelled() and done.exception() is None and done.result()[0]:
             self._give_back((box, member), False)
 
-    def _reuse(self, load: Load, box: BoxState) -> bool:
+    def _reuse(self, load: Holder, box: BoxState) -> bool:
         """Rule 9: a lease parked on `box` becomes the call's, with no round trip (the server is
         up: the caller has looked)."""
         parked = self.parked.get(box.name)
@@ -347,8 +347,8 @@ class SlotLeases:
             shrank = others < box.others
             box.others = others
             box.changed()
-            if shrank and self.admission is not None:
-                self.admission.freed(box)
+            if shrank:
+                self.freed(box)
         parked = self.parked.get(name)
         if parked is not None and self._past_share(box, len(parked)):
             self.unpark(name)
@@ -369,7 +369,7 @@ class SlotLeases:
             if (box is not None and box.others and box.full
                     and now - self.wanted_at.get(name, -WANTED_EVERY_S) >= WANTED_EVERY_S):
                 self.wanted_at[name] = now
-                self.server.call(None, "PUBLISH", WANTED_CHANNEL, name).add_done_callback(_read_out)
+                self.server.call(None, "PUBLISH", WANTED_CHANNEL, name).add_done_callback(read_out)
 
     def fleet_changed(self) -> None:
         """Rule 9: a box gone, replaced, or whose limit moved gives its parked leases back."""
@@ -421,7 +421,7 @@ class SlotLeases:
         """One round trip: the idle parked leases given back (rule 9), every limited box's leases
         renewed and counted, the heartbeat."""
         self.give_idle()  # first: their GIVEs go out ahead of the renewals, in the same round trip
-        self.upkeep()  # the keys' holds renewed, their parked settles written (store/shared_counters.py)
+        self.upkeep()  # the keys' holds renewed, their parked settles written (fleetwide/tallies.py)
         server = self.server
         boxes = [box for box in self.fleet.ordered() if box.limit is not None]
         futures = [server.call(self.renew_script, 1, slots_key(box.name), LEASE_TTL_MS, *self.held.get(box.name, ()))
@@ -438,7 +438,7 @@ class SlotLeases:
             server.came_up()
             # before any call of this router asks the server again: what it counted alone is
             # drawn there first, so N routers pass a key's limits at most N times
-            # (store/shared_counters.py rule 3)
+            # (fleetwide/tallies.py rule 3)
             self.upkeep()
             if back:
                 self.on_back()
@@ -458,8 +458,7 @@ class SlotLeases:
             if box.others:
                 box.others = 0
                 box.changed()
-                if self.admission is not None:
-                    self.admission.freed(box)
+                self.freed(box)
         self.counts.clear()
 
     @staticmethod
@@ -552,34 +551,3 @@ class SlotLeases:
                                   "every command asked meanwhile: a keyed call's admission and its box's "
                                   "lease share one).", value=self.server.round_trips)
 
-
-class SharedBindings:
-    """Affinity bindings on the shared server (rule 8)."""
-
-    def __init__(self, server: SharedServer) -> None:
-        self.server = server
-
-    @staticmethod
-    def _key(identity: str) -> str:
-        return PREFIX + "bind:" + hashlib.blake2b(identity.encode(), digest_size=16).hexdigest()
-
-    async def find(self, identity: str) -> str | None:
-        """The box another router bound `identity` to, or None (none, or the server down)."""
-        if not self.server.up:
-            return None
-        try:
-            box = await self.server.call(None, "GET", self._key(identity))
-        except SharedDown:
-            return None
-        return box.decode(errors="replace") if box else None
-
-    def keep(self, identity: str, box: str) -> None:
-        if self.server.up:
-            self.server.call(None, "SET", self._key(identity), box, "PX", int(BINDING_TTL_S * 1000)) \
-                .add_done_callback(_read_out)
-
-
-def _read_out(done: asyncio.Future) -> None:
-    """A reply nobody waits for: its failure is the server's state's business, not the loop's log."""
-    if not done.cancelled():
-        done.exception()

@@ -18,13 +18,13 @@ Rules:
    lease: serve/proxy.py) shares that round trip.
 2. A refusal is written too (the buckets caught up to now): a refusal read from a stale copy
    would be wrong, and the write is what proves the copy current.
-3. The server down (store/shared.py rule 3): `open` steps on `local`, a LocalCounters of this
+3. The server down (fleetwide/wire.py rule 3): `open` steps on `local`, a LocalCounters of this
    router alone, each tally starting (at its first step of the outage) from the copy this router
    last saw on the server and from this router's own holds; what it admits alone joins its holds
    and, once the server is back, is drawn from the server's buckets too (`upkeep`). So no router
    ever holds more than `max_parallel` of a key's calls, and N routers admit at most N times a
    limit in any window, what the server admitted before and after the outage included; `closed`
-   raises SharedDown to the caller (503 `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
+   answers fleetwide/seam.py's DOWN (503 `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
    server down, or its round trip lost) is parked and written again once the server answers
    (`upkeep`), in order, never dropped; a settle while the server is down frees its call's count
    on `local` too (each side never below 0: where the call was admitted is not known). A step
@@ -43,7 +43,7 @@ Rules:
    flight (their `max_parallel` slots and their reserved tokens, a credit's draw among them) is not
    a count in the tally but a hold per router (`h`: tag -> [calls, tokens, expiry]) that expires
    HOLD_S after that router last wrote it, on the server's clock, as a box's lease does
-   (serve/shared.py rule 3). Each router keeps its own holds in `holding` and writes them with
+   (fleetwide/leases.py rule 3). Each router keeps its own holds in `holding` and writes them with
    every compare-and-set of the tally; the sync renews those it has not written for RENEW_AFTER_S
    (one round trip for all, an expiry moved without a new version when nothing else changed). The
    CAS drops expired holds and answers the tally again, so a router that dies (`kill -9`) or
@@ -80,7 +80,7 @@ Rules:
    restarted server lost what it drew); its rest, not given back then, is counted in
    `lost_steps`. The served call's rate headers are the tally's when its credit was granted, the
    credit counted as spent. `--shared-down closed` gives no credit: it promises that a call runs
-   only on a count a live server answered for that call (as it parks no lease: serve/shared.py
+   only on a count a live server answered for that call (as it parks no lease: fleetwide/leases.py
    rule 9).
 """
 
@@ -100,15 +100,17 @@ import orjson
 
 from router.core import limits as rules
 from router.core.limits import Left, Limits, Refused, Tally, Windows
+from router.core.slots import Slot
 from router.store.counters import LocalCounters
-from router.store.shared import PREFIX, ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
+from router.fleetwide.seam import DOWN
+from router.fleetwide.wire import PREFIX, ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
 
 CAS_TRIES = 16
 CREDIT_S = 0.1  # rule 8
 CREDIT_FIRST_CALLS = 4
 CREDIT_MAX_CALLS = 1024  # a key at ~10k calls a second on one router: a round trip per credit, not per call
 STALE_S = 1.0
-HOLD_S = 5.0  # rule 5: as a box's lease lives (serve/shared.py LEASE_TTL_S)
+HOLD_S = 5.0  # rule 5: as a box's lease lives (fleetwide/leases.py LEASE_TTL_S)
 HOLD_MS = int(HOLD_S * 1000)
 RENEW_AFTER_S = 1.0  # rule 5: a hold not written for this long is renewed at the next sync (once a second)
 MAX_PARKED = 65_536  # rule 3
@@ -244,7 +246,9 @@ class SharedCounters:
         # rule 3: (name, step, what it frees, the server's run it was asked of)
         self.parked: list[tuple[str, Callable[[Tally], None], tuple[int, int], int]] = []
         self.alone_from_seen: set[str] = set()  # rule 3: the tallies counted alone since the server was last up
-        self.drawn_alone: dict[str, tuple[Tally, Limits]] = {}  # rule 3: what admissions alone drew, as a bucket
+        # rule 3: name -> [requests, tokens, limits] admissions alone drew, as counts: not drained
+        # here, since the server's bucket drains through the outage itself
+        self.drawn_alone: dict[str, list] = {}
         self.lost_steps = 0
         self.queued: dict[str, list] = {}  # name -> the steps waiting for its next write
         self.ready: list[str] = []  # tallies with steps and no write out: written at the next flush
@@ -252,34 +256,40 @@ class SharedCounters:
         self.credits: dict[str, Credit] = {}  # rule 8
         self.credited = 0  # calls admitted from a credit
 
-    def _step(self, name: str, apply: Callable[[Tally], Result], alone: Callable[[], Result]) -> Awaitable[Result]:
+    def _step(self, name: str, apply: Callable[[Tally], Result], alone: tuple[Callable[[], Result], Result]
+              ) -> Awaitable[Result]:
         """`apply` on the tally as the server holds it, atomically (rule 1), asked now (it goes
-        out with the next round trip); `alone` when the server is down and the mode is open
-        (rule 3). A future, not a coroutine around one: the call awaits it directly."""
+        out with the next round trip); `alone`: its count on this router alone, for when the
+        server is down and the mode is open (rule 3), and its answer otherwise when the write
+        fails (fleetwide/seam.py: DOWN, Slot.DOWN). A future, not a coroutine around one: the
+        call awaits it directly."""
         if self.server.up:
             return self._queue(name, apply, alone=alone)
         future = asyncio.get_running_loop().create_future()
         self._failed_step(name, future, alone, SharedDown(self.server.why_down))
         return future
 
-    def _failed_step(self, name: str, future: asyncio.Future, alone: Callable[[], Result] | None,
+    def _failed_step(self, name: str, future: asyncio.Future, alone: tuple[Callable[[], Result], Result] | None,
                      failure: SharedDown) -> None:
-        """A step whose write failed (rule 3): a waited-for step counts alone when the server is
-        down and the mode open; else it fails, with SharedDown (contended past CAS_TRIES while
-        the server is up: said, never counted alone in silence)."""
+        """A step whose write failed (rule 3): a call's step counts alone when the server is down
+        and the mode open; else it answers its down answer (closed, or contended past CAS_TRIES
+        while the server is up: said, never counted alone in silence). Any other step fails with
+        `failure`."""
         if future.done():
             return
-        if alone is not None and not self.server.up:
-            if not self.closed:
-                if name not in self.alone_from_seen:
-                    self._count_alone_from_seen(name)
-                future.set_result(alone())
-                return
-            failure = SharedDown(self.server.why_down)
-        future.set_exception(failure)
+        if alone is None:
+            future.set_exception(failure)
+            return
+        count_alone, down = alone
+        if not self.server.up and not self.closed:
+            if name not in self.alone_from_seen:
+                self._count_alone_from_seen(name)
+            future.set_result(count_alone())
+        else:
+            future.set_result(down)
 
     def _queue(self, name: str, apply: Callable[[Tally], Result], urgent: bool = True,
-               alone: Callable[[], Result] | None = None, waited: bool = True,
+               alone: tuple[Callable[[], Result], Result] | None = None, waited: bool = True,
                frees: tuple[int, int] | None = None) -> asyncio.Future | None:
         """`apply` joins the next write of `name`'s tally (rule 1): one write at a time per tally
         from this router, carrying every step asked until its round trip is packed. A step in no
@@ -384,15 +394,16 @@ class SharedCounters:
         if admitted.__class__ is not Refused:
             drawn = self.drawn_alone.get(key)
             if drawn is None:
-                drawn = self.drawn_alone[key] = (Tally(), limits)
-            rules.draw(drawn[0], limits, 1.0, tokens, now)
+                drawn = self.drawn_alone[key] = [0, 0, limits]
+            drawn[0] += 1
+            drawn[1] += tokens
             self._hold_more(key, 0, tokens)
         return admitted
 
-    def _take_alone(self, key: str, limits: Limits) -> bool:
+    def _take_alone(self, key: str, limits: Limits) -> Slot:
         """Rule 3: a max_parallel slot taken alone joins this router's holds too."""
         taken = self.local.take_parallel(key, limits)
-        if taken:
+        if taken is Slot.GO:
             self._hold_more(key, 1, 0)
         return taken
 
@@ -468,11 +479,9 @@ class SharedCounters:
         self.alone_from_seen.clear()
         drawn, self.drawn_alone = self.drawn_alone, {}
         now = time.time()
-        for name, (alone, limits) in drawn.items():
-            rules.draw(alone, limits, 0.0, 0.0, now)  # drained to now, as the server's buckets are
-            self._queue(name, functools.partial(rules.draw, limits=limits, requests=alone.req_drawn,
-                                                tokens=alone.tok_drawn, now=now), urgent=False, waited=False,
-                        frees=NO_HOLDS)
+        for name, (requests, tokens, limits) in drawn.items():
+            self._queue(name, functools.partial(rules.draw, limits=limits, requests=requests, tokens=tokens,
+                                                now=now), urgent=False, waited=False, frees=NO_HOLDS)
         parked, self.parked = self.parked, []
         for name, apply, frees, epoch in parked:
             if epoch != self.server.epoch:
@@ -509,7 +518,7 @@ class SharedCounters:
             refused = rules.admit(tally, limits, model, tokens, now)
             return refused if refused is not None else rules.windows_after(tally, limits)
 
-        admitted = self._step(key, apply, lambda: self._admit_alone(key, limits, model, tokens, now))
+        admitted = self._step(key, apply, (lambda: self._admit_alone(key, limits, model, tokens, now), DOWN))
         if self.server.up and not self.closed:
             self._ask_credit(key, credit, limits, tokens, now)
         return admitted
@@ -621,9 +630,9 @@ class SharedCounters:
             return
         self._queue(key, apply, urgent=slot, waited=False, frees=frees)  # rule 7
 
-    def take_parallel(self, key: str, limits: Limits) -> Awaitable[bool]:
-        return self._step(key, lambda tally: rules.take_parallel(tally, limits),
-                                lambda: self._take_alone(key, limits))
+    def take_parallel(self, key: str, limits: Limits) -> Awaitable[Slot]:
+        return self._step(key, lambda tally: Slot.GO if rules.take_parallel(tally, limits) else Slot.WAIT,
+                          (lambda: self._take_alone(key, limits), Slot.DOWN))
 
     def has_room(self, key: str, limits: Limits) -> bool:
         """Rule 4: the queue's advice, from the copy last seen."""
