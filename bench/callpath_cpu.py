@@ -166,8 +166,8 @@ async def start_router(boxes_file: Path, work: Path, **config) -> tuple[RouterAp
     of the boxes in `boxes_file`, its store in `work`, `config` more ServeConfig fields; and its stop."""
     running = Running(ServeConfig(host="127.0.0.1", port=0, boxes_path=boxes_file, store_path=work / "router.db",
                                   **config))
-    shared = await running.start(tracer=None)
-    return RouterApp(shared, mounts.main), running.stop
+    process = await running.start(tracer=None)
+    return RouterApp(process, mounts.main), running.stop
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -185,7 +185,7 @@ async def main(args: argparse.Namespace) -> dict:
             key = None
             if args.callgrind_key is not None:  # --allocations --keys: its key, with or without limits
                 limits = EVERY_LIMIT if args.callgrind_key == "limits" else None
-                _, key = router.shared.keys.create(f"bench-{args.callgrind_key}", "use", limits=limits)
+                _, key = router.process.keys.create(f"bench-{args.callgrind_key}", "use", limits=limits)
             await drive(router, args.callgrind_leg, args.concurrency, body, 0, key)  # warm-up included
             await stop_router()
             return {}
@@ -309,7 +309,7 @@ EVERY_LIMIT = {"rpm": 10**9, "tpm": 10**12, "max_parallel": 10**6, "budget_token
 async def measure_keys(router: RouterApp, stop_router, args: argparse.Namespace, body: bytes) -> dict:
     """`--keys`: a key with every limit against a key with none, on the same router, alternated
     KEY_ROUNDS times (this machine's other tenants move a single run by more than the cost)."""
-    keys = router.shared.keys
+    keys = router.process.keys
     _, plain = keys.create("bench-none", "use")
     _, limited = keys.create("bench-limits", "use", limits=EVERY_LIMIT)
     figures = await alternated(args, (("key_none", router, body, plain), ("key_limits", router, body, limited)))
@@ -336,7 +336,7 @@ async def measure_features(router: RouterApp, stop_router, args: argparse.Namesp
                            boxes_file: Path, work: Path) -> dict:
     """`--features`: per round, the plain call, a key with every limit, an alias and the plain call
     on a router with affinity off; each feature's median difference from the plain call."""
-    _, limited = router.shared.keys.create("bench-limits", "use", limits=EVERY_LIMIT)
+    _, limited = router.process.keys.create("bench-limits", "use", limits=EVERY_LIMIT)
     boxes_config.edit(boxes_file, lambda file: box_aliases.set_alias(file, ALIAS, ALIAS_CHAIN))
     await router.fleet.reload()
     aliased = body.replace(b'"%s"' % ALIAS_CHAIN[0].encode(), b'"%s"' % ALIAS.encode())

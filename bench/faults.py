@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from engines import PostgresServer, RedisServer  # noqa: E402  (tests/engines.py)
 import faults_check  # noqa: E402
+from support.calls import request  # noqa: E402  (tests/support/calls.py)
 
 from router.sim import SimFleet  # noqa: E402
 from router.sim.behavior import Behavior  # noqa: E402
@@ -111,19 +112,6 @@ class Router:
                 self.proc.wait()
 
 
-def request(url: str, method: str, path: str, doc: object = None, headers: dict | None = None,
-            timeout: float = 10) -> tuple[int, dict, bytes]:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        conn.request(method, path, body=None if doc is None else json.dumps(doc),
-                     headers={"Content-Type": "application/json", **(headers or {})})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
-
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -157,14 +145,15 @@ class Run:
                 "--boxes-file", str(folder / "boxes.json"), "--database-url", self.db_url,
                 "--shared-url", self.redis.url, "--instance", f"r{i}",
                 "--queue-timeout", str(QUEUE_TIMEOUT_S)], self.args.mutant))
-        first = self.routers[0].url
+        first = self.routers[0]
         for box in self.boxes:
             status, _, body = request(first, "POST", "/v1/boxes", {"name": box.name, "url": box.url, "kind": "hugpy",
-                                                                    "max_inflight": MAX_INFLIGHT})
+                                                                    "max_inflight": MAX_INFLIGHT}, timeout=10)
             assert status == 201, body
         self.keys = {}
         for name, limits in KEYS.items():
-            status, _, body = request(first, "POST", "/v1/keys", {"name": f"faults-{name}", "limits": limits})
+            status, _, body = request(first, "POST", "/v1/keys", {"name": f"faults-{name}", "limits": limits},
+                                      timeout=10)
             assert status == 201, body
             doc = json.loads(body)
             self.keys[name] = {"id": doc["id"], "secret": doc["key"], "limits": limits}
@@ -176,8 +165,8 @@ class Run:
 
     def _ready(self, router: Router) -> bool:
         try:
-            status, _, body = request(router.url, "GET", "/v1/keys/usage")
-            boxes = json.loads(request(router.url, "GET", "/v1/router/state")[2])["boxes"]
+            status, _, body = request(router, "GET", "/v1/keys/usage", timeout=10)
+            boxes = json.loads(request(router, "GET", "/v1/router/state", timeout=10)[2])["boxes"]
         except OSError:
             return False
         known = {k["id"] for k in json.loads(body)["keys"]} if status == 200 else set()
@@ -269,7 +258,8 @@ class Run:
         alive = set()
         for router in self.routers:
             try:
-                alive.add(json.loads(request(router.url, "GET", "/v1/router/state")[2])["shared"]["tallies"]["tag"])
+                state = json.loads(request(router, "GET", "/v1/router/state", timeout=10)[2])
+                alive.add(state["shared"]["tallies"]["tag"])
             except (OSError, KeyError, ValueError):
                 return  # a router not answering: not this time, the next kill samples again
         client = redis.Redis.from_url(self.redis.url)

@@ -118,8 +118,8 @@ async def start_router(boxes_file: Path, work: Path, name: str, shared_url: str 
                          instance=name, shared_url=shared_url, database_url=database_url)
     running = Running(config)
     running.instance = name
-    shared = await running.start(tracer=None)
-    return RouterApp(shared, mounts.main), running
+    process = await running.start(tracer=None)
+    return RouterApp(process, mounts.main), running
 
 
 def server_cpu_s(pid: int | None) -> float:
@@ -150,7 +150,7 @@ async def run(apps: list[RouterApp], calls: int, concurrency: int, keys: list[st
             if status != 200:
                 raise RuntimeError(f"status {status}")
 
-    writers = [app.shared.route_log for app in apps]
+    writers = [app.process.route_log for app in apps]
     written0 = sum(w.written for w in writers)
     thread0, wall0, server0 = time.thread_time(), time.perf_counter(), server_cpu_s(server_pid)
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -212,7 +212,7 @@ async def main(args: argparse.Namespace) -> dict:
             "two": [await start_router(boxes_file, work, f"two-{i}", shared_url, args.database_url) for i in (1, 2)],
         }
         apps = {name: [app for app, _ in routers] for name, routers in started.items()}
-        keys = {name: [app.shared.keys.create("bench", "use", limits=EVERY_COUNT)[1] if args.keys else None
+        keys = {name: [app.process.keys.create("bench", "use", limits=EVERY_COUNT)[1] if args.keys else None
                        for app in group] for name, group in apps.items()}
         for group in apps.values():
             for app in group:
@@ -450,7 +450,7 @@ async def one_leg(args: argparse.Namespace) -> dict:
     `--shared-url` is given) and `--instructions-leg` keyed calls at `--concurrency`."""
     from callpath_cpu import quiet_background
 
-    from router.serve import shared as shared_sync
+    from router.fleetwide import leases
 
     work = Path(tempfile.mkdtemp(prefix="several-routers-leg-"))
     boxes_file = work / "boxes.json"
@@ -458,10 +458,10 @@ async def one_leg(args: argparse.Namespace) -> dict:
     try:
         with_limits(boxes_file)
         app, running = await start_router(boxes_file, work, "leg", args.shared_url, None)
-        key = app.shared.keys.create("bench", "use", limits=EVERY_COUNT)[1]
+        key = app.process.keys.create("bench", "use", limits=EVERY_COUNT)[1]
         await routable(app, BODY)
         quiet_background()
-        shared_sync.SYNC_S = 3600.0  # the once-a-second sync too, after its current sleep
+        leases.SYNC_S = 3600.0  # the once-a-second sync too, after its current sleep
         settle_collector()  # as `router serve` does once it listens
         call_scope, left = scope(0, key), args.instructions_leg
 
@@ -472,7 +472,7 @@ async def one_leg(args: argparse.Namespace) -> dict:
                 if await one_call(app, call_scope, BODY) != 200:
                     raise RuntimeError("a call failed")
 
-        server = app.shared.leases.server if app.shared.leases is not None else None
+        server = app.process.several.server if app.process.several is not None else None
         sent0 = server.round_trips if server is not None else 0
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         round_trips = (server.round_trips - sent0) if server is not None else 0

@@ -4,6 +4,7 @@ tests/inproc.py: for every case that needs no process of its own)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -136,6 +137,18 @@ def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
             return value
         time.sleep(interval)
     return predicate()
+
+
+async def wait_until(predicate, timeout_s: float) -> float:
+    """wait_for inside a running loop: seconds until `predicate()` held; fails the test after
+    `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        if loop.time() - start > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s")
+        await asyncio.sleep(0.01)
+    return loop.time() - start
 
 
 @pytest.fixture

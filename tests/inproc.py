@@ -92,8 +92,8 @@ class InProcessRouter:
         self._loop: HeldSignalsLoop | None = None
         self._clock = None  # the router's CallClock, for advance_clock
 
-        def started(shared) -> None:
-            self._clock = shared.clock
+        def started(process) -> None:
+            self._clock = process.clock
 
         def ready(name: str, url: str) -> None:
             self.urls[name] = url

@@ -22,58 +22,10 @@ from router.sim import SimLlamaCpp, SimOllama
 from router.sim.hugpy import Behavior, SimBox
 
 from conftest import wait_for
+from support.boxes import chat_calls, max_concurrency
+from support.calls import MESSAGES, admin, call, get_json, request
 
 pytestmark = pytest.mark.timeout(60)
-
-MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-def request(router, method: str, path: str, doc: object = None, *, source: str = "127.0.0.1",
-            headers: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
-    """One request from `source`, a JSON body when `doc` is given."""
-    host, port = router.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0))
-    try:
-        conn.request(method, path, body=None if doc is None else json.dumps(doc),
-                     headers={"Content-Type": "application/json", **(headers or {})})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
-
-def call(router, *, source: str = "127.0.0.1", headers: dict | None = None, model: str = "tiny",
-         timeout: float = 30, **extra) -> tuple[int, dict, dict]:
-    status, got, body = request(router, "POST", "/v1/chat/completions",
-                                {"model": model, "messages": MESSAGES, **extra},
-                                source=source, headers=headers, timeout=timeout)
-    return status, got, json.loads(body or b"null")
-
-
-def admin(router, method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
-    status, _, body = request(router, method, path, doc, timeout=10)
-    return status, json.loads(body)
-
-
-def get_json(router, path: str) -> dict:
-    return admin(router, "GET", path)[1]
-
-
-def max_concurrency(box) -> int:
-    """The most calls the box worked on at once, from its call records."""
-    edges = []
-    for record in box.calls:
-        if record.path == "/v1/chat/completions":
-            edges += [(record.started_at, 1), (record.finished_at or time.monotonic(), -1)]
-    level = peak = 0
-    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
-        level += step
-        peak = max(peak, level)
-    return peak
-
-
-def chat_calls(box) -> int:
-    return sum(1 for r in box.calls if r.path == "/v1/chat/completions")
 
 
 def in_queue(router) -> int:

@@ -20,28 +20,11 @@ from router.sim import SimLMStudio
 from router.sim.hugpy import SimBox
 
 from conftest import wait_for
+from support.conversations import chat, client, first_message
 
 pytestmark = pytest.mark.timeout(90)
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 80}  # ~2 kB, every conversation's
-
-
-def client(router, source: str = "127.0.0.1") -> openai.OpenAI:
-    transport = httpx.HTTPTransport(local_address=source)
-    return openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0,
-                         http_client=httpx.Client(transport=transport, timeout=30))
-
-
-def chat(api: openai.OpenAI, messages: list, headers: dict | None = None, **extra) -> tuple[str, str | None]:
-    """(box, X-Router-Affinity) of one chat call."""
-    raw = api.chat.completions.with_raw_response.create(model="tiny", messages=messages,
-                                                        extra_headers=headers or {}, **extra)
-    raw.parse()
-    return raw.headers["x-hugpy-box"], raw.headers.get("x-router-affinity")
-
-
-def first_message(n: int) -> dict:
-    return {"role": "user", "content": f"conversation {n}: " + "here is my long document. " * 40}
 
 
 def converse(api: openai.OpenAI, n: int, turns: int) -> list[tuple[str, str | None]]:

@@ -22,7 +22,7 @@ from router.sim import SimLlamaCpp, SimOllama
 from router.sim.hugpy import Behavior, SimBox
 
 from conftest import wait_for
-from test_admission import request
+from support.calls import request
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,7 +26,7 @@ from router.sim import SimBox
 from router.store.keys import KeyStore
 
 from conftest import ROOT, wait_for
-from test_security import ADMIN_KEY, CHAT, call, route_rows
+from support.url_calls import ADMIN_KEY, CHAT, call, route_rows
 
 pytestmark = pytest.mark.timeout(120)
 RECIPE = ROOT / "docs" / "several-routers.md"

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from conftest import wait_for
 from router.boxes import config
 from router.sim import SimBox, SimFleet
-from test_operator import chat_body, request
+from support.url_calls import chat_body, request
 
 KEY = "hpk_box_adminapiboxkey0123456789ab"
 

@@ -16,7 +16,9 @@ from router.sim import SimBox
 from router.upstream.fetch import fetch
 from router.upstream.pool import MAX_HEAD_BYTES, MAX_HEADERS, BadResponse, Deadline, Exchange, Origin, StreamIdle
 
-from test_faults import MESSAGES, assert_openai_error, client, error_lines, post_chat, row_of
+from support.boxes import JSON_HEAD, RawBox, answer_with
+from support.calls import MESSAGES
+from support.raw_calls import assert_openai_error, client, error_lines, post_chat, row_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,9 +52,6 @@ def test_the_idle_deadline_runs_only_while_the_reader_waits_for_the_box():
 
 # -- a box that lies in its head (item 8) ---------------------------------------------------------
 
-MODELS = b'{"object": "list", "data": [{"id": "tiny", "object": "model"}]}'
-JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-
 
 def headers_then_body(count: int) -> bytes:
     """A whole answer with `count` header lines in all (Content-Type and Content-Length included)."""
@@ -67,63 +66,6 @@ async def endless_header(writer: asyncio.StreamWriter) -> None:
     while True:
         writer.write(piece)
         await writer.drain()
-
-
-def answer_with(data: bytes):
-    async def answer(writer: asyncio.StreamWriter) -> None:
-        writer.write(data)
-        await writer.drain()
-    return answer
-
-
-class RawBox:
-    """An `openai`-kind box on loopback that lists `tiny` at `GET /v1/models` (its health and its
-    inventory, kept alive) and answers any other request with `answer(writer)`, then closes.
-    It has the SimServer's start/stop, so it runs in a SimFleet beside the simulated boxes."""
-
-    kind = "openai"
-
-    def __init__(self, name: str, answer) -> None:
-        self.name = name
-        self.answer = answer
-        self.port = 0
-        self.calls = 0
-        self._server: asyncio.AbstractServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                await reader.readexactly(length)
-                if head.startswith(b"GET /v1/models "):
-                    writer.write(JSON_HEAD + b"Content-Length: %d\r\n\r\n" % len(MODELS) + MODELS)
-                    continue
-                self.calls += 1
-                await self.answer(writer)
-                return
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
-        finally:
-            writer.close()
 
 
 def fetch_from(answer) -> tuple[int, bytes]:

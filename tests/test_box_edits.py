@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, RouterProcess, wait_for, write_boxes
 from router.boxes import config
 from router.sim import SimBox, SimFleet
-from test_operator import chat_body, request
+from support.url_calls import chat_body, request
 
 KEY = "hpk_box_Zm9vYmFyLWtleS1zZWNyZXQtdmFsdWUtMTIzNDU2"
 WRITER = str(ROOT / "tests" / "hugpy_store_writer.py")

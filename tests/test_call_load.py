@@ -12,7 +12,8 @@ import pytest
 from router.sim.hugpy import Behavior, SimBox
 
 from conftest import wait_for
-from test_faults import box_calls, chat_body, hang_up, open_raw, post_chat, read_until, request
+from support.boxes import box_calls
+from support.raw_calls import chat_body, hang_up, open_raw, post_chat, read_until, request
 
 pytestmark = pytest.mark.timeout(30)
 

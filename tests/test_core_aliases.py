@@ -204,7 +204,7 @@ def fleets(draw):
 
 
 def walk(boxes, chain, refuses, pin, fallback, max_boxes=3):
-    """A call along `chain` as serve/chain.py walks it: resolve, try the first ranked box; a
+    """A call along `chain` as serve/aliases.py walks it: resolve, try the first ranked box; a
     refusal (`refuses[(box, model)]`: "refuse" before the first byte, "context", or "4xx") excludes
     the box, a context-length 400 leaves the model. Returns the (model, box) tried, in order, the
     steps' results, and how it ended."""

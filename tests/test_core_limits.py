@@ -81,7 +81,7 @@ def test_any_interleaving_overshoots_a_budget_by_at_most_one_reservation(budget,
 
 
 def room_of(tally: Tally, limits: Limits) -> int:
-    """What is left of the token limits now, as serve/tenancy.py's `room` reads it."""
+    """What is left of the token limits now, as serve/limits.py's `room` reads it."""
     left = rules.left(tally, limits, T0)
     return min(n for n in (left.tokens, left.budget) if n is not None)
 

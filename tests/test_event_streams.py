@@ -72,7 +72,7 @@ def test_the_flag_is_range_checked(tmp_path):
 def test_one_state_document_and_one_route_log_read_per_tick_whatever_the_streams(start_fleet_in_process, monkeypatch):
     built, read = [], []
     real_state, real_tail = dashboard.state_doc, dashboard.route_log_tail
-    monkeypatch.setattr(dashboard, "state_doc", lambda shared: built.append(1) or real_state(shared))
+    monkeypatch.setattr(dashboard, "state_doc", lambda process: built.append(1) or real_state(process))
     monkeypatch.setattr(dashboard, "route_log_tail", lambda *a: read.append(1) or real_tail(*a))
     router = start_fleet_in_process(SimBox("a", catalog=["tiny"], residents=["tiny"]))
     streams = [open_stream(router, "/v1/router/events") for _ in range(12)]
@@ -90,13 +90,13 @@ def test_one_state_document_and_one_route_log_read_per_tick_whatever_the_streams
 
 
 def test_a_stream_that_falls_behind_is_ended_and_the_others_go_on():
-    class Shared:
+    class ProcessState:
         class metrics:
             class series:
                 points: list = []
 
     async def main():
-        feed = EventFeed(Shared(), max_streams=4)
+        feed = EventFeed(ProcessState(), max_streams=4)
         feed.task = asyncio.get_running_loop().create_future()  # no producer: frames by hand
         stalled, reading = feed.join(True), feed.join(True)
         for n in range(STREAM_BACKLOG + 5):

@@ -11,9 +11,9 @@ import pytest
 
 from router.sim import SimBox, SimOllama
 
-from test_box_answers import RawBox, answer_with
-from test_faults import client, post_chat, request
-from test_security import CHAT, call
+from support.boxes import RawBox, answer_with
+from support.raw_calls import client, post_chat, request
+from support.url_calls import CHAT, call
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,18 +19,12 @@ import pytest
 from conftest import LISTENING_RE, ROOT, write_boxes
 from router.cli import install
 from router.sim import SimBox, SimFleet
+from support.installed import EXE, home_env
+from support.url_calls import request
 
-EXE = Path(sys.executable).parent / "hugpy-router"
 WRAPPER_KEY = "hpk_box_localwrapperkey0123456789"
 HARDENING = ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes",
              "StateDirectory=hugpy-router", "UMask=0027")
-
-
-def home_env(tmp_path: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HUGPY_", "XDG_")) and k not in ("STATE_DIRECTORY", "NOTIFY_SOCKET")}
-    env.update(HOME=str(tmp_path / "home"), **extra)
-    return env
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -179,8 +173,6 @@ def test_ready_after_first_inventory_then_reload_and_stop(tmp_path):
     try:
         assert listener.recv(4096).decode().startswith("READY=1")
         url = LISTENING_RE.search(proc.stdout.readline()).group(2)
-        from test_operator import request
-
         state = json.loads(request(url, "GET", "/v1/router/state")[1])
         (seen,) = state["boxes"]
         assert seen["online"] and [r["key"] for r in seen["residents"]] == ["tiny"]  # read before READY

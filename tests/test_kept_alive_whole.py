@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from conftest import wait_for
-from test_box_answers import RawBox
-from test_faults import client, row_of, rows
+from support.boxes import RawBox
+from support.raw_calls import client, row_of, rows
 
 pytestmark = pytest.mark.timeout(60)
 

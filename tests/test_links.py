@@ -23,7 +23,8 @@ from router.telemetry.agent import AgentLink, AgentServer
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.nvml import Scanner
 
-from test_telemetry import FakeCards, wait_until
+from conftest import wait_until
+from support.boxes import FakeCards
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,8 +11,8 @@ import pytest
 from router.serve import hops
 from router.sim import SimBox
 
-from test_box_answers import RawBox
-from test_faults import request, rows
+from support.boxes import RawBox
+from support.raw_calls import request, rows
 from conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,22 +19,7 @@ from router.sim import Behavior, SimBox
 from router.store import db
 
 from conftest import ROOT, wait_for
-
-CANARY = "CANARY-d41c7b"
-
-
-def request(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    return resp.status, data
-
-
-def chat_body(content: str = "x") -> bytes:
-    return json.dumps({"model": "tiny", "messages": [{"role": "user", "content": content}]}).encode()
+from support.url_calls import CANARY, chat_body, request
 
 
 def route_rows(router) -> list[dict]:

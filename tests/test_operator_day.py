@@ -11,7 +11,8 @@ import sys
 from router.sim import SimBox
 
 from conftest import ROOT, wait_for
-from test_operator import CANARY, chat_body, request
+from support.installed import EXE, home_env
+from support.url_calls import CANARY, chat_body, request
 
 
 def _router_cli(*args: str, home, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -156,8 +157,6 @@ def test_sim_starts_boxes_of_each_kind_and_prints_lines_that_build_a_working_fle
 
 
 def test_install_dry_run_prints_the_unit_and_env_files_it_would_write_key_masked(tmp_path):
-    from test_install import EXE, home_env
-
     env = home_env(tmp_path)
     home = tmp_path / "home"
     env_file = home / ".config" / "hugpy" / "router.env"

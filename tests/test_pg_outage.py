@@ -18,7 +18,7 @@ from router.store.route_log import Row
 
 from conftest import RouterProcess, wait_for
 from engines import PostgresServer
-from test_admission import admin, call, get_json, request
+from support.calls import admin, call, get_json, request
 
 pytestmark = pytest.mark.timeout(150)
 ADMIN_KEY = "outage-admin-key"

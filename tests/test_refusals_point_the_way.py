@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from router.sim import SimBox, SimLMStudio, SimOllama
-from test_operator import request
+from support.url_calls import request
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

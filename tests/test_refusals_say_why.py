@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, wait_for
 from router.sim import SimBox, SimFleet, SimOllama
-from test_operator import chat_body, request
+from support.url_calls import chat_body, request
 
 KEY = "hpk_box_refusalsboxkey0123456789abcd"
 MESSAGES = [{"role": "user", "content": "hi"}]

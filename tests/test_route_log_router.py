@@ -8,7 +8,7 @@ import pytest
 from router.sim import SimOllama
 
 from conftest import wait_for
-from test_admission import call, get_json
+from support.calls import call, get_json
 
 pytestmark = pytest.mark.timeout(60)
 

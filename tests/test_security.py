@@ -36,32 +36,11 @@ from router.serve.edge import AsgiEdge
 from router.sim import SimBox, SimLMStudio, SimOllama
 
 from conftest import ROOT, wait_for
+from support.url_calls import ADMIN_KEY, CHAT, call, route_rows
 
 PROXY = "127.0.0.9"
-ADMIN_KEY = "hpk_root_admin-secret-for-tests"
 LAN, OUT = "192.168.1.9", "203.0.113.5"
 LM_MODEL = "qwen/qwen3-14b"
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
-
-
-def call(url: str, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None, *,
-         source: str = "127.0.0.1", key: str | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
-    """One request from `source`; a dict body goes as JSON with its Content-Type."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    host = host.strip("[]")
-    headers = dict(headers or {})
-    if isinstance(body, dict):
-        body = json.dumps(body).encode()
-        headers.setdefault("Content-Type", "application/json")
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0))
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
 
 
 def via(address: str) -> dict:
@@ -73,12 +52,6 @@ def mint(router, scope: str) -> str:
     status, _, data = call(router.url, "POST", "/v1/keys", {"name": f"t-{scope}", "scope": scope})
     assert status == 201, data
     return json.loads(data)["key"]
-
-
-def route_rows(router, source: str = "127.0.0.1") -> list[dict]:
-    status, _, data = call(router.url, "GET", "/v1/telemetry?since=0&limit=5000", key=ADMIN_KEY, source=source)
-    assert status == 200, data
-    return json.loads(data)["rows"]
 
 
 def error_code(body: bytes) -> str:
@@ -433,7 +406,7 @@ def test_admin_uploads_have_the_proxied_routes_body_timeout(handler, path):
     hugpy = types.SimpleNamespace(config=types.SimpleNamespace(kind=BoxKind.HUGPY))
     clock = CallClock()  # it keeps every body's deadline, the admin's too; never started: ticked here
     settings = types.SimpleNamespace(max_body_bytes=1 << 20)
-    app = types.SimpleNamespace(shared=types.SimpleNamespace(fleet=types.SimpleNamespace(get=lambda name: hugpy),
+    app = types.SimpleNamespace(process=types.SimpleNamespace(fleet=types.SimpleNamespace(get=lambda name: hugpy),
                                                              keys=None, config=settings, clock=clock))
     client = SilentUpload()
 

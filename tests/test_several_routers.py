@@ -16,8 +16,9 @@ from router.sim import SimFleet
 from router.sim.hugpy import Behavior, SimBox
 
 from conftest import RouterProcess, wait_for
-from test_admission import admin, call, max_concurrency
-from test_tenancy import bearer, new_key
+from support.boxes import max_concurrency
+from support.calls import admin, bearer, call, new_key
+from support.url_calls import CANARY
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,8 +78,6 @@ def test_no_prompt_chunk_or_key_reaches_the_shared_engines(routers, box, pg_url,
     import re
 
     import redis
-
-    from test_operator import CANARY
 
     a, b = routers
     box.script("tiny", Behavior.raw(200, [("Content-Type", "application/json")],

@@ -14,7 +14,7 @@ import pytest
 from router.sim import SimFleet, SimOllama
 
 from conftest import RouterProcess, wait_for
-from test_admission import admin, call, get_json, request
+from support.calls import admin, call, get_json, request
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,8 +8,8 @@ import pytest
 
 from router.sim.hugpy import SimBox
 
-from test_affinity import chat, client, first_message
-from test_shared_slots import fleet, routers, shared_state  # noqa: F401 (fixtures)
+from support.conversations import chat, client, first_message
+from support.several_routers import fleet, routers, shared_state  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -20,11 +20,9 @@ from router.fleetwide.wire import PREFIX, SharedServer
 from router.fleetwide.tallies import HOLD_S, SharedCounters, unpack
 
 from conftest import wait_for
-from test_admission import call, chat_calls
-from test_shared_slots import fleet, routers  # noqa: F401 (fixtures)
-from test_shared_tallies import knows
-from test_shared_wire import run
-from test_tenancy import bearer, new_key
+from support.boxes import chat_calls
+from support.calls import bearer, call, new_key
+from support.several_routers import fleet, knows, routers, run  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(120)
 

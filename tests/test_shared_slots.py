@@ -17,11 +17,12 @@ import pytest
 import redis
 
 from router.fleetwide.leases import LEASE_TTL_S, SYNC_S, slots_key
-from router.sim import SimFleet
 from router.sim.hugpy import Behavior, SimBox
 
-from conftest import RouterProcess, wait_for, write_boxes
-from test_admission import call, chat_calls, get_json, max_concurrency
+from conftest import wait_for, write_boxes
+from support.boxes import chat_calls, max_concurrency
+from support.calls import call, get_json
+from support.several_routers import fleet, routers, shared_state  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -29,51 +30,9 @@ DEAD_ROUTER_BOUND_S = LEASE_TTL_S + SYNC_S  # fleetwide/leases.py rule 3: 6 s, u
 IDLE_PARKED_BOUND_S = 2 * SYNC_S  # rule 9: idle through a whole SYNC_S, given back at the next sync
 
 
-@pytest.fixture
-def fleet():
-    fleets: list[SimFleet] = []
-
-    def start(*boxes):
-        sim = SimFleet(list(boxes))
-        sim.start()
-        fleets.append(sim)
-        return sim
-
-    yield start
-    for sim in fleets:
-        sim.stop()
-
-
-@pytest.fixture
-def routers(tmp_path):
-    """routers(boxes, n, extra=(), limits={}, home=None) -> [RouterProcess]: n routers over the same
-    boxes, each with its own folder (boxes file, and home unless `home` names one for all)."""
-    started: list[RouterProcess] = []
-
-    def start(boxes, n, extra=(), limits=None, first=0, home=None):
-        made = []
-        for i in range(first, first + n):
-            folder = tmp_path / f"router{i}"
-            folder.mkdir()
-            path = write_boxes(folder / "boxes.json", list(boxes), **(limits or {}))
-            env = {"HUGPY_ROUTER_HOME": str(home)} if home is not None else None
-            router = RouterProcess(path, "--instance", f"r{i}", *extra, env=env)
-            started.append(router)
-            made.append(router)
-        return made
-
-    yield start
-    for router in started:
-        router.stop()
-
-
 def metrics_text(router) -> str:
     with urllib.request.urlopen(router.url + "/metrics", timeout=10) as resp:
         return resp.read().decode()
-
-
-def shared_state(router) -> dict:
-    return get_json(router, "/v1/router/state")["shared"]
 
 
 def parked(router, box: str = "a") -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import signal
 import time
 
 import pytest
@@ -21,21 +20,11 @@ from router.fleetwide.wire import PREFIX, SharedDown, SharedServer
 from router.fleetwide.tallies import CREDIT_FIRST_CALLS, CREDIT_S, SharedCounters, copy, pack, unpack
 
 from conftest import wait_for
-from test_admission import call, chat_calls, max_concurrency, request
-from test_shared_wire import run
-from test_shared_slots import fleet, routers, shared_state  # noqa: F401 (fixtures)
-from test_tenancy import bearer, new_key
+from support.boxes import chat_calls, max_concurrency
+from support.calls import bearer, call, new_key, request
+from support.several_routers import fleet, knows, routers, run, shared_state  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def knows(router, key_id: str, limits: dict) -> bool:
-    """The router has read the key's limits from the store (a SIGHUP reloads the keys: the usage
-    report shows the limits the router counts against)."""
-    router.proc.send_signal(signal.SIGHUP)
-    time.sleep(0.2)
-    doc = json.loads(request(router, "GET", "/v1/keys/usage", timeout=10)[2])
-    return any(k["id"] == key_id and all(k["limits"][f] == v for f, v in limits.items()) for k in doc["keys"])
 
 
 def test_rpm_is_exact_across_two_routers(fleet, routers, redis_server, tmp_path):

@@ -15,18 +15,9 @@ import uvloop
 
 from router.fleetwide.wire import ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
 
+from support.several_routers import run
+
 pytestmark = pytest.mark.timeout(30)
-
-
-def run(coroutine_function, redis_server):
-    async def main():
-        server = SharedServer(redis_server.url)
-        try:
-            return await coroutine_function(server)
-        finally:
-            await server.close()
-
-    return uvloop.run(main())
 
 
 def test_commands_asked_in_one_loop_iteration_share_one_round_trip_in_order(redis_server):

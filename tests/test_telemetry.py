@@ -21,22 +21,8 @@ from router.telemetry.nvml import CardReading, NvmlUnavailable, PynvmlBackend, S
 from router.upstream.fetch import fetch
 from router.upstream.pool import Origin
 
-GIB = 1 << 30
-
-
-class FakeCards:
-    """An injected backend: the cards it returns are set by the test (read from a thread)."""
-
-    def __init__(self, *utils: float | None) -> None:
-        self.calls = 0
-        self.set(*utils)
-
-    def set(self, *utils: float | None) -> None:
-        self.cards = [CardReading(i, f"GPU-{i}", u, 10 * GIB, 80 * GIB) for i, u in enumerate(utils)]
-
-    def __call__(self) -> list[CardReading]:
-        self.calls += 1
-        return list(self.cards)
+from conftest import wait_until
+from support.boxes import GIB, FakeCards
 
 
 def nvml_present() -> bool:
@@ -46,17 +32,6 @@ def nvml_present() -> bool:
         return False
     pynvml.nvmlShutdown()
     return True
-
-
-async def wait_until(predicate, timeout_s: float) -> float:
-    """Seconds until `predicate()` held; fails the test after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not predicate():
-        if loop.time() - start > timeout_s:
-            raise AssertionError(f"not within {timeout_s} s")
-        await asyncio.sleep(0.01)
-    return loop.time() - start
 
 
 def nvml_logs(caplog) -> list[logging.LogRecord]:

@@ -15,30 +15,20 @@ import openai
 import pytest
 
 from router.core.limits import period_bounds
-from router.serve.tenancy import Tenancy
+from router.serve.limits import Tenancy
 from router.sim import SimFleet, SimLMStudio, SimOllama
 from router.sim.hugpy import Behavior, SimBox
 from router.sim.prefix_cache import prompt_tokens
 
 from conftest import write_boxes
 from inproc import InProcessRouter
-from test_admission import call, max_concurrency, request
+from support.boxes import max_concurrency
+from support.calls import bearer, call, new_key, request
 
 pytestmark = pytest.mark.timeout(90)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 PROMPT = prompt_tokens({"messages": MESSAGES})  # 9: the sims' own count (router/sim/prefix_cache.py)
-
-
-def new_key(router, **limits) -> tuple[str, str]:
-    status, _, body = request(router, "POST", "/v1/keys", {"name": "team", "limits": limits or None}, timeout=10)
-    assert status == 201, body
-    doc = json.loads(body)
-    return doc["id"], doc["key"]
-
-
-def bearer(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def rows(router) -> list[dict]:

@@ -10,7 +10,7 @@ model of the chain that no box lists now is said on stderr (the alias is kept: c
 that model until a box lists it). `list` asks that router too, marking such a model, and reads
 the file where none answers.
 Where no router answers, the file is edited directly, said on stderr: `GET /v1/aliases` flags a
-shadow, and a key's `models` still bound every model the alias reaches (serve/chain.py rule 6).
+shadow, and a key's `models` still bound every model the alias reaches (serve/aliases.py rule 6).
 """
 
 from __future__ import annotations

@@ -38,9 +38,10 @@ the serve layer holds it): this module stays stdlib only.
 8. Memory. Bindings and nodes share one LRU of at most `capacity` entries; a lookup that hits
    and every record refreshes its entries. Nothing here is ever stored, logged or exported:
    the hashes are salted per process by their seed.
-9. Several routers share the bindings (not the prefix nodes) under a bound key's `identity`, the
-   same text in every process (serve/affinity.py writes only a digest of it to the shared
-   server): a session bound on one router is found by the next router it reaches.
+9. Several routers share the bindings (not the prefix nodes) under a bound key's identity (the
+   text of its scoped parts: `identity_of`), the same in every process (fleetwide/bindings.py
+   writes only a digest of it to the shared server): a session bound on one router is found by
+   the next router it reaches.
 """
 
 from __future__ import annotations

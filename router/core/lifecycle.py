@@ -76,7 +76,10 @@ class Event(str, Enum):
 
 
 class IllegalTransition(Exception):
-    def __init__(self, phase: Phase, event: Event) -> None:
+    """A step no table allows: this one's, or router.core.credits' and router.core.leases' (its
+    `phase` is then their state)."""
+
+    def __init__(self, phase: Enum, event: Enum) -> None:
         super().__init__(f"event {event.value} in phase {phase.value}")
         self.phase = phase
         self.event = event

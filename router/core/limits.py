@@ -25,7 +25,7 @@ Rules (tests/test_core_limits.py pins each against the plain model in tests/mode
    plus the largest reservation (tests/test_core_limits.py states it over any interleaving).
    A reservation (`reserve`) is the prompt's estimate plus the answer's bound: the one the call
    states, else the router's default, either capped to what is left of the key's tpm and budget,
-   and the router tells the box (serve/tenancy.py rule 2), so no call's answer is longer than
+   and the router tells the box (serve/limits.py rule 2), so no call's answer is longer than
    what it reserved, and no one call's reservation passes a limit by more than its prompt.
 5. `settle` replaces the reservation by the tokens the box reported: `tpm` gets back what was
    reserved and draws what was used, the budget's reserved falls by the reservation and its used
@@ -240,7 +240,7 @@ ALL_KINDS = frozenset(BoxKind)
 def kinds_allowed(models: frozenset[str] | None, model: str, kinds: frozenset[BoxKind]) -> frozenset[BoxKind]:
     """The kinds among `kinds` on whose boxes `models` allow `model` as the call names it: all
     of them when it is named exactly, else those whose name rule makes it an allowed name
-    (ALSO_ALLOWED_AS). The gate then rules out the boxes of the other kinds (serve/tenancy.py)."""
+    (ALSO_ALLOWED_AS). The gate then rules out the boxes of the other kinds (serve/limits.py)."""
     if models is None or model in models:
         return kinds
     return frozenset(kind for kind in kinds if (also := ALSO_ALLOWED_AS.get(kind)) is not None

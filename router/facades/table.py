@@ -59,7 +59,7 @@ class Route:
     asks_usage: bool = False
     # every field where a box serving the route reads the answer's bound in tokens
     # (`options.num_predict`: a member of `options`); the first is the one every such box reads,
-    # which the router adds when it bounds an answer the body states no bound for (serve/tenancy.py
+    # which the router adds when it bounds an answer the body states no bound for (serve/limits.py
     # rule 2)
     answer_bound: tuple[str, ...] = ()
     # a model no box of the facade's kinds lists: the engine's own words for it, which go out as
@@ -74,7 +74,7 @@ class Route:
 
 
 # Every top-level field an OpenAI-shaped box reads as its answer's bound, whatever the route: the
-# router reads them all (the largest counts) and, bounding an answer, writes them all (serve/tenancy.py
+# router reads them all (the largest counts) and, bounding an answer, writes them all (serve/limits.py
 # rule 2), so no box's order of reading them matters. `max_tokens` (every box); its newer name
 # `max_completion_tokens` (vLLM and SGLang read `max_completion_tokens or max_tokens`, hugpy both);
 # `max_output_tokens` (the Responses API, LM Studio's /api/v1/chat); llama.cpp's `n_predict`, which it

@@ -59,6 +59,8 @@ What is shared and what is not (docs/several-routers.md, "Redis-protocol server"
    blinked, they expire there within LEASE_TTL_S). `--shared-down closed` parks nothing: it
    promises that a call is sent only on a slot a live server granted it, and a reused lease is
    one no round trip has checked since its call ended.
+10. A lease (fleetwide/seam.py's `Lease`) moves (asked, held, parked, given back, gone) only
+   through router.core.leases' table: a move it lacks raises.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.boxes.fleet import Fleet
 from router.boxes.state import BoxState
+from router.core.leases import LeaseEvent, LeaseState
 from router.core.slots import Slot
-from router.fleetwide.seam import Holder
+from router.fleetwide.seam import Holder, Lease
 from router.fleetwide.wire import PREFIX, SharedDown, SharedServer, read_out
 
 log = logging.getLogger("router.shared")
@@ -140,6 +143,14 @@ return out
 """
 
 
+# router.core.leases' states and events, read per move as module names (an Enum member read off
+# its class goes through EnumType.__getattr__ on Python 3.11: router/core/lifecycle.py)
+_ASKED, _HELD = LeaseState.ASKED, LeaseState.HELD
+_TAKEN, _REFUSED, _LOST = LeaseEvent.TAKEN, LeaseEvent.REFUSED, LeaseEvent.LOST
+_PARK, _REUSE, _GIVE, _GIVEN, _FORGET = (LeaseEvent.PARK, LeaseEvent.REUSE, LeaseEvent.GIVE, LeaseEvent.GIVEN,
+                                         LeaseEvent.FORGET)
+
+
 def slots_key(box: str) -> str:
     return PREFIX + "slots:" + box
 
@@ -166,9 +177,9 @@ class SlotLeases:
         self.held: dict[str, set[str]] = {}  # box name -> this router's leases on it
         self.giving: dict[str, int] = {}  # box name -> its leases given back, not answered yet
         self.counts: dict[str, int] = {}  # box name -> leases on it fleet-wide, as last read
-        # rule 9: box name -> its leases parked here (each still in `held`), oldest first, with
-        # when each was parked (monotonic); a call takes the newest, so the oldest go idle
-        self.parked: dict[str, list[tuple[tuple[BoxState, str], float]]] = {}
+        # rule 9: box name -> its leases parked here (each still in `held`), oldest first; a call
+        # takes the newest, so the oldest go idle
+        self.parked: dict[str, list[Lease]] = {}
         self.wanted_at: dict[str, float] = {}  # rule 9: box name -> when this router last asked
         self.routers: list[dict] = []  # rule 7, as last read
         self.refused = 0  # calls answered 503 shared_store_down
@@ -189,36 +200,42 @@ class SlotLeases:
         if box.limit is None or load.lease is not None or load.asked is not None or not self.server.up:
             return
         if not self._reuse(load, box):
-            load.asked = (box, *self._ask(load, box))
+            load.asked = self._ask(load, box)
 
-    def _ask(self, load: Holder, box: BoxState) -> tuple[str, asyncio.Future]:
+    def _ask(self, load: Holder, box: BoxState) -> Lease:
         load.count_on(box)  # rule 2
-        member = self._member()
-        reply = asyncio.get_running_loop().create_future()
-        self.server.send(functools.partial(self._took, box, member, reply), self.take_script, 1,
-                         slots_key(box.name), member, box.limit, LEASE_TTL_MS)
-        return member, reply
+        lease = Lease(box, self._member(), asyncio.get_running_loop().create_future(), _ASKED)
+        self.server.send(functools.partial(self._took, lease), self.take_script, 1,
+                         slots_key(box.name), lease.member, box.limit, LEASE_TTL_MS)
+        return lease
 
     def _member(self) -> str:
         """A lease's name on the server: unique across routers and restarts."""
         return self._prefix + str(next(self._numbers))
 
-    def _took(self, box: BoxState, member: str, reply: asyncio.Future, answer: list | SharedDown) -> None:
+    def _took(self, lease: Lease, answer: list | SharedDown) -> None:
         """A take's answer, read as it comes (in the order the server ran them, with the gives'):
         so this router's leases and the count always describe the same moment (rule 5). Then
-        into `reply`, which the call awaits."""
+        into the lease's `reply`, which the call awaits."""
+        reply = lease.reply
         if answer.__class__ is SharedDown:
-            if not reply.done():
-                reply.set_exception(answer)  # type: ignore[arg-type]
+            lease.fire(_LOST)
+            if not reply.done():  # type: ignore[union-attr]
+                reply.set_exception(answer)  # type: ignore[union-attr, arg-type]
             return
         taken, count = answer  # type: ignore[misc]
+        box = lease.box
         if taken:
-            self.held.setdefault(box.name, set()).add(member)
+            lease.fire(_TAKEN)
+            self.held.setdefault(box.name, set()).add(lease.member)
         else:
+            lease.fire(_REFUSED)
             self.lease_refusals += 1
         self.counted(box, count)
-        if not reply.done():
+        if not reply.done():  # type: ignore[union-attr]
             reply.set_result(answer)
+        elif taken and reply.cancelled():  # type: ignore[union-attr]
+            self._give_back(lease, True)  # the call's task ended while its take was out: nobody holds it
 
     def take(self, load: Holder, box: BoxState) -> Slot | Awaitable[Slot]:
         """Before `box` is sent the call (fleetwide/seam.py): GO when the call holds a lease there
@@ -227,55 +244,59 @@ class SlotLeases:
         it is a round trip away."""
         if box.limit is None:
             return Slot.GO
-        if load.lease is not None:
-            if load.lease[0] is box:
+        lease = load.lease
+        if lease is not None:
+            if lease.box is box:
                 return Slot.GO
-            self.give(load.lease)  # failover to another box: the first box's slot goes back
+            self.give(lease)  # failover to another box: the first box's slot goes back
             load.lease = None
         asked, load.asked = load.asked, None
-        if asked is not None and asked[0] is not box:
+        if asked is not None and asked.box is not box:
             self.unask(asked)
             asked = None
         if asked is not None:
-            return self._answered(load, box, asked[1], asked[2])
+            return self._answered(load, asked)
         if not self.server.up:
             load.count_on(box)
             return self._alone(load, box, self._member())
         if self._reuse(load, box):
             return Slot.GO
-        return self._answered(load, box, *self._ask(load, box))
+        return self._answered(load, self._ask(load, box))
 
-    async def _answered(self, load: Holder, box: BoxState, member: str, reply: asyncio.Future) -> Slot:
+    async def _answered(self, load: Holder, lease: Lease) -> Slot:
         try:
-            taken, _ = await reply  # `_took` has read it
+            taken, _ = await lease.reply  # type: ignore[misc]  # `_took` has read it
         except SharedDown:
             self.alone()  # the server went down: rule 6, below
-            return self._alone(load, box, member)
+            return self._alone(load, lease.box, lease.member)
+        except asyncio.CancelledError:  # the call's task ended: the lease is nobody's (`_took` if not answered yet)
+            if lease.state is _HELD:
+                self._give_back(lease, True)
+            raise
         if not taken:
             load.count_on(None)
             return Slot.WAIT
-        load.lease = (box, member)
+        load.lease = lease
         return Slot.GO
 
     def _alone(self, load: Holder, box: BoxState, member: str) -> Slot:
-        """Rule 6: the server is down. Closed: DOWN; open: the lease is this router's alone,
-        added to the server once it is back."""
+        """Rule 6: the server is down. Closed: DOWN; open: a lease of this router's alone
+        (router.core.leases rule 4: born HELD), added to the server once it is back."""
         if self.down_mode == CLOSED:
             load.count_on(None)
             self.refused += 1
             return Slot.DOWN
         self.held.setdefault(box.name, set()).add(member)
-        load.lease = (box, member)
+        load.lease = Lease(box, member, None, _HELD)
         return Slot.GO
 
-    def unask(self, asked: tuple[BoxState, str, asyncio.Future]) -> None:
+    def unask(self, asked: Lease) -> None:
         """A lease asked early for a box the call did not go to: given back once it is answered."""
-        box, member, reply = asked
-        reply.add_done_callback(functools.partial(self._unasked, box, member))
+        asked.reply.add_done_callback(functools.partial(self._unasked, asked))  # type: ignore[union-attr]
 
-    def _unasked(self, box: BoxState, member: str, done: asyncio.Future) -> None:
-        if not done.cancelled() and done.exception() is None and done.result()[0]:
-            self._give_back((box, member), False)
+    def _unasked(self, lease: Lease, done: asyncio.Future) -> None:
+        if lease.state is _HELD:  # taken (else refused or lost: GONE)
+            self._give_back(lease, False)
 
     def _reuse(self, load: Holder, box: BoxState) -> bool:
         """Rule 9: a lease parked on `box` becomes the call's, with no round trip (the server is
@@ -283,12 +304,13 @@ class SlotLeases:
         parked = self.parked.get(box.name)
         if parked is None:
             return False
-        if parked[-1][0][0] is not box or self._past_share(box, len(parked)):
+        if parked[-1].box is not box or self._past_share(box, len(parked)):
             self.unpark(box.name)  # the box was replaced, or its limit moved
             return False
-        lease = parked.pop()[0]
+        lease = parked.pop()
         if not parked:
             del self.parked[box.name]
+        lease.fire(_REUSE)
         load.count_on(box)
         load.lease = lease
         return True
@@ -299,10 +321,10 @@ class SlotLeases:
         what parking may hold (or it has no limit now)."""
         return box.limit is None or box.in_flight + box.others + parked > box.limit * PARK_SHARE
 
-    def give(self, lease: tuple[BoxState, str]) -> None:
+    def give(self, lease: Lease) -> None:
         """The call left the box (its count still on it): its lease is parked for this router's
         next call there (rule 9), or goes back in the next round trip (rule 4)."""
-        box = lease[0]
+        box = lease.box
         if self.parks and self.server.up and box.limit is not None:
             parked = self.parked.get(box.name)
             count = 0 if parked is None else len(parked)
@@ -310,27 +332,35 @@ class SlotLeases:
             if not self._past_share(box, count) and self.fleet.get(box.name) is box:
                 if parked is None:
                     parked = self.parked[box.name] = []
-                parked.append((lease, time.monotonic()))
+                lease.fire(_PARK)
+                lease.parked_mono = time.monotonic()
+                parked.append(lease)
                 return
         self._give_back(lease, False)
 
-    def _give_back(self, lease: tuple[BoxState, str], urgent: bool) -> None:
-        """One GIVE (rule 4): sent at once when `urgent` or near the limit."""
-        box, member = lease
+    def _give_back(self, lease: Lease, urgent: bool) -> None:
+        """One GIVE (rule 4): sent at once when `urgent` or near the limit; none while the
+        server is down (the lease is forgotten: it expires there, rule 3)."""
+        box = lease.box
         name = box.name
         held = self.held.get(name)
         if held is not None:
-            held.discard(member)
-        if self.server.up:
+            held.discard(lease.member)
+        if not self.server.up:
+            lease.fire(_FORGET)
+        else:
+            lease.fire(_GIVE)
             limit = box.limit or 0
             # urgent near the limit, where some router's calls may wait for this slot; else it
             # rides the next round trip (the next call's take, or the sync within SYNC_S)
             send = self.server.send if urgent or box.in_flight + box.others >= limit - 1 else self.server.send_later
             self.giving[name] = self.giving.get(name, 0) + 1
-            send(functools.partial(self._given, box), self.give_script, 1, slots_key(name), member,
+            send(functools.partial(self._given, lease), self.give_script, 1, slots_key(name), lease.member,
                  FREED_CHANNEL, name, limit)
 
-    def _given(self, box: BoxState, answer: int | SharedDown) -> None:
+    def _given(self, lease: Lease, answer: int | SharedDown) -> None:
+        lease.fire(_GIVEN)
+        box = lease.box
         self.giving[box.name] -= 1
         if answer.__class__ is not SharedDown:
             self.counted(box, answer)  # type: ignore[arg-type]
@@ -355,7 +385,7 @@ class SlotLeases:
 
     def unpark(self, name: str) -> None:
         """Rule 9: the box's parked leases go back, at once."""
-        for lease, _ in self.parked.pop(name, ()):
+        for lease in self.parked.pop(name, ()):
             self._give_back(lease, True)
 
     def want(self, names: frozenset[str]) -> None:
@@ -375,7 +405,7 @@ class SlotLeases:
         """Rule 9: a box gone, replaced, or whose limit moved gives its parked leases back."""
         for name, parked in list(self.parked.items()):
             box = self.fleet.get(name)
-            if box is not parked[0][0][0] or self._past_share(box, len(parked)):
+            if box is not parked[0].box or self._past_share(box, len(parked)):
                 self.unpark(name)
 
     def give_idle(self) -> None:
@@ -383,8 +413,8 @@ class SlotLeases:
         idle_before = time.monotonic() - SYNC_S
         for name, parked in list(self.parked.items()):
             idle = 0
-            while idle < len(parked) and parked[idle][1] <= idle_before:
-                self._give_back(parked[idle][0], True)
+            while idle < len(parked) and parked[idle].parked_mono <= idle_before:
+                self._give_back(parked[idle], True)
                 idle += 1
             if idle == len(parked):
                 del self.parked[name]
@@ -451,8 +481,9 @@ class SlotLeases:
         are forgotten (rule 9): no call holds them, so the come-back must not write them again."""
         for name, parked in self.parked.items():
             held = self.held.get(name, set())
-            for (_, member), _ in parked:
-                held.discard(member)
+            for lease in parked:
+                held.discard(lease.member)
+                lease.fire(_FORGET)
         self.parked.clear()
         for box in self.fleet.ordered():
             if box.others:

@@ -3,7 +3,7 @@
 Three concerns, each with a one-router implementation and a several-routers one of the same
 shape, chosen when the process state is built (serve/app.py), never asked about by the call:
 1. A key's tallies: store/counters.py's `Counters` (`LocalCounters`; fleetwide/tallies.py's
-   `SharedCounters`), read by serve/tenancy.py: its `admit` answers a Charge or a Refused.
+   `SharedCounters`), read by serve/limits.py: its `admit` answers a Charge or a Refused.
 2. A box's slots: `Slots` (`ONE_ROUTER_SLOTS`: the box's in-flight count on this router is the
    whole of it; fleetwide/leases.py's `SlotLeases`: a lease per call on the shared server).
 3. Affinity bindings: `Bindings` (`ONE_ROUTER_BINDINGS`: this router's own index only;
@@ -24,6 +24,7 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from router.boxes.state import BoxState
+from router.core.leases import LeaseLife, LeaseState
 from router.core.limits import Refused
 from router.core.slots import Slot
 
@@ -35,12 +36,27 @@ DOWN = Refused(SHARED_STORE_DOWN, 0, SHARED_DOWN_TEXT)  # an admission's answer,
 PENDING = (asyncio.Future, types.CoroutineType)
 
 
+class Lease(LeaseLife):
+    """One lease of a box's slots (fleetwide/leases.py), moved through router.core.leases' table:
+    the box, the lease's name on the server (unique across routers and restarts), the take's
+    answer while it is ASKED, and when it was parked while it is PARKED."""
+
+    __slots__ = ("box", "member", "reply", "parked_mono")
+
+    def __init__(self, box: BoxState, member: str, reply: asyncio.Future | None, state: LeaseState) -> None:
+        super().__init__(state)
+        self.box = box
+        self.member = member
+        self.reply = reply  # the take's answer (`SlotLeases._took`); None for a lease taken alone
+        self.parked_mono = 0.0
+
+
 class Holder(Protocol):
     """What a box's slot moves of a call's load (serve/load.py's `Load`): its count on a box, its
     lease, and the lease asked and not answered yet (fleetwide/leases.py rules 1-2)."""
 
-    lease: tuple[BoxState, str] | None
-    asked: tuple[BoxState, str, asyncio.Future] | None
+    lease: Lease | None
+    asked: Lease | None
 
     def count_on(self, box: BoxState | None) -> None: ...
 
@@ -57,10 +73,10 @@ class Slots(Protocol):
     def want(self, names: frozenset[str]) -> None:
         """The call is about to wait for these boxes."""
 
-    def give(self, lease: tuple[BoxState, str]) -> None:
+    def give(self, lease: Lease) -> None:
         """The call left the box its lease is on."""
 
-    def unask(self, asked: tuple[BoxState, str, asyncio.Future]) -> None:
+    def unask(self, asked: Lease) -> None:
         """A slot asked early for a box the call did not go to."""
 
 
@@ -77,7 +93,7 @@ class OneRouterSlots:
     def want(self, names: frozenset[str]) -> None:
         pass
 
-    def give(self, lease: tuple[BoxState, str]) -> None:
+    def give(self, lease: Lease) -> None:
         raise AssertionError("one router holds no lease")
 
     unask = give

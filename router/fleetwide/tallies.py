@@ -81,7 +81,8 @@ Rules:
    `lost_steps`. The served call's rate headers are the tally's when its credit was granted, the
    credit counted as spent. `--shared-down closed` gives no credit: it promises that a call runs
    only on a count a live server answered for that call (as it parks no lease: fleetwide/leases.py
-   rule 9).
+   rule 9). A credit moves (asked, granted, renewed, spent, expired, given back) only through
+   router.core.credits' table: a move it lacks raises.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ from typing import TypeVar
 import orjson
 
 from router.core import limits as rules
+from router.core.credits import ASKING, CreditEvent, CreditLife, CreditState
 from router.core.limits import Left, Limits, Refused, Tally, Windows
 from router.core.slots import Slot
 from router.store.counters import LocalCounters
@@ -209,14 +211,23 @@ def copy(tally: Tally) -> Tally:
     return twin
 
 
-class Credit:
-    """One key's credit on this router (rule 8): what is left of it, the limits and the rate
-    headers it was granted with, and what its calls spent (the next one's size)."""
+# router.core.credits' states and events, read per call as module names (an Enum member read off
+# its class goes through EnumType.__getattr__ on Python 3.11: router/core/lifecycle.py)
+_GRANTED = CreditState.GRANTED
+_ASK, _GRANT, _DENY, _FAIL = CreditEvent.ASK, CreditEvent.GRANT, CreditEvent.DENY, CreditEvent.FAIL
+_SPEND, _EXPIRE, _GIVE_BACK = CreditEvent.SPEND, CreditEvent.EXPIRE, CreditEvent.GIVE_BACK
 
-    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "renew_at", "granted_at", "asked", "epoch",
+
+class Credit(CreditLife):
+    """One key's credit on this router (rule 8), moved through router.core.credits' table: what is
+    left of it, the limits and the rate headers it was granted with, and what its calls spent (the
+    next one's size)."""
+
+    __slots__ = ("requests", "tokens", "limits", "windows", "spent", "renew_at", "granted_at", "epoch",
                  "slow_at", "expiry")
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests = 0
         self.tokens = 0
         self.limits: Limits | None = None
@@ -224,7 +235,6 @@ class Credit:
         self.spent = 0  # calls the live (or the last) credit admitted
         self.renew_at = 0  # the next credit is asked when this many calls spent this one
         self.granted_at = 0.0  # monotonic
-        self.asked = False  # a grant is on its way
         self.epoch = -1  # the server's run it was drawn on (SharedServer.epoch)
         self.slow_at = -math.inf  # monotonic: the last call a compare-and-set admitted
         self.expiry: asyncio.TimerHandle | None = None
@@ -503,12 +513,13 @@ class SharedCounters:
             if (credit.requests and tokens <= credit.tokens and credit.limits is limits
                     and credit.epoch == self.server.epoch and self.server.up
                     and (limits.models is None or rules.model_allowed(limits.models, model))):
+                credit.fire(_SPEND)
                 credit.requests -= 1
                 credit.tokens -= tokens
                 credit.spent += 1
                 self.credited += 1
-                if not credit.asked and (credit.spent >= credit.renew_at
-                                         or time.monotonic() - credit.granted_at >= CREDIT_S / 2):
+                if credit.state is _GRANTED and (credit.spent >= credit.renew_at
+                                                 or time.monotonic() - credit.granted_at >= CREDIT_S / 2):
                     self._renew(key, credit, limits, tokens, now)
                 return credit.windows  # type: ignore[return-value]
             if self.server.up:
@@ -528,12 +539,13 @@ class SharedCounters:
         moment = time.monotonic()
         if credit is None:
             if len(self.credits) >= MAX_SEEN:
-                self.credits = {name: held for name, held in self.credits.items() if held.asked or held.requests}
+                self.credits = {name: held for name, held in self.credits.items()
+                                if held.state in ASKING or held.requests}
                 if len(self.credits) >= MAX_SEEN:
                     return
             credit = self.credits[key] = Credit()
         last, credit.slow_at = max(credit.slow_at, credit.granted_at), moment
-        if credit.asked:
+        if credit.state in ASKING:
             return
         if moment - last >= CREDIT_S:  # not fast enough (yet, or any more)
             credit.spent = 0
@@ -550,7 +562,7 @@ class SharedCounters:
 
     def _grant(self, key: str, credit: Credit, limits: Limits, calls: int, tokens: int, now: float,
                urgent: bool) -> None:
-        credit.asked = True
+        credit.fire(_ASK)
 
         def apply(tally: Tally) -> tuple[int, int, Windows]:
             requests, drawn = rules.grant(tally, limits, calls, tokens, now)
@@ -561,11 +573,12 @@ class SharedCounters:
             functools.partial(self._granted, key, credit, limits, self.server.epoch))
 
     def _granted(self, key: str, credit: Credit, limits: Limits, epoch: int, granting: asyncio.Future) -> None:
-        credit.asked = False
         if granting.cancelled() or granting.exception() is not None:
+            credit.fire(_FAIL)  # a renewal's: the credit held goes on
             return
         requests, tokens, windows = granting.result()
-        self._refund(key, credit)  # a renewal: what the one it replaces did not spend goes back
+        # a renewal: what the one it replaces did not spend goes back
+        self._refund(key, credit, _GRANT if requests else _DENY)
         credit.spent = 0
         if not requests:
             return
@@ -576,13 +589,15 @@ class SharedCounters:
 
     def _expired(self, key: str, credit: Credit) -> None:
         credit.expiry = None
-        self._refund(key, credit, urgent=True)  # nobody renewed it: its rest goes back now
+        self._refund(key, credit, _EXPIRE, urgent=True)  # nobody renewed it: its rest goes back now
 
-    def _refund(self, key: str, credit: Credit, urgent: bool = False) -> None:
-        """What the credit did not spend goes back (rule 8), with the next round trip, where the
-        server still holds what it drew; the credit is done either way. The server down: parked
-        (rule 3). A new run of the server holds nothing of the draw: counted in `lost_steps`, and
-        its tokens freed from this router's holds (rule 5)."""
+    def _refund(self, key: str, credit: Credit, event: CreditEvent = _GIVE_BACK, urgent: bool = False) -> None:
+        """The credit moves by `event`, and what it did not spend goes back (rule 8;
+        router.core.credits rule 3), with the next round trip, where the server still holds what
+        it drew; the credit is done either way. The server down: parked (rule 3). A new run of the
+        server holds nothing of the draw: counted in `lost_steps`, and its tokens freed from this
+        router's holds (rule 5)."""
+        credit.fire(event)
         requests, tokens, limits = credit.requests, credit.tokens, credit.limits
         credit.requests = credit.tokens = 0
         if credit.expiry is not None:
@@ -606,7 +621,7 @@ class SharedCounters:
         """The router stops: every credit's rest goes back (rule 8), and what is still to be
         written (settles riding the next round trip) is written, within two round trips' deadline."""
         for key, credit in self.credits.items():
-            self._refund(key, credit, urgent=True)
+            self._refund(key, credit, _GIVE_BACK, urgent=True)
         self.upkeep()  # the parked steps too
         if self.ready or self.queued:
             self.server.soon()

@@ -87,7 +87,7 @@ class AccessGate:
         token = access.bearer_token(edge.header("authorization"))
         held = self.keys.holder(token, time.time(), self.admin_key) if token else None
         key_scope = None
-        if held is not None:  # whose limits the call counts against (serve/tenancy.py)
+        if held is not None:  # whose limits the call counts against (serve/limits.py)
             edge.key_id, key_scope = held
         presented = access.presents_key(token)  # not a placeholder (`x`, `ollama`): rule 1a
         host = edge.header("host")

@@ -44,14 +44,14 @@ from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.metrics import exposition
 from router.serve.settings import ServeConfig
 from router.store import route_log
-from router.serve.tenancy import Tenancy
+from router.serve.limits import Tenancy
 from router.store.keys import KeyStore
 from router.upstream.fetch import fetch
 from router.upstream.pool import UpstreamError, safe_target
 
 
 class AdminState(Protocol):
-    """What the admin routes read of the process's shared state (app.py's `Shared`)."""
+    """What the admin routes read of the process's state (app.py's `ProcessState`)."""
 
     fleet: Fleet
     keys: KeyStore
@@ -66,7 +66,7 @@ class AdminApp(Protocol):
     """The app the admin routes are mounted in (app.py's `RouterApp`, which imports this module:
     a protocol, so that this module need not import it back)."""
 
-    shared: AdminState
+    process: AdminState
 
 
 JSON = b"application/json"
@@ -123,7 +123,7 @@ async def _body(app: AdminApp, edge: Edge, limit: int) -> bytes | None:
     proxied call); None once a refusal (408, 413, 400) has been answered (rule 3)."""
     deadline_s = body_deadline(asyncio.get_running_loop().time())
     try:
-        return await read_body(edge, limit, deadline_s, app.shared.clock)
+        return await read_body(edge, limit, deadline_s, app.process.clock)
     except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
         await _error(app, edge, *refusal(exc, limit))
     return None
@@ -155,7 +155,7 @@ def _query(edge: Edge) -> dict[str, str]:
 
 
 async def state(app: AdminApp, edge: Edge) -> None:
-    await _json(edge, 200, dashboard.state_doc(app.shared))
+    await _json(edge, 200, dashboard.state_doc(app.process))
 
 
 async def telemetry(app: AdminApp, edge: Edge) -> None:
@@ -177,7 +177,7 @@ async def telemetry(app: AdminApp, edge: Edge) -> None:
         return
     loop = asyncio.get_running_loop()
     try:
-        doc = await loop.run_in_executor(None, app.shared.route_log.read, since, limit, tail)
+        doc = await loop.run_in_executor(None, app.process.route_log.read, since, limit, tail)
     except route_log.ReadFailed as exc:
         await _error(app, edge, 503, "store_unavailable", f"route log unreadable: {exc}")
         return
@@ -185,7 +185,7 @@ async def telemetry(app: AdminApp, edge: Edge) -> None:
 
 
 async def keys(app: AdminApp, edge: Edge) -> None:
-    store = app.shared.keys
+    store = app.process.keys
     loop = asyncio.get_running_loop()
     if edge.method == "GET":
         try:
@@ -234,7 +234,7 @@ async def priority(app: AdminApp, edge: Edge) -> None:
     if not isinstance(wanted, str):
         await _error(app, edge, 400, "invalid_priority", 'the body must be {"priority": "high" | "normal" | "low"}')
         return
-    if await _change_key(app, edge, key_id, app.shared.keys.set_priority, wanted):
+    if await _change_key(app, edge, key_id, app.process.keys.set_priority, wanted):
         await _json(edge, 200, {"id": key_id, "priority": wanted})
 
 
@@ -245,7 +245,7 @@ async def limits(app: AdminApp, edge: Edge) -> None:
     doc = await _json_object(app, edge, KEYS_BODY_LIMIT)
     if doc is None:
         return
-    if changed := await _change_key(app, edge, key_id, app.shared.keys.set_limits, doc):
+    if changed := await _change_key(app, edge, key_id, app.process.keys.set_limits, doc):
         await _json(edge, 200, {"id": key_id, "limits": changed.doc()})
 
 
@@ -253,9 +253,9 @@ async def usage(app: AdminApp, edge: Edge) -> None:
     """GET /v1/keys/<id>/usage (one key) and GET /v1/keys/usage (every live key): usage in the
     current and previous period, what is left of each limit, when it resets."""
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("usage").removesuffix("/")
-    tenancy = app.shared.tenancy
+    tenancy = app.process.tenancy
     docs = await asyncio.get_running_loop().run_in_executor(
-        None, app.shared.keys.usage_report, [key_id] if key_id else None, time.time())
+        None, app.process.keys.usage_report, [key_id] if key_id else None, time.time())
     docs = [tenancy.with_left(doc) for doc in docs]
     if not key_id:
         await _json(edge, 200, {"keys": docs})
@@ -267,7 +267,7 @@ async def usage(app: AdminApp, edge: Edge) -> None:
 
 async def revoke(app: AdminApp, edge: Edge) -> None:
     key_id = edge.path.removeprefix("/v1/keys/").removesuffix("/revoke")
-    if await _change_key(app, edge, key_id, app.shared.keys.revoke):
+    if await _change_key(app, edge, key_id, app.process.keys.revoke):
         await _json(edge, 200, {"id": key_id, "revoked": True})
 
 
@@ -285,7 +285,7 @@ async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
     except BadRequest as exc:
         await _error(app, edge, 400, exc.code, str(exc))
         return None
-    except app.shared.keys.errors as exc:
+    except app.process.keys.errors as exc:
         await _store_down(app, edge, exc)
         return None
     if result is None or result is False:
@@ -295,8 +295,8 @@ async def _change_key(app: AdminApp, edge: Edge, key_id: str, change, *args):
 
 
 async def boxes(app: AdminApp, edge: Edge) -> None:
-    shared = app.shared
-    await _json(edge, 200, {"boxes": [box_view(box) for box in shared.fleet.ordered()]})
+    process = app.process
+    await _json(edge, 200, {"boxes": [box_view(box) for box in process.fleet.ordered()]})
 
 
 async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int = 200,
@@ -306,8 +306,8 @@ async def _edit_boxes(app: AdminApp, edge: Edge, name: str, change, status: int 
     (router.boxes.listeners rule 4), is refused before anything is written. The
     fleet applies the edit, and a new or re-linked box has been read once (bounded), before the
     answer, which shows the box (never its key) and `note`, which `change` may fill in."""
-    shared = app.shared
-    fleet = shared.fleet
+    process = app.process
+    fleet = process.fleet
 
     def checked_edit():
         peers = fleet.registry.peers()  # any router on the database; read before the edit's lock
@@ -428,7 +428,7 @@ def relay_target(path: str, query: str) -> str | None:
 async def relay(app: AdminApp, edge: Edge) -> None:
     rest = edge.path.removeprefix("/v1/boxes/")
     name, _, path = rest.partition("/")
-    box = app.shared.fleet.get(name)
+    box = app.process.fleet.get(name)
     if box is None:
         await _error(app, edge, 404, "unknown_box", f"no box {name}")
         return
@@ -439,7 +439,7 @@ async def relay(app: AdminApp, edge: Edge) -> None:
     if not can(box.config.kind, Capability.RELAY) or target is None:
         await _error(app, edge, 403, "not_relayed", "this is not a relayed management path")
         return
-    body = await _body(app, edge, app.shared.config.max_body_bytes)
+    body = await _body(app, edge, app.process.config.max_body_bytes)
     if body is None:
         return
     content_type = edge.header("content-type")
@@ -456,12 +456,12 @@ async def relay(app: AdminApp, edge: Edge) -> None:
 
 
 async def metrics(app: AdminApp, edge: Edge) -> None:
-    body, content_type = exposition(app.shared.scraped, edge.header("accept"))
+    body, content_type = exposition(app.process.scraped, edge.header("accept"))
     await edge.respond(200, [(b"content-type", content_type)], body)
 
 
 async def aliases(app: AdminApp, edge: Edge) -> None:
-    await _json(edge, 200, {"aliases": alias_admin.alias_views(app.shared.fleet)})
+    await _json(edge, 200, {"aliases": alias_admin.alias_views(app.process.fleet)})
 
 
 async def alias_edit(app: AdminApp, edge: Edge) -> None:
@@ -470,7 +470,7 @@ async def alias_edit(app: AdminApp, edge: Edge) -> None:
     if edge.method == "PUT" and (doc := await _json_object(app, edge, alias_admin.ALIAS_BODY_MAX_BYTES)) is None:
         return
     try:
-        status, answer = await alias_admin.edit(app.shared.fleet, unquote(edge.path.removeprefix("/v1/aliases/")), doc)
+        status, answer = await alias_admin.edit(app.process.fleet, unquote(edge.path.removeprefix("/v1/aliases/")), doc)
     except alias_admin.AliasRefused as exc:
         await _error(app, edge, exc.status, exc.code, str(exc))
         return

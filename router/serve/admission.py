@@ -11,7 +11,7 @@ its events and carries out its hand-outs:
 3. A waiter leaves without a box when its client goes (`leave`) or its wait passes the timeout
    (the CallClock's sweep: 503 queue_timeout); it is never handed out after that.
 4. Retry-After is the queue's length over the recent drain rate, within [1 s, the timeout].
-5. A call whose key is at its `max_parallel` waits too, full for its caller (serve/tenancy.py
+5. A call whose key is at its `max_parallel` waits too, full for its caller (serve/limits.py
    rule 3), for any box its decision ranked: it is handed out only while its key has room, and
    the hand-out takes its key's slot with its box's (several routers: asks it of the shared
    server, and the call reads the answer before it is sent). A slot its key frees is offered at
@@ -46,7 +46,7 @@ REFUSAL_TEXT = {
 
 
 class CallerSlot(Protocol):
-    """A call's slot with its caller's `max_parallel` (serve/tenancy.py's `Charge`; a protocol,
+    """A call's slot with its caller's `max_parallel` (serve/limits.py's `Charge`; a protocol,
     since tenancy offers freed slots back to the queue: rule 5)."""
 
     def has_room(self) -> bool: ...

@@ -1,6 +1,8 @@
-"""Affinity on the call path (router.core.affinity holds the rules): a call's key from its headers
-and body, the decision's steer, and what an answer teaches (the binding moves to the box that
-took the call, its prefix is recorded there).
+"""Affinity on the call path (router.core.affinity holds the rules), one object that chooses and
+learns, driven by the call (serve/proxy.py) at each step: its key from its headers and body
+(`key`), the decision's steer (`steer`), what its answer teaches as it goes to the client (`took`:
+the binding moves to the box that took the call, its prefix is recorded there, and how the key
+placed it is said), and what its end teaches (`ended`: the outcome's figures, a Responses id).
 
 Rules:
 1. Off (`--affinity off`, or a slack of 0): nothing is computed, no header is sent, the route log's
@@ -134,12 +136,12 @@ class Affinity:
         if not hit and key.kind != PREFIX:
             self.bindings.keep(key.scoped, name)  # made or moved here (rule 6)
 
-    def observe(self, record: CallRecord, state: str) -> None:
-        """A call ended in row state `state`: its outcome and the engine's cached tokens per (box,
-        model: the box's own key for it, so the labels are bounded by what the boxes hold); a
-        Responses answer's id bound to its box (rules 4 and 5)."""
+    def ended(self, record: CallRecord) -> None:
+        """A call placed by its key ended (`took` said how): done, its outcome and the engine's
+        cached tokens per (box, model: the box's own key for it, so the labels are bounded by what
+        the boxes hold), and a Responses answer's id bound to its box (rules 4 and 5)."""
         box, call = record.box, record.call
-        if record.affinity is None or box is None or call is None or state != "done":
+        if box is None or call is None or record.state != "done":
             return
         named = CALL_KEYS[(box.config.kind, call.model, call.settings)]
         label = (box.name, named[0] if named is not None else call.model)

@@ -36,7 +36,7 @@ from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
 from router.serve.record import CallRecord
 from router.serve.settings import ServeConfig
-from router.serve.tenancy import KeyCollector, Tenancy
+from router.serve.limits import KeyCollector, Tenancy
 from router.store.counters import LocalCounters
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
@@ -67,7 +67,7 @@ def _routing(asked: tuple[Mount, bool, str, str]) -> tuple[Facade, tuple | None,
 ROUTING = Memo(_routing, 1024)
 
 
-class Shared:
+class ProcessState:
     """What every listener of the process shares: the fleet, the reservation table, the
     scheduler, the store (route log, keys), the access gate, the metrics, the limits, the
     settings (`config`, serve/settings.py), and the clock that keeps the deadlines of the calls
@@ -124,25 +124,25 @@ class Shared:
 
 
 class RouterApp:
-    """One listener's app: the shared state plus the mount that maps paths to facades."""
+    """One listener's app: the process state plus the mount that maps paths to facades."""
 
-    def __init__(self, shared: Shared, mount: Mount) -> None:
-        self.shared = shared
+    def __init__(self, process: ProcessState, mount: Mount) -> None:
+        self.process = process
         self.mount = mount
         # The router's own routes (admin API, metrics) live on the main listener only.
         self.admin = mount is mounts.main
         # The proxy reads these per call; bound here once.
-        self.fleet = shared.fleet
-        self.reservations = shared.reservations
-        self.clock = shared.clock
-        self.admission = shared.admission
-        self.tenancy = shared.tenancy
-        self.access = shared.access
-        self.scheduler = shared.scheduler
-        self.affinity = shared.affinity
-        self.config = shared.config  # the settings (serve/settings.py): `app.config.first_byte_timeout_s`
-        self.fallbacks = shared.metrics.fallbacks  # an alias call's moves (serve/chain.py)
-        self.slots = shared.slots
+        self.fleet = process.fleet
+        self.reservations = process.reservations
+        self.clock = process.clock
+        self.admission = process.admission
+        self.tenancy = process.tenancy
+        self.access = process.access
+        self.scheduler = process.scheduler
+        self.affinity = process.affinity
+        self.config = process.config  # the settings (serve/settings.py): `app.config.first_byte_timeout_s`
+        self.fallbacks = process.metrics.fallbacks  # an alias call's moves (serve/aliases.py)
+        self.slots = process.slots
 
     # -- interfaces ----------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:
@@ -156,11 +156,11 @@ class RouterApp:
     # -- dispatch ------------------------------------------------------------------------------
     async def dispatch(self, edge: Edge) -> None:
         facade, owned, route, known = ROUTING[(self.mount, self.admin, edge.method, edge.path)]
-        shared = self.shared
-        shared.in_flight += 1
-        if shared.in_flight == 1:  # idle is set exactly while nothing is in flight
-            shared.idle.clear()
-        working, port = shared.working_ports, edge.port
+        process = self.process
+        process.in_flight += 1
+        if process.in_flight == 1:  # idle is set exactly while nothing is in flight
+            process.idle.clear()
+        working, port = process.working_ports, edge.port
         working[port] = working.get(port, 0) + 1
         try:
             if owned is not None:
@@ -190,9 +190,9 @@ class RouterApp:
             except Exception:
                 pass
         finally:
-            shared.in_flight -= 1
-            if shared.in_flight == 0:
-                shared.idle.set()
+            process.in_flight -= 1
+            if process.in_flight == 0:
+                process.idle.set()
             left = working[port] - 1
             if left:
                 working[port] = left
@@ -207,14 +207,12 @@ class RouterApp:
 
     def observe(self, record: CallRecord) -> None:
         """A call ended: its route_log row, its span when tracing is on, and its metrics."""
-        shared = self.shared
+        process = self.process
         row = record.row()
-        if record.affinity is not None:
-            shared.affinity.observe(record, row.state)
-        shared.route_log.record(row)
-        if shared.tracer is not None:  # tracing off: this check is all a call pays
-            shared.tracer.record(record, row)
-        shared.metrics.observe(record)
+        process.route_log.record(row)
+        if process.tracer is not None:  # tracing off: this check is all a call pays
+            process.tracer.record(record, row)
+        process.metrics.observe(record)
 
     async def unknown(self, edge: Edge, facade: Facade, known: bool) -> None:
         """A path no route of the listener serves: a 404 that says where the client meant to go
@@ -241,7 +239,7 @@ class RouterApp:
     def ollama_hint(self, edge: Edge) -> str:
         """Where an Ollama client goes: the router's Ollama listener, else its main port (which
         serves Ollama's `/api/*` too) and the flag that adds a listener of Ollama's own."""
-        ports = self.shared.ports
+        ports = self.process.ports
         said = f"{edge.method} {clip(edge.path)} is not a route here: it is Ollama's API"
         if "ollama" in ports:
             listener = self.url_of(edge, ports["ollama"])
@@ -254,7 +252,7 @@ class RouterApp:
         """This router's listener on `port` as the client reached the router: the host of its
         `Host` header when that is a plain host name or address, else this machine's loopback."""
         found = HOST_RE.fullmatch(edge.header("host") or "")
-        return f"{self.shared.scheme}://{found.group(1) if found else '127.0.0.1'}:{port}"
+        return f"{self.process.scheme}://{found.group(1) if found else '127.0.0.1'}:{port}"
 
     async def answer(self, edge: Edge, facade: Facade, route: Route) -> None:
         boxes = [

@@ -13,7 +13,7 @@ idle connections that take Granian's accept permits. So the cap looks at the soc
    local port; no privilege is needed and no system call is made per connection. A connection
    still in the kernel's accept queue (inode 0) is not the router's yet and is not counted.
 2. A connection is working when a request on it is in flight: the app counts its requests by
-   the client's port (`Shared.working_ports`, one dict update at a request's start and end,
+   the client's port (`ProcessState.working_ports`, one dict update at a request's start and end,
    keyed by the port as the interface gives it: Granian's ASGI gives text), and the sweep
    takes their numbers (`port_numbers`) on the loop. Matching by port alone can only take an
    idle connection for a working one (another address's connection on the same port number),
@@ -224,7 +224,7 @@ class ConnCap:
 
 
 def port_numbers(ports) -> frozenset[int]:
-    """The client ports of `Shared.working_ports` as numbers (rule 2); an unknown one is left out."""
+    """The client ports of `ProcessState.working_ports` as numbers (rule 2); an unknown one is left out."""
     return frozenset(int(port) for port in ports if isinstance(port, int) or port.isdigit())
 
 

@@ -94,16 +94,16 @@ def box_view(box) -> dict:
             "has_key": cfg.key is not None, "max_inflight": cfg.max_inflight}
 
 
-def state_doc(shared) -> dict:
+def state_doc(process) -> dict:
     """The fleet as the operator sees it (`GET /v1/router/state`, the dashboard's `state`): every
     box with 0.0.4's fields, its load, limits and back-offs, its residents with the settings this
     router last sent; the models, one row per model a caller can name (`model_rows`), with
     where each is resident; the aliases with their first available model; the wait queue."""
     now = asyncio.get_running_loop().time()
     boxes, contracts = [], []
-    for box in shared.fleet.ordered():
+    for box in process.fleet.ordered():
         cfg = box.config
-        link = shared.fleet.links.get(cfg.name)
+        link = process.fleet.links.get(cfg.name)
         boxes.append({
             **box_view(box),
             "link": link.mode if link is not None else None,
@@ -124,25 +124,25 @@ def state_doc(shared) -> dict:
             "cooling": {key: {"seconds_left": round(max(until - now, 0.0), 3), "ceiling": ceiling}
                         for key, (until, ceiling) in box.cooling.items()},
             "placement_refusals": box.refusals,
-            "reservations": shared.reservations.count(box.index),
+            "reservations": process.reservations.count(box.index),
             "contracts": box.contracts,
             **fleet_views.box_state(box, link),
         })
         contracts.extend({"box": cfg.name, "model": model, "options": options}
                          for model, options in box.contracts.items())
     doc = {
-        "generation": shared.scheduler.generation,
+        "generation": process.scheduler.generation,
         "boxes": boxes,
         "contracts": contracts,
-        "models": model_rows(shared.fleet.ordered()),
-        "aliases": alias_views(shared.fleet),
-        "registry": {"where": shared.fleet.registry.where, "skipped": shared.fleet.skipped},  # fleet.py rule 4
-        "queue": shared.admission.snapshot(),
-        "affinity": shared.affinity.view(),
-        "database": _database_view(shared),
+        "models": model_rows(process.fleet.ordered()),
+        "aliases": alias_views(process.fleet),
+        "registry": {"where": process.fleet.registry.where, "skipped": process.fleet.skipped},  # fleet.py rule 4
+        "queue": process.admission.snapshot(),
+        "affinity": process.affinity.view(),
+        "database": _database_view(process),
     }
-    if shared.several is not None:  # several routers: the shared server, the routers seen
-        doc["shared"] = shared.several.view()
+    if process.several is not None:  # several routers: the shared server, the routers seen
+        doc["shared"] = process.several.view()
     return doc
 
 
@@ -174,14 +174,14 @@ def model_rows(boxes) -> list[dict]:
     return sorted(rows.values(), key=lambda row: row["model"])
 
 
-def _database_view(shared) -> dict:
+def _database_view(process) -> dict:
     """Where the store is, whether it answers, and the route-log rows held back or lost while
     it did not (docs/several-routers.md)."""
-    route_log = shared.route_log
+    route_log = process.route_log
     held = {"route_log_parked": route_log.parked, "route_log_dropped_while_down": route_log.outage_dropped}
-    if shared.database is None:
+    if process.database is None:
         return {"engine": "sqlite", "up": True, **held}
-    return {**shared.database.view(), **held}
+    return {**process.database.view(), **held}
 
 
 def route_log_tail(route_log, since: int, limit: int) -> list[dict]:
@@ -194,12 +194,12 @@ def sse_event(name: bytes, doc) -> bytes:
     return b"event: " + name + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
 
 
-def until_over(shared, edge) -> tuple[asyncio.Event, Callable[[], None]]:
+def until_over(process, edge) -> tuple[asyncio.Event, Callable[[], None]]:
     """An event set when the client leaves or the router stops (an open stream must not hold
     up a stop for the whole grace period), and the function that ends the watch."""
     over = asyncio.Event()
     watcher = edge.watch_disconnect(over.set)
-    stopping = asyncio.ensure_future(shared.stopping.wait())
+    stopping = asyncio.ensure_future(process.stopping.wait())
     stopping.add_done_callback(lambda _: over.set())
 
     def end() -> None:

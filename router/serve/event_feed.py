@@ -56,8 +56,8 @@ class Listener:
 
 
 class EventFeed:
-    def __init__(self, shared, max_streams: int) -> None:
-        self.shared = shared
+    def __init__(self, process, max_streams: int) -> None:
+        self.process = process
         self.max_streams = max_streams
         self.listeners: set[Listener] = set()
         self.task: asyncio.Task | None = None
@@ -103,7 +103,7 @@ class EventFeed:
 
     def _welcome(self) -> bytes:
         if self.welcome is None:
-            history = [p for p in self.shared.metrics.series.points if p["at"] <= self.series_at]
+            history = [p for p in self.process.metrics.series.points if p["at"] <= self.series_at]
             frames = [sse_event(b"series", {"points": history}), self.state_frame]
             if self.rows:
                 frames.append(sse_event(b"calls", {"rows": list(self.rows)}))
@@ -111,7 +111,7 @@ class EventFeed:
         return self.welcome
 
     async def _produce(self) -> None:
-        scheduler = self.shared.scheduler
+        scheduler = self.process.scheduler
         queue = scheduler.subscribe()
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
@@ -136,18 +136,18 @@ class EventFeed:
     async def _tick(self) -> None:
         """Rule 2. The route-log read comes first: everything after it runs without a pause, so
         a stream that joins in between gets either this tick's welcome or its frames, never both."""
-        shared = self.shared
+        process = self.process
         try:
             rows = await asyncio.get_running_loop().run_in_executor(
-                None, dashboard.route_log_tail, shared.route_log, self.since, TAIL_ROWS)
+                None, dashboard.route_log_tail, process.route_log, self.since, TAIL_ROWS)
         except ReadFailed:
             rows = []  # the store is busy or gone: the next tick tries again
         frames = []
-        points = [p for p in shared.metrics.series.points if p["at"] > self.series_at]
+        points = [p for p in process.metrics.series.points if p["at"] > self.series_at]
         if points or not self.ticked:
             self.series_at = points[-1]["at"] if points else time.time()
             frames.append(sse_event(b"series", {"points": points}))
-        self.state_frame = sse_event(b"state", dashboard.state_doc(shared))
+        self.state_frame = sse_event(b"state", dashboard.state_doc(process))
         frames.append(self.state_frame)
         if rows:
             self.since = rows[-1]["id"]
@@ -163,8 +163,8 @@ class EventFeed:
 
 async def _stream(app, edge, everything: bool) -> None:
     """One stream, until its client leaves, the router stops, or it falls behind (rule 4)."""
-    shared = app.shared
-    feed: EventFeed = shared.events
+    process = app.process
+    feed: EventFeed = process.events
     listener = feed.join(everything)
     if listener is None:  # rule 1
         body = shape_error(429, "too_many_streams",
@@ -172,7 +172,7 @@ async def _stream(app, edge, everything: bool) -> None:
                            "(--max-event-streams)", None)
         await edge.respond(429, [(b"content-type", b"application/json"), (b"retry-after", b"5")], body)
         return
-    gone, end_watch = until_over(shared, edge)
+    gone, end_watch = until_over(process, edge)
     try:
         await edge.start(200, list(SSE_HEADERS))
         while frame := await next_snapshot(listener.frames, gone, None):

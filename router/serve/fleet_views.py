@@ -49,7 +49,7 @@ def box_state(box: BoxState, link) -> dict[str, Any]:
 
 
 def _hugpy(app) -> list[tuple[BoxState, Any]]:
-    fleet = app.shared.fleet
+    fleet = app.process.fleet
     return [(box, fleet.links.get(box.name)) for box in fleet.ordered() if can(box.config.kind, Capability.PAIR_SETTINGS)]
 
 

@@ -13,18 +13,19 @@ Rules:
 3. `release` is safe to call at any time and more than once: an ended call, and a call that goes
    back to the queue, hold nothing.
 4. Several routers (fleetwide/leases.py): the call's lease on its box's fleet-wide slots (`lease`,
-   taken by `SlotLeases.take`; `asked` while its answer is on its way) goes back (or is parked for
-   this router's next call: fleetwide/leases.py rule 9) with the rest, before the queue is offered the slot, so
-   the server sees the slot free before a waiter's take. One router: `lease` stays None.
+   taken by its `slots`' `take`; `asked` while its answer is on its way) goes back (or is parked
+   for this router's next call: fleetwide/leases.py rule 9) with the rest, before the queue is
+   offered the slot, so the server sees the slot free before a waiter's take. One router:
+   `lease` and `asked` stay None (fleetwide/seam.py's ONE_ROUTER_SLOTS holds none).
 """
 
 from __future__ import annotations
 
-from asyncio import Future
 from typing import Protocol
 
 from router._fastpath import Reservations
 from router.boxes.state import BoxState
+from router.fleetwide.seam import ONE_ROUTER_SLOTS, Lease, Slots
 from router.telemetry.scheduler import Scheduler
 
 
@@ -35,28 +36,19 @@ class SlotFreed(Protocol):
     def freed(self, box: BoxState) -> None: ...
 
 
-class LeaseGiver(Protocol):
-    """Gives a fleet-wide slot back (fleetwide/leases.py's `SlotLeases`, rule 4), or a slot asked and
-    not answered yet once it is."""
-
-    def give(self, lease: tuple[BoxState, str]) -> None: ...
-
-    def unask(self, asked: tuple[BoxState, str, Future]) -> None: ...
-
-
 class Load:
-    __slots__ = ("reservations", "scheduler", "admission", "leases", "box", "token", "lease", "asked")
+    __slots__ = ("reservations", "scheduler", "admission", "slots", "box", "token", "lease", "asked")
 
     def __init__(self, reservations: Reservations, scheduler: Scheduler, admission: SlotFreed,
-                 leases: LeaseGiver | None = None) -> None:
+                 slots: Slots = ONE_ROUTER_SLOTS) -> None:
         self.reservations = reservations
         self.scheduler = scheduler
         self.admission = admission
-        self.leases = leases
+        self.slots = slots
         self.box: BoxState | None = None  # the box whose in-flight count holds the call
         self.token = 0  # its reservation; 0 = none held
-        self.lease: tuple[BoxState, str] | None = None  # (box, member): rule 4
-        self.asked: tuple[BoxState, str, Future] | None = None  # a lease asked, its answer to come: rule 4
+        self.lease: Lease | None = None  # its lease on the box it counts on: rule 4
+        self.asked: Lease | None = None  # a lease asked, its answer to come: rule 4
 
     def count_on(self, box: BoxState | None) -> None:
         """Moves the call's in-flight count to `box` (None: off every box)."""
@@ -85,10 +77,10 @@ class Load:
 
     def release(self) -> None:
         if self.asked is not None:
-            self.leases.unask(self.asked)  # type: ignore[union-attr]
+            self.slots.unask(self.asked)
             self.asked = None
         if self.lease is not None:
-            self.leases.give(self.lease)  # type: ignore[union-attr]
+            self.slots.give(self.lease)
             self.lease = None
         if self.token:
             self.reservations.release(self.token)

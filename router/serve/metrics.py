@@ -86,7 +86,7 @@ class Metrics:
         self.calls: dict[tuple[str, str, int], int] = defaultdict(int)  # (facade, box, status)
         self.failovers: dict[str, int] = defaultdict(int)
         self.turned_away: dict[str, int] = defaultdict(int)  # calls no box would take, per facade
-        # (alias, from model, to model, reason): bumped by an alias call as it moves (serve/chain.py)
+        # (alias, from model, to model, reason): bumped by an alias call as it moves (serve/aliases.py)
         self.fallbacks: dict[tuple[str, str, str, str], int] = defaultdict(int)
         self.ttfb = ByCall(LATENCY_BUCKETS_S)
         self.duration = ByCall(LATENCY_BUCKETS_S)

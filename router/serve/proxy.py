@@ -10,7 +10,7 @@ DECIDING, QUEUED, DISPATCHING, SENT, HELD, JUDGED, RELAYING, ENDED; the failover
 - `Attempt` (attempt.py): send to one box and judge the answer; it returns a verdict;
 - `Delivery` (deliver.py): commit once, then the answer whole or relayed (_fastpath.Relay);
 - no_box.py: the answers when no box takes the call;
-- `ChainCall` (chain.py): a call for an alias, along its chain of models (its decision is the
+- `ChainCall` (aliases.py): a call for an alias, along its chain of models (its decision is the
   chain's: router.core.aliases `resolve`).
 Two things reach the call from outside its task: the CallClock's time (`tick`, which does the
 phase's duties, router.core.lifecycle.TICK_DUTIES) and the client's leaving; the events they
@@ -63,7 +63,7 @@ from router.serve.admission import Admission, Seat
 from router.serve.affinity import Affinity
 from router.serve.attempt import Attempt, Refusal
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
-from router.serve.chain import ChainCall
+from router.serve.aliases import ChainCall
 from router.serve.clock import CallClock
 from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
@@ -71,7 +71,7 @@ from router.serve.load import Load
 from router.serve.record import CallRecord
 from router.serve.reply import Reply
 from router.serve.settings import ServeConfig
-from router.serve.tenancy import STATUS, UNCOUNTED, Charge, Tenancy, Uncounted
+from router.serve.limits import STATUS, UNCOUNTED, Charge, Tenancy, Uncounted
 from router.telemetry.scheduler import Scheduler
 
 
@@ -147,7 +147,7 @@ class ProxyCall:
         self.asked_priority: Priority | None = None  # X-Router-Priority or alloc.priority
         self.affinity_key: Key | None = None  # its affinity key (serve/affinity.py), when on
         self.steer: Steer | None = None  # where that key points, for every decision of the call
-        # its account with its key's limits (serve/tenancy.py), once admitted: UNCOUNTED for a caller without any
+        # its account with its key's limits (serve/limits.py), once admitted: UNCOUNTED for a caller without any
         self.charge: Charge | Uncounted | None = None
         # several routers: its admission on its way to the shared server, and the body's spans
         self.admitting: tuple[asyncio.Future, tuple | None] | None = None
@@ -187,6 +187,8 @@ class ProxyCall:
             try:
                 self.life.fire(Event.DONE)  # (an ended call stays as it ended)
             finally:
+                if self.record.affinity is not None:  # its key placed it (`try_box`): what its end teaches
+                    self.app.affinity.ended(self.record)
                 self.app.observe(self.record)
 
     async def read(self) -> bool:
@@ -230,7 +232,7 @@ class ProxyCall:
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(allowed.model)) is not None:  # type: ignore[union-attr]
             self.chain = ChainCall(self, alias, allowed, fallback, inspected.spans)  # type: ignore[arg-type]
-            if self.chain.start is None:  # its key may call none of the chain's models (chain.py rule 6)
+            if self.chain.start is None:  # its key may call none of the chain's models (aliases.py rule 6)
                 await self.turned_away(Refused(MODEL_NOT_ALLOWED, 0, "this key may not call any model of this alias"))
                 return None
         if stream:
@@ -244,7 +246,7 @@ class ProxyCall:
         return inspected
 
     async def admit(self, inspected: Inspected) -> bool:
-        """The call against its key's limits (serve/tenancy.py). False when it was turned away
+        """The call against its key's limits (serve/limits.py). False when it was turned away
         (403, 429, 503). An answer a round trip away is read in `route_call`, once the call has
         asked its first box's slot too: one round trip carries both (fleetwide/leases.py rule
         1)."""
@@ -267,7 +269,7 @@ class ProxyCall:
 
     def charged(self, charge: Charge | Uncounted | Refused, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
-        (serve/tenancy.py rules 1-2); False when refused (`turned_away` answers it). The body
+        (serve/limits.py rules 1-2); False when refused (`turned_away` answers it). The body
         then bounds its answer where the router gave it a bound."""
         if charge.__class__ is Refused:
             return False
@@ -285,7 +287,7 @@ class ProxyCall:
 
     async def turned_away(self, refused: Refused) -> None:
         """Answers a call its key refused, in the facade's shape: 429 or 403 with Retry-After, a
-        429 also with its limits' `x-ratelimit-*` (serve/tenancy.py rule 1); or 503
+        429 also with its limits' `x-ratelimit-*` (serve/limits.py rule 1); or 503
         `shared_store_down`, the shared server down and --shared-down closed (its one site:
         fleetwide/seam.py)."""
         status = STATUS[refused.reason]
@@ -294,7 +296,7 @@ class ProxyCall:
                                more_headers=self.app.tenancy.refusal_headers(self.edge) if status == 429 else ())
 
     async def admission_answered(self, decision: Decision) -> bool:
-        """The admission's answer from the shared server (serve/tenancy.py rule 7), with the
+        """The admission's answer from the shared server (serve/limits.py rule 7), with the
         slot of the box the call goes to first asked now, in the same round trip."""
         admitting, spans = self.admitting  # type: ignore[misc]
         self.admitting = None
@@ -308,34 +310,21 @@ class ProxyCall:
         return False
 
     async def route_call(self) -> None:
-        """Decides, waits for room if it must, then tries the decision's boxes in turn (the
-        failover step: router.core.lifecycle's next_attempt) until one takes the call, each
-        once its preconditions let it go (`PRECONDITIONS`)."""
-        fleet, record, pin = self.app.fleet, self.record, self.record.call.pin  # type: ignore[union-attr]
-        decision = self.decide_now(fleet.facts())
-        if self.admitting is not None and not await self.admission_answered(decision):
-            return  # turned away: its row shows no decision, as with one router
-        record.decided(decision)
-        if decision.path is Path.REFUSED and not decision.waits_for:
-            await no_box.refuse(self.reply, self.record.call, decision, fleet)  # type: ignore[arg-type]
+        """Tries the decision's boxes in turn (the failover step: router.core.lifecycle's
+        next_attempt) until one takes the call, each once its preconditions let it go
+        (`PRECONDITIONS`), waiting for room where it must."""
+        decision = await self.first_decision()
+        if decision is None:
             return
-        if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
-            log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
-        self.eligible = frozenset(decision.boxes) if decision.boxes else None
-        last: Refusal | None = None
+        fleet, pin, last = self.app.fleet, self.record.call.pin, None  # type: ignore[union-attr]
         while True:
             choice = next_attempt(decision, self.tried, pin, MAX_BOXES_PER_CALL)
             if choice is Stop.WAIT:
-                self.load.release()  # it waits holding no slot, least of all the refusing box's
-                self.app.slots.want(decision.waits_for)  # leases other routers park on a full box come back
-                decision = await self.wait_turn(decision)
-                if decision is None or self.gone:
-                    return
-                continue
-            if isinstance(choice, Stop):
+                waits = True  # every box it may go to is full: the queue
+            elif isinstance(choice, Stop):
                 break
-            box = fleet.get(choice)
-            if box is None:  # removed from the boxes file since the decision
+            elif (box := fleet.get(choice)) is None:  # removed from the boxes file since the decision
+                waits = False
                 self.tried.append(choice)
             else:
                 for precondition, on_wait in PRECONDITIONS:
@@ -345,23 +334,35 @@ class ProxyCall:
                     if answer is not Slot.GO:
                         break
                 else:
-                    if (refusal := await self.try_box(box)) is None:
+                    if (last := await self.try_box(box)) is None:
                         return
-                    last = refusal
                 if answer is Slot.DOWN:
                     await self.turned_away(DOWN)
                     return
-                if answer is Slot.WAIT and on_wait is WAIT_IN_QUEUE and not self.gone:
-                    self.load.release()  # it waits holding no box's slot
-                    decision = await self.wait_turn(decision)
-                    if decision is None or self.gone:
-                        return
-                    continue
+                waits = answer is Slot.WAIT and on_wait is WAIT_IN_QUEUE
             if self.gone:
                 return
-            decision = self.decide_now(fleet.facts())  # a box full fleet-wide now says so
+            decision = await self.wait_turn(decision) if waits else self.decide_now(fleet.facts())  # type: ignore[assignment]
+            if decision is None:
+                return
         if not self.gone:
             await no_box.give_up(self.reply, last)
+
+    async def first_decision(self) -> Decision | None:
+        """The call's first decision, with its admission's answer when that was a round trip
+        away. None when it was answered instead: turned away (its row shows no decision, as with
+        one router), or no box may take it and none will have room (no_box.py)."""
+        decision = self.decide_now(self.app.fleet.facts())
+        if self.admitting is not None and not await self.admission_answered(decision):
+            return None
+        self.record.decided(decision)
+        if decision.path is Path.REFUSED and not decision.waits_for:
+            await no_box.refuse(self.reply, self.record.call, decision, self.app.fleet)  # type: ignore[arg-type]
+            return None
+        if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
+            log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
+        self.eligible = frozenset(decision.boxes) if decision.boxes else None
+        return decision
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
         """The call's decision over `facts`, never broadening past its first one (failover); an
@@ -417,7 +418,10 @@ class ProxyCall:
 
     # -- the wait queue (rule 4) ---------------------------------------------------------------
     async def wait_turn(self, decision: Decision) -> Decision | None:
-        """Every owner left is full or cooling: wait for a slot (None: answered instead)."""
+        """Every owner left is full or cooling, or its key is: wait for a slot, holding none (None:
+        answered instead, or its client left)."""
+        self.load.release()  # least of all the refusing box's
+        self.app.slots.want(decision.waits_for)  # leases other routers park on a full box come back
         caller, priority = self.app.access.caller_of(self.edge, self.asked_priority)
         seat = self.seat = Seat(self.app.admission, self.reply, self.life, self.load, self.decide_now, self.charge,
                                 since=self.queued_since)
@@ -427,9 +431,14 @@ class ProxyCall:
             self.queued_since = seat.queued_s  # a wait again is bounded from the first (admission.py rule 3)
             if self.watch is None:  # a client that leaves the queue must leave it at once
                 self.watch = self.edge.watch_disconnect(self.client_left)
-            return await seat.wait(decision)
+            decision = await seat.wait(decision)  # type: ignore[assignment]
         finally:
             self.seat = None
+        if decision is None or self.gone:
+            return None
+        if self.eligible is None:
+            self.eligible = frozenset(decision.boxes)
+        return decision
 
     # -- events from outside the call's task ---------------------------------------------------
     def tick(self, now: float) -> None:
@@ -480,7 +489,7 @@ class ProxyCall:
 
 
 def key_slot(call: ProxyCall, box: BoxState) -> Slot | asyncio.Future:
-    """Its key's `max_parallel` (serve/tenancy.py rule 3): WAIT, and the call waits in the queue."""
+    """Its key's `max_parallel` (serve/limits.py rule 3): WAIT, and the call waits in the queue."""
     return call.charge.take_slot()  # type: ignore[union-attr]
 
 

@@ -42,7 +42,7 @@ from router.serve.record import CallRecord
 # client to a session with one box that the next call, on another box, does not have. A box's CORS headers
 # (`Access-Control-*`, an LM Studio with CORS on sends `Allow-Origin: *`) would open the router's
 # answers to every web page: the router grants no cross-origin reads (docs/security.md).
-# `X-Router-Model` and `X-Router-Fallback` are the router's own (serve/chain.py rule 5): a box's
+# `X-Router-Model` and `X-Router-Fallback` are the router's own (serve/aliases.py rule 5): a box's
 # would say another model served.
 HOP_HEADERS = frozenset(
     {
@@ -105,7 +105,7 @@ class Reply:
         self.headed = False  # a keep-alive sent the stream head: every answer goes in-band
         self.keepalive: asyncio.Task | None = None  # the keep-alive write in progress
         self.last_keepalive_s = 0.0
-        self.model_headers: tuple[tuple[bytes, bytes], ...] = ()  # an alias call's (serve/chain.py rule 5)
+        self.model_headers: tuple[tuple[bytes, bytes], ...] = ()  # an alias call's (serve/aliases.py rule 5)
 
     def id_header(self) -> tuple[bytes, bytes]:
         return (b"x-hugpy-router-request-id", self.record.call_id.encode())
@@ -183,7 +183,7 @@ class Reply:
         ]
         kept.append((b"x-hugpy-box", box_name.encode()))
         kept.append(self.id_header())
-        kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/tenancy.py)
+        kept.extend(self.record.limit_headers)  # its key's x-ratelimit-* (serve/limits.py)
         if self.model_headers:
             kept.extend(self.model_headers)
         if self.record.affinity is not None:

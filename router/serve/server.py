@@ -62,7 +62,7 @@ from router.facades import mounts
 from router.facades.mounts import Mount
 from router.serve import tracing
 from router.serve.affinity import Affinity
-from router.serve.app import RouterApp, Shared
+from router.serve.app import RouterApp, ProcessState
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.metrics import sample_calls, watch_loop
 from router.serve.notify import notify
@@ -70,7 +70,7 @@ from router.serve.settings import ServeConfig
 from router.fleetwide.leases import OPEN
 from router.fleetwide.seam import ONE_ROUTER_BINDINGS
 from router.fleetwide.several import SeveralRouters
-from router.serve.tenancy import Tenancy
+from router.serve.limits import Tenancy
 from router.store import engines
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
@@ -213,7 +213,7 @@ def bound_listeners(config: ServeConfig) -> list[Listener]:
 
 class Running:
     """What a router process runs besides its listeners: the fleet and its links, the telemetry
-    scan, the scheduler, the store (keys, route-log writer), the shared state and its background
+    scan, the scheduler, the store (keys, route-log writer), the process state and its background
     tasks. `start` brings them up in order; `stop` takes them down in reverse, the route log
     flushed."""
 
@@ -230,7 +230,7 @@ class Running:
         self.tasks: list[asyncio.Task] = []
         self.shared_server: SharedServer | None = None  # --shared-url: `reach_shared`
 
-    async def start(self, tracer) -> Shared:
+    async def start(self, tracer) -> ProcessState:
         config, fleet, url = self.config, self.fleet, self.database_url
         loop = asyncio.get_running_loop()
         if url is not None:
@@ -260,7 +260,7 @@ class Running:
         self.route_log.start()
         several = (None if self.shared_server is None  # the boxes' slots, keys' tallies, bindings across routers
                    else SeveralRouters(self.shared_server, self.instance, fleet, config.shared_down or OPEN))
-        self.shared = shared = Shared(
+        self.process = process = ProcessState(
             fleet,
             self.reservations,
             self.scheduler,
@@ -272,25 +272,25 @@ class Running:
                               ONE_ROUTER_BINDINGS if several is None else several.bindings),
             several=several,
         )
-        shared.tracer = tracer
-        log.info("%s", shared.access.describe())
+        process.tracer = tracer
+        log.info("%s", process.access.describe())
         if several is not None:
             await several.start()
-        shared.tenancy.seed(await loop.run_in_executor(None, shared.tenancy.seeds))  # budgets from the store
+        process.tenancy.seed(await loop.run_in_executor(None, process.tenancy.seeds))  # budgets from the store
         self.tasks = [
-            loop.create_task(_key_upkeep(self.keys, shared.tenancy), name="keys"),
-            loop.create_task(watch_loop(shared.metrics), name="loop-watch"),
-            loop.create_task(sample_calls(shared.metrics), name="call-series"),
+            loop.create_task(_key_upkeep(self.keys, process.tenancy), name="keys"),
+            loop.create_task(watch_loop(process.metrics), name="loop-watch"),
+            loop.create_task(sample_calls(process.metrics), name="call-series"),
         ]
         if url is not None:  # changes from any router, live here (router.store.pg.listen)
             from router.store.pg.listen import Listener
 
-            shared.database = Listener(url, {"keys": lambda: loop.run_in_executor(None, self.keys.reload),
+            process.database = Listener(url, {"keys": lambda: loop.run_in_executor(None, self.keys.reload),
                                              "boxes": fleet.reload})
-            shared.scraped.register(shared.database)
-            self.tasks.append(loop.create_task(shared.database.run(), name="database-listen"))
-        shared.clock.start()
-        return shared
+            process.scraped.register(process.database)
+            self.tasks.append(loop.create_task(process.database.run(), name="database-listen"))
+        process.clock.start()
+        return process
 
     async def reach_shared(self, url: str) -> SharedServer:
         """The shared server, asked once before anything starts. A URL that cannot be used, or a
@@ -315,14 +315,14 @@ class Running:
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
-        await self.shared.clock.stop()
-        if self.shared.several is not None:
-            await self.shared.several.stop()
+        await self.process.clock.stop()
+        if self.process.several is not None:
+            await self.process.several.stop()
         for task in self.tasks:
             task.cancel()
         await loop.run_in_executor(None, self.route_log.stop)  # flushes every row
-        if self.shared.tracer is not None:
-            await loop.run_in_executor(None, self.shared.tracer.flush)  # exports what is queued, bounded
+        if self.process.tracer is not None:
+            await loop.run_in_executor(None, self.process.tracer.flush)  # exports what is queued, bounded
         await loop.run_in_executor(None, self.keys.flush_last_used, time.time())
         self.keys.close()
         await self.scheduler.stop()
@@ -332,7 +332,7 @@ class Running:
 
 
 async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
-    """Serves until SIGTERM/SIGINT. `started(shared)` is called once the shared state is up
+    """Serves until SIGTERM/SIGINT. `started(process)` is called once the process state is up
     (tests/inproc.py ticks its CallClock ahead through it); `ready(name, url)` once each
     listener is up.
 
@@ -349,21 +349,21 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     ports = [listener.port for listener in calls]
     running.instance = config.instance or f"{config.host}:{ports[0]}"
     running.fleet.listening = own_listeners.Listening(config.host, frozenset(ports))
-    shared = await running.start(tracer)
-    shared.ports = {listener.name: listener.port for listener in listeners}
-    shared.scheme = "https" if config.ssl_certfile else "http"
+    process = await running.start(tracer)
+    process.ports = {listener.name: listener.port for listener in listeners}
+    process.scheme = "https" if config.ssl_certfile else "http"
     if started is not None:
-        started(shared)
+        started(process)
     own_listeners.write_record(config.boxes_path, config.host, ports)
     permits = {listener.name: HEALTH_CONNS if listener.name == "health" else max_conns for listener in listeners}
     servers = [
-        (listener, granian_server(RouterApp(shared, listener.mount), config, listener.port,
+        (listener, granian_server(RouterApp(process, listener.mount), config, listener.port,
                                   max_conns=permits[listener.name], host=listener.host))
         for listener in listeners
     ]
     conn_cap = ConnCap(
-        config.host, ports, config.max_conns_per_client, shared.access.proxies,
-        limit=max_conns, working_ports=lambda: port_numbers(shared.working_ports),
+        config.host, ports, config.max_conns_per_client, process.access.proxies,
+        limit=max_conns, working_ports=lambda: port_numbers(process.working_ports),
     )
     loop = asyncio.get_running_loop()
     registry = running.fleet.registry  # several routers: this one's listeners, for the others (listeners.py rule 4)
@@ -374,7 +374,7 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
         log.warning("%s: this router's listeners not announced (%s): the others cannot refuse a box "
                     "that names them", registry.where, exc)
     conn_cap_task = loop.create_task(conn_cap.run(), name="conn-cap")
-    stopping = shared.stopping
+    stopping = process.stopping
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     serving = [loop.create_task(server.serve()) for _, server in servers]
@@ -392,15 +392,15 @@ async def serve(config: ServeConfig, *, ready=None, started=None) -> int:
     notify(f"READY=1\nSTATUS=serving {len(running.fleet.ordered())} boxes")
     stop_wait = loop.create_task(stopping.wait())
     await asyncio.wait({*serving, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    log.info("stopping: %d calls in flight, grace %.0f s", shared.in_flight, config.grace_s)
+    log.info("stopping: %d calls in flight, grace %.0f s", process.in_flight, config.grace_s)
     notify("STOPPING=1")
     for _, server in servers:
         server.stop()
     try:  # asyncio.timeout: Python 3.11's wait_for can swallow a cancel (telemetry/scheduler.py)
         async with asyncio.timeout(config.grace_s):
-            await shared.idle.wait()
+            await process.idle.wait()
     except TimeoutError:
-        log.warning("grace period over with %d calls in flight", shared.in_flight)
+        log.warning("grace period over with %d calls in flight", process.in_flight)
     await asyncio.wait(serving, timeout=config.grace_s)
     stop_wait.cancel()
     conn_cap_task.cancel()
@@ -467,7 +467,7 @@ async def _reload(fleet: Fleet, keys: KeyStore) -> None:
 
 async def _key_upkeep(keys: KeyStore, tenancy: Tenancy) -> None:
     """Off the loop: reload keys changed by `router keys` or the API; note last use lazily; count
-    a budget set or changed since from the store (serve/tenancy.py rule 5)."""
+    a budget set or changed since from the store (serve/limits.py rule 5)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(KEY_REFRESH_S)

@@ -20,7 +20,7 @@ Rules:
 3. A value is read once, where it enters (rule 3 of router.core.bounds): a row's `values.read`
    is argparse's `type`, whose ArgumentTypeError is the one line the CLI says. Its `__name__`
    names the value in README's flag list (router/cli/flags.py VALUE_NAMES).
-4. The call reads the settings through the one `ServeConfig` that `Shared` holds
+4. The call reads the settings through the one `ServeConfig` that `ProcessState` holds
    (`app.config.first_byte_timeout_s`): no other object copies or restates one.
 """
 

@@ -151,7 +151,7 @@ class ChainCall:
     # -- rules 2-4, per attempt ----------------------------------------------------------------
     def body_for(self, proxy: OnTheChain, box: BoxState, asks_usage: bool) -> bytes:
         """The body `box` gets (rule 3): the call's (the client's, perhaps with the answer's bound
-        tenancy gave it), or the one that asks for a stream's usage (`asks_usage`, serve/tenancy's),
+        tenancy gave it), or the one that asks for a stream's usage (`asks_usage`, serve/limits.py's),
         with the model in the box's spelling."""
         name = KINDS[box.config.kind].sent_name(self.alias.chain[self.current], box.inventory.catalog)
         route = proxy.route
