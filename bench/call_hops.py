@@ -8,7 +8,9 @@ server's round trips it cost.
 
 Counted with sys.setprofile over each whole call, in process (bench/several_routers.py's
 routers, bench/callpath_cpu.py's in-process client), at one call at a time; the median of
-`--calls` calls after warm-up. A coroutine's resumption is entered from the event loop, which is
+`--calls` calls after warm-up. Counted: the call's own task, and the callbacks the loop runs
+meanwhile (the shared server's answers are read there); not the other tasks' turns (the
+scheduler's, the once-a-second sync). A coroutine's resumption is entered from the event loop, which is
 not the router's, so it is not a hop. Compiled code (router._fastpath) makes no frames: a call
 into it is not counted. Run it from a checkout to measure that checkout (before and after a
 change: one run in each, same machine).
@@ -38,10 +40,14 @@ import uvloop  # noqa: E402
 async def traced(app, call_scope: dict) -> tuple[int, set[str], int]:
     """One call: (hops between router modules, the router modules entered, the status)."""
     hops, entered = 0, set()
+    mine, current_task = asyncio.current_task(), asyncio.current_task
 
     def profile(frame, event, arg) -> None:
         nonlocal hops
         if event != "call":
+            return
+        task = current_task()
+        if task is not None and task is not mine:  # another task's turn (the scheduler's, a sync)
             return
         module = frame.f_globals.get("__name__", "")
         if not module.startswith("router."):

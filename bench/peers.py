@@ -11,7 +11,12 @@ as the router, on loopback, one at a time:
   the local model-cost map (LITELLM_LOCAL_MODEL_COST_MAP: nothing is fetched at start), and no
   master key: LiteLLM refuses to start without one unless told to permit it
   (LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY), and the router too runs with no keys
-  here, so both check nothing per call; it listens on loopback only.
+  here, so both check nothing per call; it listens on loopback only;
+* the Rust LLM routers a speed-minded user would pick instead (`.venv-rust-routers`, made by
+  scripts/bench when the figure is asked for): sglang-router (SGLang's model gateway, `launch`)
+  and vllm-router, each with the one box as its one worker, `--policy round_robin` (a plain
+  proxy: the router's policy work is its own), its Prometheus listener on a free port of its
+  own, logging at its default level (`info`: a line at start, none per call).
 
 `running(...)` starts one, waits until it answers a chat call with 200, points the CPU meter at
 its process tree, and stops its process group on exit. A peer that is not installed is a
@@ -26,7 +31,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,16 +39,20 @@ from urllib.parse import urlsplit
 import measure
 from measure import BenchError, CpuMeter, Procs
 
-PEERS = ("haproxy", "hugpy-router-0.0.4", "litellm")
+PEERS = ("haproxy", "hugpy-router-0.0.4", "litellm", "sglang-router", "vllm-router")
 LABELS = {
     "router": "router", "floor": "bare proxy (bench/floor_proxy.py)", "direct": "direct (the box)",
     "haproxy": "HAProxy (nbthread 1)", "hugpy-router-0.0.4": "hugpy-router 0.0.4",
-    "litellm": "LiteLLM proxy (one worker)",
+    "litellm": "LiteLLM proxy (one worker)", "sglang-router": "sglang-router (round robin)",
+    "vllm-router": "vllm-router (round robin)",
 }
 MODEL = "tiny-llama"  # what post.lua asks for; resident on the box the router picks
 
 HUGPY_004 = measure.ROOT / ".venv-004" / "bin" / "hugpy-router"
 LITELLM = measure.ROOT / ".venv-litellm" / "bin" / "litellm"
+RUST_ROUTERS = measure.ROOT / ".venv-rust-routers" / "bin"
+SGLANG = RUST_ROUTERS / "sglang-router"
+VLLM = RUST_ROUTERS / "vllm-router"
 
 # The run's environment puts the router snapshot on PYTHONPATH; a peer's venv imports its own only.
 OWN_PYTHON = {"PYTHONPATH": ""}
@@ -53,6 +62,8 @@ LITELLM_START_S = 120.0  # importing litellm takes ~10-30 s on a busy 2-core mac
 HAPROXY_READY = re.compile(r"Using \w+\(\) as the polling mechanism")
 HUGPY_004_READY = re.compile(r"hugpy-router on (http://\S+)")
 LITELLM_READY = re.compile(r"Proxy initialized with Config")  # then it binds: wait_answering
+SGLANG_READY = re.compile(r"Starting router on")  # then its worker is checked: wait_answering
+VLLM_READY = re.compile(r"Router ready")
 
 HAPROXY_CONFIG = """\
 global
@@ -91,6 +102,10 @@ def missing(name: str) -> str | None:
     if name == "litellm" and not LITELLM.exists():
         return (f"{LITELLM.relative_to(measure.ROOT)} is missing (scripts/bench makes it when the peers "
                 "figure is asked for; see its log for why pip failed)")
+    exe = {"sglang-router": SGLANG, "vllm-router": VLLM}.get(name)
+    if exe is not None and not exe.exists():
+        return (f"{exe.relative_to(measure.ROOT)} is missing (scripts/bench makes it when the peers "
+                "figure is asked for; see its log for why pip failed)")
     return None
 
 
@@ -99,7 +114,8 @@ def versions() -> dict[str, str]:
     out = {}
     done = subprocess.run(["haproxy", "-v"], capture_output=True, text=True) if shutil.which("haproxy") else None
     out["haproxy"] = done.stdout.split()[2] if done and done.returncode == 0 else "-"
-    for name, exe, dist in (("hugpy-router-0.0.4", HUGPY_004, "hugpy-router"), ("litellm", LITELLM, "litellm")):
+    for name, exe, dist in (("hugpy-router-0.0.4", HUGPY_004, "hugpy-router"), ("litellm", LITELLM, "litellm"),
+                            ("sglang-router", SGLANG, "sglang-router"), ("vllm-router", VLLM, "vllm-router")):
         python = exe.parent / "python"
         # -I: not the working folder's own metadata (this checkout is hugpy-router too)
         done = subprocess.run([str(python), "-I", "-c", f"from importlib import metadata; print(metadata.version({dist!r}))"],
@@ -146,7 +162,23 @@ def start_litellm(procs: Procs, box_url: str, _boxes_file: Path) -> tuple[measur
     return started, f"http://127.0.0.1:{port}"
 
 
-STARTERS = {"haproxy": start_haproxy, "hugpy-router-0.0.4": start_hugpy_004, "litellm": start_litellm}
+def start_rust_router(name: str, exe: Path, ready: re.Pattern, extra: tuple[str, ...] = ()) -> Callable:
+    """A starter for one of the Rust routers: the box as its one worker, round robin."""
+
+    def start(procs: Procs, box_url: str, _boxes_file: Path) -> tuple[measure.Started, str]:
+        port = free_port()
+        started, _ = procs.start(name, [
+            str(exe), *extra, "--worker-urls", box_url, "--host", "127.0.0.1", "--port", str(port),
+            "--policy", "round_robin", "--prometheus-port", str(free_port()),
+        ], ready, env=OWN_PYTHON)
+        return started, f"http://127.0.0.1:{port}"
+
+    return start
+
+
+STARTERS = {"haproxy": start_haproxy, "hugpy-router-0.0.4": start_hugpy_004, "litellm": start_litellm,
+            "sglang-router": start_rust_router("sglang-router", SGLANG, SGLANG_READY, ("launch",)),
+            "vllm-router": start_rust_router("vllm-router", VLLM, VLLM_READY)}
 
 
 def wait_answering(base_url: str, timeout_s: float = ANSWER_TIMEOUT_S) -> None:

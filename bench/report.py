@@ -24,19 +24,23 @@ TARGETS = {
 # Issue 15's targets as ratios measured in one run (the `peers` figure): (label, numerator
 # (target, figure, key), denominator, target, "≤" or "≥").
 PEER_RATIOS = (
-    ("router CPU per non-stream call ÷ the bare proxy's", ("router", "peers", "cpu_us_per_call"),
-     ("floor", "peers", "cpu_us_per_call"), 1.3, "≤"),
-    ("router CPU per non-stream call ÷ HAProxy's", ("router", "peers", "cpu_us_per_call"),
-     ("haproxy", "peers", "cpu_us_per_call"), 7.0, "≤"),
+    # issue 41: the Rust routers are the bar (the bare proxy's ≤ 1.3× a call and 0.0.4's ≥ 6×, retired)
+    ("router CPU per non-stream call ÷ sglang-router's", ("router", "peers", "cpu_us_per_call"),
+     ("sglang-router", "peers", "cpu_us_per_call"), 1.0, "≤"),
+    ("router CPU per relayed chunk ÷ sglang-router's", ("router", "peers_stream", "cpu_us_per_chunk"),
+     ("sglang-router", "peers_stream", "cpu_us_per_chunk"), 1.0, "≤"),
     ("router CPU per relayed chunk ÷ the bare proxy's", ("router", "peers_stream", "cpu_us_per_chunk"),
      ("floor", "peers_stream", "cpu_us_per_chunk"), 1.15, "≤"),
-    ("router calls/s ÷ hugpy-router 0.0.4's", ("router", "peers", "rate"),
-     ("hugpy-router-0.0.4", "peers", "rate"), 6.0, "≥"),
+    ("router p99 at c=64 ÷ sglang-router's", ("router", "peers", "p99_us"), ("sglang-router", "peers", "p99_us"),
+     1.5, "≤"),
+    ("router CPU per non-stream call ÷ HAProxy's", ("router", "peers", "cpu_us_per_call"),
+     ("haproxy", "peers", "cpu_us_per_call"), 7.0, "≤"),
     ("router calls/s ÷ LiteLLM's", ("router", "peers", "rate"), ("litellm", "peers", "rate"), 50.0, "≥"),
 )
 PEER_LABELS = {
     "router": "router", "floor": "bare proxy (bench/floor_proxy.py)", "haproxy": "HAProxy 2.6, nbthread 1",
-    "hugpy-router-0.0.4": "hugpy-router 0.0.4", "litellm": "LiteLLM proxy, one worker", "direct": "direct (the box)",
+    "hugpy-router-0.0.4": "hugpy-router 0.0.4", "litellm": "LiteLLM proxy, one worker",
+    "sglang-router": "sglang-router, round robin", "vllm-router": "vllm-router, round robin", "direct": "direct (the box)",
 }
 
 FIGURE_TITLES = {

@@ -21,13 +21,15 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
 * the peers and the floors in one round (`peers`), N rounds with the first interface's router:
   non-stream `wrk -t1 -c64` (the same post.lua, same durations) against, in turn, the router, the
   bare proxy, HAProxy 2.6 (`nbthread 1`, keep-alive to the box: the C floor), hugpy-router 0.0.4
-  (the release this router replaces, in front of the same 8 boxes) and LiteLLM's proxy (one worker,
-  the box as an OpenAI-compatible backend), each in front of the box the router picks, then the
-  box itself; 20-chunk streams too for the router, the bare proxy, HAProxy and the box. Each peer
+  (the release this router replaces, in front of the same 8 boxes), LiteLLM's proxy (one worker,
+  the box as an OpenAI-compatible backend) and the Rust routers sglang-router and vllm-router
+  (round robin), each in front of the box the router picks, then the box itself; 20-chunk
+  streams too for the router, the bare proxy, HAProxy, the Rust routers and the box. Each peer
   is started, warmed up, measured and stopped in turn (bench/peers.py says how each is run); its
   CPU per call = its process tree's user+sys CPU (psutil) / calls, the router's as above. The
-  ratios issue 15 sets targets for (router CPU per call ÷ the bare proxy's and ÷ HAProxy's, per
-  chunk ÷ the bare proxy's, router calls/s ÷ 0.0.4's and ÷ LiteLLM's) are taken within a round;
+  ratios issue 41 sets targets for (router CPU per call and per chunk ÷ sglang-router's, per
+  chunk ÷ the bare proxy's, p99 ÷ sglang-router's; and ÷ HAProxy's, calls/s ÷ LiteLLM's) are
+  taken within a round;
   a peer that is not installed or does not start is recorded as not run, with why;
 * with `--locust`: time to first token at 64 users against a fleet with a 20 ms token cadence
   (bench/locustfile.py, FastHttpUser, headless, `--csv`), added TTFT p50/p99 router vs direct;
@@ -383,11 +385,12 @@ def progress_line(r: dict) -> str:
             f"{'; ' + str(r['errors']) + ' errors' if r['errors'] else ''}")
 
 
-# -- the peers: the router, the bare proxy, HAProxy, hugpy-router 0.0.4, LiteLLM and the box ----
+# -- the peers: the router, the bare proxy, HAProxy, hugpy-router 0.0.4, LiteLLM, the Rust routers, the box --
 
 PEER_ORDER = ("router", "floor", *peers.PEERS, "direct")
-# 20-chunk streams too, for CPU per relayed chunk: the router, the floor on its stack, the C floor
-PEER_STREAMS = ("router", "floor", "haproxy", "direct")
+# 20-chunk streams too, for CPU per relayed chunk: the router, the floor on its stack, the C floor,
+# and the Rust routers (issue 41: the streamed token is the figure that matters most)
+PEER_STREAMS = ("router", "floor", "haproxy", "sglang-router", "vllm-router", "direct")
 
 
 def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
@@ -856,7 +859,8 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
         interface = next(r["interface"] for r in records if r["figure"] == "peers")
         v = doc["versions"]
         parts += [f"Peers and floors (HAProxy {v.get('haproxy', '-')}, hugpy-router {v.get('hugpy-router-0.0.4', '-')}, "
-                  f"LiteLLM {v.get('litellm', '-')}), each in front of the same box (the one the router picks), in one round per "
+                  f"LiteLLM {v.get('litellm', '-')}, sglang-router {v.get('sglang-router', '-')}, "
+                  f"vllm-router {v.get('vllm-router', '-')}), each in front of the same box (the one the router picks), in one round per "
                   f"repeat: wrk {d['throughput_s']:g} s at c={CONNECTIONS} per target and load, after a "
                   f"{d['warmup_s']:g} s warm-up; the router and the bare proxy on {interface}; CPU = the "
                   "proxy's process (tree) user+sys CPU during the run (psutil) ÷ calls or frames:", "", peer_table]

@@ -31,17 +31,23 @@ from __future__ import annotations
 
 from enum import Enum
 
-from router.core.lifecycle import IllegalTransition
+from router.core.lifecycle import Machine
 
 
-class CreditState(str, Enum):
+class CreditState(Enum):
+    # identity, as the members are compared (Enum's own hashes the name in Python: ~55 ns a
+    # look-up in the table, on a call's path)
+    __hash__ = object.__hash__
+
     NONE = "none"  # nothing held, nothing asked
     ASKED = "asked"  # nothing held; a grant is on its way
     GRANTED = "granted"  # a credit held: spendable (rule 2)
     RENEWING = "renewing"  # a credit held, and the next one asked
 
 
-class CreditEvent(str, Enum):
+class CreditEvent(Enum):
+    __hash__ = object.__hash__
+
     ASK = "ask"  # a grant asked with the key's next compare-and-set
     GRANT = "grant"  # the server drew a credit
     DENY = "deny"  # the server drew none (near a limit, or no room)
@@ -80,20 +86,12 @@ HOLDING = frozenset({CreditState.GRANTED, CreditState.RENEWING})  # rule 2
 ASKING = frozenset({CreditState.ASKED, CreditState.RENEWING})
 
 
-class CreditLife:
+class CreditLife(Machine):
     """A credit's state, moved only through TRANSITIONS (fleetwide/tallies.py's `Credit` adds
     what it holds)."""
 
-    __slots__ = ("state",)
+    __slots__ = ()
+    TRANSITIONS = TRANSITIONS
 
     def __init__(self) -> None:
         self.state = CreditState.NONE
-
-    def fire(self, event: CreditEvent) -> CreditState:
-        """Moves the credit by `event`; returns the new state. Raises IllegalTransition when the
-        table has no such step (a bug: rule 1), leaving the state as it was."""
-        state = TRANSITIONS[self.state].get(event)
-        if state is None:
-            raise IllegalTransition(self.state, event)
-        self.state = state
-        return state

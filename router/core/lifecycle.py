@@ -85,6 +85,23 @@ class IllegalTransition(Exception):
         self.event = event
 
 
+class Machine:
+    """A state moved only through its class's TRANSITIONS table (state -> event -> state): the
+    credit's and the lease's (router.core.credits, router.core.leases)."""
+
+    __slots__ = ("state",)
+    TRANSITIONS: dict
+
+    def fire(self, event: Enum) -> Enum:
+        """Moves the state by `event`; returns the new one. Raises IllegalTransition when the table
+        has no such step (a bug), leaving the state as it was."""
+        state = self.TRANSITIONS[self.state].get(event)
+        if state is None:
+            raise IllegalTransition(self.state, event)
+        self.state = state
+        return state
+
+
 # Read per event (`fire`, `row_state`): a module name, since on Python 3.11 a member read off
 # its Enum class (`Phase.ENDED`) goes through EnumType.__getattr__'s slow hook (~0.1 µs each).
 _ENDED = Phase.ENDED

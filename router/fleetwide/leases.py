@@ -158,6 +158,8 @@ def slots_key(box: str) -> str:
 class SlotLeases:
     """This router's side of the shared slots (rules 1-6, 9) and its heartbeat (rule 7)."""
 
+    gates = True  # a call takes a lease before it is sent (fleetwide/seam.py)
+
     def __init__(self, server: SharedServer, instance: str, fleet: Fleet, down_mode: str, *,
                  upkeep: Callable[[], None], freed: Callable[[BoxState], None], stats: Callable[[], dict],
                  on_back: Callable[[], None]) -> None:

@@ -12,7 +12,7 @@ shape, chosen when the process state is built (serve/app.py), never asked about 
 Each step answers at once, or with a `pending` answer (a round trip to the shared server: a
 Future or a coroutine) that the call awaits; the answer awaited has the same type as the one
 given at once. A shared server that is down and `--shared-down closed` is an answer, never an
-exception: `Slot.DOWN` for a slot, a Refused of reason SHARED_STORE_DOWN for an admission, each
+exception: `Slot.DOWN` for a slot, SHARED_DOWN (a Refused of reason SHARED_STORE_DOWN) for an admission, each
 answered 503 `shared_store_down` at one site (serve/proxy.py `turned_away`).
 """
 
@@ -26,11 +26,11 @@ from typing import Protocol
 from router.boxes.state import BoxState
 from router.core.leases import LeaseLife, LeaseState
 from router.core.limits import Refused
-from router.core.slots import Slot
+from router.core.slots import GO, Slot
 
 SHARED_STORE_DOWN = "shared_store_down"  # the 503's code
 SHARED_DOWN_TEXT = "the shared server that counts this call across routers is down"
-DOWN = Refused(SHARED_STORE_DOWN, 0, SHARED_DOWN_TEXT)  # an admission's answer, as a key's refusal
+SHARED_DOWN = Refused(SHARED_STORE_DOWN, 0, SHARED_DOWN_TEXT)  # an admission's answer, as a key's refusal
 
 # what a step answers when the answer is a round trip away (a Future, or an `async def`'s coroutine)
 PENDING = (asyncio.Future, types.CoroutineType)
@@ -64,6 +64,8 @@ class Holder(Protocol):
 class Slots(Protocol):
     """A box's `max_inflight` slots, as one call meets them."""
 
+    gates: bool  # whether `take` can answer anything but GO (the call asks only then)
+
     def ask(self, load: Holder, box: BoxState) -> None:
         """The slot of `box`, asked early: with the round trip the call waits for anyway."""
 
@@ -84,11 +86,13 @@ class OneRouterSlots:
     """One router: a box's in-flight count here is all there is (serve/load.py); no lease is
     ever held, so `give` and `unask` are never called."""
 
+    gates = False
+
     def ask(self, load: Holder, box: BoxState) -> None:
         pass
 
     def take(self, load: Holder, box: BoxState) -> Slot:
-        return Slot.GO
+        return GO
 
     def want(self, names: frozenset[str]) -> None:
         pass

@@ -24,7 +24,7 @@ Rules:
    and, once the server is back, is drawn from the server's buckets too (`upkeep`). So no router
    ever holds more than `max_parallel` of a key's calls, and N routers admit at most N times a
    limit in any window, what the server admitted before and after the outage included; `closed`
-   answers fleetwide/seam.py's DOWN (503 `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
+   answers fleetwide/seam.py's SHARED_DOWN (503 `shared_store_down`). A settle, a credit's give-back or a seed that cannot be written (the
    server down, or its round trip lost) is parked and written again once the server answers
    (`upkeep`), in order, never dropped; a settle while the server is down frees its call's count
    on `local` too (each side never below 0: where the call was admitted is not known). A step
@@ -104,7 +104,7 @@ from router.core.credits import ASKING, CreditEvent, CreditLife, CreditState
 from router.core.limits import Left, Limits, Refused, Tally, Windows
 from router.core.slots import Slot
 from router.store.counters import LocalCounters
-from router.fleetwide.seam import DOWN
+from router.fleetwide.seam import SHARED_DOWN
 from router.fleetwide.wire import PREFIX, ROUND_TRIP_TIMEOUT_S, SharedDown, SharedServer
 
 CAS_TRIES = 16
@@ -529,7 +529,7 @@ class SharedCounters:
             refused = rules.admit(tally, limits, model, tokens, now)
             return refused if refused is not None else rules.windows_after(tally, limits)
 
-        admitted = self._step(key, apply, (lambda: self._admit_alone(key, limits, model, tokens, now), DOWN))
+        admitted = self._step(key, apply, (lambda: self._admit_alone(key, limits, model, tokens, now), SHARED_DOWN))
         if self.server.up and not self.closed:
             self._ask_credit(key, credit, limits, tokens, now)
         return admitted

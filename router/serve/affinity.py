@@ -136,12 +136,13 @@ class Affinity:
         if not hit and key.kind != PREFIX:
             self.bindings.keep(key.scoped, name)  # made or moved here (rule 6)
 
-    def ended(self, record: CallRecord) -> None:
-        """A call placed by its key ended (`took` said how): done, its outcome and the engine's
-        cached tokens per (box, model: the box's own key for it, so the labels are bounded by what
-        the boxes hold), and a Responses answer's id bound to its box (rules 4 and 5)."""
+    def ended(self, record: CallRecord, state: str) -> None:
+        """A call placed by its key ended (`took` said how) in row state `state`: done, its outcome
+        and the engine's cached tokens per (box, model: the box's own key for it, so the labels
+        are bounded by what the boxes hold), and a Responses answer's id bound to its box (rules 4
+        and 5)."""
         box, call = record.box, record.call
-        if box is None or call is None or record.state != "done":
+        if box is None or call is None or state != "done":
             return
         named = CALL_KEYS[(box.config.kind, call.model, call.settings)]
         label = (box.name, named[0] if named is not None else call.model)

@@ -35,6 +35,7 @@ from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
 from router.serve.record import CallRecord
+from router.store.route_log import Row
 from router.serve.settings import ServeConfig
 from router.serve.limits import KeyCollector, Tenancy
 from router.store.counters import LocalCounters
@@ -205,14 +206,15 @@ class RouterApp:
         body = facade.shape_error(verdict.status, verdict.code, verdict.message, None)
         await edge.respond(verdict.status, [(b"content-type", JSON)], body)
 
-    def observe(self, record: CallRecord) -> None:
-        """A call ended: its route_log row, its span when tracing is on, and its metrics."""
+    def observe(self, record: CallRecord) -> Row:
+        """A call ended: its route_log row (returned), its span when tracing is on, and its metrics."""
         process = self.process
         row = record.row()
         process.route_log.record(row)
         if process.tracer is not None:  # tracing off: this check is all a call pays
             process.tracer.record(record, row)
         process.metrics.observe(record)
+        return row
 
     async def unknown(self, edge: Edge, facade: Facade, known: bool) -> None:
         """A path no route of the listener serves: a 404 that says where the client meant to go

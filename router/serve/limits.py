@@ -40,7 +40,7 @@ This room:
    when the key's credit on this router covers the call (fleetwide/tallies.py rule 8); and a
    `max_parallel` slot may be a round trip too (the queue's hand-out asks it, the call's
    dispatch reads that answer). Server down: `--shared-down open` counts in this router alone,
-   `closed` answers fleetwide/seam.py's DOWN (a Refused, 503 `shared_store_down`)
+   `closed` answers fleetwide/seam.py's SHARED_DOWN (a Refused, 503 `shared_store_down`)
    or Slot.DOWN. One router: every step answers at once.
 """
 
@@ -58,9 +58,9 @@ from router.core import limits as rules
 from router.core.limits import (
     DEFAULT_ANSWER_TOKENS, NO_LIMITS, Limits, Refused, Windows, reset_header,
 )
-from router.core.slots import Slot
+from router.core.slots import GO, Slot
 from router.core.types import Call
-from router.fleetwide.seam import DOWN, PENDING
+from router.fleetwide.seam import PENDING, SHARED_DOWN
 from router.store.counters import Counters
 from router.store.keys import KeyStore
 
@@ -73,7 +73,7 @@ NO_KEY = "none"  # the metric label of every caller without a key (rule 6)
 # Keys' Accounts kept at once: past it they are all dropped and made again as calls come (a key
 # deleted since is never called again, so this bounds what deleted keys leave).
 MAX_ACCOUNTS = 65_536
-STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_ALLOWED: 403, DOWN.reason: 503}
+STATUS = {rules.RATE_LIMITED: 429, rules.BUDGET_EXCEEDED: 429, rules.MODEL_NOT_ALLOWED: 403, SHARED_DOWN.reason: 503}
 TOKEN_KINDS = ("prompt", "completion", "cached")
 
 
@@ -109,7 +109,7 @@ class Account:
 class Charge:
     """One admitted call's account with its key (rules 2-4)."""
 
-    __slots__ = ("tenancy", "name", "limits", "reserved", "bound", "slot", "taking", "headers")
+    __slots__ = ("tenancy", "name", "limits", "reserved", "bound", "slot", "taking", "headers", "gates")
 
     def __init__(self, tenancy: Tenancy, name: str, limits: Limits, reserved: int, bound: int | None,
                  headers: tuple[tuple[bytes, bytes], ...]) -> None:
@@ -121,6 +121,7 @@ class Charge:
         self.slot = False  # holds one of its key's max_parallel slots (a key without one has none)
         self.taking: asyncio.Future | None = None  # its slot asked, the answer a round trip away (rule 7)
         self.headers = headers
+        self.gates = limits.max_parallel is not None  # it has a slot to take before its call is sent
 
     def take_slot(self) -> Slot | asyncio.Future:
         """Rule 3: GO when the call may go to its box (its key has no max_parallel, or it holds
@@ -128,12 +129,12 @@ class Charge:
         future of that answer (or of DOWN) while the round trip is out, the same one to every
         asker (the queue's hand-out asks, the dispatch reads)."""
         if self.slot or self.limits.max_parallel is None:
-            return Slot.GO
+            return GO
         if self.taking is not None:
             return self.taking
         taken = self.tenancy.counters.take_parallel(self.name, self.limits)
         if taken.__class__ is Slot:
-            self.slot = taken is Slot.GO
+            self.slot = taken is GO
             return taken  # type: ignore[return-value]
         self.taking = taken  # type: ignore[assignment]
         taken.add_done_callback(self._taken)  # type: ignore[union-attr]
@@ -143,7 +144,7 @@ class Charge:
         """The slot's round trip answered (before the call reads it: added first): held on GO,
         given back by `settle` whether or not the call read it."""
         self.taking = None
-        self.slot = not taking.cancelled() and taking.result() is Slot.GO
+        self.slot = not taking.cancelled() and taking.result() is GO
 
     def has_room(self) -> bool:
         return self.slot or self.tenancy.counters.has_room(self.name, self.limits)
@@ -171,10 +172,11 @@ class Uncounted:
     __slots__ = ()
     bound = None
     headers: tuple = ()
+    gates = False  # no slot to take
 
     @staticmethod
     def take_slot() -> Slot:
-        return Slot.GO
+        return GO
 
     @staticmethod
     def has_room() -> bool:
@@ -287,7 +289,7 @@ class Tenancy:
     def charged(self, admitted: Refused | Windows, key_id: str | None, name: str, account: Account,
                 tokens: int, bound: int | None) -> Charge | Refused:
         if admitted.__class__ is Refused:
-            if admitted is not DOWN:  # (the shared server's outage is no limit of the key's)
+            if admitted is not SHARED_DOWN:  # (the shared server's outage is no limit of the key's)
                 self.limited[(key_id or NO_KEY, admitted.reason)] += 1  # type: ignore[union-attr]
             return admitted  # type: ignore[return-value]
         return Charge(self, name, account.limits, tokens, bound, account.rate_headers(admitted))  # type: ignore[arg-type]
@@ -297,7 +299,7 @@ class Tenancy:
         """Rule 7: `charged`, once the shared server has answered, into the future the call reads."""
         if charging.cancelled():
             return
-        answer = DOWN if admitted.cancelled() or admitted.exception() is not None else admitted.result()
+        answer = SHARED_DOWN if admitted.cancelled() or admitted.exception() is not None else admitted.result()
         charging.set_result(self.charged(answer, key_id, name, account, tokens, bound))
 
     @staticmethod
@@ -311,8 +313,8 @@ class Tenancy:
         its admission)."""
         tokens = record.count_tokens()
         used = 0 if tokens is None else tokens.prompt + tokens.completion
-        if charge is not None:
-            charge.settle(used)
+        if charge.__class__ is Charge:
+            charge.settle(used)  # type: ignore[union-attr]
         if used:
             label = record.edge.key_id or NO_KEY
             self.tokens[(label, "prompt")] += tokens.prompt

@@ -51,10 +51,10 @@ from router.core.decide import decide
 from router.core.errors import BadRequest
 from router.core.lifecycle import TICK_DUTIES, Duty, Event, Lifecycle, Stop, next_attempt
 from router.core.limits import MODEL_NOT_ALLOWED, Refused
-from router.core.slots import Slot
+from router.core.slots import DOWN, GO, WAIT, Slot
 from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call, with_answer_bound
-from router.fleetwide.seam import DOWN, PENDING, Slots
+from router.fleetwide.seam import PENDING, SHARED_DOWN, Slots
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
 from router.serve import hops, no_box
@@ -69,6 +69,7 @@ from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
 from router.serve.record import CallRecord
+from router.store.route_log import Row
 from router.serve.reply import Reply
 from router.serve.settings import ServeConfig
 from router.serve.limits import STATUS, UNCOUNTED, Charge, Tenancy, Uncounted
@@ -91,7 +92,7 @@ class CallHost(Protocol):
     fallbacks: dict  # router_fallbacks_total's counts (serve/metrics.py)
     slots: Slots  # a box's slots: this router's alone, or across routers (fleetwide/seam.py)
 
-    def observe(self, record: CallRecord) -> None: ...
+    def observe(self, record: CallRecord) -> Row: ...
 
 log = logging.getLogger("router.proxy")
 
@@ -168,9 +169,14 @@ class ProxyCall:
         try:
             if hops.looped(self.edge):
                 await self.reply.error(508, "loop_detected", hops.LOOP_MESSAGE)
-            elif await self.read() and (inspected := await self.inspect()) is not None and await self.admit(inspected):
-                await self.steer_to()
-                await self.route_call()
+            elif (inspected := await self.read()) is not None:
+                refused = self.inspect(inspected) or self.admit(inspected)
+                if refused is not None:
+                    await self.turned_away(refused)
+                else:
+                    if (steering := self.steer_to()) is not None:
+                        self.steer = await steering
+                    await self.route_call()
         finally:
             clock.calls.discard(self)
             if self.watch is not None:
@@ -187,55 +193,53 @@ class ProxyCall:
             try:
                 self.life.fire(Event.DONE)  # (an ended call stays as it ended)
             finally:
+                row = self.app.observe(self.record)
                 if self.record.affinity is not None:  # its key placed it (`try_box`): what its end teaches
-                    self.app.affinity.ended(self.record)
-                self.app.observe(self.record)
+                    self.app.affinity.ended(self.record, row.state)
 
-    async def read(self) -> bool:
-        """The body. False when it was answered instead (408, 413)."""
-        limit = self.app.config.max_body_bytes
+    async def read(self) -> Inspected | None:
+        """The body, and what it asks for as its bytes and headers say (model, pin, pool, stream,
+        class: router.facades.body's scan). None when it was answered instead (400, 408, 413)."""
+        reply, limit, edge = self.reply, self.app.config.max_body_bytes, self.edge
         try:
-            self.body = await read_body(self.edge, limit, body_deadline(self.started_s), self.app.clock)
+            self.body = await read_body(edge, limit, body_deadline(self.started_s), self.app.clock)
         except (BodyTooLarge, BodyTimeout, ClientLeft) as exc:
             if isinstance(exc, ClientLeft):  # answered in case it is still there
                 self.outside(Event.CLIENT_LEFT)
             elif isinstance(exc, BodyTimeout):
                 self.life.fire(Event.DEADLINE)
-            await self.reply.error(*refusal(exc, limit))
-            return False
+            await reply.error(*refusal(exc, limit))
+            return None
         self.record.body_read(len(self.body))
         self.life.fire(Event.BODY_IN)
-        return True
-
-    async def inspect(self) -> Inspected | None:
-        """What the call asks for, from its body and its headers: model, pin, pool, stream,
-        class, its key's `models`, its alias, its affinity key. None when it was answered
-        instead (400, 403)."""
-        edge = self.edge
         args = (self.body, edge.header("content-type") or "", self.route, self.facade, edge.header("x-router-box"),
                 edge.header("x-router-pool"), edge.header("x-router-priority"), edge.header("x-router-fallback"))
         try:
             # a large body's scan on a worker thread (INLINE_INSPECT_BYTES), a small one here
             inspected = (read_call(*args) if len(self.body) <= INLINE_INSPECT_BYTES
                          else await asyncio.get_running_loop().run_in_executor(None, read_call, *args))
-            call, stream, self.asked_priority, _, fallback = inspected[:5]
-            self.record.asked(call)
         except BadRequest as exc:
-            await self.reply.error(exc.status_hint, exc.code, str(exc))
+            await reply.error(exc.status_hint, exc.code, str(exc))
             return None
+        self.asked_priority = inspected.priority
+        self.record.asked(inspected.call)
+        return inspected
+
+    def inspect(self, inspected: Inspected) -> Refused | None:
+        """What the call asks for beyond its scan: its key's `models`, its alias, a stream's usage,
+        its affinity key. The refusal to answer (403) when its key may not make it."""
+        edge, call = self.edge, inspected.call
         allowed = self.app.tenancy.allowed(edge, call)  # its key's `models`, by box kind
         if allowed.__class__ is Refused:
-            await self.turned_away(allowed)  # type: ignore[arg-type]
-            return None
+            return allowed  # type: ignore[return-value]
         if allowed is not call:
             self.record.asked(allowed)  # type: ignore[arg-type]
         aliases = self.app.fleet.aliases
         if aliases and (alias := aliases.get(allowed.model)) is not None:  # type: ignore[union-attr]
-            self.chain = ChainCall(self, alias, allowed, fallback, inspected.spans)  # type: ignore[arg-type]
+            self.chain = ChainCall(self, alias, allowed, inspected.fallback, inspected.spans)  # type: ignore[arg-type]
             if self.chain.start is None:  # its key may call none of the chain's models (aliases.py rule 6)
-                await self.turned_away(Refused(MODEL_NOT_ALLOWED, 0, "this key may not call any model of this alias"))
-                return None
-        if stream:
+                return Refused(MODEL_NOT_ALLOWED, 0, "this key may not call any model of this alias")
+        if inspected.stream:
             if self.route.asks_usage:
                 self.usage_body = ask_usage(self.body)
             if self.facade.sse_keepalive:
@@ -243,29 +247,33 @@ class ProxyCall:
         affinity = self.app.affinity
         if affinity.on and call.pin is None:  # its spans are the body's as sent, before any bound
             self.affinity_key = affinity.key(edge, inspected, self.body)
-        return inspected
+        return None
 
-    async def admit(self, inspected: Inspected) -> bool:
-        """The call against its key's limits (serve/limits.py). False when it was turned away
-        (403, 429, 503). An answer a round trip away is read in `route_call`, once the call has
+    def admit(self, inspected: Inspected) -> Refused | None:
+        """The call against its key's limits (serve/limits.py): the refusal to answer (403, 429,
+        503), else None. An answer a round trip away is read in `route_call`, once the call has
         asked its first box's slot too: one round trip carries both (fleetwide/leases.py rule
         1)."""
         charge = self.app.tenancy.admit(self.edge, self.record.call, self.record.text_bytes, inspected.max_tokens,
                                         self.route.answer_bound)
+        if charge is UNCOUNTED:
+            self.charge = charge
+            return None
         if charge.__class__ in PENDING:
             self.admitting = (charge, inspected.spans)  # type: ignore[assignment]
-            return True
-        if self.charged(charge, inspected.spans):  # type: ignore[arg-type]
-            return True
-        await self.turned_away(charge)  # type: ignore[arg-type]
-        return False
+            return None
+        return None if self.charged(charge, inspected.spans) else charge  # type: ignore[arg-type, return-value]
 
-    async def steer_to(self) -> None:
-        """Where its affinity key points, for every decision of the call: after the admission,
-        so that several routers' admission and binding share the round trip."""
+    def steer_to(self) -> Awaitable[Steer] | None:
+        """Where its affinity key points, for every decision of the call (`steer`), or the answer
+        to await when that is a round trip away: after the admission, so that several routers'
+        admission and binding share the round trip."""
         if self.affinity_key is not None:
             steer = self.app.affinity.steer(self.affinity_key)
-            self.steer = await steer if steer.__class__ in PENDING else steer  # type: ignore[misc]
+            if steer.__class__ in PENDING:
+                return steer  # type: ignore[return-value]
+            self.steer = steer  # type: ignore[assignment]
+        return None
 
     def charged(self, charge: Charge | Uncounted | Refused, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
@@ -274,7 +282,7 @@ class ProxyCall:
         if charge.__class__ is Refused:
             return False
         self.charge = charge  # type: ignore[assignment]
-        if charge is UNCOUNTED:
+        if charge is UNCOUNTED:  # (several routers' admission of a caller without limits)
             return True
         self.record.limited(charge.headers)  # type: ignore[union-attr]
         if charge.bound is not None:  # type: ignore[union-attr]
@@ -310,59 +318,56 @@ class ProxyCall:
         return False
 
     async def route_call(self) -> None:
-        """Tries the decision's boxes in turn (the failover step: router.core.lifecycle's
-        next_attempt) until one takes the call, each once its preconditions let it go
-        (`PRECONDITIONS`), waiting for room where it must."""
-        decision = await self.first_decision()
-        if decision is None:
-            return
+        """Tries the boxes in turn (router.core.lifecycle's next_attempt) until one takes the call,
+        each once its preconditions let it go (`PRECONDITIONS`), waiting for room where it must."""
         fleet, pin, last = self.app.fleet, self.record.call.pin, None  # type: ignore[union-attr]
+        decision = self.decide_now(fleet.facts())
+        if self.admitting is not None and not await self.admission_answered(decision):
+            return  # turned away: its row shows no decision, as with one router
+        if not self.decided(decision):
+            await no_box.refuse(self.reply, self.record.call, decision, fleet)  # type: ignore[arg-type]
+            return
         while True:
             choice = next_attempt(decision, self.tried, pin, MAX_BOXES_PER_CALL)
-            if choice is Stop.WAIT:
-                waits = True  # every box it may go to is full: the queue
+            answer, on_wait = GO, None
+            if choice is Stop.WAIT:  # every box it may go to is full: the queue
+                answer, on_wait = WAIT, WAIT_IN_QUEUE
             elif isinstance(choice, Stop):
                 break
             elif (box := fleet.get(choice)) is None:  # removed from the boxes file since the decision
-                waits = False
                 self.tried.append(choice)
             else:
-                for precondition, on_wait in PRECONDITIONS:
+                for precondition, on_wait in PRECONDITIONS[self.charge.gates, self.app.slots.gates]:  # type: ignore[union-attr]
                     answer = precondition(self, box)
-                    if answer.__class__ in PENDING:
+                    if answer.__class__ is not Slot:  # a round trip away
                         answer = await answer
-                    if answer is not Slot.GO:
+                    if answer is not GO:
                         break
                 else:
                     if (last := await self.try_box(box)) is None:
                         return
-                if answer is Slot.DOWN:
-                    await self.turned_away(DOWN)
+                if answer is DOWN:
+                    await self.turned_away(SHARED_DOWN)
                     return
-                waits = answer is Slot.WAIT and on_wait is WAIT_IN_QUEUE
             if self.gone:
                 return
+            waits = answer is WAIT and on_wait is WAIT_IN_QUEUE
             decision = await self.wait_turn(decision) if waits else self.decide_now(fleet.facts())  # type: ignore[assignment]
             if decision is None:
                 return
         if not self.gone:
             await no_box.give_up(self.reply, last)
 
-    async def first_decision(self) -> Decision | None:
-        """The call's first decision, with its admission's answer when that was a round trip
-        away. None when it was answered instead: turned away (its row shows no decision, as with
-        one router), or no box may take it and none will have room (no_box.py)."""
-        decision = self.decide_now(self.app.fleet.facts())
-        if self.admitting is not None and not await self.admission_answered(decision):
-            return None
+    def decided(self, decision: Decision) -> bool:
+        """The call's first decision, recorded. False when no box may take it and none will have
+        room (no_box.py answers it)."""
         self.record.decided(decision)
         if decision.path is Path.REFUSED and not decision.waits_for:
-            await no_box.refuse(self.reply, self.record.call, decision, self.app.fleet)  # type: ignore[arg-type]
-            return None
+            return False
         if log.isEnabledFor(logging.DEBUG):  # the ranking is built only when it is logged
             log.debug("call %s: %s", self.call_id, [(b, decision.why[b].rank) for b in decision.boxes])
         self.eligible = frozenset(decision.boxes) if decision.boxes else None
-        return decision
+        return True
 
     def decide_now(self, facts: list[BoxFacts]) -> Decision:
         """The call's decision over `facts`, never broadening past its first one (failover); an
@@ -502,7 +507,11 @@ def box_slot(call: ProxyCall, box: BoxState) -> Slot | Awaitable[Slot]:
 WAIT_IN_QUEUE, DECIDE_AGAIN = "wait in queue", "decide again"
 # What lets a call go to the box it chose, in order (Envoy's filter chain): each answers GO, WAIT
 # or DOWN (router.core.slots), at once or a round trip later; with what the call does on WAIT.
-PRECONDITIONS = ((key_slot, WAIT_IN_QUEUE), (box_slot, DECIDE_AGAIN))
+# Only those that can gate it are asked: by whether its charge has a key's slot to take and the
+# slots are counted across routers (`gates`: a call of no key through one router asks none).
+KEY_SLOT, BOX_SLOT = (key_slot, WAIT_IN_QUEUE), (box_slot, DECIDE_AGAIN)
+PRECONDITIONS = {(False, False): (), (True, False): (KEY_SLOT,), (False, True): (BOX_SLOT,),
+                 (True, True): (KEY_SLOT, BOX_SLOT)}
 
 
 DUTIES = {

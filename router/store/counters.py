@@ -25,7 +25,7 @@ from typing import Protocol
 
 from router.core import limits as rules
 from router.core.limits import Left, Limits, Refused, Tally, Windows
-from router.core.slots import Slot
+from router.core.slots import GO, WAIT, Slot
 
 # Distinct addresses counted at once for `--default-rpm/--default-tpm` (~200 B each: ~13 MB); past
 # it the idle ones are forgotten (rule 3): an address spray could then reset another address's
@@ -40,7 +40,7 @@ class Counters(Protocol):
               now: float) -> Refused | Windows | Awaitable[Refused | Windows]:
         """`rules.admit`; admitted: `rules.windows_after` (the served call's headers). Several
         routers: a round trip (unless a credit covers it), and the server down and closed is
-        the Refused fleetwide/seam.py's DOWN."""
+        the Refused fleetwide/seam.py's SHARED_DOWN."""
 
     def settle(self, key: str, limits: Limits, reserved: int, used: int, now: float, slot: bool) -> None:
         """`rules.settle` (giving back the call's max_parallel slot when it held one)."""
@@ -78,7 +78,7 @@ class LocalCounters:
         rules.settle(self.tallies.get(key) or self._tally(key), limits, reserved, used, now, slot)
 
     def take_parallel(self, key: str, limits: Limits) -> Slot:
-        return Slot.GO if rules.take_parallel(self.tallies.get(key) or self._tally(key), limits) else Slot.WAIT
+        return GO if rules.take_parallel(self.tallies.get(key) or self._tally(key), limits) else WAIT
 
     def has_room(self, key: str, limits: Limits) -> bool:
         tally = self.tallies.get(key)
