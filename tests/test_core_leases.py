@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from router.core.errors import UsageError
 from router.core.leases import BORN, HELD_HERE, TRANSITIONS, LeaseEvent, LeaseLife, LeaseState
-from router.core.lifecycle import IllegalTransition
+from support.machines import fire_both, reached
 
 E = LeaseEvent
 
@@ -67,15 +67,7 @@ def test_the_table_and_the_flags_agree_on_every_step(taken_alone, sequence):
     lease = LeaseLife(LeaseState.HELD if taken_alone else LeaseState.ASKED)
     model = FlagLease(taken_alone)
     for event in sequence:
-        before = lease.state
-        legal = model.fire(event)
-        if legal:
-            assert lease.fire(event) is lease.state is model.state
-        else:
-            with pytest.raises(IllegalTransition) as raised:
-                lease.fire(event)
-            assert (raised.value.phase, raised.value.event) == (before, event)
-            assert lease.state is before is model.state  # an illegal event changes nothing
+        fire_both(lease, model, event)
         assert (lease.state in HELD_HERE) == model.held  # rule 3: renewed exactly while held here
 
 
@@ -87,12 +79,6 @@ def test_a_lease_is_born_asked_or_held_and_gone_is_the_end():
             with pytest.raises(UsageError):
                 LeaseLife(state)
     assert TRANSITIONS[LeaseState.GONE] == {}
-    reached, frontier = set(BORN), list(BORN)
-    while frontier:
-        for after in TRANSITIONS[frontier.pop()].values():
-            if after not in reached:
-                reached.add(after)
-                frontier.append(after)
-    assert reached == set(LeaseState)
+    assert reached(TRANSITIONS, BORN) == set(LeaseState)
     # every lease this router holds can be let go, with the server up or down
     assert all({E.GIVE, E.FORGET} <= TRANSITIONS[state].keys() for state in HELD_HERE)

@@ -34,13 +34,12 @@ from router.serve.metrics import Metrics, registry as metrics_registry
 from router.serve.clock import CallClock
 from router.serve.deliver import RelayAborted
 from router.serve.proxy import ProxyCall
-from router.serve.record import CallRecord
-from router.store.route_log import Row
-from router.serve.settings import ServeConfig
 from router.serve.limits import KeyCollector, Tenancy
+from router.serve.record import CallRecord
+from router.serve.settings import ServeConfig
 from router.store.counters import LocalCounters
 from router.store.keys import KeyStore
-from router.store.route_log import RouteLogWriter
+from router.store.route_log import RouteLogWriter, Row
 from router.telemetry.scheduler import Scheduler
 
 log = logging.getLogger("router.serve")

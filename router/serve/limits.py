@@ -167,7 +167,8 @@ def _settle_taken(charge: Charge, used: int, taking: asyncio.Future) -> None:
 
 
 class Uncounted:
-    """The charge of a call whose caller has no limits: nothing is counted, nothing is settled."""
+    """The charge of a call whose caller has no limits: nothing is counted, nothing is settled
+    (`ended` settles a Charge only)."""
 
     __slots__ = ()
     bound = None
@@ -181,10 +182,6 @@ class Uncounted:
     @staticmethod
     def has_room() -> bool:
         return True
-
-    @staticmethod
-    def settle(used: int) -> None:
-        pass
 
 
 UNCOUNTED = Uncounted()

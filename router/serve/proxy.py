@@ -54,9 +54,9 @@ from router.core.limits import MODEL_NOT_ALLOWED, Refused
 from router.core.slots import DOWN, GO, WAIT, Slot
 from router.core.types import BoxFacts, BoxKind, Decision, Path
 from router.facades.body import Inspected, read_call, with_answer_bound
-from router.fleetwide.seam import PENDING, SHARED_DOWN, Slots
 from router.facades.table import Facade, Route
 from router.facades.usage import ask_usage
+from router.fleetwide.seam import PENDING, SHARED_DOWN, Slots
 from router.serve import hops, no_box
 from router.serve.access import AccessGate
 from router.serve.admission import Admission, Seat
@@ -68,11 +68,11 @@ from router.serve.clock import CallClock
 from router.serve.deliver import Delivery
 from router.serve.edge import BodyTooLarge, ClientLeft, Edge
 from router.serve.load import Load
+from router.serve.limits import STATUS, UNCOUNTED, Charge, Tenancy, Uncounted
 from router.serve.record import CallRecord
-from router.store.route_log import Row
 from router.serve.reply import Reply
 from router.serve.settings import ServeConfig
-from router.serve.limits import STATUS, UNCOUNTED, Charge, Tenancy, Uncounted
+from router.store.route_log import Row
 from router.telemetry.scheduler import Scheduler
 
 
@@ -275,15 +275,13 @@ class ProxyCall:
             self.steer = steer  # type: ignore[assignment]
         return None
 
-    def charged(self, charge: Charge | Uncounted | Refused, spans: tuple | None) -> bool:
+    def charged(self, charge: Charge | Refused, spans: tuple | None) -> bool:
         """The call (as asked: a key's `models` name what it asks) against its key's limits
         (serve/limits.py rules 1-2); False when refused (`turned_away` answers it). The body
         then bounds its answer where the router gave it a bound."""
         if charge.__class__ is Refused:
             return False
         self.charge = charge  # type: ignore[assignment]
-        if charge is UNCOUNTED:  # (several routers' admission of a caller without limits)
-            return True
         self.record.limited(charge.headers)  # type: ignore[union-attr]
         if charge.bound is not None:  # type: ignore[union-attr]
             bounded = with_answer_bound(self.body, self.route, spans, charge.bound)  # type: ignore

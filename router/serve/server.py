@@ -55,26 +55,26 @@ from granian.server.embed import Server
 
 from router._fastpath import Reservations
 from router.boxes import listeners as own_listeners
-from router.boxes.registry import registry_for
 from router.boxes.fleet import Fleet
+from router.boxes.registry import registry_for
 from router.core.errors import ConfigError
 from router.facades import mounts
 from router.facades.mounts import Mount
-from router.serve import tracing
-from router.serve.affinity import Affinity
-from router.serve.app import RouterApp, ProcessState
-from router.serve.conn_cap import ConnCap, port_numbers
-from router.serve.metrics import sample_calls, watch_loop
-from router.serve.notify import notify
-from router.serve.settings import ServeConfig
 from router.fleetwide.leases import OPEN
 from router.fleetwide.seam import ONE_ROUTER_BINDINGS
 from router.fleetwide.several import SeveralRouters
+from router.fleetwide.wire import SharedDown, SharedServer, shown_url
+from router.serve import tracing
+from router.serve.affinity import Affinity
+from router.serve.app import ProcessState, RouterApp
+from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.limits import Tenancy
+from router.serve.metrics import sample_calls, watch_loop
+from router.serve.notify import notify
+from router.serve.settings import ServeConfig
 from router.store import engines
 from router.store import paths as store_paths
 from router.store.keys import KeyStore
-from router.fleetwide.wire import SharedDown, SharedServer, shown_url
 from router.telemetry.agents import AgentLinks
 from router.telemetry.cache import TelemetryCache
 from router.telemetry.local import LocalScanTask, is_loopback_url

@@ -9,4 +9,5 @@ this package (its files are not named test_*.py).
 - boxes.py: a box that answers raw bytes, faked GPU cards, and what a simulated box saw
 - several_routers.py: router processes over the same boxes, and the shared server
 - installed.py: the installed `hugpy-router` script and a clean environment for it
+- machines.py: a table machine of core and its plain model, stepped together; what a table reaches
 """
