@@ -69,7 +69,8 @@ def test_the_state_follows_from_the_end(ended_by, status, failure, turned_away, 
 def test_a_record_reads_its_state_and_failure_off_the_lifecycle():
     route, _ = FACADE.route("POST", "/v1/chat/completions")
     life = Lifecycle()
-    record = CallRecord("c", FACADE, route, types.SimpleNamespace(caller="127.0.0.1", key_id=None), life)
+    record = CallRecord("c", FACADE, route, types.SimpleNamespace(caller="127.0.0.1", key_id=None, batch_id=None,
+                                                                          custom_id=None), life)
     record.answered(200, stream=True)
     life.fire(Event.CLIENT_LEFT)
     assert (record.state, record.failure) == ("cancelled", "client_left")
@@ -82,7 +83,8 @@ def test_each_column_of_the_row_holds_the_fact_it_names():
     place would show here."""
     route, _ = FACADE.route("POST", "/v1/chat/completions")
     life = Lifecycle()
-    record = CallRecord("c-1", FACADE, route, types.SimpleNamespace(caller="10.0.0.9", key_id="k-1", header={}.get), life)
+    record = CallRecord("c-1", FACADE, route, types.SimpleNamespace(caller="10.0.0.9", key_id="k-1", header={}.get,
+                                                                            batch_id="batch_1", custom_id="q-1"), life)
     record.body_read(11)
     record.asked(Call("m", frozenset(), settings="s", pin="b-1"))
     record.decided(Decision(Path.PINNED, ("b-1",), {}, {}))
@@ -104,5 +106,5 @@ def test_each_column_of_the_row_holds_the_fact_it_names():
         "options": "s", "pin": "b-1", "client": "10.0.0.9", "stream": 0, "path": Path.PINNED.value,
         "box": "b-1", "http_status": 201, "error": None, "bytes_in": 11, "bytes_out": 22, "waited_ms": 7.5,
         "key_id": "k-1", "prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 5, "tokens_estimated": 1,
-        "affinity": "hit:prefix", "router": None,
+        "affinity": "hit:prefix", "router": None, "batch_id": "batch_1", "custom_id": "q-1",
     }

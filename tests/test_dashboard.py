@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 from pathlib import Path
 
@@ -371,4 +372,64 @@ def test_an_ollama_boxs_name_and_another_boxs_that_ollama_reads_alike_are_one_mo
     expect(page.locator("#models tbody tr")).to_have_count(3)
     expect(page.locator('#models tr[data-model="qwen3-8b"] td').nth(2)).to_have_text("h")
     expect(page.locator('#models tr[data-model="qwen3:8b"] td').nth(2)).to_have_text("o")
+    assert errors == []
+
+
+def make_batch(url: str, bodies: list[dict]) -> dict:
+    """A chat batch of `bodies` through the Files and Batch API, as a keyless (loopback) caller."""
+    boundary = "dashboard-batch-boundary"
+    content = b"".join(json.dumps({"custom_id": f"q-{n}", "method": "POST", "url": "/v1/chat/completions",
+                                   "body": body}).encode() + b"\n" for n, body in enumerate(bodies))
+    form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
+            ).encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    host, port = url.removeprefix("http://").split(":")
+    answers = []
+    for path, body, content_type in (("/v1/files", form, f"multipart/form-data; boundary={boundary}"),
+                                     ("/v1/batches", None, "application/json")):
+        if body is None:
+            body = json.dumps({"input_file_id": answers[-1]["id"], "endpoint": "/v1/chat/completions",
+                               "completion_window": "24h"})
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+        resp = conn.getresponse()
+        answers.append(json.loads(resp.read()))
+        conn.close()
+        assert resp.status == 200, answers[-1]
+    return answers[-1]
+
+
+def test_the_batches_panel_shows_progress_pace_and_status_live(start_fleet, browser):
+    from router.sim import Behavior
+
+    lines = 20
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    a.script("tiny", *[Behavior.hang(1.0)] * lines)  # two lines at once (--batch-per-box): about 10 s in all
+    router = start_fleet(a)
+    page, errors = browser(router.url)
+    expect(page.locator("#link")).to_have_text("live")
+    made = make_batch(router.url, [{"model": "tiny", "messages": [{"role": "user", "content": "CANARY-line"}]}] * lines)
+    row = page.locator(f'#batches tr[data-batch="{made["id"]}"]')
+    expect(row).to_have_attribute("data-status", "in_progress", timeout=SEEN_WITHIN_MS)
+    expect(row.locator(".tag")).to_have_text("in progress")
+    expect(row.locator("td.batch-rate")).to_have_text(re.compile(r"^[0-9]+\.[0-9]/s$"), timeout=SEEN_WITHIN_MS)
+    expect(row.locator(".batch-counts")).to_contain_text(f"of {lines}")
+    summary = page.locator("#batches-summary")
+    expect(summary).to_contain_text("1 running; this router runs 2 of their lines now", timeout=SEEN_WITHIN_MS)
+    rate = float(row.locator("td.batch-rate").inner_text().removesuffix("/s"))
+    assert 0 < rate <= 4  # two lines a second, read off whole polls
+
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", f"/v1/batches/{made['id']}/cancel")
+    assert conn.getresponse().status == 200
+    conn.close()
+    expect(row).to_have_attribute("data-status", "cancelled", timeout=SEEN_WITHIN_MS)
+    bar = row.locator("svg.batch-bar")
+    expect(bar).to_have_attribute("data-done", str(lines))  # run and cancelled lines: all done
+    expect(bar.locator("rect.failed")).to_have_attribute("width", re.compile(r"^[1-9]"))  # the cancelled ones
+    expect(row.locator("td.batch-rate")).to_have_text("—")
+    expect(summary).to_contain_text("0 running; this router runs 0 of their lines now", timeout=SEEN_WITHIN_MS)
+    expect(summary).to_contain_text("cancelled")  # the runner's lines by state, since it started
+    assert "CANARY-line" not in page.content()
     assert errors == []

@@ -1,4 +1,5 @@
-"""Both edges implement the Edge protocol (router/serve/edge.py) with the same signatures."""
+"""The edges implement the Edge protocol (router/serve/edge.py) with the same signatures: the two
+interfaces' and a batch line's (router/serve/batches.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router._fastpath import header_map
+from router.serve.batches import LineEdge
 from router.serve.edge import AsgiEdge, Edge, RsgiEdge
 
 MEMBERS = [name for name in vars(Edge) if not name.startswith("_")]
 ATTRIBUTES = list(Edge.__annotations__)
 
 
-@pytest.mark.parametrize("edge", [AsgiEdge, RsgiEdge])
+@pytest.mark.parametrize("edge", [AsgiEdge, RsgiEdge, LineEdge])
 def test_each_edge_has_every_method_of_the_protocol_with_its_signature(edge):
     for name in MEMBERS:
         want = inspect.signature(getattr(Edge, name))

@@ -14,10 +14,11 @@ from router._fastpath import Reservations
 from router.boxes.fleet import Fleet
 from router.serve.admission import Admission
 from router.serve.metrics import LATENCY_BUCKETS_S, Metrics, exposition, quantile, registry
-from router.sim import SimBox
+from router.sim import Behavior, SimBox
 from router.store.route_log import Row, RouteLogWriter
 
 from conftest import wait_for
+from support.calls import request
 
 
 def get(url: str, path: str, headers: dict | None = None) -> tuple[int, str, str]:
@@ -64,6 +65,8 @@ EXPECTED = {
     "router_queue_depth": ("gauge", ""),
     "router_queue_outcomes": ("counter", ""),
     "router_queue_wait_seconds": ("histogram", "seconds"),
+    "router_batch_lines": ("counter", ""),
+    "router_batch_inflight": ("gauge", ""),
     # the library's own collectors declare no unit (their names carry it)
     "process_cpu_seconds": ("counter", ""),
     "process_resident_memory_bytes": ("gauge", ""),
@@ -153,3 +156,60 @@ def test_metrics_need_no_key_from_inside_but_one_from_outside(start_fleet):
     assert wait_for(lambda: get(router.url, "/metrics")[0] == 200, 2)
     status, _, body = get(router.url, "/metrics", {"X-Forwarded-For": "203.0.113.9"})
     assert status == 401 and "router_calls" not in body
+
+
+def batch_of(router, lines: list[dict]) -> dict:
+    """A batch of chat `lines` (bodies) made through the Files and Batch API, as a keyless caller."""
+    boundary = "visible-metrics-boundary"
+    content = b"".join(json.dumps({"custom_id": f"q-{n}", "method": "POST", "url": "/v1/chat/completions",
+                                   "body": body}).encode() + b"\n" for n, body in enumerate(lines))
+    form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            f"Content-Type: application/jsonl\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    host, port = router.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/v1/files", body=form, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    resp = conn.getresponse()
+    uploaded = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 200, uploaded
+    status, _, body = request(router, "POST", "/v1/batches", {"input_file_id": uploaded["id"],
+                                                               "endpoint": "/v1/chat/completions",
+                                                               "completion_window": "24h"})
+    assert status == 200, body
+    return json.loads(body)
+
+
+def batch_series(url: str) -> dict[str, float]:
+    """router_batch_lines_total by state, and router_batch_inflight (as "inflight")."""
+    status, _, text = get(url, "/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    found = {s.labels["state"]: s.value for s in families["router_batch_lines"].samples}
+    found["inflight"] = families["router_batch_inflight"].samples[0].value
+    return found
+
+
+def test_batch_lines_are_counted_by_state_and_the_running_ones_gauged(start_fleet_in_process):
+    a = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet_in_process(a)
+    zero = {"completed": 0, "failed": 0, "retried": 0, "waited": 0, "expired": 0, "cancelled": 0, "inflight": 0}
+    assert batch_series(router.url) == zero  # every state there before any line ran
+    a.script("tiny", Behavior.hang(1.0))  # the first line holds its box a second: in flight meanwhile
+    a.script("tiny", Behavior.refuse(400, "invalid_request_error"))  # the box's 4xx: final, the error file
+    made = batch_of(router, [{"model": "tiny", "messages": [{"role": "user", "content": "x"}]}] * 3
+                    + [{"model": "nobody-has-this", "messages": []}])
+    assert wait_for(lambda: batch_series(router.url)["inflight"] >= 1, 5)
+    done = wait_for(lambda: get_json_batch(router, made["id"])["status"] == "completed", 15)
+    assert done, get_json_batch(router, made["id"])
+    counted = batch_series(router.url)
+    assert counted["completed"] == 2 and counted["inflight"] == 0
+    assert counted["failed"] == 2  # the box's 400, and the model no box has (503) on its last attempt
+    assert counted["retried"] == 2  # that 503 twice before: the fleet's failure, run again
+    assert counted["expired"] == counted["cancelled"] == 0
+
+
+def get_json_batch(router, batch_id: str) -> dict:
+    status, _, body = request(router, "GET", f"/v1/batches/{batch_id}")
+    assert status == 200, body
+    return json.loads(body)

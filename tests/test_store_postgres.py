@@ -192,6 +192,7 @@ def test_export_and_import_round_trip_through_the_cli(pg_url, tmp_path, monkeypa
     from router.boxes import config as boxes_config
     from router.cli.main import main
     from router.store import db
+    from router.store.batches import BatchStore
     from router.store.pg.transfer import ORDER, TABLES
     from router.store.route_log import RouteLogWriter
 
@@ -206,13 +207,19 @@ def test_export_and_import_round_trip_through_the_cli(pg_url, tmp_path, monkeypa
     for i in range(30):
         writer.record(_row(i, key_id=key_id, prompt_tokens=2, completion_tokens=3))
     writer.stop()
+    batches = BatchStore(first / "router.sqlite3")  # a batch, its input file and its line move too
+    upload = batches.put_file(key_id, "batch", "in.jsonl", b'{"custom_id": "q-1"}\n', 1.0)
+    made = batches.create(key_id, "/v1/chat/completions", upload.id, "24h", 86400.0, None, 1.0)
+    batches.validated(made.id, [(1, "q-1", b'{"model": "m"}')], None, 1.0)
+    batches.close()
     boxes_config.edit(first / "boxes.json", lambda f: (
         f.put(BoxConfig("a", "http://127.0.0.1:9", BoxKind.OLLAMA, key="box-key", max_inflight=2)),
         box_aliases.set_alias(f, "fast", ["tiny", "llama3"])))
 
     assert main(["store", "export", "--to", pg_url, "--store", str(first / "router.sqlite3"),
                  "--boxes-file", str(first / "boxes.json")]) == 0
-    assert capsys.readouterr().out.split() == ["api_keys=1", "key_usage=1", "route_log=30", "boxes=1", "aliases=1"]
+    assert capsys.readouterr().out.split() == ["api_keys=1", "key_usage=1", "route_log=30", "batch_files=1", "batches=1",
+                                               "batch_lines=1", "boxes=1", "aliases=1"]
     assert main(["store", "export", "--to", pg_url, "--store", str(first / "router.sqlite3"),
                  "--boxes-file", str(first / "boxes.json")]) == 2  # never merges
     assert "is not empty" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The command line: `router serve`, `router boxes ...`, `router aliases ...`, `router keys ...`, `router log`,
-`router demo`, `router agent`, `router install | uninstall | status`.
+"""The command line: `router serve`, `router boxes ...`, `router aliases ...`, `router keys ...`,
+`router batches ...`, `router log`, `router demo`, `router agent`, `router install | uninstall | status`.
 
 `router` and `hugpy-router` are the same entry point.
 """
@@ -17,6 +17,7 @@ from router import __version__
 from router.boxes.config import RegistryDown
 from router.cli.agent import add_agent_parser, agent_command
 from router.cli.aliases import add_aliases_parser, aliases_command
+from router.cli.batches import add_batches_parser, batches_command
 from router.cli.boxes import add_boxes_parser, boxes_command
 from router.cli.install import add_install_parsers, install_command
 from router.cli.keys import add_keys_parser, keys_command
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_aliases_parser(sub)
     add_agent_parser(sub)
     add_keys_parser(sub)
+    add_batches_parser(sub)
     add_log_parser(sub)
     add_store_parser(sub)
     add_install_parsers(sub)
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             return agent_command(args)
         if args.command == "keys":
             return keys_command(args)
+        if args.command == "batches":
+            return batches_command(args)
         if args.command == "log":
             return log_command(args)
         if args.command == "store":

@@ -36,7 +36,7 @@ from router.core.errors import BadRequest, ConfigError
 from router.core.kinds import Capability, can
 from router.core.types import BoxKind
 from router.facades.openai import shape_error
-from router.serve import alias_admin, dashboard, event_feed, fleet_views
+from router.serve import alias_admin, batch_api, dashboard, event_feed, fleet_views
 from router.serve.body import BodyTimeout, body_deadline, read_body, refusal
 from router.serve.clock import CallClock
 from router.serve.dashboard import box_view
@@ -509,7 +509,11 @@ ALIAS_ROUTES: dict[str, Handler] = {"PUT": alias_edit, "DELETE": alias_edit}
 def route(method: str, path: str) -> tuple[Handler, str] | None:
     """(handler, access scope) for a router-owned route, or None. `/metrics` is a use route:
     scrapers inside the trusted nets need no key. The dashboard's files are `public`: they hold
-    no data (dashboard.py rule 1), and what they show comes from an admin route."""
+    no data (dashboard.py rule 1), and what they show comes from an admin route. The Files and
+    Batch API (batch_api.py) is a use route: it sorts out its callers' files itself."""
+    batch_handler = batch_api.route(method, path)
+    if batch_handler is not None:
+        return batch_handler, "use"
     handler = EXACT.get((method, path))
     if handler is not None:
         return handler, ("use" if handler is metrics else "public" if handler is dashboard.ui else "admin")

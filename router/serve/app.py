@@ -99,6 +99,7 @@ class ProcessState:
         self.events = EventFeed(self, config.max_event_streams)  # the admin event streams' one producer
         self.tracer = None  # a tracing.CallTracer, set by the server when tracing is on
         self.database = None  # a router.store.pg.listen.Listener while the store is PostgreSQL
+        self.batches = None  # the BatchRunner (serve/batches.py), set by the server: it needs an app
         self.scraped = metrics_registry(self.metrics, fleet, reservations, route_log, self.admission)
         self.affinity = affinity if affinity is not None else Affinity(fleet=fleet)
         self.scraped.register(self.affinity)

@@ -19,6 +19,10 @@ Rules:
    or body to begin with.
 5. Reading the route log is a store read (SQLite or PostgreSQL): it runs in a worker thread,
    never on the event loop.
+6. The batches panel lists the batches from `GET /v1/batches` (a use route, whose admin caller
+   sees every owner's), polled by the page, which works out each live batch's lines per second
+   from successive polls; the state document's `batches` adds this router's batch lines in
+   flight and its lines by state since start (metrics.BatchCollector's counts).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable
 
 import orjson
 
+from router.core.batches import LINE_STATES
 from router.core.names import ollama_key
 from router.core.types import BoxKind
 from router.serve import fleet_views
@@ -140,6 +145,7 @@ def state_doc(process) -> dict:
         "queue": process.admission.snapshot(),
         "affinity": process.affinity.view(),
         "database": _database_view(process),
+        "batches": _batches_view(process.batches),
     }
     if process.several is not None:  # several routers: the shared server, the routers seen
         doc["shared"] = process.several.view()
@@ -172,6 +178,13 @@ def model_rows(boxes) -> list[dict]:
         row["model"] = row["model"] or row_id
         row["names"].sort()
     return sorted(rows.values(), key=lambda row: row["model"])
+
+
+def _batches_view(runner) -> dict | None:
+    """This router's batch lines (rule 6); None before the server made the runner."""
+    if runner is None:
+        return None
+    return {"inflight": runner.inflight, "lines": {state: runner.lines_total[state] for state in LINE_STATES}}
 
 
 def _database_view(process) -> dict:

@@ -96,6 +96,8 @@ class Edge(Protocol):
     port: str | int  # the TCP peer's port, as the interface gives it (invariant 6)
     caller: str | None  # who the access gate found calling
     key_id: str | None  # the valid key it presented, by id (`admin`: HUGPY_ROUTER_KEY); tenancy
+    batch_id: str | None  # the batch a line of it belongs to (serve/batches.py); None: a client's call
+    custom_id: str | None  # that line's id in its batch
 
     headers: Mapping[str, str]  # the request's headers by name (invariant 7)
     # header(name): the value of header `name` (lower-case), or None. The mapping's own `get`,
@@ -121,7 +123,7 @@ class Edge(Protocol):
 
 class AsgiEdge:
     __slots__ = ("scope", "receive", "send", "method", "path", "query", "client", "port", "caller", "key_id",
-                 "headers", "header")
+                 "headers", "header", "batch_id", "custom_id")
 
     def __init__(self, scope: dict, receive, send) -> None:
         self.scope = scope
@@ -135,6 +137,7 @@ class AsgiEdge:
         self.port: str | int = client[1] if client else ""
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
+        self.batch_id = self.custom_id = None  # a client's call is no batch's line
         self.headers = header_map(scope["headers"])
         self.header = self.headers.get
 
@@ -209,8 +212,7 @@ def _str_headers(
 
 class RsgiEdge:
     __slots__ = ("scope", "proto", "method", "path", "query", "client", "port", "caller", "key_id", "headers",
-                 "header",
-                 "stream")
+                 "header", "batch_id", "custom_id", "stream")
 
     def __init__(self, scope, proto) -> None:
         self.scope = scope
@@ -222,6 +224,7 @@ class RsgiEdge:
         self.port: str | int = scope.client.rpartition(":")[2] if scope.client else ""  # "ip:port", "[v6]:port"
         self.caller: str | None = None
         self.key_id: str | None = None  # the valid key it presented (the access gate's)
+        self.batch_id = self.custom_id = None  # a client's call is no batch's line
         self.headers = scope.headers
         self.header = scope.headers.get
         self.stream = None

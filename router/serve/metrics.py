@@ -14,6 +14,10 @@ Rules:
 4. `CallSeries` keeps the last `SERIES_POINTS` one-second points per box (calls, errors,
    first-byte and latency p50/p99, read off the histograms' bucket counts) for the dashboard;
    `sample_calls` adds one point a second. It reads the same dicts, so it costs a call nothing.
+5. The batch runner's lines (serve/batches.py) are `router_batch_lines_total{state}`, every state
+   of router.core.batches' LINE_STATES present from the start (0 until a line gets there), and the gauge
+   `router_batch_inflight`, the lines this router runs now: `BatchCollector` reads the runner's
+   counter when scraped.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from prometheus_client.exposition import choose_encoder
 
 import router
 from router import _fastpath
+from router.core.batches import LINE_STATES
 
 if TYPE_CHECKING:
     from router.serve.record import CallRecord
@@ -327,6 +332,26 @@ class RouterCollector:
                                      unit="seconds")
         wait.add_metric([], self.metrics.queue_wait.cumulative(), self.metrics.queue_wait.total)
         yield wait
+
+
+class BatchCollector:
+    """The batch runner's lines at scrape time (rule 5)."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner  # a serve.batches.BatchRunner
+
+    def collect(self):
+        lines_total = self.runner.lines_total
+        lines = CounterMetricFamily(
+            "router_batch_lines",
+            "Batch lines this router ran, by what became of them (completed, failed: final answers; retried, "
+            "waited: put back to run again or to wait; expired, cancelled: ended unrun with their batch).",
+            labels=["state"])
+        for state in LINE_STATES:
+            lines.add_metric([state], lines_total[state])
+        yield lines
+        yield GaugeMetricFamily("router_batch_inflight", "Batch lines this router runs now.",
+                                value=self.runner.inflight)
 
 
 def registry(metrics: Metrics, fleet, reservations, route_log, admission) -> CollectorRegistry:

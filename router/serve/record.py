@@ -236,4 +236,6 @@ class CallRecord:
             int(tokens.estimated) if tokens else None,  # tokens_estimated
             self.affinity,  # affinity
             None,  # router: the route-log writer's to fill
+            self.edge.batch_id,  # batch_id: a batch line's (serve/batches.py), else None
+            self.edge.custom_id,  # custom_id
         ))

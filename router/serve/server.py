@@ -67,9 +67,10 @@ from router.fleetwide.wire import SharedDown, SharedServer, shown_url
 from router.serve import tracing
 from router.serve.affinity import Affinity
 from router.serve.app import ProcessState, RouterApp
+from router.serve.batches import BatchRunner
 from router.serve.conn_cap import ConnCap, port_numbers
 from router.serve.limits import Tenancy
-from router.serve.metrics import sample_calls, watch_loop
+from router.serve.metrics import BatchCollector, sample_calls, watch_loop
 from router.serve.notify import notify
 from router.serve.settings import ServeConfig
 from router.store import engines
@@ -289,6 +290,11 @@ class Running:
                                              "boxes": fleet.reload})
             process.scraped.register(process.database)
             self.tasks.append(loop.create_task(process.database.run(), name="database-listen"))
+        process.batches = BatchRunner(RouterApp(process, mounts.main), engines.batches(self.store_path, url),
+                                      self.instance, config.batch_per_box, config.batch_lease_s)
+        process.scraped.register(BatchCollector(process.batches))
+        await loop.run_in_executor(None, process.batches.store.reclaim, self.instance)  # a killed run's lines
+        process.batches.start()
         process.clock.start()
         return process
 
@@ -316,6 +322,8 @@ class Running:
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
         await self.process.clock.stop()
+        await self.process.batches.stop()
+        self.process.batches.store.close()
         if self.process.several is not None:
             await self.process.several.stop()
         for task in self.tasks:

@@ -203,6 +203,22 @@ SETTINGS: tuple[Setting, ...] = (
             shown="a quarter of --queue-size, at least 1", see="docs/queue.md", field="queue_per_caller"),
     Setting("--queue-timeout", 120.0, "s", SECONDS, "seconds a call may wait for a full box before a 503",
             why="a cold load of a large model takes a minute or two", field="queue_timeout_s"),
+    Setting("--batch-per-box", 2, "lines", POSITIVE,
+            "batch lines at once on a box that states no max_inflight (a box that states one takes lines "
+            "only under it, leaving room for interactive calls)",
+            why="Ollama serves 4 calls at once by default (OLLAMA_NUM_PARALLEL): 2 lines keep half of it busy "
+            "and half free for people, whose calls never wait for a line there", see="docs/batches.md",
+            field="batch_per_box"),
+    Setting("--batch-lease", 30.0, "s", SECONDS,
+            "seconds a router holds a batch line it runs, renewed while it runs: a dead router's lines run "
+            "again within this", why="long enough that a busy store's renewal never lapses, short enough that "
+            "a dead router's lines are back within a minute", see="docs/batches.md", field="batch_lease_s"),
+    Setting("--batch-max-file-bytes", 200_000_000, "bytes", SIZE,
+            "largest file a client may upload for a batch (POST /v1/files); larger gets 413",
+            shown="200000000 bytes, OpenAI's cap", see="docs/batches.md", field="batch_max_file_bytes"),
+    Setting("--batch-max-lines", 50_000, "lines", POSITIVE,
+            "most lines (requests) one batch's input file may hold; a file with more fails its batch",
+            why="OpenAI's cap", see="docs/batches.md", field="batch_max_lines"),
     Setting("--stream-keepalive", 15.0, "s", SECONDS_OR_ZERO,
             "a streamed OpenAI call waiting this long (queue, cold load) gets its stream head and an SSE "
             "comment every this many seconds; 0: never",
@@ -301,6 +317,10 @@ class ServeConfig:
     queue_size: int = DEFAULT["queue_size"]  # calls waiting for a full box, in all
     queue_timeout_s: float = DEFAULT["queue_timeout_s"]
     queue_per_caller: int | None = DEFAULT["queue_per_caller"]  # None: router.core.admission.fair_share(queue_size)
+    batch_per_box: int = DEFAULT["batch_per_box"]  # serve/batches.py rule 1
+    batch_lease_s: float = DEFAULT["batch_lease_s"]  # serve/batches.py rule 5
+    batch_max_file_bytes: int = DEFAULT["batch_max_file_bytes"]  # an upload's file, for a batch (POST /v1/files)
+    batch_max_lines: int = DEFAULT["batch_max_lines"]  # lines of one batch's input file
     stream_keepalive_s: float = DEFAULT["stream_keepalive_s"]  # 0: never
     max_event_streams: int = DEFAULT["max_event_streams"]  # admin event streams open at once
     log_retention_days: float = DEFAULT["log_retention_days"]  # 0 = keep every route_log row

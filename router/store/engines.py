@@ -2,10 +2,10 @@
 URL is given (`--database-url`, HUGPY_ROUTER_DATABASE_URL).
 
 Rules:
-1. One place picks the engine for each part of the store (the keys, the route log; the boxes
-   registry and aliases: router.boxes.registry), for the router and for every CLI
-   alike; the parts' code is the same either way (router.store.keys, router.store.route_log),
-   behind small engine seams.
+1. One place picks the engine for each part of the store (the keys, the route log, the batches;
+   the boxes registry and aliases: router.boxes.registry), for the router and for every CLI
+   alike; the parts' code is the same either way (router.store.keys, router.store.route_log,
+   router.store.batches), behind small engine seams.
 2. Opening PostgreSQL migrates it first (router.store.pg.conn.migrate, under its advisory lock),
    so the first router or CLI to touch a new database creates its tables.
 3. Nothing of the PostgreSQL side is imported without a URL: a single router needs no driver.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from router.store.batches import BatchStore
 from router.store.keys import KeyStore
 from router.store.route_log import RouteLogWriter
 
@@ -48,6 +49,15 @@ def keys(store_path: Path, url: str | None) -> KeyStore:
     from router.store.pg.keys import PgKeys
 
     return KeyStore(store_path, engine=PgKeys(url))
+
+
+def batches(store_path: Path, url: str | None) -> BatchStore:
+    """The batch store (files, batches, their lines); on PostgreSQL once `open_database` ran."""
+    if url is None:
+        return BatchStore(store_path)
+    from router.store.pg.batches import PgBatches
+
+    return BatchStore(store_path, engine=PgBatches(url))
 
 
 def route_log(store_path: Path, url: str | None, retention_s: float | None = None,

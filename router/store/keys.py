@@ -276,6 +276,14 @@ class KeyStore:
         row = self._rows.get(key_id)
         return row.priority if row is not None else Priority.NORMAL
 
+    def valid(self, key_id: str, now: float) -> bool:
+        """The key of id `key_id` would be taken now (rule 3, without its secret: for work it
+        started, a batch's lines). `admin` (HUGPY_ROUTER_KEY) always is. No I/O."""
+        if key_id == "admin":
+            return True
+        row = self._rows.get(key_id)
+        return row is not None and row.revoked_at is None and (row.expires_at is None or row.expires_at >= now)
+
     def budgets(self) -> dict[str, Limits]:
         """The limits of every key with a budget, by id. No I/O."""
         return {key_id: row.limits for key_id, row in self._rows.items() if row.limits.budget_tokens is not None}

@@ -133,13 +133,16 @@ class Row(NamedTuple):
     tokens_estimated: int | None = None  # 1: the box reported no usage, the tokens are estimated
     affinity: str | None = None  # hit:<kind> | miss:<kind> | none (None: --affinity off)
     router: str | None = None  # the serving router's instance name (rule 14; the writer fills it)
+    batch_id: str | None = None  # a batch line's batch (serve/batches.py); None: a client's call
+    custom_id: str | None = None  # the batch line's own id, as its file gave it
 
 
 COLUMNS = Row._fields
 _JSON_COLUMNS = tuple(COLUMNS.index(name) for name in ("decision", "attempts"))
 # Columns whose text may carry what a client (model, pin, route, client address) or a box sent.
 TEXT_COLUMNS = tuple(
-    COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error")
+    COLUMNS.index(name) for name in ("facade", "route", "model", "options", "pin", "client", "box", "error",
+                                     "custom_id")
 )
 _ROUTER_COLUMN = COLUMNS.index("router")
 _ONE_ROW = "(" + ", ".join("?" * len(COLUMNS)) + ")"

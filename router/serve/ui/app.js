@@ -8,6 +8,9 @@ const KEY_ITEM = "router.adminKey"; // sessionStorage: this tab only, gone when 
 const EVENTS_PATH = "/v1/router/events";
 const KEYS_USAGE_PATH = "/v1/keys/usage"; // the keys panel, polled while the stream is live
 const KEYS_EVERY_MS = 5000;
+const BATCHES_PATH = "/v1/batches?limit=20"; // the batches panel: the newest 20 (an admin caller sees every owner's)
+const BATCHES_EVERY_MS = 2000;
+const RATE_WINDOW_MS = 10000; // a batch's lines per second: over its polls of the last 10 s
 const RETRY_MS = 2000;
 const STALE_MS = 3500; // the router sends the state every second
 const MAX_CALLS = 200;
@@ -21,6 +24,9 @@ const view = {
   points: [], boxes: [], snapshots: [], snapshotTimes: [], lastEventAt: 0, connecting: false,
   routersHeard: 0, // routers on the shared server (state.shared), 0 for one router alone
   routersInCalls: new Set(), // routers named by the calls since the page connected (one PostgreSQL route log)
+  batches: [], // the last GET /v1/batches page
+  batchSamples: new Map(), // live batch id -> [[ms, lines done]], its polls of the last RATE_WINDOW_MS
+  batchLines: null, // this router's batch lines (the state's `batches`): in flight, and by state since start
 };
 
 // --- building the page ---------------------------------------------------------------------
@@ -183,6 +189,10 @@ function renderState(state) {
   renderQueue(state.queue);
   renderRouters(state.shared);
   renderAffinity(state.affinity);
+  if (state.batches) { // between the panel's polls, the runner's counts move with the stream
+    view.batchLines = state.batches;
+    renderBatchesSummary();
+  }
   replaceRows(document.querySelector("#models tbody"), state.models.map((model) => el("tr", { "data-model": model.model },
     el("td", { class: "mono" }, model.model, ...otherSpellings(model)),
     el("td", {}, model.resident_on.join(", ") || "—"),
@@ -240,6 +250,104 @@ async function pollKeys() {
     } catch (err) { /* the stream's own retry says the router is gone */ }
   }
   setTimeout(pollKeys, KEYS_EVERY_MS);
+}
+
+// --- the batches panel: progress, pace, status -------------------------------------------------
+
+// Statuses a batch may still move from, and the tag colour of each.
+const LIVE_BATCH = new Set(["validating", "in_progress", "finalizing", "cancelling"]);
+const BATCH_TAG = {
+  validating: "busy", in_progress: "busy", finalizing: "busy", completed: "online",
+  cancelling: "blocked", cancelled: "blocked", expired: "offline", failed: "offline",
+};
+
+function linesDone(batch) {
+  return batch.request_counts.completed + batch.request_counts.failed;
+}
+
+// Lines done per second over the batch's polls of the last RATE_WINDOW_MS (null: one poll so far).
+function batchRate(batch, now) {
+  const samples = view.batchSamples.get(batch.id) || [];
+  samples.push([now, linesDone(batch)]);
+  while (samples.length > 2 && samples[0][0] < now - RATE_WINDOW_MS) samples.shift();
+  view.batchSamples.set(batch.id, samples);
+  const [first, last] = [samples[0], samples[samples.length - 1]];
+  return last[0] > first[0] ? (last[1] - first[1]) / ((last[0] - first[0]) / 1000) : null;
+}
+
+function progressCell(batch) {
+  const counts = batch.request_counts;
+  if (!counts.total) {
+    const errors = batch.errors ? batch.errors.data.length : 0;
+    return el("td", { class: "muted" }, errors ? `${errors}${errors === 100 ? "+" : ""} bad lines in its file` : "—");
+  }
+  return el("td", {}, progressBar(counts),
+    el("span", { class: "batch-counts" }, `${counts.completed} + ${counts.failed} of ${counts.total}`));
+}
+
+// A bar of the lines done: the completed ones green, then the failed ones red, of the total.
+function progressBar(counts) {
+  const svg = document.createElementNS(SVG_NS, "svg");
+  svg.setAttribute("class", "batch-bar");
+  svg.setAttribute("viewBox", "0 0 100 8");
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("data-done", String(counts.completed + counts.failed));
+  svg.setAttribute("data-total", String(counts.total));
+  let x = 0;
+  for (const [part, width] of [["rest", 100], ["completed", (100 * counts.completed) / counts.total],
+    ["failed", (100 * counts.failed) / counts.total]]) {
+    const rect = document.createElementNS(SVG_NS, "rect");
+    rect.setAttribute("class", part);
+    rect.setAttribute("x", part === "rest" ? "0" : x.toFixed(2));
+    rect.setAttribute("width", width.toFixed(2));
+    rect.setAttribute("height", "8");
+    if (part !== "rest") x += width;
+    svg.append(rect);
+  }
+  return svg;
+}
+
+// The batches running (of those listed), and this router's lines: in flight, and by state.
+function renderBatchesSummary() {
+  const running = view.batches.filter((batch) => LIVE_BATCH.has(batch.status)).length;
+  const lines = view.batchLines;
+  const counted = lines ? Object.entries(lines.lines).filter(([, count]) => count).map(([state, count]) => `${count} ${state}`) : [];
+  document.querySelector("#batches-summary").textContent =
+    `${running} running` + (lines ? `; this router runs ${lines.inflight} of their lines now` : "") +
+    (counted.length ? `; its lines since it started: ${counted.join(", ")}` : "") + ".";
+}
+
+function renderBatches() {
+  const now = Date.now();
+  for (const id of view.batchSamples.keys()) {
+    if (!view.batches.some((batch) => batch.id === id && LIVE_BATCH.has(batch.status))) view.batchSamples.delete(id);
+  }
+  renderBatchesSummary();
+  replaceRows(document.querySelector("#batches tbody"), view.batches.map((batch) => {
+    const rate = LIVE_BATCH.has(batch.status) ? batchRate(batch, now) : null;
+    return el("tr", { "data-batch": batch.id, "data-status": batch.status },
+      el("td", { class: "mono" }, batch.id),
+      el("td", {}, tag(batch.status.replace("_", " "), BATCH_TAG[batch.status] || "normal")),
+      progressCell(batch),
+      el("td", { class: "num batch-rate" }, rate === null ? "—" : `${rate.toFixed(1)}/s`),
+      el("td", { class: "mono" }, batch.endpoint),
+      el("td", {}, clock(batch.created_at)));
+  }));
+}
+
+async function pollBatches() {
+  if (view.lastEventAt && Date.now() - view.lastEventAt < STALE_MS) {
+    const key = sessionStorage.getItem(KEY_ITEM);
+    const headers = key ? { Authorization: "Bearer " + key } : {};
+    try {
+      const response = await fetch(BATCHES_PATH, { headers, cache: "no-store", credentials: "omit" });
+      if (response.ok) {
+        view.batches = (await response.json()).data;
+        renderBatches();
+      }
+    } catch (err) { /* the stream's own retry says the router is gone */ }
+  }
+  setTimeout(pollBatches, BATCHES_EVERY_MS);
 }
 
 // --- the per-box plots ------------------------------------------------------------------------
@@ -520,3 +628,5 @@ setInterval(() => {
 connect();
 
 pollKeys();
+
+pollBatches();

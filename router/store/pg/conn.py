@@ -118,9 +118,10 @@ class Session:
     again when it broke (a restarted database): an outage costs a failed statement, never a
     stuck one (rule 1)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_ms: int = STATEMENT_TIMEOUT_MS) -> None:
         require()
         self.url = url
+        self.timeout_ms = timeout_ms
         self._lock = threading.Lock()
         self._conn = None
 
@@ -130,7 +131,7 @@ class Session:
         with self._lock:
             conn = self._conn
             if conn is None or conn.closed or conn.broken:
-                conn = self._conn = connect(self.url)
+                conn = self._conn = connect(self.url, timeout_ms=self.timeout_ms)
             yield conn
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from router.core.errors import ConfigError
-from router.store import db, route_log
+from router.store import batches, db, route_log
 from router.store.keys import LIMIT_COLUMNS, USAGE_SUMS
 from router.store.pg import conn as pg
 
@@ -30,8 +30,10 @@ TABLES = {
                  "last_used_at", "revoked_at", "priority", *LIMIT_COLUMNS),
     "key_usage": ("key_id", "day", *USAGE_SUMS),
     "route_log": ("id", *route_log.COLUMNS),
+    **batches.TABLES,
 }
-ORDER = {"api_keys": "id", "key_usage": "key_id, day", "route_log": "id"}
+ORDER = {"api_keys": "id", "key_usage": "key_id, day", "route_log": "id", "batch_files": "id", "batches": "id",
+         "batch_lines": "batch_id, line_no"}
 # Route-log rows read and written per round of the copy.
 CHUNK_ROWS = 5000
 
