@@ -190,6 +190,23 @@ def test_a_keys_rpm_paces_its_lines_and_a_spent_budget_ends_them_at_the_window(s
     assert [e["error"]["code"] for e in errors] == ["budget_exceeded"] * 3
 
 
+def test_a_key_revoked_mid_batch_stops_its_lines(start_fleet_in_process):
+    sim = box()
+    router = start_fleet_in_process(sim, boxes_extra={"o": {"max_inflight": 2}})
+    sim.script(BATCH_MODEL, *[Behavior.hang(0.5)] * 6)
+    key_id, key = new_key(router)
+    api = client(router, key)
+    batch = submit(api, lines(6))
+    wait_for(lambda: any(c.model == BATCH_MODEL for c in sim.calls))
+    assert request(router, "POST", f"/v1/keys/{key_id}/revoke")[0] == 200
+    admin_view = client(router)  # keyless loopback: an admin, who sees every owner's batch
+    batch = finished(admin_view, batch.id)
+    output, errors = answers(router, admin_view, batch)
+    ran = sum(1 for c in sim.calls if c.model == BATCH_MODEL)
+    assert len(output) == ran < 6 and {e["error"]["code"] for e in errors} == {"invalid_api_key"}
+    assert batch.request_counts.failed == 6 - ran
+
+
 def test_another_keys_batch_is_not_found(start_fleet_in_process):
     router = start_fleet_in_process(box())
     _, mine = new_key(router)

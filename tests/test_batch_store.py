@@ -157,9 +157,22 @@ def test_lease_takes_lines_in_order_put_back_returns_them_and_renew_extends(stor
     again = store.lease(batch.id, "r1", 9, 100.0, 50.0)
     assert [(line.line_no, line.attempts, line.waiting_on) for line in again] == [(1, 0, "rate_limited")]
     assert store.lease(batch.id, "r3", 9, 200.0, 60.0) == []  # every lease still runs
-    assert store.renew("r1", 300.0) == 3 and store.renew("r9", 300.0) == 0
+    held = [(batch.id, n) for n in (1, 2, 3, 4, 5)]
+    assert store.renew("r1", 300.0, held) == 3 and store.renew("r9", 300.0, held) == 0
     # r2's leases (until 100) ran out; r1's were renewed to 300.
     assert _ids(store.lease(batch.id, "r3", 9, 400.0, 150.0)) == [3, 4]
+
+
+def test_release_returns_leased_lines_as_they_were(store):
+    batch = _running(store, 3)
+    store.lease(batch.id, "r1", 2, 100.0, 10.0)
+    assert store.put_back("r1", batch.id, 2, 0.0, "rate_limited", attempt=True)
+    store.lease(batch.id, "r1", 1, 100.0, 11.0)  # line 2 again, its code and attempt kept
+    assert store.release("r2", [(batch.id, 1)]) == 0  # not r2's
+    assert store.release("r1", [(batch.id, 1), (batch.id, 2)]) == 2
+    again = store.lease(batch.id, "r3", 9, 100.0, 12.0)
+    assert [(line.line_no, line.attempts, line.waiting_on) for line in again] == [(1, 0, None), (2, 1, "rate_limited"),
+                                                                                (3, 0, None)]
 
 
 def test_an_expired_lease_is_taken_over_and_the_late_finish_writes_nothing(opened):
@@ -171,7 +184,7 @@ def test_an_expired_lease_is_taken_over_and_the_late_finish_writes_nothing(opene
     assert _ids(b.lease(batch.id, "B", 1, 200.0, 101.0)) == [1]
     assert a.finish("A", [_result(batch.id, 1), _result(batch.id, 2)], 102.0) == [False, True]
     assert not a.put_back("A", batch.id, 1, 0.0, None, attempt=True)
-    assert a.renew("A", 500.0) == 0
+    assert a.renew("A", 500.0, [(batch.id, 1), (batch.id, 2)]) == 0
     row = a.batch(batch.id)
     assert (row.completed, row.failed, row.prompt_tokens) == (1, 0, 3)
     assert b.finish("B", [_result(batch.id, 1, "error", (0, 0, 0))], 103.0) == [True]
@@ -185,11 +198,11 @@ def test_a_restarted_router_reclaims_its_own_lines_at_once(opened):
     """Rule 2: `reclaim` puts back what a killed run of this router held, no attempt spent."""
     before, other = opened(), opened()
     batch = _running(before, 4)
-    before.lease(batch.id, "r1", 2, 1000.0, 10.0)
-    other.lease(batch.id, "r2", 1, 1000.0, 10.0)
+    before.lease(batch.id, "r1#a", 2, 1000.0, 10.0)
+    other.lease(batch.id, "r10#b", 1, 1000.0, 10.0)  # another instance whose name begins alike
     after = opened()  # r1 started again
     assert after.reclaim("r1") == 2 and after.reclaim("r1") == 0
-    assert [(line.line_no, line.attempts) for line in after.lease(batch.id, "r1", 9, 1000.0, 11.0)] == [(1, 0), (2, 0), (4, 0)]
+    assert [(line.line_no, line.attempts) for line in after.lease(batch.id, "r1#c", 9, 1000.0, 11.0)] == [(1, 0), (2, 0), (4, 0)]
     assert after.unfinished(batch.id) == (0, 4)
 
 

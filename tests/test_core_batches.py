@@ -164,6 +164,14 @@ def test_an_empty_file_is_refused():
     assert errors_of(b"\n \n\r\n") == [("empty_file", None)]
 
 
+def test_a_line_over_the_call_body_limit_is_refused_unparsed():
+    big = line("big", body={"model": "m", "messages": [{"role": "user", "content": "x" * 2000}]})
+    data = line("small") + b"\n" + big
+    assert check_lines(data, CHAT, 100, max_line_bytes=len(big))[1] == []
+    lines, errors = check_lines(data, CHAT, 100, max_line_bytes=len(big) - 1)
+    assert lines == [] and [(e["code"], e["line"]) for e in errors] == [("line_too_large", 2)]
+
+
 def test_at_most_100_errors_are_listed_and_too_many_lines_is_one_of_them():
     bad = b"\n".join([b"x"] * 300)
     listed = errors_of(bad, max_lines=1000)
@@ -174,7 +182,7 @@ def test_at_most_100_errors_are_listed_and_too_many_lines_is_one_of_them():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=8), st.booleans()),
+@given(st.lists(st.tuples(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=8), st.booleans()),
                 min_size=1, max_size=20))
 def test_a_file_runs_every_line_or_none(spec):
     """Lines built good or bad: the file runs every good line in order exactly when none is bad;

@@ -158,11 +158,14 @@ def check_metadata(metadata: object) -> dict[str, str] | None:
     return metadata
 
 
-def check_lines(data: bytes, endpoint: str, max_lines: int) -> tuple[list[tuple[int, str, bytes]], list[dict]]:
+def check_lines(data: bytes, endpoint: str, max_lines: int,
+                max_line_bytes: int | None = None) -> tuple[list[tuple[int, str, bytes]], list[dict]]:
     """An input file judged whole (rule 5). Returns (lines, errors): each line that is not blank
     as (line number, custom_id, its body as JSON), and OpenAI's errors (`code`, `message`,
     `param`, `line`), at most MAX_ERRORS_LISTED; a file with any error has no lines to run
-    (lines is then empty). Never raises for what the file holds."""
+    (lines is then empty). A line over `max_line_bytes` (a call's largest body) is not parsed:
+    it could never run, and its parse would hold the interpreter for seconds. Never raises for
+    what the file holds."""
     lines: list[tuple[int, str, bytes]] = []
     errors: list[dict] = []
     seen: set[str] = set()
@@ -178,6 +181,10 @@ def check_lines(data: bytes, endpoint: str, max_lines: int) -> tuple[list[tuple[
             break
         if len(errors) == MAX_ERRORS_LISTED:
             continue  # enough listed; counted still, since too many lines is the error to know
+        if max_line_bytes is not None and len(raw) > max_line_bytes:
+            errors.append(_error("line_too_large", f"the line is over {max_line_bytes} bytes (--max-body)", None,
+                                 line_no))
+            continue
         try:
             custom_id, body = _check_line(raw, endpoint, seen)
         except BadLine as bad:

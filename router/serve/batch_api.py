@@ -181,21 +181,22 @@ async def upload(app: BatchApp, edge: Edge) -> None:
     """POST /v1/files: a multipart form of a `file` and its `purpose`, "batch" (rule 2)."""
     cap = app.process.config.batch_max_file_bytes
     deadline_s = body_deadline(asyncio.get_running_loop().time()) + cap / UPLOAD_BYTES_PER_S
-    body = await _body(app, edge, cap + FORM_OVERHEAD_BYTES, deadline_s)
-    parts = await _in_thread(app, rules.form_parts, body, edge.header("content-type"))
-    del body  # the file's bytes are in `parts`: one copy held, not two
-    purpose = parts.get("purpose", (None, b""))[1]
-    if purpose != rules.UPLOAD_PURPOSE.encode():
-        raise BadRequest(f'purpose must be "{rules.UPLOAD_PURPOSE}": the router keeps files for batches only',
-                         code="invalid_purpose")
-    if "file" not in parts:
-        raise BadRequest("the form has no `file` part", code="missing_file")
-    filename, data = parts["file"]
-    if len(data) > cap:
-        raise BadRequest(f"file over {cap} bytes (--batch-max-file-bytes)", code="file_too_large", status_hint=413)
-    store = app.process.batches.store
-    row = await _in_thread(app, store.put_file, _owner(edge), rules.UPLOAD_PURPOSE, (filename or "file").replace("\x00", ""), data,
-                           app.process.batches.clock())
+    runner = app.process.batches
+    async with runner.files_at_once:  # held until the file is stored: its copies are in memory till then
+        body = await _body(app, edge, cap + FORM_OVERHEAD_BYTES, deadline_s)
+        parts = await _in_thread(app, rules.form_parts, body, edge.header("content-type"))
+        del body  # the file's bytes are in `parts`: one copy held, not two
+        purpose = parts.get("purpose", (None, b""))[1]
+        if purpose != rules.UPLOAD_PURPOSE.encode():
+            raise BadRequest(f'purpose must be "{rules.UPLOAD_PURPOSE}": the router keeps files for batches only',
+                             code="invalid_purpose")
+        if "file" not in parts:
+            raise BadRequest("the form has no `file` part", code="missing_file")
+        filename, data = parts["file"]
+        if len(data) > cap:
+            raise BadRequest(f"file over {cap} bytes (--batch-max-file-bytes)", code="file_too_large", status_hint=413)
+        row = await _in_thread(app, runner.store.put_file, _owner(edge), rules.UPLOAD_PURPOSE,
+                               (filename or "file").replace("\x00", ""), data, runner.clock())
     await _json(edge, rules.file_object(row))
 
 
@@ -261,21 +262,25 @@ async def create(app: BatchApp, edge: Edge) -> None:
     if source.purpose != rules.UPLOAD_PURPOSE:
         raise BadRequest(f'the input file must be one uploaded with purpose "{rules.UPLOAD_PURPOSE}"',
                          code="invalid_input_file")
-    max_lines = app.process.config.batch_max_lines
+    config = app.process.config
     now = runner.clock()
 
     def made():
-        row = store.create(_owner(edge), endpoint, file_id, window, window_s,
-                           None if metadata is None else orjson.dumps(metadata).decode(), now)
+        """Judged first, then made and filled back to back: a router killed while it reads a large
+        file leaves no batch `validating` for ever."""
         data = store.content(file_id)
         if data is None:  # deleted since it was looked up
             lines, errors = [], [{"code": "missing_file", "message": f"no file {file_id}", "param": "input_file_id",
                                   "line": None}]
         else:
-            lines, errors = rules.check_lines(data, endpoint, max_lines)
+            lines, errors = rules.check_lines(data, endpoint, config.batch_max_lines, config.max_body_bytes)
+        del data
+        row = store.create(_owner(edge), endpoint, file_id, window, window_s,
+                           None if metadata is None else orjson.dumps(metadata).decode(), now)
         return store.validated(row.id, lines, orjson.dumps(errors).decode() if errors else None, now)
 
-    row = await _in_thread(app, made)
+    async with runner.files_at_once:
+        row = await _in_thread(app, made)
     if row.status == "failed":
         log.info("batch %s failed: its input file has %d bad lines", row.id, len(orjson.loads(row.errors)))
     else:

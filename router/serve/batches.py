@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from typing import Callable
 
@@ -50,7 +51,7 @@ from router.core.types import BoxFacts, Path
 from router.facades import mounts
 from router.facades.body import read_call
 from router.serve.edge import BodyTooLarge
-from router.serve.proxy import CallHost, ProxyCall
+from router.serve.proxy import INLINE_INSPECT_BYTES, CallHost, ProxyCall
 from router.store.batches import BatchRow, BatchStore, Line, LineResult
 
 log = logging.getLogger("router.batches")
@@ -64,11 +65,17 @@ FLUSH_EVERY_S = 0.05
 # The store's batches are read again at least this often (another router's cancel, the CLI's),
 # and at once after a batch is made or cancelled here, or when one may be over.
 LOOK_EVERY_S = 1.0
+# Batches and files older than the store's retention are deleted this often (rule 8).
+PRUNE_EVERY_S = 3600.0
+FILES_AT_ONCE = 2
 HEADROOM = 1  # slots a box with a max_inflight keeps for an interactive call to come (rule 1)
 INTERACTIVE_MEMORY_S = 30.0
 LEASE_CHUNK = 32  # lines leased at most at once per batch
 JSON_TYPE = "application/json"
 NO_SPARE = "no_spare_capacity"
+# A line whose call ended without a whole answer (the box cut a relayed one): the fleet failed it.
+CUT_ANSWER = (b'{"error": {"message": "the box cut its answer short", "type": "upstream_error", '
+              b'"code": "answer_cut"}}')
 # Codes that end an unrun line, by what held it (rule 6).
 EXPIRED_CODES = {"budget_exceeded": "budget_exceeded"}
 
@@ -168,6 +175,12 @@ class LineCall(ProxyCall):
         await self.reply.error(503, NO_SPARE, "no box has a spare slot for this batch line now")
         return None
 
+    def refused_by(self, box, refusal) -> None:
+        """Refused before its first byte: it may fail over to any box with room for a line now."""
+        super().refused_by(box, refusal)
+        spare = self.spare.boxes(asyncio.get_running_loop().time())
+        self.eligible = frozenset(name for name in spare if name not in self.tried)
+
     async def try_box(self, box):
         self.arrived()
         lines_at = self.spare.lines_at
@@ -219,6 +232,8 @@ class Spare:
         A line goes to the one box it is counted at: decided later, over boxes whose counts do not
         yet hold the lines started beside it, it would crowd onto one (bench/batch.py found half
         the lines elsewhere, and boxes filled past their headroom)."""
+        if len(edge.body) > INLINE_INSPECT_BYTES:  # not scanned on the loop: its call decides among them
+            return frozenset(spare), None
         facade = mounts.main(edge.path)
         route, _ = facade.route("POST", edge.path)
         try:
@@ -241,15 +256,22 @@ class BatchRunner:
     """Runs the store's live batches' lines on this router (rules 1-7). `clock` is the wall clock
     of the batches' times (a test moves it)."""
 
-    def __init__(self, host: CallHost, store: BatchStore, router: str, per_box: int, lease_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, host: CallHost, store: BatchStore, instance: str, per_box: int, lease_s: float,
+                 retention_s: float | None = None, clock: Callable[[], float] = time.time) -> None:
         self.host = host
         self.lease_s = lease_s
+        self.retention_s = retention_s
         self.store = store
-        self.router = router
+        self.instance = instance
+        # its leases' owner: the instance and this run, so that a run started again under the name
+        # takes back what the killed one held (`reclaim`) and never renews it as its own
+        self.router = f"{instance}#{os.urandom(4).hex()}"
         self.clock = clock
         self.spare = Spare(host, per_box)
         self.woken = asyncio.Event()
+        # uploads and creates read and judge whole files (up to --batch-max-file-bytes, a copy or
+        # two each): a few at once, so that many cannot hold the router's memory (batch_api.py)
+        self.files_at_once = asyncio.Semaphore(FILES_AT_ONCE)
         self.running: dict[tuple[str, int], asyncio.Task] = {}  # (batch, line) -> its call's task
         self.results: list[LineResult] = []  # ended lines not yet written
         self.turn = 0  # whose turn first (rule 4)
@@ -260,12 +282,15 @@ class BatchRunner:
         self.store_down = False
         self.task: asyncio.Task | None = None
         self.renewed_at = self.flushed_at = self.looked_at = 0.0
+        self.pruned_at = -PRUNE_EVERY_S
         self.live: list[BatchRow] = []  # the in_progress batches as last looked at
         self.look_again = True  # look at the store's batches on the next pass
         self.drained: set[str] = set()  # batches with no line left to lease: one may be over
 
     # -- life ---------------------------------------------------------------------------------
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Takes back what a killed run of this instance held, then runs."""
+        await self.in_thread(self.store.reclaim, self.instance)
         self.task = asyncio.get_running_loop().create_task(self.run(), name="batches")
 
     def wake(self) -> None:
@@ -282,7 +307,10 @@ class BatchRunner:
             task.cancel()
         if self.running:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-        await self.flush()
+        try:
+            await self.flush()
+        except self.store.errors as exc:  # their leases run out, and the lines run again (rule 5)
+            log.warning("batches: %d ended lines not written at stop (%s)", len(self.results), type(exc).__name__)
 
     @property
     def inflight(self) -> int:
@@ -318,9 +346,13 @@ class BatchRunner:
         if self.results and (t - self.flushed_at >= FLUSH_EVERY_S or self.look_again):
             self.flushed_at = t
             await self.flush()
-        if self.running and t - self.renewed_at > self.lease_s / RENEWALS_PER_LEASE:
+        if (self.running or self.results) and t - self.renewed_at > self.lease_s / RENEWALS_PER_LEASE:
             self.renewed_at = t
-            await self.in_thread(self.store.renew, self.router, now + self.lease_s)
+            held = [*self.running, *((result.batch_id, result.line_no) for result in self.results)]
+            await self.in_thread(self.store.renew, self.router, now + self.lease_s, held)
+        if self.retention_s is not None and t - self.pruned_at >= PRUNE_EVERY_S:
+            self.pruned_at = t
+            await self.in_thread(self.store.prune, now - self.retention_s)
         if self.look_again or t - self.looked_at >= LOOK_EVERY_S:
             self.look_again, self.looked_at = False, t
             await self.look(now)
@@ -333,17 +365,22 @@ class BatchRunner:
     async def look(self, now: float) -> None:
         """The live batches from the store, those due ended (rule 6): `live` keeps those that
         start lines."""
-        self.live = []
+        live = []
         for batch in await self.in_thread(self.store.live):
-            if await self.ended(batch, now):
-                continue
-            if batch.owner != INSIDE and not self.host.tenancy.keys.valid(batch.owner, now):
-                self.lines_total["failed"] += await self.in_thread(
-                    self.store.end_unrun, batch.id, {}, "invalid_api_key",
-                    "the key that made this batch was revoked or has expired", now)
+            try:  # one batch the store fails on (its output too large to write) holds up no other
+                if await self.ended(batch, now):
+                    continue
+                if batch.owner != INSIDE and self.host.tenancy.keys.ended(batch.owner, now):
+                    self.lines_total["failed"] += await self.in_thread(
+                        self.store.end_unrun, batch.id, {}, "invalid_api_key",
+                        "the key that made this batch was revoked or has expired", now)
+                    continue
+            except self.store.errors as exc:
+                log.warning("batches: batch %s: the store failed (%s)", batch.id, type(exc).__name__)
                 continue
             if batch.status == "in_progress":
-                self.live.append(batch)
+                live.append(batch)
+        self.live = live
 
     async def ended(self, batch: BatchRow, now: float) -> bool:
         """Ends `batch` where it is due (rule 6); True when it starts no line this pass."""
@@ -408,6 +445,9 @@ class BatchRunner:
                         owners.remove(owner)
                     continue
                 line = queue[0]
+                if (batch.id, line.line_no) in self.running:  # its lease lapsed while it ran here
+                    queue.popleft()
+                    continue
                 edge = LineEdge(batch, line)
                 where = self.spare.for_line(edge, spare)
                 if where is None:  # no room for this batch's next line: it waits a pass
@@ -415,10 +455,9 @@ class BatchRunner:
                     continue
                 queue.popleft()
                 self.launch(batch, line, edge, *where)
-        for batch_id, queue in leased.items():  # leased but not started: back, unchanged
-            for line in queue:
-                await self.in_thread(self.store.put_back, self.router, batch_id, line.line_no, 0.0,
-                                     line.waiting_on, False)
+        unstarted = [(batch_id, line.line_no) for batch_id, queue in leased.items() for line in queue]
+        if unstarted:  # leased but not started: back as they were
+            await self.in_thread(self.store.release, self.router, unstarted)
 
     def launch(self, batch: BatchRow, line: Line, edge: LineEdge, eligible: frozenset[str] | None,
                expected: str | None) -> None:
@@ -432,6 +471,8 @@ class BatchRunner:
         except asyncio.CancelledError:
             edge.gone.cancel()
             return  # the router stops: the line's lease runs out, and it runs again
+        except Exception:  # the box cut a relayed answer (RelayAborted), or a bug: the line runs again
+            edge.status, edge.answer = 502, [CUT_ANSWER]
         finally:
             self.running.pop((batch.id, line.line_no), None)
             if batch.id in self.drained:  # maybe its last line: look whether the batch is over

@@ -291,10 +291,10 @@ class Running:
             process.scraped.register(process.database)
             self.tasks.append(loop.create_task(process.database.run(), name="database-listen"))
         process.batches = BatchRunner(RouterApp(process, mounts.main), engines.batches(self.store_path, url),
-                                      self.instance, config.batch_per_box, config.batch_lease_s)
+                                      self.instance, config.batch_per_box, config.batch_lease_s,
+                                      config.log_retention_days * 86400 or None)
         process.scraped.register(BatchCollector(process.batches))
-        await loop.run_in_executor(None, process.batches.store.reclaim, self.instance)  # a killed run's lines
-        process.batches.start()
+        await process.batches.start()
         process.clock.start()
         return process
 

@@ -353,19 +353,32 @@ class BatchStore:
         return [Line(b, line_no, custom_id, bytes(body), attempts, waiting_on)
                 for b, line_no, custom_id, body, attempts, waiting_on in taken]
 
-    def renew(self, router: str, lease_until: float) -> int:
-        """Extends every lease `router` holds. Returns how many lines."""
+    def renew(self, router: str, lease_until: float, lines: list[tuple[str, int]]) -> int:
+        """Extends the leases `router` holds of `lines` ((batch, line) pairs: those it runs now;
+        one it lost track of lapses). Returns how many it extended."""
         with self._transaction() as sql:
-            return sql.run("UPDATE batch_lines SET lease_until = ? WHERE state = 'running' AND lease_owner = ?",
-                           (lease_until, router))
+            return sum(sql.run("UPDATE batch_lines SET lease_until = ? WHERE batch_id = ? AND line_no = ?"
+                               " AND state = 'running' AND lease_owner = ?", (lease_until, batch_id, line_no, router))
+                       for batch_id, line_no in lines)
 
-    def reclaim(self, router: str) -> int:
-        """Every line `router` holds goes back to pending, no attempt spent: a router starting
-        again under its instance name takes back at once what its killed run held, instead of
-        waiting for the leases to run out. Returns how many lines."""
+    def release(self, router: str, lines: list[tuple[str, int]]) -> int:
+        """The `lines` ((batch, line) pairs) `router` leased but never started go back to pending
+        as they were, in one transaction. Returns how many."""
+        with self._transaction() as sql:
+            return sum(sql.run("UPDATE batch_lines SET state = 'pending', lease_owner = NULL, lease_until = NULL"
+                               " WHERE batch_id = ? AND line_no = ? AND state = 'running' AND lease_owner = ?",
+                               (batch_id, line_no, router)) for batch_id, line_no in lines)
+
+    def reclaim(self, instance: str) -> int:
+        """Every line a run of router `instance` holds (its lease owner `<instance>#<run>`) goes
+        back to pending, no attempt spent: a router starting again under its instance name takes
+        back at once what its killed run held, instead of waiting for the leases to run out.
+        Instance names are unique among live routers (the `routers` table's key). Returns how many
+        lines."""
+        prefix = instance + "#"
         with self._transaction() as sql:
             return sql.run("UPDATE batch_lines SET state = 'pending', lease_owner = NULL, lease_until = NULL"
-                           " WHERE state = 'running' AND lease_owner = ?", (router,))
+                           " WHERE state = 'running' AND substr(lease_owner, 1, ?) = ?", (len(prefix), prefix))
 
     def finish(self, router: str, results: list[LineResult], now: float) -> list[bool]:
         """Writes each result where `router` still holds its line, all in one transaction (rule 3).

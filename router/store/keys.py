@@ -276,13 +276,12 @@ class KeyStore:
         row = self._rows.get(key_id)
         return row.priority if row is not None else Priority.NORMAL
 
-    def valid(self, key_id: str, now: float) -> bool:
-        """The key of id `key_id` would be taken now (rule 3, without its secret: for work it
-        started, a batch's lines). `admin` (HUGPY_ROUTER_KEY) always is. No I/O."""
-        if key_id == "admin":
-            return True
+    def ended(self, key_id: str, now: float) -> bool:
+        """The key of id `key_id` is known and revoked or expired (rule 3): work it started (a
+        batch's lines) stops. An id not in the map is not said to have ended: the map may not hold
+        a key made a moment ago elsewhere, or may be empty after a store error. No I/O."""
         row = self._rows.get(key_id)
-        return row is not None and row.revoked_at is None and (row.expires_at is None or row.expires_at >= now)
+        return row is not None and (row.revoked_at is not None or (row.expires_at is not None and row.expires_at < now))
 
     def budgets(self) -> dict[str, Limits]:
         """The limits of every key with a budget, by id. No I/O."""
