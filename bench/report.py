@@ -19,6 +19,7 @@ TARGETS = {
     "open_streams_rss_mb": 250.0,  # router RSS at their peak (MB = 10^6 bytes)
     "stalled_growth_mib": 2.0,  # router RSS growth over 10 s of one stalled reader
     "open_streams_10k_kb": 16.0,  # router RSS per open stream, 10,000 at one frame per second
+    "c1_added_p99_us": 500.0,  # issue 41: what the router adds to a call's p99, one call at a time
 }
 
 # Issue 15's targets as ratios measured in one run (the `peers` figure): (label, numerator
@@ -277,8 +278,31 @@ def peer_ratios(records: list[dict]) -> list[tuple[str, Stat | None, float, str]
     return out
 
 
+def peer_added(records: list[dict]) -> dict[str, tuple[Stat | None, Stat | None]]:
+    """One call at a time (`peers_c1`): what each target adds to the box's p50 and p99, each
+    round's less the box's own in that round, as medians and spreads over rounds."""
+    rounds: dict[int, dict[str, dict]] = {}
+    for r in records:
+        if r["figure"] == "peers_c1" and not r.get("skipped"):
+            rounds.setdefault(r["repeat"], {})[r["target"]] = r
+    added: dict[str, tuple[list[float], list[float]]] = {}
+    for rnd in rounds.values():
+        direct = rnd.get("direct")
+        for target, r in rnd.items():
+            if direct is not None and target != "direct":
+                p50s, p99s = added.setdefault(target, ([], []))
+                p50s.append(r["p50_us"] - direct["p50_us"])
+                p99s.append(r["p99_us"] - direct["p99_us"])
+    return {target: (Stat.of(p50s), Stat.of(p99s)) for target, (p50s, p99s) in added.items()}
+
+
 def peers_verdict(records: list[dict]) -> list[str]:
     out = []
+    router = peer_added(records).get("router")
+    if router is not None and router[1] is not None:
+        ok = router[1].median <= TARGETS["c1_added_p99_us"]
+        out.append(f"{'PASS' if ok else 'MISS'}  peers: router c=1 added p99 = {router[1].median:,.0f} µs "
+                   f"(target ≤ {TARGETS['c1_added_p99_us']:g} µs)")
     for label, stat, target, sign in peer_ratios(records):
         if stat is None:
             continue
@@ -290,11 +314,12 @@ def peers_verdict(records: list[dict]) -> list[str]:
 def peers_table(records: list[dict]) -> str:
     """The peers figure: one row per target (medians over rounds, min–max when more than one),
     then the ratios against issue 15's targets."""
-    runs = [r for r in records if r["figure"] in ("peers", "peers_stream")]
+    runs = [r for r in records if r["figure"] in ("peers", "peers_stream", "peers_c1")]
     if not runs:
         return ""
     lines = ["| | calls/s | CPU per call | p50 / p99 (ms) | 20-chunk streams/s | CPU per relayed chunk "
-             "| other tenants' CPU % (max) | flags |", "|---|---|---|---|---|---|---|---|"]
+             "| c=1 added p50 / p99 | other tenants' CPU % (max) | flags |", "|---|---|---|---|---|---|---|---|---|"]
+    added = peer_added(records)
     for target, label in PEER_LABELS.items():
         mine = [r for r in runs if r["target"] == target]
         skipped = [r["skipped"] for r in mine if r.get("skipped")]
@@ -303,7 +328,7 @@ def peers_table(records: list[dict]) -> str:
         if not mine:
             continue
         if not calls:
-            lines.append(f"| {label} | not run: {skipped[0]} | | | | | | |")
+            lines.append(f"| {label} | not run: {skipped[0]} | | | | | | | |")
             continue
         rate, cpu = Stat.of([r["rate"] for r in calls]), Stat.of([r["cpu_us_per_call"] for r in calls
                                                                   if "cpu_us_per_call" in r])
@@ -315,10 +340,12 @@ def peers_table(records: list[dict]) -> str:
         noisy = sum(1 for r in mine if r.get("noisy"))
         flags = ", ".join(filter(None, [f"{errors} errors" if errors else "", f"{noisy} noisy run(s)" if noisy else "",
                                         f"{len(skipped)} round(s) not run" if skipped else ""])) or "–"
+        c1_p50, c1_p99 = added.get(target, (None, None))
+        c1 = "–" if c1_p50 is None else f"+{_stat(c1_p50, '{:,.0f}')} / +{_stat(c1_p99, '{:,.0f}', ' µs')}"
         lines.append(
             f"| {label} | {_stat(rate, '{:,.0f}')} | {_stat(cpu, '{:,.0f}', ' µs')} | "
             f"{p50.median:.1f} / {p99.median:.1f} | {_stat(srate, '{:,.0f}')} | {_stat(chunk, '{:.1f}', ' µs')} | "
-            f"{bg.median:.0f} ({bg.hi:.0f}) | {flags} |")
+            f"{c1} | {bg.median:.0f} ({bg.hi:.0f}) | {flags} |")
     ratios = ["| ratio, same round | measured | target |", "|---|---|---|"]
     for label, stat, target, sign in peer_ratios(records):
         measured = f"{stat.median:.2f}×" + (f" ({stat.span('{:.2f}')})" if stat.n > 1 else "") if stat else "–"

@@ -24,7 +24,9 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   (the release this router replaces, in front of the same 8 boxes), LiteLLM's proxy (one worker,
   the box as an OpenAI-compatible backend) and the Rust routers sglang-router and vllm-router
   (round robin), each in front of the box the router picks, then the box itself; 20-chunk
-  streams too for the router, the bare proxy, HAProxy, the Rust routers and the box. Each peer
+  streams too for the router, the bare proxy, HAProxy, the Rust routers and the box, and for the
+  same, one call at a time (`peers_c1`: `wrk -t1 -c1`, the latency figure's length), whose p50
+  and p99 less the box's own in the same round are the latency each adds. Each peer
   is started, warmed up, measured and stopped in turn (bench/peers.py says how each is run); its
   CPU per call = its process tree's user+sys CPU (psutil) / calls, the router's as above. The
   ratios issue 41 sets targets for (router CPU per call and per chunk ÷ sglang-router's, per
@@ -279,8 +281,9 @@ def wrk_script(figure: str) -> str:
 def wrk_record(rig: Rig, figure: str, target: str, d: Durations) -> dict:
     """One wrk run of `figure` against `target`, with the CPU of every party during it."""
     script = wrk_script(figure)
-    connections = 1 if figure == "latency" else d.connections
-    seconds = d.latency_s if figure == "latency" else d.throughput_s
+    one_at_a_time = figure in ("latency", "peers_c1")
+    connections = 1 if one_at_a_time else d.connections
+    seconds = d.latency_s if one_at_a_time else d.throughput_s
     before = rig.meter.snapshot()
     run = measure.wrk(rig.url(target), script, connections, seconds, target,
                       close_delimited=(script == "stream" and target in CLOSE_DELIMITED))
@@ -391,6 +394,8 @@ PEER_ORDER = ("router", "floor", *peers.PEERS, "direct")
 # 20-chunk streams too, for CPU per relayed chunk: the router, the floor on its stack, the C floor,
 # and the Rust routers (issue 41: the streamed token is the figure that matters most)
 PEER_STREAMS = ("router", "floor", "haproxy", "sglang-router", "vllm-router", "direct")
+# One call at a time through each (`peers_c1`): the latency each adds to the box's, p50 and p99.
+PEER_C1 = PEER_STREAMS
 
 
 def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
@@ -411,7 +416,8 @@ def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
                     rig.peer_urls[target] = url
                     try:
                         for figure in peer_figures(target):
-                            measure.wrk(rig.url(target), wrk_script(figure), d.connections, d.warmup_s, target)
+                            measure.wrk(rig.url(target), wrk_script(figure), 1 if figure == "peers_c1" else d.connections,
+                                        d.warmup_s, target)
                         records += peer_runs(rig, target, repeat, d, log)
                     finally:
                         del rig.peer_urls[target]
@@ -425,7 +431,8 @@ def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
 
 
 def peer_figures(target: str) -> tuple[str, ...]:
-    return ("peers", "peers_stream") if target in PEER_STREAMS else ("peers",)
+    return (("peers",) + (("peers_stream",) if target in PEER_STREAMS else ())
+            + (("peers_c1",) if target in PEER_C1 else ()))
 
 
 def peer_runs(rig: Rig, target: str, repeat: int, d: Durations, log) -> list[dict]:

@@ -291,7 +291,7 @@ class Running:
             process.scraped.register(process.database)
             self.tasks.append(loop.create_task(process.database.run(), name="database-listen"))
         process.batches = BatchRunner(RouterApp(process, mounts.main), engines.batches(self.store_path, url),
-                                      self.instance, config.batch_per_box, config.batch_lease_s,
+                                      self.instance or "router", config.batch_per_box, config.batch_lease_s,
                                       config.log_retention_days * 86400 or None)
         process.scraped.register(BatchCollector(process.batches))
         await process.batches.start()
