@@ -341,7 +341,7 @@ def peers_table(records: list[dict]) -> str:
         flags = ", ".join(filter(None, [f"{errors} errors" if errors else "", f"{noisy} noisy run(s)" if noisy else "",
                                         f"{len(skipped)} round(s) not run" if skipped else ""])) or "–"
         c1_p50, c1_p99 = added.get(target, (None, None))
-        c1 = "–" if c1_p50 is None else f"+{_stat(c1_p50, '{:,.0f}')} / +{_stat(c1_p99, '{:,.0f}', ' µs')}"
+        c1 = "–" if c1_p50 is None else f"{_stat(c1_p50, '{:+,.0f}')} / {_stat(c1_p99, '{:+,.0f}', ' µs')}"
         lines.append(
             f"| {label} | {_stat(rate, '{:,.0f}')} | {_stat(cpu, '{:,.0f}', ' µs')} | "
             f"{p50.median:.1f} / {p99.median:.1f} | {_stat(srate, '{:,.0f}')} | {_stat(chunk, '{:.1f}', ' µs')} | "

@@ -207,6 +207,22 @@ def test_a_key_revoked_mid_batch_stops_its_lines(start_fleet_in_process):
     assert batch.request_counts.failed == 6 - ran
 
 
+def test_lines_wait_for_a_blocked_box_instead_of_failing(start_fleet_in_process):
+    """The one box with the lines' model is blocked while another box has room: they wait for it."""
+    sim = box()
+    router = start_fleet_in_process(sim, SimOllama("p", tags=[CHAT_MODEL], loaded=[CHAT_MODEL]))
+    assert request(router, "POST", "/v1/boxes/o/block")[0] == 200
+    api = client(router)
+    batch = submit(api, lines(3))
+    time.sleep(1.0)
+    held = api.batches.retrieve(batch.id)
+    assert held.status == "in_progress" and held.request_counts.failed == 0
+    assert not any(c.model == BATCH_MODEL for c in sim.calls)
+    assert request(router, "POST", "/v1/boxes/o/unblock")[0] == 200
+    batch = finished(api, batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+
+
 def test_another_keys_batch_is_not_found(start_fleet_in_process):
     router = start_fleet_in_process(box())
     _, mine = new_key(router)
@@ -262,6 +278,8 @@ def test_a_box_killed_mid_line_runs_the_line_again(start_fleet_in_process):
     assert batch.status == "completed" and errors == []
     assert sorted(line["custom_id"] for line in output) == [f"line-{i}" for i in range(4)]
     assert sum(1 for c in sim.calls if c.model == BATCH_MODEL) == 6  # two lines twice, each written once
+    logged = [r for r in rows(router) if r.get("batch_id") == batch.id]
+    assert len(logged) == 6 and sorted(r["state"] for r in logged).count("done") == 4  # a row for every attempt
 
 
 def test_two_routers_on_postgresql_run_one_batch_and_one_killed_loses_no_line(tmp_path, pg_url):

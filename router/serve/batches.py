@@ -11,7 +11,8 @@ Rules:
    line beside the interactive calls: under its `max_inflight`, less the most interactive calls
    it has held at once within INTERACTIVE_MEMORY_S and HEADROOM more, or, for a box without a
    `max_inflight`, under `--batch-per-box` lines. A line goes to the first of those boxes the
-   decision ranks for it (its `eligible`), counted there from its start.
+   decision ranks for it (its `eligible`), counted there from its start; refused there before its
+   first byte, it fails over to any box with room then. A router stopping starts no line.
 2. A line never waits in the router's queue (its places are the interactive callers'): where it
    would (the box filled meanwhile, the key at `max_parallel`) it is answered
    `no_spare_capacity` and goes back to wait. A running line is never cut for an interactive call.
@@ -19,18 +20,23 @@ Rules:
    (`waiting_on` the refusal's code, until its Retry-After), or run again.
 4. Batches of different owners take turns, one line each per turn; an owner's batches go oldest
    first.
-5. Durable: lines are leased from the store while this router runs them, and a
-   result is written once, only by the router holding the line's lease (router.store.batches).
-   The lease lasts `--batch-lease` (30 s), renewed RENEWALS_PER_LEASE times within it.
-   A line running when its router died is leased again once its lease ends: a box may see a line
-   twice, never the output.
+5. Durable: lines are leased from the store while this router runs them (the lease's owner is
+   the instance and this run), and a result is written once, only by the router holding the
+   line's lease (router.store.batches). The lease lasts `--batch-lease` (30 s), renewed
+   RENEWALS_PER_LEASE times within it, line by line: a line this router lost track of lapses. A
+   line running when its router died is leased again once its lease ends, or at once by the
+   instance started again: a box may see a line twice, never the output. A line whose call
+   raised (a box that cut a relayed answer) runs again, an attempt spent.
 6. A batch past its window stops starting lines; its unrun lines are `batch_expired` (or
    `budget_exceeded`, when its key's budget is what held them), and it ends `expired` once its
    running lines are done. A cancelled batch likewise ends `cancelled`, its unrun lines
    `batch_cancelled`. A batch with every line done ends `completed`. A batch whose key was revoked
    or expired starts no line: its unrun lines are `invalid_api_key`.
 7. Store work runs on a worker thread, never the loop; a store that fails is logged (once per
-   outage) and tried again next pass. Nothing of a line's body or answer is logged.
+   outage, or per batch) and tried again next pass: one batch it fails on holds up no other.
+   Nothing of a line's body or answer is logged.
+8. Retention: with the store's (`--log-retention-days`), batches ended and files made longer ago
+   are deleted, once every PRUNE_EVERY_S.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import orjson
 from router.core.batches import INSIDE, STATE_OF_FATE, Fate, answer_line, fate
 from router.core.decide import decide
 from router.core.errors import BadRequest
-from router.core.types import BoxFacts, Path
+from router.core.types import BoxFacts, Path, ReasonCode
 from router.facades import mounts
 from router.facades.body import read_call
 from router.serve.edge import BodyTooLarge
@@ -76,6 +82,8 @@ NO_SPARE = "no_spare_capacity"
 # A line whose call ended without a whole answer (the box cut a relayed one): the fleet failed it.
 CUT_ANSWER = (b'{"error": {"message": "the box cut its answer short", "type": "upstream_error", '
               b'"code": "answer_cut"}}')
+# A box ruled out for these may take a line later: a line no box can take now waits for it.
+BACK_LATER = frozenset({ReasonCode.OFFLINE, ReasonCode.BLOCKED})
 # Codes that end an unrun line, by what held it (rule 6).
 EXPIRED_CODES = {"budget_exceeded": "budget_exceeded"}
 
@@ -227,7 +235,8 @@ class Spare:
 
     def for_line(self, edge: LineEdge, spare: dict[str, int]) -> tuple[frozenset[str] | None, str | None] | None:
         """(the boxes this line may go to, the one it is counted at until it gets there); (None,
-        None): it goes as any call (no box may ever take it: the call answers why); an alias's
+        None): it goes as any call (no box may ever take it: the call answers why; while a box is
+        offline or blocked, it waits for it instead: a fleet that is down fails no line); an alias's
         line goes within the spare boxes, its chain deciding; None: no box has room for it now.
         A line goes to the one box it is counted at: decided later, over boxes whose counts do not
         yet hold the lines started beside it, it would crowd onto one (bench/batch.py found half
@@ -245,6 +254,8 @@ class Spare:
             return frozenset(spare), None
         decision = decide(call, fleet.facts())
         if decision.path is Path.REFUSED and not decision.waits_for:
+            if any(reason.code in BACK_LATER for reason in decision.ruled_out.values()):
+                return None  # a box that is down or blocked may serve it when it is back: the line waits
             return None, None
         for name in decision.boxes:  # the first the decision ranks that has room: the line goes there
             if name in spare:
@@ -257,8 +268,10 @@ class BatchRunner:
     of the batches' times (a test moves it)."""
 
     def __init__(self, host: CallHost, store: BatchStore, instance: str, per_box: int, lease_s: float,
-                 retention_s: float | None = None, clock: Callable[[], float] = time.time) -> None:
+                 retention_s: float | None = None, stopping: asyncio.Event | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.host = host
+        self.stopping = stopping if stopping is not None else asyncio.Event()  # the process's: set at SIGTERM
         self.lease_s = lease_s
         self.retention_s = retention_s
         self.store = store
@@ -359,7 +372,7 @@ class BatchRunner:
         if any(now >= batch.expires_at for batch in self.live):
             self.look_again = True  # its end is due: the next pass ends it
         startable = [batch for batch in self.live if self.blocked_until.get(batch.id, 0.0) <= t and now < batch.expires_at]
-        if startable:
+        if startable and not self.stopping.is_set():  # a router stopping starts no line
             await self.start_lines(startable, loop)
 
     async def look(self, now: float) -> None:

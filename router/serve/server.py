@@ -292,7 +292,7 @@ class Running:
             self.tasks.append(loop.create_task(process.database.run(), name="database-listen"))
         process.batches = BatchRunner(RouterApp(process, mounts.main), engines.batches(self.store_path, url),
                                       self.instance or "router", config.batch_per_box, config.batch_lease_s,
-                                      config.log_retention_days * 86400 or None)
+                                      config.log_retention_days * 86400 or None, process.stopping)
         process.scraped.register(BatchCollector(process.batches))
         await process.batches.start()
         process.clock.start()
