@@ -153,6 +153,15 @@ def _limit(query: dict[str, str], default: int, high: int) -> int:
         raise BadRequest(f"limit must be a whole number from 1 to {high}", code="bad_query") from None
 
 
+async def _page(app: BatchApp, edge: Edge, query: dict[str, str], default: int, high: int, shown, listed) -> None:
+    """One page of a list, newest first (`?limit`, `?after`): `listed(owner, limit, after)` is the
+    store's (owner None: every owner's, for an admin), `shown` a row's OpenAI object."""
+    limit = _limit(query, default, high)
+    owner = None if _sees_all(app, edge) else _owner(edge)
+    rows = await _in_thread(app, listed, owner, limit + 1, query.get("after") or None)
+    await _json(edge, rules.list_object([shown(row) for row in rows[:limit]], len(rows) > limit))
+
+
 def _ident(edge: Edge, prefix: str) -> str:
     """The id in `prefix<id>` or `prefix<id>/<action>`."""
     return edge.path.removeprefix(prefix).partition("/")[0]
@@ -203,12 +212,10 @@ async def upload(app: BatchApp, edge: Edge) -> None:
 @_answers
 async def files(app: BatchApp, edge: Edge) -> None:
     """GET /v1/files: newest first, `?purpose`, `?limit`, `?after` (the last id of a page)."""
-    query = _query(edge)
-    limit = _limit(query, FILES_LIMIT_DEFAULT, FILES_LIMIT_MAX)
-    owner = None if _sees_all(app, edge) else _owner(edge)
-    rows = await _in_thread(app, app.process.batches.store.files, owner, query.get("purpose") or None, limit + 1,
-                            query.get("after") or None)
-    await _json(edge, rules.list_object([rules.file_object(row) for row in rows[:limit]], len(rows) > limit))
+    query, store = _query(edge), app.process.batches.store
+    purpose = query.get("purpose") or None
+    await _page(app, edge, query, FILES_LIMIT_DEFAULT, FILES_LIMIT_MAX, rules.file_object,
+                lambda owner, limit, after: store.files(owner, purpose, limit, after))
 
 
 @_answers
@@ -292,11 +299,8 @@ async def create(app: BatchApp, edge: Edge) -> None:
 @_answers
 async def batches(app: BatchApp, edge: Edge) -> None:
     """GET /v1/batches: newest first, `?limit`, `?after`."""
-    query = _query(edge)
-    limit = _limit(query, BATCHES_LIMIT_DEFAULT, BATCHES_LIMIT_MAX)
-    owner = None if _sees_all(app, edge) else _owner(edge)
-    rows = await _in_thread(app, app.process.batches.store.batches, owner, limit + 1, query.get("after") or None)
-    await _json(edge, rules.list_object([rules.batch_object(row) for row in rows[:limit]], len(rows) > limit))
+    await _page(app, edge, _query(edge), BATCHES_LIMIT_DEFAULT, BATCHES_LIMIT_MAX, rules.batch_object,
+                app.process.batches.store.batches)
 
 
 @_answers
