@@ -868,7 +868,7 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
         parts += [f"Peers and floors (HAProxy {v.get('haproxy', '-')}, hugpy-router {v.get('hugpy-router-0.0.4', '-')}, "
                   f"LiteLLM {v.get('litellm', '-')}, sglang-router {v.get('sglang-router', '-')}, "
                   f"vllm-router {v.get('vllm-router', '-')}), each in front of the same box (the one the router picks), in one round per "
-                  f"repeat: wrk {d['throughput_s']:g} s at c={CONNECTIONS} per target and load, after a "
+                  f"repeat: wrk {d['throughput_s']:g} s at c={d.get('connections', CONNECTIONS)} per target and load, after a "
                   f"{d['warmup_s']:g} s warm-up; the router and the bare proxy on {interface}; CPU = the "
                   "proxy's process (tree) user+sys CPU during the run (psutil) ÷ calls or frames:", "", peer_table]
     capacity = report.capacity_table(records)
