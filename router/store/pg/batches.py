@@ -1,8 +1,8 @@
 """BatchStore's engine on PostgreSQL (router.store.batches rule 9).
 
 Rules:
-1. The SQL is router.store.batches', written with `?`; this engine turns each `?` into psycopg's
-   `%s` (the statements hold no other `?` and no `%`).
+1. The SQL is router.store.batches', written with `?`; this engine runs it in psycopg's `%s`
+   (conn.psycopg_sql).
 2. One connection (conn.Session), made again after it broke; a transaction holds it until it ends.
    Its statement timeout is STATEMENT_TIMEOUT_MS, longer than the other parts': a batch's file
    (up to --batch-max-file-bytes) goes in or out as one value.
@@ -22,24 +22,20 @@ from router.store.pg import conn as pg
 STATEMENT_TIMEOUT_MS = 60_000
 
 
-def _sql(sql: str) -> str:
-    return sql.replace("?", "%s")
-
-
 class _Statements:
     def __init__(self, conn) -> None:
         self.conn = conn
 
     def fetch(self, sql: str, params: tuple = ()) -> list[tuple]:
-        return self.conn.execute(_sql(sql), params).fetchall()
+        return self.conn.execute(pg.psycopg_sql(sql), params).fetchall()
 
     def run(self, sql: str, params: tuple = ()) -> int:
-        return self.conn.execute(_sql(sql), params).rowcount
+        return self.conn.execute(pg.psycopg_sql(sql), params).rowcount
 
     def run_many(self, sql: str, rows: list[tuple]) -> None:
         if rows:
             with self.conn.cursor() as cursor:
-                cursor.executemany(_sql(sql), rows)
+                cursor.executemany(pg.psycopg_sql(sql), rows)
 
 
 class PgBatches:

@@ -45,6 +45,12 @@ REGISTRY_LOCK = 0x68_75_67_70_79_03  # "hugpy" 3: one boxes/aliases edit at a ti
 URL_SCHEMES = ("postgresql", "postgres")
 
 
+def psycopg_sql(sql: str) -> str:
+    """A statement of the store's parts, written with SQLite's `?` placeholders, in psycopg's `%s`
+    (the statements hold no other `?` and no `%`)."""
+    return sql.replace("?", "%s")
+
+
 def require() -> None:
     """Raises ConfigError when psycopg (the `shared` extra) is not installed."""
     if psycopg is None:

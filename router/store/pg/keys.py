@@ -1,8 +1,8 @@
 """KeyStore's engine on PostgreSQL (router.store.keys rules 4 and 6).
 
 Rules:
-1. The SQL is router.store.keys', written with `?`; this engine turns each `?` into psycopg's
-   `%s` (the statements hold no other `?` and no `%`).
+1. The SQL is router.store.keys', written with `?`; this engine runs it in psycopg's `%s`
+   (conn.psycopg_sql).
 2. One connection (conn.Session), made again after it broke.
 3. `version` is the `keys` topic's number in `store_versions` (bumped by the table's triggers):
    the once-a-second look of refresh_if_changed is the fallback; the LISTEN task (listen.py)
@@ -14,10 +14,6 @@ Rules:
 from __future__ import annotations
 
 from router.store.pg import conn as pg
-
-
-def _sql(sql: str) -> str:
-    return sql.replace("?", "%s")
 
 
 class PgKeys:
@@ -35,15 +31,15 @@ class PgKeys:
 
     def fetch(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self.session.use() as conn:
-            return conn.execute(_sql(sql), params).fetchall()
+            return conn.execute(pg.psycopg_sql(sql), params).fetchall()
 
     def run(self, sql: str, params: tuple = ()) -> int:
         with self.session.use() as conn:
-            return conn.execute(_sql(sql), params).rowcount
+            return conn.execute(pg.psycopg_sql(sql), params).rowcount
 
     def run_many(self, sql: str, rows: list[tuple]) -> None:
         with self.session.use() as conn, conn.transaction(), conn.cursor() as cursor:
-            cursor.executemany(_sql(sql), rows)
+            cursor.executemany(pg.psycopg_sql(sql), rows)
 
     def version(self) -> object:
         found = self.fetch("SELECT version FROM store_versions WHERE topic = 'keys'")

@@ -60,7 +60,7 @@ CONFLICT_PAUSE_S = 0.02
 COPY_SQL = f"COPY route_log ({', '.join(base.COLUMNS)}) FROM STDIN"
 
 
-ADD_USAGE = base.ADD_USAGE.replace("?", "%s").replace(
+ADD_USAGE = pg.psycopg_sql(base.ADD_USAGE).replace(
     # PostgreSQL wants the target's columns named in the update (`key_usage.requests`).
     "= requests +", "= key_usage.requests +").replace(
     "= prompt_tokens +", "= key_usage.prompt_tokens +").replace(
@@ -170,7 +170,7 @@ class PgRouteLogWriter(base.RouteLogWriter):
         import psycopg
         from psycopg.rows import dict_row
 
-        sql = base.page_sql(tail is not None, columns).replace("?", "%s")
+        sql = pg.psycopg_sql(base.page_sql(tail is not None, columns))
         try:
             with self._read_lock:
                 if self._reader is None or self._reader.closed or self._reader.broken:
