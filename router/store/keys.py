@@ -85,6 +85,11 @@ class KeyRow(NamedTuple):
     limits: Limits = NO_LIMITS
 
 
+def _in_force(row: KeyRow, now: float) -> bool:
+    """Neither revoked nor expired (`expires_at < now` is expired: rule 3)."""
+    return row.revoked_at is None and (row.expires_at is None or row.expires_at >= now)
+
+
 def _limits_of(rpm, tpm, max_parallel, budget_tokens, budget_period, models) -> Limits:
     """A row's limit columns as Limits (the store's CHECKs keep them valid)."""
     if rpm is None and tpm is None and max_parallel is None and budget_tokens is None and models is None:
@@ -218,9 +223,7 @@ class KeyStore:
                 return None
             key_id, secret = parsed
             row = self._rows.get(key_id)
-            if row is None or row.revoked_at is not None:
-                return None
-            if row.expires_at is not None and row.expires_at < now:
+            if row is None or not _in_force(row, now):
                 return None
             if not hmac.compare_digest(hash_secret(secret), row.secret_hash):
                 return None
@@ -281,7 +284,7 @@ class KeyStore:
         batch's lines) stops. An id not in the map is not said to have ended: the map may not hold
         a key made a moment ago elsewhere, or may be empty after a store error. No I/O."""
         row = self._rows.get(key_id)
-        return row is not None and (row.revoked_at is not None or (row.expires_at is not None and row.expires_at < now))
+        return row is not None and not _in_force(row, now)
 
     def budgets(self) -> dict[str, Limits]:
         """The limits of every key with a budget, by id. No I/O."""
