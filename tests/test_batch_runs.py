@@ -223,6 +223,17 @@ def test_lines_wait_for_a_blocked_box_instead_of_failing(start_fleet_in_process)
     assert batch.status == "completed" and batch.request_counts.completed == 3
 
 
+def test_a_runner_forgets_the_batches_that_ended_elsewhere(start_fleet_in_process):
+    """What a router keeps per batch (a wait, the code it waits on, a mark) goes once the batch is
+    no longer live in the store, however it ended: it does not grow with the batches seen."""
+    router = start_fleet_in_process(box())
+    runner = runner_of(router)
+    runner.blocked_until["batch_ended_elsewhere"] = 1e12
+    runner.held_by["batch_ended_elsewhere"] = "rate_limited"
+    runner.drained.add("batch_ended_elsewhere")
+    assert wait_for(lambda: not (runner.blocked_until or runner.held_by or runner.drained), timeout=5)
+
+
 def test_another_keys_batch_is_not_found(start_fleet_in_process):
     router = start_fleet_in_process(box())
     _, mine = new_key(router)

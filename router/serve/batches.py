@@ -388,7 +388,8 @@ class BatchRunner:
         start lines."""
         live = []
         found = await self.in_thread(self.store.live)
-        await self.release_ahead(set(self.ahead) - {batch.id for batch in found})  # ended elsewhere
+        kept = set(self.ahead) | set(self.blocked_until) | set(self.held_by) | self.drained
+        await self.forget(kept - {batch.id for batch in found})  # ended elsewhere (another router, the CLI)
         for batch in found:
             try:  # one batch the store fails on (its output too large to write) holds up no other
                 if await self.ended(batch, now):
@@ -436,9 +437,7 @@ class BatchRunner:
         if row is not None and row.status == status:
             log.info("batch %s %s: %d lines, %d completed, %d failed", batch.id, status, row.total,
                      row.completed, row.failed)
-        self.blocked_until.pop(batch.id, None)
-        self.held_by.pop(batch.id, None)
-        self.drained.discard(batch.id)
+        await self.forget((batch.id,))
         return True
 
     async def start_lines(self, startable: list[BatchRow], loop: asyncio.AbstractEventLoop) -> None:
@@ -483,6 +482,16 @@ class BatchRunner:
                     continue
                 queue.popleft()
                 self.launch(batch, line, edge, *where)
+
+    async def forget(self, batch_ids) -> None:
+        """What this router kept about batches that ended, here or elsewhere: their lines held
+        ahead back to the store, their waits and marks dropped (so that none grows with the
+        batches a router has seen)."""
+        await self.release_ahead(batch_ids)
+        for batch_id in batch_ids:
+            self.blocked_until.pop(batch_id, None)
+            self.held_by.pop(batch_id, None)
+            self.drained.discard(batch_id)
 
     async def release_ahead(self, batch_ids) -> None:
         """The lines leased ahead for `batch_ids` go back to the store as they were: a batch that
