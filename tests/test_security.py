@@ -472,6 +472,7 @@ def test_the_relay_matches_whole_segments_decodes_once_and_limits_methods(admin_
 ROW_REQUESTS = {
     "probes": ("GET", "/health", None, 200),
     "inference": ("POST", "/v1/chat/completions", CHAT, 200),
+    "batches and files": ("GET", "/v1/batches", None, 200),
     "model listing": ("GET", "/v1/models", None, 200),
     "engine management": ("POST", "/api/pull", {"model": "llama3", "stream": False}, 200),
     "admin and keys": ("GET", "/v1/keys", None, 200),
@@ -480,7 +481,7 @@ ROW_REQUESTS = {
     "metrics": ("GET", "/metrics", None, 200),
     "dashboard page": ("GET", "/ui", None, 200),
 }
-USE_ROWS = ("inference", "model listing", "metrics")
+USE_ROWS = ("inference", "batches and files", "model listing", "metrics")
 BAD_KEY_ROW = "a bad key"  # its cell: what a presented key that is not valid gets on every row it names
 PUBLIC_ROWS = ("probes", "dashboard page")
 CALLERS = {  # README column -> how the test makes that caller
