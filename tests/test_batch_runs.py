@@ -223,6 +223,29 @@ def test_lines_wait_for_a_blocked_box_instead_of_failing(start_fleet_in_process)
     assert batch.status == "completed" and batch.request_counts.completed == 3
 
 
+def test_no_line_body_answer_or_key_reaches_the_log_the_route_log_or_the_metrics(start_fleet_in_process):
+    """A batch's lines are calls: their prompts, the boxes' answers and the key stay out of the
+    log (at debug), the route log and /metrics, as a client's call's do; only the batch's own
+    tables hold them (docs/batches.md)."""
+    canary = "CANARY-batch-5e2c"
+    sim = box()
+    sim.script(BATCH_MODEL, Behavior.refuse(400, "invalid_request_error", f"{canary} refusal text"))
+    router = start_fleet_in_process(sim, extra_args=("--log-level", "debug"))
+    _, key = new_key(router)
+    api = client(router, key)
+    data = b"".join(json.dumps({"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"model": BATCH_MODEL, "messages": [{"role": "user", "content": f"{canary}-{i}"}],
+                                         "user": f"{canary}-user"}}).encode() + b"\n" for i in range(3))
+    batch = finished(api, submit(api, data).id)
+    assert batch.request_counts.total == 3 and batch.request_counts.failed == 1  # the refusal, with its text
+    _, errors = answers(router, api, batch)
+    assert canary in json.dumps(errors)  # the answer is the batch's to keep, in its error file
+    logged = json.dumps([r for r in rows(router) if r.get("batch_id") == batch.id])
+    metrics = request(router, "GET", "/metrics")[2].decode()
+    for text in (router.log_text(), logged, metrics):
+        assert canary not in text and key not in text and key.split("_")[-1] not in text
+
+
 def test_a_runner_forgets_the_batches_that_ended_elsewhere(start_fleet_in_process):
     """What a router keeps per batch (a wait, the code it waits on, a mark) goes once the batch is
     no longer live in the store, however it ended: it does not grow with the batches seen."""
