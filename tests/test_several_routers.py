@@ -17,7 +17,7 @@ from router.sim.hugpy import Behavior, SimBox
 
 from conftest import RouterProcess, wait_for
 from support.boxes import max_concurrency
-from support.calls import admin, bearer, call, new_key
+from support.calls import admin, bearer, call, get_json, new_key
 from support.url_calls import CANARY
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,15 +53,26 @@ def test_limits_told_to_one_router_hold_across_both(routers, box, pg_url):
     status, doc = admin(a, "POST", "/v1/boxes", {"name": "a", "url": box.url, "kind": "hugpy", "max_inflight": 2})
     assert status == 201, doc
     key_id, key = new_key(a, rpm=10)
-    # b learns both from the database (LISTEN/NOTIFY), not from a reload or a signal
+    # b learns both from the database (LISTEN/NOTIFY), not from a reload or a signal. The box
+    # first, read without the key: a keyed call b cannot place yet would spend one of its 10
+    def online_on_b() -> bool:
+        return any(x["name"] == "a" and x["online"] for x in get_json(b, "/v1/boxes")["boxes"])
+
+    assert wait_for(online_on_b, timeout=5)
+    # an unknown key is refused before its limits are read, so retrying until b knows it spends one
     assert wait_for(lambda: call(b, headers=bearer(key), model="tiny")[0] == 200, timeout=5)
     time.sleep(0.1)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: call((a, b)[i % 2], headers=bearer(key)), range(32)))
     statuses = [status for status, _, _ in results]
     assert set(statuses) <= {200, 429}, statuses
-    # 1 call before the burst: the minute drains 10/60 a second, so ±1 over the burst
-    assert 9 <= statuses.count(200) <= 10, statuses
+    # a round trip past its deadline (a stalled machine) marks the server down: the counts are then
+    # the documented bound (each router alone, a stalled step written twice), not exact
+    downs = [line for router in routers for line in router.log_path.read_text().splitlines() if " is DOWN " in line]
+    if downs:
+        assert statuses.count(200) <= 2 * 10, (statuses, downs)
+    else:  # 1 call before the burst: the minute drains 10/60 a second, so ±1 over the burst
+        assert 9 <= statuses.count(200) <= 10, statuses
     assert max_concurrency(box) <= 2
 
     def counted() -> dict:
