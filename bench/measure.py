@@ -51,6 +51,30 @@ FLOOR_READY = re.compile(r"floor listening on (http://\S+)")
 WRK_JSON = re.compile(r"^BENCH_JSON (\{.*\})$", re.M)
 
 
+# `--pin` (run.py `pin`): the proxy under test alone on PROXY_CPUS, everything else (the runner, the
+# sim, wrk and every client, which inherit the runner's affinity) on the other cores. A proxy is
+# started on its core, so a runtime that sizes its thread pool from the CPUs it may use at start
+# (tokio, Granian) sizes it for one. None: unpinned.
+PROXY_CPUS: set[int] | None = None
+
+
+def pin(on: bool) -> str:
+    """Pins this runner (and so all it starts later) off the proxy's core; the run's words for it."""
+    global PROXY_CPUS
+    cpus = sorted(os.sched_getaffinity(0))
+    if not on:
+        return f"unpinned on {len(cpus)} cores"
+    if len(cpus) < 2:
+        raise BenchError(f"--pin needs 2 CPUs, this process may use {cpus}")
+    PROXY_CPUS = {cpus[-1]}
+    os.sched_setaffinity(0, cpus[:-1])
+    return f"pinned: the proxy on CPU {cpus[-1]}, the box, wrk and the runner on CPU {','.join(map(str, cpus[:-1]))}"
+
+
+def on_proxy_cpus() -> None:  # a preexec_fn: runs in the child before it executes the proxy
+    os.sched_setaffinity(0, PROXY_CPUS)
+
+
 class BenchError(RuntimeError):
     """A piece failed in a way that makes the figure meaningless (not a slow result)."""
 
@@ -79,13 +103,15 @@ class Procs:
         self.live: list[Started] = []
 
     def start(self, name: str, argv: list[str], ready: re.Pattern, env: dict[str, str] | None = None,
-              timeout_s: float = START_TIMEOUT_S) -> tuple[Started, re.Match]:
+              timeout_s: float = START_TIMEOUT_S, proxy: bool = False) -> tuple[Started, re.Match]:
         """Starts `argv` with stdout+stderr in a log file; returns once `ready` matches a line.
-        `env` adds to the run's environment."""
+        `env` adds to the run's environment. `proxy`: a proxy under test, on its own core when
+        the run is pinned (`pin`)."""
         log = self.workdir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True)
+                                     cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True,
+                                     preexec_fn=on_proxy_cpus if proxy and PROXY_CPUS else None)
         started = Started(name, popen, log)
         self.live.append(started)
         deadline = time.monotonic() + timeout_s

@@ -136,7 +136,7 @@ def start_haproxy(procs: Procs, box_url: str, _boxes_file: Path) -> tuple[measur
     config = procs.workdir / "haproxy.cfg"
     config.write_text(HAPROXY_CONFIG.format(port=port, box_host=box.hostname, box_port=box.port))
     # -db: foreground, no daemon; -V: prints the polling line once the configuration is loaded
-    started, _ = procs.start("haproxy", ["haproxy", "-db", "-V", "-f", str(config)], HAPROXY_READY)
+    started, _ = procs.start("haproxy", ["haproxy", "-db", "-V", "-f", str(config)], HAPROXY_READY, proxy=True)
     return started, f"http://127.0.0.1:{port}"
 
 
@@ -146,7 +146,7 @@ def start_hugpy_004(procs: Procs, _box_url: str, boxes_file: Path) -> tuple[meas
     store.mkdir(mode=0o700)
     started, match = procs.start("hugpy-router-0.0.4", [
         str(HUGPY_004), "--boxes", str(boxes_file), "serve", "--host", "127.0.0.1", "--port", "auto",
-    ], HUGPY_004_READY, env={"HUGPY_ROUTER_HOME": str(store), **OWN_PYTHON})
+    ], HUGPY_004_READY, env={"HUGPY_ROUTER_HOME": str(store), **OWN_PYTHON}, proxy=True)
     return started, match.group(1)
 
 
@@ -158,7 +158,7 @@ def start_litellm(procs: Procs, box_url: str, _boxes_file: Path) -> tuple[measur
         str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1",
     ], LITELLM_READY, env={**OWN_PYTHON, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
                            "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"},
-       timeout_s=LITELLM_START_S)
+       timeout_s=LITELLM_START_S, proxy=True)
     return started, f"http://127.0.0.1:{port}"
 
 
@@ -170,7 +170,7 @@ def start_rust_router(name: str, exe: Path, ready: re.Pattern, extra: tuple[str,
         started, _ = procs.start(name, [
             str(exe), *extra, "--worker-urls", box_url, "--host", "127.0.0.1", "--port", str(port),
             "--policy", "round_robin", "--prometheus-port", str(free_port()),
-        ], ready, env=OWN_PYTHON)
+        ], ready, env=OWN_PYTHON, proxy=True)
         return started, f"http://127.0.0.1:{port}"
 
     return start

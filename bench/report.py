@@ -28,10 +28,16 @@ PEER_RATIOS = (
     # issue 41: the Rust routers are the bar (the bare proxy's ≤ 1.3× a call and 0.0.4's ≥ 6×, retired)
     ("router CPU per non-stream call ÷ sglang-router's", ("router", "peers", "cpu_us_per_call"),
      ("sglang-router", "peers", "cpu_us_per_call"), 1.0, "≤"),
-    ("router CPU per relayed chunk ÷ sglang-router's", ("router", "peers_stream", "cpu_us_per_chunk"),
+    # a paced frame is a relayed token: the figure issue 41 says matters most
+    ("router CPU per paced token ÷ sglang-router's", ("router", "peers_paced", "cpu_us_per_chunk"),
+     ("sglang-router", "peers_paced", "cpu_us_per_chunk"), 1.0, "≤"),
+    ("router CPU per paced token ÷ the bare proxy's", ("router", "peers_paced", "cpu_us_per_chunk"),
+     ("floor", "peers_paced", "cpu_us_per_chunk"), 1.15, "≤"),
+    # a burst (the whole answer in one write) coalesced: below every peer's
+    ("router CPU per burst frame ÷ sglang-router's", ("router", "peers_stream", "cpu_us_per_chunk"),
      ("sglang-router", "peers_stream", "cpu_us_per_chunk"), 1.0, "≤"),
-    ("router CPU per relayed chunk ÷ the bare proxy's", ("router", "peers_stream", "cpu_us_per_chunk"),
-     ("floor", "peers_stream", "cpu_us_per_chunk"), 1.15, "≤"),
+    ("router CPU per burst frame ÷ vllm-router's", ("router", "peers_stream", "cpu_us_per_chunk"),
+     ("vllm-router", "peers_stream", "cpu_us_per_chunk"), 1.0, "≤"),
     ("router p99 at c=64 ÷ sglang-router's", ("router", "peers", "p99_us"), ("sglang-router", "peers", "p99_us"),
      1.5, "≤"),
     ("router CPU per non-stream call ÷ HAProxy's", ("router", "peers", "cpu_us_per_call"),
@@ -253,6 +259,13 @@ def capacity_verdict(records: list[dict]) -> list[str]:
             out.append(f"{'PASS' if ok else 'MISS'}  {r['interface']}: {r['figure']} = {r['completed']:,} of "
                        f"{r['streams']:,} completed, {r['stalled']} stalled (max gap {_num(r['max_gap_ms'])} ms), "
                        f"{memory} ({target}{'; ' + r['reduced'] if r.get('reduced') else ''}){direct}")
+            if many and r.get("floor"):  # issue 41: memory per stream ≤ the bare proxy's
+                floor_kb = r["floor"]["rss_per_stream_kb"]
+                peers = "".join(f", {name}'s {run['rss_per_stream_kb']:.1f} kB"
+                                for name, run in r.get("peers", {}).items() if "skipped" not in run)
+                out.append(f"{'PASS' if r['router_rss_per_stream_kb'] <= floor_kb else 'MISS'}  {r['interface']}: "
+                           f"router RSS per open stream {r['router_rss_per_stream_kb']:.1f} kB (target ≤ the bare "
+                           f"proxy's {floor_kb:.1f} kB{peers})")
         elif r["figure"] == "stalled_reader":
             ok = r["growth_mib"] <= TARGETS["stalled_growth_mib"]
             note = ("; expected: RSGI's response stream has no write backpressure, the reason ASGI is the "
@@ -268,13 +281,49 @@ def peer_ratios(records: list[dict]) -> list[tuple[str, Stat | None, float, str]
     (label, median and spread over rounds, target, sign)."""
     rounds: dict[int, dict[tuple[str, str], dict]] = {}
     for r in records:
-        if r["figure"] in ("peers", "peers_stream") and not r.get("skipped"):
+        if r["figure"] in ("peers", "peers_stream", "peers_paced") and not r.get("skipped"):
             rounds.setdefault(r["repeat"], {})[(r["target"], r["figure"])] = r
     out = []
     for label, (t1, f1, k1), (t2, f2, k2), target, sign in PEER_RATIOS:
         values = [rnd[(t1, f1)][k1] / rnd[(t2, f2)][k2] for rnd in rounds.values()
                   if (t1, f1) in rnd and (t2, f2) in rnd and rnd[(t2, f2)].get(k2)]
         out.append((label, Stat.of(values), target, sign))
+    return out
+
+
+def marginal_by_round(records: list[dict]) -> dict[tuple[int, str], float]:
+    """A paced token after the first, per (round, target): what a `peers_paced_long` stream cost
+    more than a `peers_paced` one, over the content frames it had more (the call's own cost, the
+    same in both, taken out)."""
+    pairs: dict[tuple[int, str], dict[str, dict]] = {}
+    for r in records:
+        if r["figure"] in ("peers_paced", "peers_paced_long") and "cpu_us_per_call" in r:
+            pairs.setdefault((r["repeat"], r["target"]), {})[r["figure"]] = r
+    out = {}
+    for key, pair in pairs.items():
+        short, long = pair.get("peers_paced"), pair.get("peers_paced_long")
+        if short and long and long["chunks"] > short["chunks"]:
+            out[key] = (long["cpu_us_per_call"] - short["cpu_us_per_call"]) / (long["chunks"] - short["chunks"])
+    return out
+
+
+def peer_marginal(records: list[dict]) -> dict[str, Stat | None]:
+    """`marginal_by_round`'s medians and spreads over rounds, per target."""
+    values: dict[str, list[float]] = {}
+    for (_, target), value in marginal_by_round(records).items():
+        values.setdefault(target, []).append(value)
+    return {target: Stat.of(v) for target, v in values.items()}
+
+
+def marginal_ratios(records: list[dict]) -> list[tuple[str, Stat | None]]:
+    """The router's paced token after the first ÷ each stream peer's, within each round."""
+    by_round = marginal_by_round(records)
+    out = []
+    for peer in ("floor", "sglang-router", "vllm-router", "haproxy"):
+        values = [by_round[(repeat, "router")] / value for (repeat, target), value in by_round.items()
+                  if target == peer and (repeat, "router") in by_round and value > 0]
+        out.append((f"router CPU per paced token after the first ÷ {PEER_LABELS[peer].split(' (')[0].split(',')[0]}'s",
+                    Stat.of(values)))
     return out
 
 
@@ -314,27 +363,33 @@ def peers_verdict(records: list[dict]) -> list[str]:
 def peers_table(records: list[dict]) -> str:
     """The peers figure: one row per target (medians over rounds, min–max when more than one),
     then the ratios against issue 15's targets."""
-    runs = [r for r in records if r["figure"] in ("peers", "peers_stream", "peers_c1")]
+    runs = [r for r in records if r["figure"] in ("peers", "peers_stream", "peers_c1", "peers_paced",
+                                                  "peers_paced_long")]
     if not runs:
         return ""
-    lines = ["| | calls/s | CPU per call | p50 / p99 (ms) | 20-chunk streams/s | CPU per relayed chunk "
-             "| c=1 added p50 / p99 | other tenants' CPU % (max) | flags |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| | calls/s | CPU per call | p50 / p99 (ms) | burst streams/s | CPU per burst frame "
+             "| CPU per paced token | a paced token after the first | c=1 added p50 / p99 "
+             "| other tenants' CPU % (max) | flags |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     added = peer_added(records)
+    marginal = peer_marginal(records)
     for target, label in PEER_LABELS.items():
         mine = [r for r in runs if r["target"] == target]
         skipped = [r["skipped"] for r in mine if r.get("skipped")]
         calls = [r for r in mine if r["figure"] == "peers" and not r.get("skipped")]
         streams = [r for r in mine if r["figure"] == "peers_stream"]
+        paced = [r for r in mine if r["figure"] == "peers_paced" and not r.get("skipped")]
         if not mine:
             continue
         if not calls:
-            lines.append(f"| {label} | not run: {skipped[0]} | | | | | | | |")
+            lines.append(f"| {label} | not run: {skipped[0]} | | | | | | | | | |")
             continue
         rate, cpu = Stat.of([r["rate"] for r in calls]), Stat.of([r["cpu_us_per_call"] for r in calls
                                                                   if "cpu_us_per_call" in r])
         p50, p99 = Stat.of([r["p50_us"] / 1000 for r in calls]), Stat.of([r["p99_us"] / 1000 for r in calls])
         srate = Stat.of([r["rate"] for r in streams])
         chunk = Stat.of([r["cpu_us_per_chunk"] for r in streams if "cpu_us_per_chunk" in r])
+        token = Stat.of([r["cpu_us_per_chunk"] for r in paced if "cpu_us_per_chunk" in r])
         bg = Stat.of([r["background_pct"] for r in mine if not r.get("skipped")])
         errors = sum(r["errors"] for r in mine)
         noisy = sum(1 for r in mine if r.get("noisy"))
@@ -345,11 +400,15 @@ def peers_table(records: list[dict]) -> str:
         lines.append(
             f"| {label} | {_stat(rate, '{:,.0f}')} | {_stat(cpu, '{:,.0f}', ' µs')} | "
             f"{p50.median:.1f} / {p99.median:.1f} | {_stat(srate, '{:,.0f}')} | {_stat(chunk, '{:.1f}', ' µs')} | "
-            f"{c1} | {bg.median:.0f} ({bg.hi:.0f}) | {flags} |")
+            f"{_stat(token, '{:.1f}', ' µs')} | {_stat(marginal.get(target), '{:.1f}', ' µs')} | {c1} | {bg.median:.0f} ({bg.hi:.0f}) | {flags} |")
     ratios = ["| ratio, same round | measured | target |", "|---|---|---|"]
     for label, stat, target, sign in peer_ratios(records):
         measured = f"{stat.median:.2f}×" + (f" ({stat.span('{:.2f}')})" if stat.n > 1 else "") if stat else "–"
         ratios.append(f"| {label} | {measured} | {sign} {target:g}× |")
+    for label, stat in marginal_ratios(records):  # what the paced token's gap is made of: no target
+        if stat is not None:
+            ratios.append(f"| {label} | {stat.median:.2f}×" + (f" ({stat.span('{:.2f}')})" if stat.n > 1 else "")
+                          + " | – |")
     return "\n".join(lines) + "\n\n" + "\n".join(ratios) + "\n"
 
 
@@ -402,6 +461,10 @@ def capacity_table(records: list[dict]) -> str:
                          f"{r['floor']['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
                          f"{r['floor']['cpu_us_per_frame']:.1f} µs of its CPU per frame" if r.get("floor") else "")
                       + (f"; straight from the box: {_control(r['direct'])}" if r.get("direct") else "")
+                      + "".join(f"; through {name}: " + (f"not run ({run['skipped']})" if "skipped" in run else
+                                f"{_control(run)}, {run['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
+                                f"{run['cpu_us_per_frame']:.1f} µs of its CPU per frame")
+                                for name, run in r.get("peers", {}).items())
                       + (f"; fewer than asked: {r['reduced']}" if r.get("reduced") else ""))
             lines.append(f"| {title} | {result} | {target} | {detail} | {r['background_pct']:.0f} |")
         elif r["figure"] == "stalled_reader":

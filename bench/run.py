@@ -26,12 +26,18 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
   (round robin), each in front of the box the router picks, then the box itself; 20-chunk
   streams too for the router, the bare proxy, HAProxy, the Rust routers and the box, and for the
   same, one call at a time (`peers_c1`: `wrk -t1 -c1`, the latency figure's length), whose p50
-  and p99 less the box's own in the same round are the latency each adds. Each peer
+  and p99 less the box's own in the same round are the latency each adds. Those streams come
+  from a box that writes the whole answer at once (the burst figure: how well a proxy coalesces);
+  the same round then runs them again from a fleet whose box writes a content frame every
+  PACED_CADENCE_MS (`peers_paced`, 100 tokens a second per stream, c streams at once), where each
+  frame reaches the proxy alone: CPU per paced frame is the cost of relaying a token, the call's
+  own share included; and once more PACED_LONG_CHUNKS frames long (`peers_paced_long`): what a
+  stream costs more over the frames it has more is a token after the first, alone. Each peer
   is started, warmed up, measured and stopped in turn (bench/peers.py says how each is run); its
   CPU per call = its process tree's user+sys CPU (psutil) / calls, the router's as above. The
-  ratios issue 41 sets targets for (router CPU per call and per chunk ÷ sglang-router's, per
-  chunk ÷ the bare proxy's, p99 ÷ sglang-router's; and ÷ HAProxy's, calls/s ÷ LiteLLM's) are
-  taken within a round;
+  ratios issue 41 sets targets for (router CPU per call, per paced token and per burst frame ÷
+  sglang-router's, per paced token ÷ the bare proxy's, per burst frame ÷ vllm-router's, p99 ÷
+  sglang-router's; and ÷ HAProxy's, calls/s ÷ LiteLLM's) are taken within a round;
   a peer that is not installed or does not start is recorded as not run, with why;
 * with `--locust`: time to first token at 64 users against a fleet with a 20 ms token cadence
   (bench/locustfile.py, FastHttpUser, headless, `--csv`), added TTFT p50/p99 router vs direct;
@@ -52,8 +58,8 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
     need a hard limit of at least 21,024 (scripts/bench raises the soft limit to 21,280 or the
     hard one); a figure with fewer than half its streams fitting is recorded as not run. After the
     router's run, both figures run the same streams through the bare proxy (its RSS per stream:
-    the stack's share) and straight from the box (a late frame there is the box's or the
-    machine's, not the router's);
+    the stack's share), through sglang-router and vllm-router when installed (theirs), and
+    straight from the box (a late frame there is the box's or the machine's, not the router's);
   - stalled reader: a box writes a 200,000-frame stream (~43 MB) at once; a client with a
     16 KiB receive buffer reads the head, then nothing for 10 s: the router's RSS growth over
     those 10 s (from the head's arrival), sampled every 200 ms, and 2 s after the client closed.
@@ -65,6 +71,11 @@ What is measured, for each interface (`asgi`, the default, and `rsgi`) and each 
 * with `--profile`: py-spy (`record --nonblocking -r 200 -d 8 --format raw`) on the router during
   a non-stream and a stream load at c=64 and a non-stream load at c=1; the top-15 functions by
   own samples, and own samples by area, go to bench/results/profile-<stamp>.txt.
+
+`--pin`: the proxy under test (the router, the bare proxy, every peer) runs alone on the last
+CPU, started there, so a runtime that sizes its threads from the CPUs it may use runs one
+worker (tokio, Granian); the runner, the sim, wrk and the clients share the others. Per-core
+figures, comparable across proxies; unpinned (the default) they share both cores.
 
 How: every (repeat, interface) gets a fresh sim fleet (`python -m router.sim --boxes 8`) and a
 fresh router (`python -m router serve --port auto`), a warm-up, and then for each figure one
@@ -100,7 +111,6 @@ import csv
 import dataclasses
 import datetime as dt
 import json
-import os
 import re
 import resource
 import shutil
@@ -233,7 +243,7 @@ class Rig:
             # holds (open_streams_10k), so that the cap's sweeps run and cost what they cost, and
             # close nothing.
             "--max-conns-per-client", str(OPEN_10K.streams + 100),
-        ], measure.ROUTER_READY, env={"HUGPY_ROUTER_HOME": str(self.store)})
+        ], measure.ROUTER_READY, env={"HUGPY_ROUTER_HOME": str(self.store)}, proxy=True)
         self.meter.sim_pid, self.meter.router_pid = self.sim.pid, self.router.pid
         self.router_url = match.group(1)
         self.box = measure.wait_routable(self.router_url)
@@ -243,7 +253,7 @@ class Rig:
             self.floor, match = self.procs.start(f"floor-{self.name}", [
                 measure.PYTHON, str(measure.BENCH / "floor_proxy.py"), "--interface", self.interface,
                 "--box", self.direct_url,
-            ], measure.FLOOR_READY)
+            ], measure.FLOOR_READY, proxy=True)
             self.meter.floor_pid = self.floor.pid
             self.floor_url = match.group(1)
         return self
@@ -275,7 +285,7 @@ class Rig:
 
 
 def wrk_script(figure: str) -> str:
-    return "stream" if figure in ("stream", "peers_stream") else "post"
+    return "stream" if figure in ("stream", "peers_stream", "peers_paced", "peers_paced_long") else "post"
 
 
 def wrk_record(rig: Rig, figure: str, target: str, d: Durations) -> dict:
@@ -291,10 +301,12 @@ def wrk_record(rig: Rig, figure: str, target: str, d: Durations) -> dict:
     record = {k: v for k, v in asdict(run).items() if k != "raw"}
     record.update(wrk=run.raw, **cpu_fields(cpu, run.requests))
     proxy_s = cpu.peer_s if target in peers.PEERS else {"router": cpu.router_s, "floor": cpu.floor_s}.get(target)
+    if script == "stream":
+        record["chunks"] = rig.chunks
     if proxy_s is not None and run.requests:  # the proxy's own CPU: the router's, the floor's or a peer's
         record["cpu_us_per_call"] = 1e6 * proxy_s / run.requests
         if script == "stream":
-            record["cpu_us_per_chunk"] = 1e6 * proxy_s / (run.requests * FRAMES_PER_STREAM)
+            record["cpu_us_per_chunk"] = 1e6 * proxy_s / (run.requests * (rig.chunks + 2))
     return record
 
 
@@ -396,18 +408,30 @@ PEER_ORDER = ("router", "floor", *peers.PEERS, "direct")
 PEER_STREAMS = ("router", "floor", "haproxy", "sglang-router", "vllm-router", "direct")
 # One call at a time through each (`peers_c1`): the latency each adds to the box's, p50 and p99.
 PEER_C1 = PEER_STREAMS
+# Paced streams (`peers_paced`): the same 20-chunk streams from a box that writes a content frame
+# every PACED_CADENCE_MS, as an engine decodes (100 tokens a second), c streams at once: each
+# frame reaches the proxy alone, so its CPU per frame is the cost of relaying a token, where the
+# burst figure (`peers_stream`, the whole answer in one write) measures how well it coalesces.
+PACED_CADENCE_MS = 10.0
+# The same paced streams PACED_LONG_CHUNKS content frames long (`peers_paced_long`): the CPU a
+# stream costs more, over the frames it has more, is the cost of a token after the first, with
+# the call's own cost taken out (report.peer_marginal).
+PACED_LONG_CHUNKS = 60
 
 
-def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
-    """One round: every target in front of the same box (the one the router picks) with the same
-    wrk load, non-stream calls at c=64 (and 20-chunk streams for PEER_STREAMS). Each peer is
-    started, warmed up, measured and stopped in turn, while the router and the bare proxy wait
-    idle (their idle CPU counts as ours, not as other tenants'). A peer that is missing or fails
-    to start is recorded as not run, with why."""
+def measure_peers(rig: Rig, repeat: int, d: Durations, log, figures_of) -> list[dict]:
+    """One round: every target `figures_of` names figures for, in front of the same box (the one
+    the router picks) with the same wrk load. Each peer is started, warmed up, measured and
+    stopped in turn, while the router and the bare proxy wait idle (their idle CPU counts as
+    ours, not as other tenants'). A peer that is missing or fails to start is recorded as not
+    run, with why."""
     records = []
     for target in PEER_ORDER:
+        figures = figures_of(target)
+        if not figures:
+            continue
         if target not in peers.PEERS:
-            records += peer_runs(rig, target, repeat, d, log)
+            records += peer_runs(rig, target, figures, repeat, d, log)
             continue
         reason = peers.missing(target)
         try:
@@ -415,29 +439,40 @@ def measure_peers(rig: Rig, repeat: int, d: Durations, log) -> list[dict]:
                 with peers.running(target, rig.procs, rig.meter, rig.direct_url, rig.boxes_file) as url:
                     rig.peer_urls[target] = url
                     try:
-                        for figure in peer_figures(target):
+                        for figure in figures:
                             measure.wrk(rig.url(target), wrk_script(figure), 1 if figure == "peers_c1" else d.connections,
                                         d.warmup_s, target)
-                        records += peer_runs(rig, target, repeat, d, log)
+                        records += peer_runs(rig, target, figures, repeat, d, log)
                     finally:
                         del rig.peer_urls[target]
         except BenchError as exc:
             reason = str(exc)
         if reason:
             log(f"[peers #{repeat + 1}] {target} NOT RUN: {reason}")
-            records.append({"interface": rig.interface, "figure": "peers", "repeat": repeat, "target": target,
+            records.append({"interface": rig.interface, "figure": figures[0], "repeat": repeat, "target": target,
                             "skipped": reason, "errors": 0, "background_pct": 0.0})
     return records
 
 
 def peer_figures(target: str) -> tuple[str, ...]:
+    """The round on a box that answers at once: calls, burst streams, one call at a time."""
     return (("peers",) + (("peers_stream",) if target in PEER_STREAMS else ())
             + (("peers_c1",) if target in PEER_C1 else ()))
 
 
-def peer_runs(rig: Rig, target: str, repeat: int, d: Durations, log) -> list[dict]:
+def paced_figures(target: str) -> tuple[str, ...]:
+    """The round on a box that paces its frames (PACED_CADENCE_MS)."""
+    return ("peers_paced",) if target in PEER_STREAMS else ()
+
+
+def paced_long_figures(target: str) -> tuple[str, ...]:
+    """The round on a box that paces PACED_LONG_CHUNKS frames."""
+    return ("peers_paced_long",) if target in PEER_STREAMS else ()
+
+
+def peer_runs(rig: Rig, target: str, figures: tuple[str, ...], repeat: int, d: Durations, log) -> list[dict]:
     records = []
-    for figure in peer_figures(target):
+    for figure in figures:
         gate = measure.wait_quiet(rig.meter)
         record = wrk_record(rig, figure, target, d)
         record.update(interface=rig.interface, repeat=repeat, figure=figure, gate=asdict(gate))
@@ -540,6 +575,8 @@ def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
     # from the box (whether a late frame is the router's or already the box's and the machine's).
     floor = control_run(rig, spec, streams, "floor", psutil.Process(rig.floor.pid))
     direct = control_run(rig, spec, streams, "direct", psutil.Process(rig.sim.pid))
+    # and through the Rust routers: their memory per open stream (issue 41)
+    rust = {name: peer_control_run(rig, spec, streams, name) for name in RUST_ROUTERS}
     held = max(1, (fds_peak - fds_base) // 2)
     record = once_record(
         rig, spec.figure, gate=asdict(gate), cadence_ms=spec.cadence_ms, streams_asked=spec.streams,
@@ -550,7 +587,7 @@ def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
         router_rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
         router_fd_limit=limits["router"], sim_fd_limit=limits["sim"], errors=sum(result["failures"].values()),
         router_cpu_s=round(cpu.router_s, 2), cpu_us_per_frame=1e6 * cpu.router_s / max(1, result["frames_received"]),
-        **cpu_fields(cpu, result["completed"]), floor=floor, direct=direct)
+        **cpu_fields(cpu, result["completed"]), floor=floor, direct=direct, peers=rust)
     log(f"[{rig.interface}] {spec.figure}: {result['completed']:,}/{result['streams']:,} completed, "
         f"{result['stalled']} stalled, peak {result['peak_open']:,} open, max gap {result['max_gap_ms']:.0f} ms "
         f"(threshold {result['stall_threshold_ms']:.0f}), first frame p99 {result['first_frame_p99_ms']:.0f} ms; "
@@ -558,7 +595,10 @@ def open_streams(rig: Rig, spec: OpenStreams, log) -> dict:
         f"({record['router_rss_per_stream_kb']:.1f} kB per stream held), {fds_peak:,} fds; "
         f"others {cpu.background_pct:.0f} %; bare proxy: {floor['stalled']} stalled, max gap "
         f"{floor['max_gap_ms']:.0f} ms, {floor['rss_per_stream_kb']:.1f} kB per stream; direct: "
-        f"{direct['stalled']} stalled, max gap {direct['max_gap_ms']:.0f} ms")
+        f"{direct['stalled']} stalled, max gap {direct['max_gap_ms']:.0f} ms"
+        + "".join(f"; {name}: " + (f"not run ({run['skipped']})" if "skipped" in run else
+                                   f"{run['stalled']} stalled, {run['rss_per_stream_kb']:.1f} kB per stream")
+                  for name, run in rust.items()))
     return record
 
 
@@ -572,18 +612,38 @@ CONTROL_KEYS = ("completed", "stalled", "failures", "frames_received", "max_gap_
                 "first_frame_p50_ms", "first_frame_p99_ms")
 
 
+RUST_ROUTERS = ("sglang-router", "vllm-router")
+
+
 def control_run(rig: Rig, spec: OpenStreams, streams: int, target: str, proc: psutil.Process) -> dict:
-    """The open-streams client against the bare proxy or the box: the stream figures and other
-    tenants' CPU; for the bare proxy also its RSS per stream and CPU per frame."""
+    """The open-streams client against the bare proxy, a peer or the box: the stream figures and
+    other tenants' CPU; for a proxy also its RSS per stream and CPU per frame."""
     rss_base, fds_base = proc.memory_info().rss, proc.num_fds()
     result, rss_peak, fds_peak, cpu = open_streams_client(rig, spec, streams, target, proc)
     out = {k: result[k] for k in CONTROL_KEYS}
     out["background_pct"] = round(cpu.background_pct, 1)
-    if target == "floor":
+    if target != "direct":
         out.update(rss_peak_mb=rss_peak / 1e6,
                    rss_per_stream_kb=rss_per_stream_kb(rss_base, rss_peak, fds_base, fds_peak),
-                   cpu_us_per_frame=1e6 * cpu.floor_s / max(1, result["frames_received"]))
+                   cpu_us_per_frame=1e6 * (cpu.floor_s if target == "floor" else cpu.peer_s)
+                   / max(1, result["frames_received"]))
     return out
+
+
+def peer_control_run(rig: Rig, spec: OpenStreams, streams: int, name: str) -> dict:
+    """`control_run` through the peer `name`, started in front of the rig's box for it; or why not."""
+    reason = peers.missing(name)
+    if reason:
+        return {"skipped": reason}
+    try:
+        with peers.running(name, rig.procs, rig.meter, rig.direct_url, rig.boxes_file) as url:
+            rig.peer_urls[name] = url
+            try:
+                return control_run(rig, spec, streams, name, psutil.Process(rig.meter.peer_pid))
+            finally:
+                del rig.peer_urls[name]
+    except BenchError as exc:
+        return {"skipped": str(exc)}
 
 
 def open_streams_client(rig: Rig, spec: OpenStreams, streams: int, target: str,
@@ -710,6 +770,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "figures only; empty: none, e.g. with --locust or --profile only)")
     p.add_argument("--locust", action="store_true", help="also measure TTFT with locust (20 ms cadence)")
     p.add_argument("--profile", action="store_true", help="also profile the router with py-spy")
+    p.add_argument("--pin", action="store_true",
+                   help="the proxy under test alone on the last CPU, everything else on the others "
+                        "(a runtime then sizes its threads for one core: tokio runs one worker)")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="MINUTES",
                    help="first wait up to this long for other tenants to go quiet (default 0)")
     p.add_argument("--router-src", type=Path, help="run the router and sim from this checkout instead")
@@ -751,7 +814,12 @@ def measure_all(args: argparse.Namespace, d: Durations, procs: Procs, meter: Cpu
         for repeat in range(d.repeats):  # the peers do not depend on the router's interface: the first one
             with Rig(procs, meter, args.interfaces[0], floor=True, tag="peers") as rig:
                 rig.warm_up(d.warmup_s)
-                records += measure_peers(rig, repeat, d, log)
+                records += measure_peers(rig, repeat, d, log, peer_figures)
+            for chunks, figures_of in ((CHUNKS, paced_figures), (PACED_LONG_CHUNKS, paced_long_figures)):
+                with Rig(procs, meter, args.interfaces[0], cadence_ms=PACED_CADENCE_MS, chunks=chunks, floor=True,
+                         tag=f"peers-paced-{chunks}") as rig:
+                    rig.warm_up(d.warmup_s)
+                    records += measure_peers(rig, repeat, d, log, figures_of)
     if args.locust:
         for repeat in range(d.repeats):
             for interface in args.interfaces:
@@ -799,6 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     meter = CpuMeter()
     procs = None
     try:
+        pinning = measure.pin(args.pin)
         env, digest = measure.snapshot_router(src, workdir / "src")
         procs = Procs(workdir, env, cwd=workdir / "src")
         if args.wait_quiet > 0:
@@ -828,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "stamp": stamp, "args": {k: str(v) for k, v in vars(args).items()}, "durations": asdict(d),
         "elapsed_s": round(time.monotonic() - started_at, 1), "git": {**git, "snapshot_sha256": digest},
+        "pinning": pinning,
         "versions": {**measure.versions(), **(peers.versions() if "peers" in args.figures else {})}, "targets": report.TARGETS, "frames_per_stream": FRAMES_PER_STREAM,
         "rows": [{k: (asdict(v) if isinstance(v, report.Stat) else v) for k, v in r.items()} for r in rows],
         "verdict": lines, "profile": str(profile_file) if profile_file else None,
@@ -857,7 +927,7 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
     parts = [
         f"# Router benchmark {stamp}", "",
         f"router snapshot {git['snapshot_sha256']} (git {git['rev']}{dirty}); granian {doc['versions']['granian']}, wrk {doc['versions']['wrk']}; "
-        f"{pairs}{BOXES} sim boxes; unpinned on {os.cpu_count()} cores; took {doc['elapsed_s']:.0f} s.", "",
+        f"{pairs}{BOXES} sim boxes; {doc['pinning']}; took {doc['elapsed_s']:.0f} s.", "",
     ]
     if rows:
         parts.append(report.markdown_table(rows))
@@ -869,7 +939,8 @@ def latest_markdown(stamp: str, doc: dict, rows: list[dict], lines: list[str], r
                   f"LiteLLM {v.get('litellm', '-')}, sglang-router {v.get('sglang-router', '-')}, "
                   f"vllm-router {v.get('vllm-router', '-')}), each in front of the same box (the one the router picks), in one round per "
                   f"repeat: wrk {d['throughput_s']:g} s at c={d.get('connections', CONNECTIONS)} per target and load, after a "
-                  f"{d['warmup_s']:g} s warm-up; the router and the bare proxy on {interface}; CPU = the "
+                  f"{d['warmup_s']:g} s warm-up; burst streams from a box that writes the whole answer at once, paced "
+                  f"streams from one that writes a frame every {PACED_CADENCE_MS:g} ms; the router and the bare proxy on {interface}; CPU = the "
                   "proxy's process (tree) user+sys CPU during the run (psutil) ÷ calls or frames:", "", peer_table]
     capacity = report.capacity_table(records)
     if capacity:
