@@ -29,7 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.core.conn_cap import Conn, near_limit, over_cap, peer_key
+from router.core.conn_cap import FRESH_MS, Conn, near_limit, over_cap, peer_key
 from router.sim import SimBox
 
 from conftest import wait_for
@@ -381,10 +381,10 @@ def packed(text: str) -> bytes:
 
 def test_over_cap_closes_the_longest_idle_and_spares_working_ones_and_trusted_proxies():
     a, a6, b, v6, proxy = (packed(t) for t in ("10.0.0.1", "::ffff:10.0.0.1", "10.0.0.2", "2001:db8::1", "10.0.0.9"))
-    conns = [Conn(a, 1, 9000, True), Conn(a, 2, 100, False), Conn(a, 3, 5000, False),
+    conns = [Conn(a, 1, 9000, True), Conn(a, 2, 1100, False), Conn(a, 3, 5000, False),
              Conn(a, 4, 5000, False), Conn(a, 5, 0, True)]
     conns += [Conn(a6, 9, 7000, False)]  # the same client through a dual-stack listener
-    conns += [Conn(b, 7, 1, False), Conn(v6, 8, 10, False), Conn(v6, 6, 20, False)]
+    conns += [Conn(b, 7, 1001, False), Conn(v6, 8, 1010, False), Conn(v6, 6, 1020, False)]
     conns += [Conn(proxy, i, 99_999, False) for i in (11, 12, 13)]
     proxies = [ipaddress.ip_network("10.0.0.9/32")]
     # 10.0.0.1 holds 6, cap 3: its 3 longest idle go (7000, then 5000 twice: the older first).
@@ -392,10 +392,13 @@ def test_over_cap_closes_the_longest_idle_and_spares_working_ones_and_trusted_pr
     assert over_cap(conns, 0, proxies) == []
     # Cap 1: every idle one of 10.0.0.1 goes, its two working ones stay, though over the cap.
     assert sorted(over_cap(conns, 1, [])) == [2, 3, 4, 6, 9, 11, 12]
+    # One that carried data within FRESH_MS stays too: its request may be read and not yet started.
+    fresh = [c._replace(idle_ms=FRESH_MS - 1) if c.conn_id in (2, 3) else c for c in conns]
+    assert sorted(over_cap(fresh, 1, [])) == [4, 6, 9, 11, 12]
 
 
 def test_near_limit_drains_the_longest_idle_down_to_the_low_mark():
-    conns = [Conn(packed(f"10.0.0.{i % 7}"), i, i * 10, i % 5 == 0) for i in range(1, 101)]
+    conns = [Conn(packed(f"10.0.0.{i % 7}"), i, FRESH_MS + i * 10, i % 5 == 0) for i in range(1, 101)]
     assert near_limit(conns, 200) == []  # 100 of 200: far from the limit
     assert near_limit(conns, 112) == []  # 100 < 0.9 * 112
     drained = near_limit(conns, 110)  # 100 >= 99: down to 88
@@ -404,7 +407,8 @@ def test_near_limit_drains_the_longest_idle_down_to_the_low_mark():
     # 30 wait in the accept queue: room for them below 88, so down to 58; never below 55.
     assert len(near_limit(conns, 110, waiting=30)) == 100 - 58
     assert len(near_limit(conns, 110, waiting=500)) == 100 - 55
-    assert near_limit([Conn(b"\x7f\0\0\1", 1, 5, True)] * 10, 10) == []  # none idle
+    assert near_limit([Conn(b"\x7f\0\0\1", 1, FRESH_MS, True)] * 10, 10) == []  # none idle
+    assert near_limit([Conn(b"\x7f\0\0\1", i, FRESH_MS - 1, False) for i in range(10)], 10) == []  # none idle long
     assert near_limit(conns, 0) == []
 
 
@@ -413,21 +417,24 @@ def reference_close(conns: list[Conn], cap: int, proxies, limit: int, waiting: i
     def key(c: Conn):
         return (-c.idle_ms, c.conn_id)
 
+    def closable(c: Conn) -> bool:
+        return not c.working and c.idle_ms >= FRESH_MS
+
     over: set[int] = set()
     if cap > 0:
         for peer in {peer_key(c.peer) for c in conns}:
             if any(ipaddress.ip_address(peer) in net for net in proxies):
                 continue
             group = [c for c in conns if peer_key(c.peer) == peer]
-            while len(group) > cap and any(not c.working for c in group):
-                victim = min((c for c in group if not c.working), key=key)
+            while len(group) > cap and any(closable(c) for c in group):
+                victim = min((c for c in group if closable(c)), key=key)
                 group.remove(victim)
                 over.add(victim.conn_id)
     left = [c for c in conns if c.conn_id not in over]
     near: set[int] = set()
     if limit > 0 and len(left) >= limit * 0.9:
-        while len(left) > max(int(limit * 0.8) - waiting, int(limit * 0.5)) and any(not c.working for c in left):
-            victim = min((c for c in left if not c.working), key=key)
+        while len(left) > max(int(limit * 0.8) - waiting, int(limit * 0.5)) and any(closable(c) for c in left):
+            victim = min((c for c in left if closable(c)), key=key)
             left.remove(victim)
             near.add(victim.conn_id)
     return over, near
@@ -436,7 +443,8 @@ def reference_close(conns: list[Conn], cap: int, proxies, limit: int, waiting: i
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(["10.0.0.1", "::ffff:10.0.0.1", "10.0.0.2", "10.0.0.9", "::1"]),
-                       st.integers(0, 50), st.booleans()), max_size=40),
+                       st.sampled_from([0, 10, FRESH_MS - 1, FRESH_MS, FRESH_MS + 10, 5 * FRESH_MS]),
+                       st.booleans()), max_size=40),
     st.integers(0, 6), st.integers(0, 45), st.integers(0, 30),
 )
 def test_the_cap_and_the_drain_match_the_reference(rows, cap, limit, waiting):
@@ -446,7 +454,7 @@ def test_the_cap_and_the_drain_match_the_reference(rows, cap, limit, waiting):
     near = near_limit(conns, limit, over, waiting)
     assert (set(over), set(near)) == reference_close(conns, cap, proxies, limit, waiting)
     assert len(set(over) | set(near)) == len(over) + len(near)
-    assert not any(c.working for c in conns if c.conn_id in {*over, *near})
+    assert not any(c.working or c.idle_ms < FRESH_MS for c in conns if c.conn_id in {*over, *near})
 
 
 def test_answers_name_the_router_never_granian(start_fleet):
