@@ -38,7 +38,7 @@ PEER_RATIOS = (
      ("sglang-router", "peers_stream", "cpu_us_per_chunk"), 1.0, "≤"),
     ("router CPU per burst frame ÷ vllm-router's", ("router", "peers_stream", "cpu_us_per_chunk"),
      ("vllm-router", "peers_stream", "cpu_us_per_chunk"), 1.0, "≤"),
-    ("router p99 at c=64 ÷ sglang-router's", ("router", "peers", "p99_us"), ("sglang-router", "peers", "p99_us"),
+    ("router p99 under load ÷ sglang-router's", ("router", "peers", "p99_us"), ("sglang-router", "peers", "p99_us"),
      1.5, "≤"),
     ("router CPU per non-stream call ÷ HAProxy's", ("router", "peers", "cpu_us_per_call"),
      ("haproxy", "peers", "cpu_us_per_call"), 7.0, "≤"),
@@ -348,7 +348,10 @@ def peer_added(records: list[dict]) -> dict[str, tuple[Stat | None, Stat | None]
 def peers_verdict(records: list[dict]) -> list[str]:
     out = []
     router = peer_added(records).get("router")
-    if router is not None and router[1] is not None:
+    if any(r.get("pinned") for r in records):  # the box shares its core with wrk: its own tail is not the floor
+        out.append("n/a   peers: router c=1 added p99 is not judged in a pinned run (the box shares a core with "
+                   "wrk and the runner there, so its own p99 is no baseline)")
+    elif router is not None and router[1] is not None:
         ok = router[1].median <= TARGETS["c1_added_p99_us"]
         out.append(f"{'PASS' if ok else 'MISS'}  peers: router c=1 added p99 = {router[1].median:,.0f} µs "
                    f"(target ≤ {TARGETS['c1_added_p99_us']:g} µs)")

@@ -875,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"machine {'quiet' if gate.quiet else 'still busy'} after {gate.waited_s:.0f} s "
                 f"(other tenants {gate.background_pct:.0f} %)")
         records, profile_file = measure_all(args, d, procs, meter, stamp)
+        for record in records:
+            record["pinned"] = args.pin
     except BenchError as exc:
         log(f"bench failed: {exc}")
         return 1
