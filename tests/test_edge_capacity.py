@@ -10,6 +10,7 @@ few thousand sockets, seconds.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import http.client
 import ipaddress
@@ -108,6 +109,33 @@ def test_thousands_of_idle_connections_from_one_address_leave_health_and_calls_w
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content
         assert "over the per-client cap of 50" in router.log_text()
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_heads_trickled_a_byte_at_a_time_are_capped_like_idle_sockets(start_fleet):
+    """A connection is closed only once idle FRESH_MS (router.core.conn_cap), so that a request
+    read and not yet started is never cut; a client that sends its head a byte every 0.2 s is
+    never idle that long, and is capped from a FRESH_MS after the first look that found it not
+    working."""
+    box = SimBox("a", catalog=["tiny"], residents=["tiny"])
+    router = start_fleet(box, extra_args=("--max-conns-per-client", "8", "--idle-timeout", "60"))
+    source = "127.0.0.8"
+    socks = open_idle(router, source, 20)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    try:
+        assert wait_for(lambda: held_from(router, source) == 20, timeout=5)
+        deadline = time.monotonic() + 8
+        sent = 0
+        while time.monotonic() < deadline and held_from(router, source) > 8:
+            for sock in socks:
+                with contextlib.suppress(OSError):
+                    sock.send(head[sent:sent + 1])
+            sent += 1
+            time.sleep(0.2)
+        assert held_from(router, source) <= 8
+        assert "over the per-client cap of 8" in router.log_text()
     finally:
         for sock in socks:
             sock.close()
@@ -392,9 +420,12 @@ def test_over_cap_closes_the_longest_idle_and_spares_working_ones_and_trusted_pr
     assert over_cap(conns, 0, proxies) == []
     # Cap 1: every idle one of 10.0.0.1 goes, its two working ones stay, though over the cap.
     assert sorted(over_cap(conns, 1, [])) == [2, 3, 4, 6, 9, 11, 12]
-    # One that carried data within FRESH_MS stays too: its request may be read and not yet started.
+    # One that carried data within FRESH_MS stays too: its request may be read and not yet started...
     fresh = [c._replace(idle_ms=FRESH_MS - 1) if c.conn_id in (2, 3) else c for c in conns]
     assert sorted(over_cap(fresh, 1, [])) == [4, 6, 9, 11, 12]
+    # ...until the looks have found it not working for FRESH_MS: a head trickled a byte at a time.
+    trickling = [c._replace(unstarted_ms=FRESH_MS) if c.conn_id == 2 else c for c in fresh]
+    assert sorted(over_cap(trickling, 1, [])) == [2, 4, 6, 9, 11, 12]
 
 
 def test_near_limit_drains_the_longest_idle_down_to_the_low_mark():
@@ -418,7 +449,7 @@ def reference_close(conns: list[Conn], cap: int, proxies, limit: int, waiting: i
         return (-c.idle_ms, c.conn_id)
 
     def closable(c: Conn) -> bool:
-        return not c.working and c.idle_ms >= FRESH_MS
+        return not c.working and (c.idle_ms >= FRESH_MS or c.unstarted_ms >= FRESH_MS)
 
     over: set[int] = set()
     if cap > 0:
@@ -444,17 +475,18 @@ def reference_close(conns: list[Conn], cap: int, proxies, limit: int, waiting: i
 @given(
     st.lists(st.tuples(st.sampled_from(["10.0.0.1", "::ffff:10.0.0.1", "10.0.0.2", "10.0.0.9", "::1"]),
                        st.sampled_from([0, 10, FRESH_MS - 1, FRESH_MS, FRESH_MS + 10, 5 * FRESH_MS]),
-                       st.booleans()), max_size=40),
+                       st.booleans(), st.sampled_from([0, FRESH_MS - 1, FRESH_MS])), max_size=40),
     st.integers(0, 6), st.integers(0, 45), st.integers(0, 30),
 )
 def test_the_cap_and_the_drain_match_the_reference(rows, cap, limit, waiting):
-    conns = [Conn(packed(peer), conn_id, idle_ms, working) for conn_id, (peer, idle_ms, working) in enumerate(rows)]
+    conns = [Conn(packed(peer), conn_id, idle_ms, working, unstarted_ms)
+             for conn_id, (peer, idle_ms, working, unstarted_ms) in enumerate(rows)]
     proxies = [ipaddress.ip_network("10.0.0.9/32")]
     over = over_cap(conns, cap, proxies)
     near = near_limit(conns, limit, over, waiting)
     assert (set(over), set(near)) == reference_close(conns, cap, proxies, limit, waiting)
     assert len(set(over) | set(near)) == len(over) + len(near)
-    assert not any(c.working or c.idle_ms < FRESH_MS for c in conns if c.conn_id in {*over, *near})
+    assert not any(c.working or max(c.idle_ms, c.unstarted_ms) < FRESH_MS for c in conns if c.conn_id in {*over, *near})
 
 
 def test_answers_name_the_router_never_granian(start_fleet):

@@ -10,10 +10,12 @@ Idle and working: a connection is *working* while a request on it is in flight (
 handling it) or the kernel holds bytes of it not yet read or not yet sent; otherwise it is
 *idle*: a kept-alive connection between requests, or one that never sent a request. Its idle
 time is the kernel's time since data last went either way on it (for a never-used connection,
-its age). Only an idle connection may be closed, and only once it has been idle FRESH_MS: one
-that carried data more recently may hold a request Granian has read and the app has not started
-yet (then neither the app nor the kernel counts it working), and closing it would cut that call
-before its head.
+its age). Only an idle connection may be closed, and only once it has been idle FRESH_MS or
+seen idle (`unstarted_ms`: since the first look that found it not working) for as long: one that
+carried data more recently may hold a request Granian has read and the app has not started yet
+(then neither the app nor the kernel counts it working), and closing it would cut that call
+before its head; such a request starts within the loop's lag, while a client that trickles a head
+a byte at a time stays fresh and never starts, and is closed a FRESH_MS after it was first seen.
 
 Rules:
 1. Connections are grouped by peer address; an IPv4-mapped IPv6 peer (`::ffff:a.b.c.d`) counts
@@ -64,6 +66,7 @@ class Conn(NamedTuple):
     conn_id: int  # grows with age (the socket's inode)
     idle_ms: int  # since data last went either way (never used: its age)
     working: bool  # a request in flight, or bytes not yet read or sent
+    unstarted_ms: int = 0  # since a look first found it not working (serve/conn_cap.py keeps it)
 
 
 def peer_key(peer: bytes) -> bytes:
@@ -76,12 +79,13 @@ def peer_key(peer: bytes) -> bytes:
 # A burst of new streams keeps a read request waiting for the loop for 100 ms and more
 # (bench/run.py open_streams_10k: 9,488 streams opened 1,000 a second, their first frame's p99
 # 124 ms; the drain then cut 80 of them before their head). A second is well past that and still
-# drains an idle keep-alive or a socket that never sent a request, one look after it turned idle.
+# drains an idle keep-alive, a socket that never sent a request or one that trickles its head, one
+# look after its first idle (or first seen) second.
 FRESH_MS = 1000
 
 
 def _closable(conn: Conn) -> bool:
-    return not conn.working and conn.idle_ms >= FRESH_MS
+    return not conn.working and (conn.idle_ms >= FRESH_MS or conn.unstarted_ms >= FRESH_MS)
 
 
 def _longest_idle_first(conn: Conn) -> tuple[int, int]:

@@ -19,7 +19,11 @@ idle connections that take Granian's accept permits. So the cap looks at the soc
    idle connection for a working one (another address's connection on the same port number),
    never the reverse, so an error spares a socket and never cuts a call.
 3. router.core.conn_cap picks the idle connections to close: over the per-client cap (trusted
-   proxies are exempt), then near a listener's limit (its accept permits).
+   proxies are exempt), then near a listener's limit (its accept permits). The sweep tells it,
+   for each connection not working, how long the looks have found it so (`with_unstarted`: its
+   clock starts at the first such look and stops when one finds it working, or gone; a look that
+   dumps nothing clears every clock), so that a head trickled a byte at a time, never idle a
+   second, is still closed.
 4. Each is closed with shutdown(SHUT_RDWR) on a duplicate of its descriptor, found through
    /proc/self/fd and checked by inode on the duplicate, so a descriptor number reused in the
    meantime is never hit. Granian sees the connection end, drops it and frees its accept permit;
@@ -125,6 +129,9 @@ class ConnCap:
         self.local = None if address.is_unspecified else address.packed
         self._netlink: socket.socket | None = None
         self.closed_total = 0
+        # inode -> when a look first found it not working (router.core.conn_cap `unstarted_ms`);
+        # only the sweep's thread reads and writes it
+        self.unstarted_since: dict[int, float] = {}
         # Below this many descriptors no listener is near its limit (rule 5's threshold).
         self.drain_from = math.ceil(limit * conn_cap.NEAR_LIMIT) if limit > 0 else 0
 
@@ -171,8 +178,10 @@ class ConnCap:
         unavailable."""
         fds = len(os.listdir("/proc/self/fd"))
         if (self.cap <= 0 or fds <= self.cap) and (self.limit <= 0 or fds < self.drain_from):
+            self.unstarted_since.clear()  # unwatched meanwhile: a clock starts again at the next look
             return 0, 0  # nothing can be over: skip the dump's walk of the socket table
         by_port = {port: self.connections(port, working) for port in self.ports}
+        by_port = self.with_unstarted(by_port, time.monotonic())
         over = conn_cap.over_cap((c for conns, _ in by_port.values() for c in conns), self.cap, self.proxies)
         near: list[int] = []
         for conns, waiting in by_port.values():
@@ -183,6 +192,22 @@ class ConnCap:
         closed = [sum(_shut(fds_of[i], i) for i in cut if i in fds_of) for cut in (over, near)]
         self.closed_total += closed[0] + closed[1]
         return closed[0], closed[1]
+
+    def with_unstarted(self, by_port: dict[int, tuple[list[Conn], int]], now: float) -> dict[int, tuple[list[Conn], int]]:
+        """Each connection not working, with how long the looks have found it so: its clock starts
+        at the first such look and ends at the first that finds it working, or gone."""
+        since, seen = self.unstarted_since, {}
+        out = {}
+        for port, (conns, waiting) in by_port.items():
+            timed = []
+            for conn in conns:
+                if not conn.working:
+                    first = seen[conn.conn_id] = since.get(conn.conn_id, now)
+                    conn = conn._replace(unstarted_ms=int((now - first) * 1000))
+                timed.append(conn)
+            out[port] = (timed, waiting)
+        self.unstarted_since = seen
+        return out
 
     def connections(self, port: int, working: frozenset[int] = frozenset()) -> tuple[list[Conn], int]:
         """Each accepted connection on `port` (rule 1), and how many wait in its listener's
