@@ -319,11 +319,11 @@ def marginal_ratios(records: list[dict]) -> list[tuple[str, Stat | None]]:
     """The router's paced token after the first ÷ each stream peer's, within each round."""
     by_round = marginal_by_round(records)
     out = []
-    for peer in ("floor", "sglang-router", "vllm-router", "haproxy"):
+    for peer, name in (("floor", "the bare proxy"), ("sglang-router", "sglang-router"),
+                       ("vllm-router", "vllm-router"), ("haproxy", "HAProxy")):
         values = [by_round[(repeat, "router")] / value for (repeat, target), value in by_round.items()
                   if target == peer and (repeat, "router") in by_round and value > 0]
-        out.append((f"router CPU per paced token after the first ÷ {PEER_LABELS[peer].split(' (')[0].split(',')[0]}'s",
-                    Stat.of(values)))
+        out.append((f"router CPU per paced token after the first ÷ {name}'s", Stat.of(values)))
     return out
 
 
@@ -406,12 +406,10 @@ def peers_table(records: list[dict]) -> str:
             f"{_stat(token, '{:.1f}', ' µs')} | {_stat(marginal.get(target), '{:.1f}', ' µs')} | {c1} | {bg.median:.0f} ({bg.hi:.0f}) | {flags} |")
     ratios = ["| ratio, same round | measured | target |", "|---|---|---|"]
     for label, stat, target, sign in peer_ratios(records):
-        measured = f"{stat.median:.2f}×" + (f" ({stat.span('{:.2f}')})" if stat.n > 1 else "") if stat else "–"
-        ratios.append(f"| {label} | {measured} | {sign} {target:g}× |")
+        ratios.append(f"| {label} | {_stat(stat, '{:.2f}', '×')} | {sign} {target:g}× |")
     for label, stat in marginal_ratios(records):  # what the paced token's gap is made of: no target
         if stat is not None:
-            ratios.append(f"| {label} | {stat.median:.2f}×" + (f" ({stat.span('{:.2f}')})" if stat.n > 1 else "")
-                          + " | – |")
+            ratios.append(f"| {label} | {_stat(stat, '{:.2f}', '×')} | – |")
     return "\n".join(lines) + "\n\n" + "\n".join(ratios) + "\n"
 
 
@@ -425,6 +423,13 @@ def _control(d: dict) -> str:
     """An open-streams control run: through the bare proxy, or straight from the box."""
     return (f"{d['completed']:,} completed, {d['stalled']} stalled, max gap {_num(d['max_gap_ms'])} ms, first "
             f"frame p99 {_num(d['first_frame_p99_ms'])} ms, other tenants {d['background_pct']:.0f} %")
+
+
+def _proxy_control(d: dict) -> str:
+    """An open-streams control run through another proxy: `_control`'s, and the proxy's memory
+    and CPU."""
+    return (f"{_control(d)}, {d['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
+            f"{d['cpu_us_per_frame']:.1f} µs of its CPU per frame")
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
@@ -460,13 +465,10 @@ def capacity_table(records: list[dict]) -> str:
                       + (f"; failures: {failures}" if failures else "")
                       + (f"; router CPU {r['cpu_us_per_frame']:.1f} µs per frame (call set-up included)"
                          if "cpu_us_per_frame" in r else "")
-                      + (f"; the same streams through the bare proxy: {_control(r['floor'])}, "
-                         f"{r['floor']['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
-                         f"{r['floor']['cpu_us_per_frame']:.1f} µs of its CPU per frame" if r.get("floor") else "")
+                      + (f"; the same streams through the bare proxy: {_proxy_control(r['floor'])}" if r.get("floor") else "")
                       + (f"; straight from the box: {_control(r['direct'])}" if r.get("direct") else "")
-                      + "".join(f"; through {name}: " + (f"not run ({run['skipped']})" if "skipped" in run else
-                                f"{_control(run)}, {run['rss_per_stream_kb']:.1f} kB of its RSS per stream, "
-                                f"{run['cpu_us_per_frame']:.1f} µs of its CPU per frame")
+                      + "".join(f"; through {name}: "
+                                + (f"not run ({run['skipped']})" if "skipped" in run else _proxy_control(run))
                                 for name, run in r.get("peers", {}).items())
                       + (f"; fewer than asked: {r['reduced']}" if r.get("reduced") else ""))
             lines.append(f"| {title} | {result} | {target} | {detail} | {r['background_pct']:.0f} |")

@@ -119,6 +119,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -267,6 +269,17 @@ class Rig:
 
     def targets(self) -> tuple[str, ...]:
         return ("router", "floor", "direct") if self.floor else ("router", "direct")
+
+    @contextmanager
+    def running_peer(self, name: str) -> Iterator[str]:
+        """The peer `name` (bench/peers.py) in front of this rig's box, reachable as a target
+        (`url`) while it runs; stopped on exit."""
+        with peers.running(name, self.procs, self.meter, self.direct_url, self.boxes_file) as url:
+            self.peer_urls[name] = url
+            try:
+                yield url
+            finally:
+                del self.peer_urls[name]
 
     def url(self, target: str) -> str:
         base = {"router": self.router_url, "floor": self.floor_url, "direct": self.direct_url,
@@ -436,15 +449,11 @@ def measure_peers(rig: Rig, repeat: int, d: Durations, log, figures_of) -> list[
         reason = peers.missing(target)
         try:
             if not reason:
-                with peers.running(target, rig.procs, rig.meter, rig.direct_url, rig.boxes_file) as url:
-                    rig.peer_urls[target] = url
-                    try:
-                        for figure in figures:
-                            measure.wrk(rig.url(target), wrk_script(figure), 1 if figure == "peers_c1" else d.connections,
-                                        d.warmup_s, target)
-                        records += peer_runs(rig, target, figures, repeat, d, log)
-                    finally:
-                        del rig.peer_urls[target]
+                with rig.running_peer(target):
+                    for figure in figures:
+                        measure.wrk(rig.url(target), wrk_script(figure), 1 if figure == "peers_c1" else d.connections,
+                                    d.warmup_s, target)
+                    records += peer_runs(rig, target, figures, repeat, d, log)
         except BenchError as exc:
             reason = str(exc)
         if reason:
@@ -460,14 +469,9 @@ def peer_figures(target: str) -> tuple[str, ...]:
             + (("peers_c1",) if target in PEER_C1 else ()))
 
 
-def paced_figures(target: str) -> tuple[str, ...]:
-    """The round on a box that paces its frames (PACED_CADENCE_MS)."""
-    return ("peers_paced",) if target in PEER_STREAMS else ()
-
-
-def paced_long_figures(target: str) -> tuple[str, ...]:
-    """The round on a box that paces PACED_LONG_CHUNKS frames."""
-    return ("peers_paced_long",) if target in PEER_STREAMS else ()
+def streams_only(figure: str) -> Callable[[str], tuple[str, ...]]:
+    """`figures_of` for a round of `figure` alone, through the targets that relay streams."""
+    return lambda target: (figure,) if target in PEER_STREAMS else ()
 
 
 def peer_runs(rig: Rig, target: str, figures: tuple[str, ...], repeat: int, d: Durations, log) -> list[dict]:
@@ -636,12 +640,8 @@ def peer_control_run(rig: Rig, spec: OpenStreams, streams: int, name: str) -> di
     if reason:
         return {"skipped": reason}
     try:
-        with peers.running(name, rig.procs, rig.meter, rig.direct_url, rig.boxes_file) as url:
-            rig.peer_urls[name] = url
-            try:
-                return control_run(rig, spec, streams, name, psutil.Process(rig.meter.peer_pid))
-            finally:
-                del rig.peer_urls[name]
+        with rig.running_peer(name):
+            return control_run(rig, spec, streams, name, psutil.Process(rig.meter.peer_pid))
     except BenchError as exc:
         return {"skipped": str(exc)}
 
@@ -815,11 +815,11 @@ def measure_all(args: argparse.Namespace, d: Durations, procs: Procs, meter: Cpu
             with Rig(procs, meter, args.interfaces[0], floor=True, tag="peers") as rig:
                 rig.warm_up(d.warmup_s)
                 records += measure_peers(rig, repeat, d, log, peer_figures)
-            for chunks, figures_of in ((CHUNKS, paced_figures), (PACED_LONG_CHUNKS, paced_long_figures)):
+            for chunks, figure in ((CHUNKS, "peers_paced"), (PACED_LONG_CHUNKS, "peers_paced_long")):
                 with Rig(procs, meter, args.interfaces[0], cadence_ms=PACED_CADENCE_MS, chunks=chunks, floor=True,
                          tag=f"peers-paced-{chunks}") as rig:
                     rig.warm_up(d.warmup_s)
-                    records += measure_peers(rig, repeat, d, log, figures_of)
+                    records += measure_peers(rig, repeat, d, log, streams_only(figure))
     if args.locust:
         for repeat in range(d.repeats):
             for interface in args.interfaces:

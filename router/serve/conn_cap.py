@@ -130,7 +130,7 @@ class ConnCap:
         self._netlink: socket.socket | None = None
         self.closed_total = 0
         # inode -> when a look first found it not working (router.core.conn_cap `unstarted_ms`);
-        # only the sweep's thread reads and writes it
+        # only `sweep` reads and writes it, one look at a time (`run` awaits each)
         self.unstarted_since: dict[int, float] = {}
         # Below this many descriptors no listener is near its limit (rule 5's threshold).
         self.drain_from = math.ceil(limit * conn_cap.NEAR_LIMIT) if limit > 0 else 0
