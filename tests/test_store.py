@@ -261,6 +261,32 @@ def test_a_batch_goes_in_as_statements_apsw_keeps_prepared(tmp_path):
         writer._close()
 
 
+def test_the_writer_lets_the_gil_go_inside_a_batch_only_while_the_loop_is_near_idle(tmp_path, monkeypatch):
+    """Rule 10: with at most YIELD_MAX_CALLS calls in flight, a batch's values are made YIELD_ROWS
+    at a time and the GIL let go between those and between statements; with more, not once (a
+    busy loop takes each let-go back only by a forced switch). The rows are the same either way."""
+    path = tmp_path / "router.sqlite3"
+    writer = RouteLogWriter(path)
+    writer._open()  # the engine alone, on this thread
+    let_go = []
+    sleep = time.sleep
+    monkeypatch.setattr(route_log.time, "sleep", lambda s: let_go.append(s) if s == 0 else sleep(s))
+    try:
+        batch = [(0.0, row(i)) for i in range(MAX_BATCH_ROWS - 1)]  # 255 rows: 8 statements
+        in_flight = route_log.YIELD_MAX_CALLS
+        writer.loop_calls = lambda: in_flight
+        writer._write(batch)
+        chunks = -(-len(batch) // route_log.YIELD_ROWS)
+        assert len(let_go) == (chunks - 1) + (len(route_log.statement_sizes(len(batch))) - 1)
+        let_go.clear()
+        in_flight = route_log.YIELD_MAX_CALLS + 1
+        writer._write([(0.0, row(i)) for i in range(1000, 1000 + len(batch))])
+        assert let_go == []
+        assert writer.written == 2 * len(batch) and count(path) == 2 * len(batch)
+    finally:
+        writer._close()
+
+
 def test_a_bad_row_in_a_later_statement_rolls_back_the_whole_batch(tmp_path):
     """Rules 10 and 2: a batch's statements share one transaction, so a bad row in its last
     statement undoes the rows its first statements wrote; then each row goes in alone, every

@@ -273,6 +273,7 @@ class Running:
                               ONE_ROUTER_BINDINGS if several is None else several.bindings),
             several=several,
         )
+        self.route_log.loop_calls = lambda: process.in_flight  # its writer's let-gos (route_log rule 10)
         process.tracer = tracer
         log.info("%s", process.access.describe())
         if several is not None:

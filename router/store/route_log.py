@@ -31,9 +31,13 @@ Rules:
 10. The writer holds the GIL as little and as seldom as it can: every time it takes the GIL back
    from the event loop costs the loop a thread switch. So a batch goes in as a few multi-row
    INSERTs (at most one per power of two up to STATEMENT_ROWS rows): a binding pass with the GIL
-   and a SQLite step without it each, every statement's text one APSW keeps prepared. Each hold
-   is short: the rows' values are made YIELD_ROWS at a time, and the GIL let go between those
-   and between statements. And it yields the CPU as well as the GIL: it runs at WRITER_NICE.
+   and a SQLite step without it each, every statement's text one APSW keeps prepared. While the
+   loop is near idle (`loop_calls()`, the calls in flight, at most YIELD_MAX_CALLS), each hold is
+   short: the rows' values are made YIELD_ROWS at a time, and the GIL let go between those and
+   between statements, so a call that comes waits for one short hold. Under load it is not let
+   go inside a batch: a busy loop gives the GIL back only when the switch interval forces it off,
+   so each let-go cost the loop a forced switch. And it yields the CPU as well as the GIL: it
+   runs at WRITER_NICE.
 11. Retention: with `retention_s` set, the writer thread deletes rows received longer ago
    than that, at most PRUNE_BATCH_ROWS per transaction: once a PRUNE_INTERVAL_S, and every
    PRUNE_AGAIN_S while a full batch came out (a backlog), writing recorded rows in between.
@@ -62,7 +66,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import apsw
 import orjson
@@ -95,10 +99,16 @@ MAX_BACKLOG_ROWS = 50_000
 # process, c=64), the writer thread's CPU a call fell from 30-34 to 27 µs (tests/test_store.py
 # checks they stay cached).
 STATEMENT_ROWS = 128
-# The writer lets the GIL go (time.sleep(0)) after making each YIELD_ROWS rows' values and after
-# each statement: each hold is then a fraction of a millisecond, where a whole flush's values
-# (~125 rows at one call at a time) held the event loop up to ~1 ms and set its p99 (rule 10).
+# While at most YIELD_MAX_CALLS calls are in flight, the writer lets the GIL go (time.sleep(0))
+# after making each YIELD_ROWS rows' values and after each statement: each hold is then a
+# fraction of a millisecond, where a whole flush's values (~125 rows at one call at a time) held
+# the event loop up to ~1 ms and set its p99 (rule 10); through Granian one call at a time, p99
+# 1.72-1.75 ms with the let-gos, 1.95-2.28 without. Under load they cost more than they give:
+# each was taken back only by a forced switch of the busy loop (wrk c=64 through Granian, one sim
+# box: p99 24-27 ms and p99.9 50-62 with them at every load, 15 and 18-21 without; 7 % more CPU a
+# call).
 YIELD_ROWS = 16
+YIELD_MAX_CALLS = 2
 # The writer thread runs at this nice level, the event loop at the process's: on a busy machine
 # the scheduler then gives a core to the loop first, and the log waits (its backlog is bounded,
 # rule 6). Measured one call at a time in process (bench/callpath_cpu.py's call, 4,000 calls, on
@@ -260,6 +270,9 @@ class RouteLogWriter:
         self._monotonic = time.monotonic
         self._conn: apsw.Connection | None = None
         self._thread: threading.Thread | None = None
+        # The calls in flight on the event loop (rule 10), read by the writer thread; the server
+        # names its count once the app is built.
+        self.loop_calls: Callable[[], int] = lambda: 0
         # counters, recording thread
         self.queued = 0
         self.shed = 0
@@ -390,10 +403,17 @@ class RouteLogWriter:
             self.max_batch = len(batch)
         self.last_flush_lag_s = time.monotonic() - batch[0][0]
 
+    def _lets_go(self) -> bool:
+        """Whether the writer lets the GIL go inside a batch: only while the loop is near idle
+        (rule 10)."""
+        return self.loop_calls() <= YIELD_MAX_CALLS
+
     def _values(self, batch: list[tuple[float, Row]]) -> list[list]:
         """The rows as the INSERT binds them, made YIELD_ROWS at a time with the GIL let go in
-        between (rule 10)."""
+        between while the loop is near idle, else at once (rule 10)."""
         instance, values = self.instance, []
+        if not self._lets_go():
+            return [row_values(row, instance) for _, row in batch]
         for start in range(0, len(batch), YIELD_ROWS):
             if start:
                 time.sleep(0)
@@ -420,9 +440,9 @@ class RouteLogWriter:
 
     def _commit(self, rows: list[list], usage: list[tuple] = ()) -> None:  # type: ignore[assignment]
         with db.immediate(self._conn) as conn:  # the whole batch, or none of it
-            start = 0
+            start, lets_go = 0, self._lets_go()
             for size in statement_sizes(len(rows)):
-                if start:
+                if start and lets_go:
                     time.sleep(0)  # the GIL let go between statements (rule 10)
                 conn.execute(insert_sql(size), [value for row in rows[start:start + size] for value in row])
                 start += size
