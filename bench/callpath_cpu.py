@@ -136,12 +136,12 @@ async def drive(app, calls: int, concurrency: int, body: bytes, port: int,
     return 1e6 * (thread1 - thread0) / calls, 1e6 * (process1 - process0) / calls, wall1 - wall0
 
 
-def start_sim(boxes_file: Path, boxes: int) -> subprocess.Popen:
+def start_sim(boxes_file: Path, boxes: int, chunks: int = 20, cadence_ms: int = 0) -> subprocess.Popen:
     """A `router.sim` fleet of hugpy boxes in a process of its own (its objects are not this
     process's), writing `boxes_file`; returns once it serves. Terminate it when done."""
     sim = subprocess.Popen(
         [sys.executable, "-m", "router.sim", "--boxes", str(boxes), "--boxes-file", str(boxes_file),
-         "--chunks", "20", "--cadence-ms", "0", "--load-ms", "0"],
+         "--chunks", str(chunks), "--cadence-ms", str(cadence_ms), "--load-ms", "0"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     for line in sim.stdout:  # type: ignore[union-attr]
