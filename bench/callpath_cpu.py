@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import statistics
@@ -58,7 +59,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterator
 
 import uvloop
 
@@ -95,8 +96,8 @@ def scope(port: int, key: str | None = None) -> dict:
     }
 
 
-async def one_call(app, call_scope: dict, body: bytes) -> int:
-    sent: list[dict] = []
+def staying_client(body: bytes) -> Callable[[], Awaitable[dict]]:
+    """The ASGI `receive` of a client that sends `body` at once and never leaves."""
     given = False
 
     async def receive() -> dict:
@@ -107,10 +108,16 @@ async def one_call(app, call_scope: dict, body: bytes) -> int:
         await asyncio.Event().wait()  # the client never leaves
         return {"type": "http.disconnect"}
 
+    return receive
+
+
+async def one_call(app, call_scope: dict, body: bytes) -> int:
+    sent: list[dict] = []
+
     async def send(message: dict) -> None:
         sent.append(message)
 
-    await app(call_scope, receive, send)
+    await app(call_scope, staying_client(body), send)
     return sent[0]["status"]
 
 
@@ -151,6 +158,17 @@ def start_sim(boxes_file: Path, boxes: int, chunks: int = 20, cadence_ms: int = 
     raise RuntimeError("the sim fleet did not start")
 
 
+@contextlib.contextmanager
+def sim_fleet(boxes_file: Path, boxes: int, **options) -> Iterator[subprocess.Popen]:
+    """`start_sim`'s fleet, terminated on the way out."""
+    sim = start_sim(boxes_file, boxes, **options)
+    try:
+        yield sim
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+
 async def routable(router: RouterApp, body: bytes) -> None:
     """Returns once a call is answered 200: the fleet's links have seen the boxes' inventory."""
     for _ in range(100):
@@ -173,8 +191,7 @@ async def start_router(boxes_file: Path, work: Path, **config) -> tuple[RouterAp
 async def main(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="callpath-"))
     boxes_file = work / "boxes.json"
-    sim = start_sim(boxes_file, 8)
-    try:
+    with sim_fleet(boxes_file, 8):
         router, stop_router = await start_router(boxes_file, work)
         fleet = router.fleet
         body = STREAM_BODY if args.stream else BODY
@@ -211,9 +228,6 @@ async def main(args: argparse.Namespace) -> dict:
         print(f"router ÷ bare proxy: loop thread {figures['ratio_loop']}×, process {figures['ratio_process']}×")
         await stop_router()
         return figures
-    finally:
-        sim.terminate()
-        sim.wait(10)
 
 
 # What --allocations counts per call: callgrind's total instructions, and the calls of these.

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import uvloop
 
-from callpath_cpu import ROOT, STREAM_BODY, FloorApp, Origin, routable, scope, start_router, start_sim
+from callpath_cpu import (ROOT, STREAM_BODY, FloorApp, Origin, routable, scope, sim_fleet,
+                          staying_client, start_router)
 
 TOP_LINES = 15
 OPEN_BATCH = 50  # streams opened per loop turn, so the box's accept queue never overflows
@@ -36,16 +37,6 @@ OPEN_BATCH = 50  # streams opened per loop turn, so the box's accept queue never
 
 async def held_stream(app, call_scope: dict, started: list) -> None:
     """One streamed call whose client never leaves; `started` gets an entry at its first frame."""
-    given = False
-
-    async def receive() -> dict:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": STREAM_BODY, "more_body": False}
-        await asyncio.Event().wait()
-        return {"type": "http.disconnect"}
-
     sent = 0
 
     async def send(message: dict) -> None:
@@ -54,7 +45,7 @@ async def held_stream(app, call_scope: dict, started: list) -> None:
         if sent == 2:  # the head, then the first frame
             started.append(None)
 
-    await app(call_scope, receive, send)
+    await app(call_scope, staying_client(STREAM_BODY), send)
 
 
 def where(frame: tracemalloc.Frame) -> str:
@@ -93,8 +84,7 @@ async def held_bytes(app, streams: int) -> dict:
 async def main(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="stream-memory-"))
     boxes_file = work / "boxes.json"
-    sim = start_sim(boxes_file, 1, chunks=60, cadence_ms=200)
-    try:
+    with sim_fleet(boxes_file, 1, chunks=60, cadence_ms=200):
         router, stop_router = await start_router(boxes_file, work)
         await routable(router, STREAM_BODY)
         box = router.fleet.ordered()[0]
@@ -109,9 +99,6 @@ async def main(args: argparse.Namespace) -> dict:
         print(f"router less the bare proxy: {figures['router_less_floor']:,} B a stream")
         await stop_router()
         return figures
-    finally:
-        sim.terminate()
-        sim.wait(10)
 
 
 if __name__ == "__main__":
