@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from callpath_cpu import BODY, one_call, routable, scope, start_sim  # noqa: E402
+from callpath_cpu import BODY, one_call, routable, scope, sim_fleet, start_sim  # noqa: E402
 
 from router.facades import mounts  # noqa: E402
 from router.serve.app import RouterApp  # noqa: E402
@@ -454,8 +454,7 @@ async def one_leg(args: argparse.Namespace) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="several-routers-leg-"))
     boxes_file = work / "boxes.json"
-    sim = start_sim(boxes_file, BOXES)
-    try:
+    with sim_fleet(boxes_file, BOXES):
         with_limits(boxes_file)
         app, running = await start_router(boxes_file, work, "leg", args.shared_url, None)
         key = app.process.keys.create("bench", "use", limits=EVERY_COUNT)[1]
@@ -478,9 +477,6 @@ async def one_leg(args: argparse.Namespace) -> dict:
         round_trips = (server.round_trips - sent0) if server is not None else 0
         await running.stop()
         return {"round_trips": round_trips}
-    finally:
-        sim.terminate()
-        sim.wait(10)
 
 
 def added(rounds: list[dict], cpu: str = "loop_us") -> dict:

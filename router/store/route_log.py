@@ -105,8 +105,8 @@ STATEMENT_ROWS = 128
 # the event loop up to ~1 ms and set its p99 (rule 10); through Granian one call at a time, p99
 # 1.72-1.75 ms with the let-gos, 1.95-2.28 without. Under load they cost more than they give:
 # each was taken back only by a forced switch of the busy loop (wrk c=64 through Granian, one sim
-# box: p99 24-27 ms and p99.9 50-62 with them at every load, 15 and 18-21 without; 7 % more CPU a
-# call).
+# box: p99 22-27 ms and p99.9 47-62 with them at every load, 15-17 and 19-21 with them only near
+# idle; 146-167 µs of CPU a call against 142-151).
 YIELD_ROWS = 16
 YIELD_MAX_CALLS = 2
 # The writer thread runs at this nice level, the event loop at the process's: on a busy machine
@@ -412,12 +412,11 @@ class RouteLogWriter:
         """The rows as the INSERT binds them, made YIELD_ROWS at a time with the GIL let go in
         between while the loop is near idle, else at once (rule 10)."""
         instance, values = self.instance, []
-        if not self._lets_go():
-            return [row_values(row, instance) for _, row in batch]
-        for start in range(0, len(batch), YIELD_ROWS):
+        step = YIELD_ROWS if self._lets_go() else max(1, len(batch))
+        for start in range(0, len(batch), step):
             if start:
                 time.sleep(0)
-            values += [row_values(row, instance) for _, row in batch[start:start + YIELD_ROWS]]
+            values += [row_values(row, instance) for _, row in batch[start:start + step]]
         return values
 
     def _prune(self, before: float) -> bool:
